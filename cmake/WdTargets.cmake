@@ -1,0 +1,28 @@
+# Shared target helpers: one INTERFACE target for warnings, one precompiled header for
+# <torch/torch.h>, and the helpers every folder uses to declare its library and its tests.
+
+add_library(wd_warnings INTERFACE)
+target_compile_options(wd_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers>)
+
+# One object library owns the precompiled torch header; every target reuses it.
+add_library(wd_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch_anchor.cpp)
+target_link_libraries(wd_pch PUBLIC torch PRIVATE wd_warnings)
+if(WD_USE_PCH)
+  target_precompile_headers(wd_pch PRIVATE <torch/torch.h>)
+endif()
+
+# wd_add_library(NAME wd_core SOURCES ... PUBLIC_LIBS ... PRIVATE_LIBS ...)
+function(wd_add_library)
+  cmake_parse_arguments(A "" "NAME" "SOURCES;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
+  add_library(${A_NAME} STATIC ${A_SOURCES})
+  target_include_directories(${A_NAME} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${A_NAME} PUBLIC ${A_PUBLIC_LIBS} PRIVATE ${A_PRIVATE_LIBS} wd_warnings)
+  wd_use_pch(${A_NAME})
+endfunction()
+
+function(wd_use_pch TARGET)
+  if(WD_USE_PCH)
+    target_precompile_headers(${TARGET} REUSE_FROM wd_pch)
+  endif()
+endfunction()

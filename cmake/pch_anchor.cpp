@@ -1,0 +1,1 @@
+// Anchor translation unit that owns the precompiled <torch/torch.h> for all wd targets.

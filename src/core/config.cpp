@@ -1,0 +1,88 @@
+// Parsing of the options table from the command line and an INI file, and shared configs.
+#include "core/config.hpp"
+
+#include <torch/torch.h>
+
+#include <fstream>
+
+namespace wd {
+
+void ConfigProblems::throw_if_any(const std::string& context) const {
+  if (problems_.empty()) return;
+  std::string msg = context + ": ";
+  for (std::size_t i = 0; i < problems_.size(); ++i) {
+    if (i) msg += "; ";
+    msg += problems_[i];
+  }
+  throw ConfigError(msg);
+}
+
+void LogConfig::bind(OptionTable& table) {
+  table.bind("log.level", level, "log level: trace|debug|info|warn|error|off");
+}
+
+void LogConfig::validate(ConfigProblems& problems) const {
+  static const std::vector<std::string> kLevels{"trace", "debug", "info", "warn", "error", "off"};
+  problems.check(std::find(kLevels.begin(), kLevels.end(), level) != kLevels.end(),
+                 "log.level(" + level + ") must be one of trace|debug|info|warn|error|off");
+}
+
+void RuntimeConfig::bind(OptionTable& table) {
+  table.bind("runtime.threads", threads,
+             "LibTorch intra-op threads per process (0 = LibTorch's default)");
+}
+
+void RuntimeConfig::validate(ConfigProblems& problems) const {
+  problems.check(threads >= 0, "runtime.threads(" + std::to_string(threads) + ") must be >= 0");
+}
+
+void RuntimeConfig::apply() const {
+  if (threads > 0) torch::set_num_threads(threads);
+}
+
+ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& table,
+                            const std::string& positional_name) {
+  ParsedOptions parsed;
+  po::options_description meta("General");
+  meta.add_options()("help,h", "show this help and exit")(
+      "config", po::value<std::string>(&parsed.config_file),
+      "INI file with the same keys as the flags ([section] key = value); flags win");
+  po::options_description all;
+  all.add(table.description()).add(meta);
+  if (!positional_name.empty()) {
+    all.add_options()(positional_name.c_str(),
+                      po::value<std::vector<std::string>>(&parsed.positional), "");
+  }
+  po::positional_options_description pos;
+  if (!positional_name.empty()) pos.add(positional_name.c_str(), -1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string("command line: ") + e.what());
+  }
+  if (vm.count("help")) {
+    parsed.help = true;
+    return parsed;
+  }
+  if (vm.count("config")) {
+    const std::string file = vm["config"].as<std::string>();
+    std::ifstream in(file);
+    if (!in) throw ConfigError("config file " + file + ": cannot be opened");
+    try {
+      // store() keeps values already present, so the command line (stored first) wins.
+      po::store(po::parse_config_file(in, table.description(), /*allow_unregistered=*/false), vm);
+    } catch (const po::error& e) {
+      throw ConfigError("config file " + file + ": " + e.what());
+    }
+  }
+  try {
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(e.what());
+  }
+  return parsed;
+}
+
+}  // namespace wd

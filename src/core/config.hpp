@@ -1,0 +1,115 @@
+// The config mechanism: component structs bound into one Boost.Program_options table,
+// parsed from the command line and an INI file (`--config`), then validated once.
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+
+namespace wd {
+
+namespace po = boost::program_options;
+
+/// One options table. Keys are grouped by component with Program_options' own convention:
+/// `[teacher]` / `placement = stream` in the INI file is `--teacher.placement stream` on the
+/// command line. Each option writes straight into a config struct field, and the default that
+/// `--help` prints is that field's value at bind time, so help and code cannot drift apart.
+class OptionTable {
+ public:
+  explicit OptionTable(const std::string& caption) : desc_(caption, 100, 50) {}
+
+  /// Binds `--key` to `field`.
+  template <typename T>
+  OptionTable& bind(const std::string& key, T& field, const std::string& help) {
+    desc_.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, show(field)),
+                        help.c_str());
+    return *this;
+  }
+
+  /// Binds a boolean: `--key`, `--key true|false` on the command line, `key = true` in INI.
+  OptionTable& bind(const std::string& key, bool& field, const std::string& help) {
+    desc_.add_options()(key.c_str(),
+                        po::value<bool>(&field)
+                            ->default_value(field, field ? "true" : "false")
+                            ->implicit_value(true, "true"),
+                        help.c_str());
+    return *this;
+  }
+
+  /// Binds an option that must be given (no default).
+  OptionTable& require(const std::string& key, std::string& field, const std::string& help) {
+    desc_.add_options()(key.c_str(), po::value<std::string>(&field)->required(), help.c_str());
+    return *this;
+  }
+
+  /// Adds the options of another table as a titled group.
+  OptionTable& add(const OptionTable& other) {
+    desc_.add(other.desc_);
+    return *this;
+  }
+
+  po::options_description& description() { return desc_; }
+  const po::options_description& description() const { return desc_; }
+
+ private:
+  template <typename T>
+  static std::string show(const T& v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
+  static std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
+  po::options_description desc_;
+};
+
+/// Collects every invalid value of a config, then throws one wd::ConfigError listing them all,
+/// each with its value: "teacher.ranks(0) must be >= 1; train.steps(-3) must be >= 0".
+class ConfigProblems {
+ public:
+  /// Records `message` when `ok` is false.
+  void check(bool ok, const std::string& message) {
+    if (!ok) problems_.push_back(message);
+  }
+  bool empty() const { return problems_.empty(); }
+  const std::vector<std::string>& list() const { return problems_; }
+  /// Throws wd::ConfigError("<context>: p1; p2; ...") when anything was recorded.
+  void throw_if_any(const std::string& context) const;
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+/// Options every subcommand shares.
+struct LogConfig {
+  std::string level = "info";
+  void bind(OptionTable& table);
+  void validate(ConfigProblems& problems) const;
+};
+
+struct RuntimeConfig {
+  int threads = 0;  ///< intra-op threads for LibTorch; 0 = LibTorch's default
+  void bind(OptionTable& table);
+  void validate(ConfigProblems& problems) const;
+  /// Applies the thread setting to LibTorch.
+  void apply() const;
+};
+
+/// Outcome of parsing: `help` is true when --help was given (nothing else is checked then).
+struct ParsedOptions {
+  bool help = false;
+  std::string config_file;
+  std::vector<std::string> positional;
+};
+
+/// Parses `args` (the words after the subcommand) into the fields bound in `table`, then the
+/// INI file named by `--config` if any; values on the command line win over the file. Adds
+/// `--help` and `--config` itself. `positional_name`, when not empty, collects bare words.
+/// Throws wd::ConfigError naming the option (and the file) on unknown or malformed options.
+ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& table,
+                            const std::string& positional_name = "");
+
+}  // namespace wd

@@ -1,0 +1,109 @@
+// safetensors reader (mmap, full validation, zero-copy tensors) and atomic (sharded) writer.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/mapped_file.hpp"
+
+namespace wd {
+
+/// One tensor entry of a safetensors header.
+struct TensorInfo {
+  std::string name;
+  std::string dtype;               ///< safetensors dtype name, e.g. "F32", "BF16"
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;         ///< offset relative to the start of the data section
+  std::uint64_t end = 0;           ///< exclusive
+  std::uint64_t nbytes() const { return end - begin; }
+};
+
+/// Bytes per element of a safetensors dtype name, or 0 when the name is unknown.
+std::size_t safetensors_dtype_size(const std::string& dtype);
+/// Torch scalar type for a safetensors dtype name; throws wd::Error when Torch lacks it.
+c10::ScalarType safetensors_to_scalar_type(const std::string& dtype);
+/// safetensors dtype name for a Torch scalar type; throws wd::Error for unsupported types.
+std::string scalar_type_to_safetensors(c10::ScalarType type);
+
+/// A validated, memory-mapped safetensors file. Opening checks every rule safetensors itself
+/// enforces (header size, JSON object, unique keys, metadata strings, known dtypes, sizes with
+/// overflow checks, offsets in bounds, contiguous and covering the data exactly); each violation
+/// is a wd::DataError naming the file, the tensor and the rule.
+class SafetensorsFile {
+ public:
+  static constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+  /// Maps and validates `path`.
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const noexcept { return file_->path(); }
+  /// `__metadata__` (string to string); empty when absent.
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  /// Entries sorted by data offset.
+  const std::vector<TensorInfo>& tensors() const noexcept { return tensors_; }
+  bool contains(const std::string& name) const;
+  /// Entry by name; throws wd::DataError naming the file when absent.
+  const TensorInfo& info(const std::string& name) const;
+  /// Size of the data section (sum of all tensor bytes).
+  std::uint64_t data_bytes() const noexcept { return data_bytes_; }
+
+  /// Zero-copy CPU tensor viewing the mapping; the mapping lives as long as any such tensor.
+  /// (A tensor whose offset is not a multiple of its element size is copied instead.)
+  torch::Tensor tensor(const std::string& name) const;
+  /// The tensor converted to `dtype` on `device`; zero-copy when nothing changes.
+  torch::Tensor tensor(const std::string& name, c10::ScalarType dtype,
+                       const torch::Device& device = torch::kCPU) const;
+
+  /// Asks the kernel to read a tensor's pages ahead of use.
+  void prefetch(const std::string& name) const;
+
+  /// The mapping the tensors view (to tell whether a tensor is zero-copy, or to prefetch).
+  const MappedFile& mapping() const noexcept { return *file_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::shared_ptr<MappedFile> file_;
+  std::uint64_t data_start_ = 0;  ///< 8 + header length
+  std::uint64_t data_bytes_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t> index_;  ///< name -> position in tensors_
+};
+
+/// Named tensors to write; header keys are written sorted, data largest element size first
+/// and then by name (as the reference writer does), so every tensor starts aligned.
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+/// Writes `tensors` to `path` atomically: a temporary file beside it, fsync, rename, fsync of
+/// the directory. Tensors may live on any device / be non-contiguous; they are written as their
+/// own dtype, little-endian, row-major.
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// Result of a sharded write: the files written (index last, when there is one).
+struct ShardedWriteResult {
+  std::vector<std::string> shard_files;  ///< names relative to the directory
+  std::string index_file;                ///< empty when everything fit in one file
+  std::uint64_t total_bytes = 0;         ///< sum of tensor bytes ("total_size" of the index)
+};
+
+/// Writes `tensors` into `dir` as `<stem>.safetensors` when they fit in `max_shard_bytes`,
+/// otherwise as `<stem>-0000k-of-0000n.safetensors` shards (keys in sorted order, a new shard
+/// whenever the next tensor would exceed the limit) plus `<stem>.safetensors.index.json` with
+/// {"metadata": {"total_size": N}, "weight_map": {...}}. Every file is written atomically.
+ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::string& stem,
+                                             const TensorMap& tensors,
+                                             std::uint64_t max_shard_bytes,
+                                             const std::map<std::string, std::string>& metadata = {});
+
+/// Writes `content` to `path` atomically (temporary file, fsync, rename, directory fsync).
+void write_file_atomically(const std::string& path, const std::string& content);
+
+}  // namespace wd

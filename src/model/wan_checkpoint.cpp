@@ -1,0 +1,322 @@
+// Opening, validating and loading Wan DiT checkpoints; writing random ones.
+#include "model/wan_checkpoint.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "core/logging.hpp"
+
+namespace wd {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kIndexName = "diffusion_pytorch_model.safetensors.index.json";
+constexpr const char* kStem = "diffusion_pytorch_model";
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw DataError(path.string(), "", "cannot be opened");
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw DataError(path.string(), "", std::string("is not valid JSON: ") + e.what());
+  }
+}
+
+}  // namespace
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32" || name == "f32") return torch::kFloat;
+  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "f16") return torch::kHalf;
+  throw ConfigError("dtype(" + name + ") must be fp32, bf16 or fp16");
+}
+
+const char* dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat:
+      return "fp32";
+    case torch::kBFloat16:
+      return "bf16";
+    case torch::kHalf:
+      return "fp16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& config_path) {
+  WanCheckpoint ck;
+  ck.path_ = path;
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) throw DataError(path, "", "does not exist");
+
+  fs::path dir = fs::is_directory(p) ? p : p.parent_path();
+  if (dir.empty()) dir = ".";
+  if (fs::is_directory(p)) {
+    if (!fs::exists(p / kIndexName) && fs::is_directory(p / "high_noise_model")) {
+      throw DataError(path, "", "is a two-expert (A14B) checkpoint: pass high_noise_model/ or "
+                                "low_noise_model/ (one expert) instead");
+    }
+    if (fs::exists(p / kIndexName)) {
+      const auto index_path = (p / kIndexName).string();
+      const json index = read_json(p / kIndexName);
+      WD_CHECK_DATA(index.is_object() && index.contains("weight_map") &&
+                        index["weight_map"].is_object(),
+                    index_path, "weight_map", "must be an object mapping tensor names to shard files");
+      std::vector<std::string> shards;
+      std::map<std::string, std::string> wanted;  // tensor -> shard named by the index
+      for (const auto& [key, value] : index["weight_map"].items()) {
+        WD_CHECK_DATA(value.is_string(), index_path, "weight_map/" + key,
+                      "must name a shard file (a string), got " + value.dump());
+        const auto shard = value.get<std::string>();
+        wanted[key] = shard;
+        if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
+      }
+      std::sort(shards.begin(), shards.end());
+      for (const auto& shard : shards) {
+        WD_CHECK_DATA(fs::exists(p / shard), index_path, "weight_map",
+                      "names shard " + shard + ", which does not exist in " + path);
+        ck.add_file(SafetensorsFile::open((p / shard).string()));
+      }
+      for (const auto& [key, shard] : wanted) {
+        bool found = false;
+        for (const auto& f : ck.files_) {
+          if (fs::path(f.path()).filename() == shard && f.contains(key)) found = true;
+        }
+        WD_CHECK_DATA(found, index_path, "weight_map/" + key,
+                      "says the tensor is in " + shard + ", but that file does not hold it");
+      }
+      if (index.contains("metadata") && index["metadata"].contains("total_size")) {
+        const auto declared = index["metadata"]["total_size"];
+        if (declared.is_number_unsigned() && declared.get<std::uint64_t>() != ck.total_bytes()) {
+          spdlog::warn("{}: metadata.total_size {} differs from the shards' {} tensor bytes",
+                       index_path, declared.get<std::uint64_t>(), ck.total_bytes());
+        }
+      }
+    } else {
+      std::vector<fs::path> found;
+      for (const auto& e : fs::directory_iterator(p)) {
+        if (e.path().extension() == ".safetensors") found.push_back(e.path());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.size() != 1) {
+        std::string names;
+        for (const auto& f : found) names += " " + f.filename().string();
+        throw DataError(path, "", "holds " + std::to_string(found.size()) +
+                                      " .safetensors files and no " + kIndexName +
+                                      (names.empty() ? "" : ":" + names) +
+                                      "; expected an index or exactly one file");
+      }
+      ck.add_file(SafetensorsFile::open(found[0].string()));
+    }
+  } else {
+    ck.add_file(SafetensorsFile::open(path));
+  }
+
+  ck.config_path_ = config_path.empty() ? (dir / "config.json").string() : config_path;
+  if (!fs::exists(ck.config_path_)) {
+    throw DataError(ck.config_path_, "", "not found: a checkpoint needs its config.json (give "
+                                         "--model-config FILE for a file without one beside it)");
+  }
+  ck.config_ = WanConfig::load(ck.config_path_);
+  return ck;
+}
+
+void WanCheckpoint::add_file(SafetensorsFile file) {
+  const std::size_t idx = files_.size();
+  for (const auto& t : file.tensors()) {
+    const auto stripped = strip_comfy_prefix(t.name);
+    if (stripped != t.name) prefixed_ = true;
+    std::optional<std::string> native = stripped;
+    if (looks_like_diffusers(stripped)) {
+      layout_ = KeyLayout::kDiffusers;
+      native = diffusers_to_native(stripped);
+    }
+    if (!native) {
+      unmapped_.push_back(t.name);
+      continue;
+    }
+    if (entries_.count(*native)) {
+      throw DataError(file.path(), t.name, "is stored twice (also in " +
+                                               files_[entries_[*native].file].path() + ")");
+    }
+    entries_[*native] = Entry{idx, t.name};
+  }
+  files_.push_back(std::move(file));
+}
+
+std::uint64_t WanCheckpoint::total_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& f : files_) n += f.data_bytes();
+  return n;
+}
+
+std::map<std::string, std::pair<std::size_t, std::uint64_t>> WanCheckpoint::dtype_summary() const {
+  std::map<std::string, std::pair<std::size_t, std::uint64_t>> out;
+  for (const auto& f : files_) {
+    for (const auto& t : f.tensors()) {
+      auto& slot = out[t.dtype];
+      slot.first += 1;
+      slot.second += t.nbytes();
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> WanCheckpoint::problems() const {
+  std::vector<std::string> out;
+  std::map<std::string, bool> expected;
+  for (const auto& spec : wan_param_specs(config_)) {
+    expected[spec.name] = true;
+    auto it = entries_.find(spec.name);
+    if (it == entries_.end()) {
+      out.push_back("missing " + spec.name + " " + shape_str(spec.shape));
+      continue;
+    }
+    const auto& info = files_[it->second.file].info(it->second.stored_name);
+    if (info.shape != spec.shape) {
+      out.push_back("mis-shaped " + it->second.stored_name + ": " + shape_str(info.shape) +
+                    ", config " + config_path_ + " expects " + shape_str(spec.shape));
+    }
+    if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
+      out.push_back("unsupported dtype " + info.dtype + " for " + it->second.stored_name +
+                    " (F32, BF16 or F16 expected)");
+    }
+  }
+  for (const auto& [name, entry] : entries_) {
+    if (!expected.count(name)) out.push_back("unexpected " + entry.stored_name);
+  }
+  for (const auto& name : unmapped_) out.push_back("unexpected " + name);
+  return out;
+}
+
+void WanCheckpoint::check() const {
+  const auto list = problems();
+  if (list.empty()) return;
+  std::string msg = std::to_string(list.size()) + " problem(s) against " + config_.summary() + ":";
+  for (const auto& p : list) msg += "\n  - " + p;
+  throw DataError(path_, "", msg);
+}
+
+const TensorInfo& WanCheckpoint::info(const std::string& native_key) const {
+  auto it = entries_.find(native_key);
+  if (it == entries_.end()) throw DataError(path_, native_key, "not in the checkpoint");
+  return files_[it->second.file].info(it->second.stored_name);
+}
+
+torch::Tensor WanCheckpoint::tensor(const std::string& native_key,
+                                    std::optional<c10::ScalarType> dtype,
+                                    const torch::Device& device) const {
+  auto it = entries_.find(native_key);
+  if (it == entries_.end()) throw DataError(path_, native_key, "not in the checkpoint");
+  const auto& file = files_[it->second.file];
+  if (!dtype) return file.tensor(it->second.stored_name).to(device);
+  return file.tensor(it->second.stored_name, *dtype, device);
+}
+
+WanDiT load_wan_dit(const WanCheckpoint& ck, std::optional<c10::ScalarType> dtype,
+                    const torch::Device& device) {
+  ck.check();
+  const auto specs = wan_param_specs(ck.config());
+  const auto target = dtype ? *dtype : safetensors_to_scalar_type(ck.info(specs.front().name).dtype);
+  WanDiT model(ck.config(), WanInit::kEmpty, target);
+  std::uint64_t converted = 0;
+  for (const auto& spec : specs) {
+    if (ck.info(spec.name).dtype != scalar_type_to_safetensors(target) || !device.is_cpu()) {
+      converted += ck.info(spec.name).nbytes();
+    }
+  }
+  // Zero-copy binding is instant; only conversions and device copies read the weights.
+  Progress progress("loading " + ck.path(), static_cast<double>(converted), "bytes");
+  for (const auto& spec : specs) {
+    auto t = ck.tensor(spec.name, target, device);
+    const auto& info = ck.info(spec.name);
+    if (info.dtype != scalar_type_to_safetensors(target) || !device.is_cpu()) {
+      progress.advance(static_cast<double>(info.nbytes()));
+    }
+    model->bind_parameter(spec.name, t);
+  }
+  progress.finish();
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  spdlog::info("loaded {} ({} tensors, {} params, {} on {}, {} converted)", ck.path(), specs.size(),
+               wan_param_count(ck.config()), dtype_name(target), device.str(),
+               format_bytes(static_cast<double>(converted)));
+  return model;
+}
+
+ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const WanConfig& config,
+                                               c10::ScalarType dtype, std::uint64_t shard_bytes,
+                                               std::uint64_t seed, KeyLayout layout) {
+  config.validate("init-teacher");
+  fs::create_directories(dir);
+  write_file_atomically((fs::path(dir) / "config.json").string(), config.to_json());
+  const auto specs = wan_param_specs(config);
+  const auto elem = c10::elementSize(dtype);
+  // Plan shards in sorted key order (the order the writer lays tensors out in).
+  std::map<std::string, std::size_t> order;  // stored name -> spec index
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    order[layout == KeyLayout::kNative ? specs[i].name : native_to_diffusers(specs[i].name)] = i;
+  }
+  std::vector<std::vector<std::string>> shards(1);
+  std::uint64_t in_shard = 0, total = 0;
+  for (const auto& [name, i] : order) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(specs[i].numel()) * elem;
+    if (in_shard > 0 && in_shard + bytes > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(name);
+    in_shard += bytes;
+    total += bytes;
+  }
+  ShardedWriteResult result;
+  result.total_bytes = total;
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  Progress progress("writing " + dir, static_cast<double>(total), "bytes");
+  json weight_map = json::object();
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    char name[96];
+    if (shards.size() == 1) {
+      std::snprintf(name, sizeof(name), "%s.safetensors", kStem);
+    } else {
+      std::snprintf(name, sizeof(name), "%s-%05zu-of-%05zu.safetensors", kStem, s + 1, shards.size());
+    }
+    // Only one shard's tensors exist in memory at a time.
+    TensorMap tensors;
+    for (const auto& stored : shards[s]) {
+      const auto i = order[stored];
+      tensors[stored] = wan_random_parameter(specs[i], i, seed, dtype);
+      weight_map[stored] = name;
+      progress.advance(static_cast<double>(tensors[stored].numel() * elem));
+    }
+    write_safetensors((fs::path(dir) / name).string(), tensors, meta);
+    result.shard_files.push_back(name);
+  }
+  progress.finish();
+  // The official layout always has an index next to sharded weights; we write it even for one
+  // file so that loaders that insist on it work.
+  json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  write_file_atomically((fs::path(dir) / kIndexName).string(), index.dump(2) + "\n");
+  result.index_file = kIndexName;
+  return result;
+}
+
+}  // namespace wd

@@ -1,0 +1,90 @@
+// WanCheckpoint: an official (or diffusers / ComfyUI) Wan DiT checkpoint on disk, opened
+// without reading its tensors, validated against its config, and loaded into a WanDiT.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/safetensors.hpp"
+#include "model/wan_config.hpp"
+#include "model/wan_dit.hpp"
+#include "model/wan_keys.hpp"
+
+namespace wd {
+
+class WanCheckpoint {
+ public:
+  /// Opens `path`: a directory with `diffusion_pytorch_model.safetensors.index.json` and its
+  /// shards, a directory holding exactly one .safetensors file, or a single .safetensors file.
+  /// The config is `config_path` when given, else config.json in the directory (or beside the
+  /// file). Every file is mapped and validated; no tensor data is read.
+  static WanCheckpoint open(const std::string& path, const std::string& config_path = "");
+
+  const std::string& path() const { return path_; }
+  const std::string& config_path() const { return config_path_; }
+  const WanConfig& config() const { return config_; }
+  KeyLayout layout() const { return layout_; }
+  /// True when keys carried the ComfyUI `model.diffusion_model.` prefix.
+  bool prefixed() const { return prefixed_; }
+  /// The safetensors files, in index order.
+  const std::vector<SafetensorsFile>& files() const { return files_; }
+  std::size_t tensor_count() const { return entries_.size(); }
+  /// Bytes of tensor data over all files.
+  std::uint64_t total_bytes() const;
+  /// Tensor count and bytes per safetensors dtype name.
+  std::map<std::string, std::pair<std::size_t, std::uint64_t>> dtype_summary() const;
+
+  /// Missing, unexpected and mis-shaped keys with respect to the config, all of them.
+  std::vector<std::string> problems() const;
+  /// Throws one wd::DataError listing every problem.
+  void check() const;
+
+  bool contains(const std::string& native_key) const { return entries_.count(native_key) > 0; }
+  const TensorInfo& info(const std::string& native_key) const;
+  /// A tensor under its native name as a zero-copy CPU view of the mapping, or converted to
+  /// `dtype` / `device` when they differ from the stored ones.
+  torch::Tensor tensor(const std::string& native_key,
+                       std::optional<c10::ScalarType> dtype = std::nullopt,
+                       const torch::Device& device = torch::kCPU) const;
+
+ private:
+  struct Entry {
+    std::size_t file;
+    std::string stored_name;
+  };
+  void add_file(SafetensorsFile file);
+  std::string path_;
+  std::string config_path_;
+  WanConfig config_;
+  KeyLayout layout_ = KeyLayout::kNative;
+  bool prefixed_ = false;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, Entry> entries_;        ///< native name -> where it is stored
+  std::vector<std::string> unmapped_;           ///< stored names that are no DiT key
+};
+
+/// Builds a frozen WanDiT over the checkpoint's tensors: weights kept as stored are zero-copy
+/// views of the mapping (nothing is read until used); others are converted to `dtype` on
+/// `device`, with progress logged for long loads. Throws wd::DataError listing every problem.
+WanDiT load_wan_dit(const WanCheckpoint& checkpoint,
+                    std::optional<c10::ScalarType> dtype = std::nullopt,
+                    const torch::Device& device = torch::kCPU);
+
+/// Writes a randomly initialised DiT in the official on-disk layout: config.json, then the
+/// tensors one at a time (never all in memory) into shards of at most `shard_bytes` with
+/// `diffusion_pytorch_model.safetensors.index.json`, or one file when they fit.
+ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const WanConfig& config,
+                                               c10::ScalarType dtype, std::uint64_t shard_bytes,
+                                               std::uint64_t seed,
+                                               KeyLayout layout = KeyLayout::kNative);
+
+/// Parses "fp32|bf16|fp16" (also "float32", "bfloat16", "float16").
+c10::ScalarType parse_dtype(const std::string& name);
+const char* dtype_name(c10::ScalarType dtype);
+
+}  // namespace wd

@@ -1,0 +1,71 @@
+// WanConfig: the hyper-parameters of a Wan 2.2 DiT, its presets, config.json I/O and the
+// list of its parameters (names, shapes) in the official state_dict order.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace wd {
+
+/// Fields and defaults of the official `WanModel.__init__` (spec §1, §8).
+struct WanConfig {
+  std::string model_type = "t2v";  ///< t2v | i2v | ti2v
+  std::array<std::int64_t, 3> patch_size{1, 2, 2};
+  std::int64_t text_len = 512;
+  std::int64_t in_dim = 16;
+  std::int64_t dim = 2048;
+  std::int64_t ffn_dim = 8192;
+  std::int64_t freq_dim = 256;
+  std::int64_t text_dim = 4096;
+  std::int64_t out_dim = 16;
+  std::int64_t num_heads = 16;
+  std::int64_t num_layers = 32;
+  std::array<std::int64_t, 2> window_size{-1, -1};
+  bool qk_norm = true;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+
+  std::int64_t head_dim() const { return dim / num_heads; }
+  std::int64_t patch_volume() const { return patch_size[0] * patch_size[1] * patch_size[2]; }
+
+  /// Throws wd::ConfigError listing every inconsistent field with its value; `source` names
+  /// where the config came from (a file or "preset tiny").
+  void validate(const std::string& source) const;
+
+  /// Presets: tiny (a few MB, for this machine and tests), wan22-ti2v-5b, wan22-t2v-a14b,
+  /// wan22-i2v-a14b (one expert each). Throws wd::ConfigError for an unknown name.
+  static WanConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  /// Parses config.json text: native field names (absent fields take the constructor defaults,
+  /// as the official loader does for `ignore_for_config` fields) or the diffusers
+  /// `WanTransformer3DModel` names. Errors are wd::DataError naming `source` and the field.
+  static WanConfig from_json(const std::string& text, const std::string& source);
+  /// Reads and parses a config.json file.
+  static WanConfig load(const std::string& path);
+  /// Native config.json with every field written (pretty, stable order).
+  std::string to_json() const;
+
+  /// One line: "t2v dim 64 ffn 128 heads 4 layers 2 in 16 out 16 text 32x8".
+  std::string summary() const;
+};
+
+/// What the random initialiser draws for a parameter (the scheme of the golden vectors).
+enum class ParamKind { kWeight, kBias, kModulation, kNormGain };
+
+/// One parameter of the DiT under its native name.
+struct ParamSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  ParamKind kind;
+  std::int64_t numel() const;
+};
+
+/// Every parameter of the official state_dict, in its order (spec §7): 15 + 27 per block.
+std::vector<ParamSpec> wan_param_specs(const WanConfig& config);
+/// Total parameter count.
+std::int64_t wan_param_count(const WanConfig& config);
+
+}  // namespace wd

@@ -1,0 +1,382 @@
+// The Wan 2.2 DiT forward pass (spec §3-§6), staged as embed → blocks → unembed.
+#include "model/wan_dit.hpp"
+
+#include "core/errors.hpp"
+#include "core/torch_compat.hpp"
+
+namespace wd {
+
+namespace {
+
+constexpr std::int64_t kRopePositions = 1024;  // the official table covers positions 0..1023
+
+/// cos/sin of the official `rope_params(1024, width)`: angle p·10000^(−2j/width), in float64.
+std::pair<torch::Tensor, torch::Tensor> rope_axis(std::int64_t width) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  auto freqs = 1.0 / torch::pow(10000.0, torch::arange(0, width, 2, f64).div(width));
+  auto angles = torch::outer(torch::arange(kRopePositions, f64), freqs);
+  return {angles.cos(), angles.sin()};
+}
+
+std::string shape_str(const torch::Tensor& t) {
+  std::string s = "[";
+  for (std::int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+torch::Tensor wan_patchify(const torch::Tensor& latent, const std::array<std::int64_t, 3>& p) {
+  const auto C = latent.size(0), F = latent.size(1), H = latent.size(2), W = latent.size(3);
+  const auto f = F / p[0], h = H / p[1], w = W / p[2];
+  // Conv3d with kernel == stride is a matmul over non-overlapping patches; doing it as one
+  // keeps a single code path for every dtype (LibTorch 1.13 has no bf16 conv3d on the host).
+  return latent.reshape({C, f, p[0], h, p[1], w, p[2]})
+      .permute({1, 3, 5, 0, 2, 4, 6})
+      .reshape({f * h * w, C * p[0] * p[1] * p[2]});
+}
+
+torch::Tensor wan_random_parameter(const ParamSpec& spec, std::size_t index, std::uint64_t seed,
+                                   c10::ScalarType dtype) {
+  auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + index + 1);
+  auto n = torch::randn(spec.shape, gen, torch::TensorOptions().dtype(torch::kFloat));
+  switch (spec.kind) {
+    case ParamKind::kModulation:
+      n.mul_(0.1);
+      break;
+    case ParamKind::kBias:
+      n.mul_(0.05);
+      break;
+    case ParamKind::kNormGain:
+      n.mul_(0.1).add_(1.0);
+      break;
+    case ParamKind::kWeight: {
+      std::int64_t fan_in = 1;
+      for (std::size_t i = 1; i < spec.shape.size(); ++i) fan_in *= spec.shape[i];
+      n.div_(std::sqrt(static_cast<double>(fan_in)));
+      break;
+    }
+  }
+  return n.to(dtype);
+}
+
+WanInputs WanInputs::batched(const torch::Tensor& x, const torch::Tensor& t,
+                             const torch::Tensor& context, const torch::Tensor& context_lens,
+                             std::int64_t seq_len, const torch::Tensor& y) {
+  WD_CHECK(x.dim() == 5, "batched x must be [B,C,F,H,W], got " << shape_str(x));
+  WD_CHECK(context.dim() == 3, "batched context must be [B,L,text_dim], got " << shape_str(context));
+  const auto B = x.size(0);
+  WD_CHECK(context.size(0) == B, "context batch " << context.size(0) << " != x batch " << B);
+  WanInputs in;
+  in.t = t;
+  in.seq_len = seq_len;
+  const auto lens = context_lens.defined() ? context_lens.to(torch::kLong).cpu() : torch::Tensor();
+  if (lens.defined()) {
+    WD_CHECK(lens.numel() == B, "context_lens has " << lens.numel() << " entries, batch is " << B);
+  }
+  for (std::int64_t b = 0; b < B; ++b) {
+    in.x.push_back(x[b]);
+    if (y.defined()) in.y.push_back(y[b]);
+    const auto len = lens.defined() ? lens[b].item<std::int64_t>() : context.size(1);
+    WD_CHECK(len >= 0 && len <= context.size(1),
+             "context_lens[" << b << "] = " << len << " outside 0.." << context.size(1));
+    in.context.push_back(context[b].slice(0, 0, len));
+  }
+  return in;
+}
+
+WanDiTImpl::WanDiTImpl(WanConfig config, WanInit init, c10::ScalarType dtype, std::uint64_t seed)
+    : config_(std::move(config)) {
+  config_.validate("WanDiT");
+  const auto specs = wan_param_specs(config_);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    auto value = init == WanInit::kRandom
+                     ? wan_random_parameter(specs[i], i, seed, dtype)
+                     : torch::empty({0}, torch::TensorOptions().dtype(dtype));
+    register_native(specs[i].name, value);
+  }
+  const auto P = [&](const std::string& n) {
+    auto it = params_.find(n);
+    return it == params_.end() ? torch::Tensor() : it->second;
+  };
+  const auto L = [&](const std::string& n) { return Linear{P(n + ".weight"), P(n + ".bias")}; };
+  patch_weight_ = P("patch_embedding.weight");
+  patch_bias_ = P("patch_embedding.bias");
+  text0_ = L("text_embedding.0");
+  text2_ = L("text_embedding.2");
+  time0_ = L("time_embedding.0");
+  time2_ = L("time_embedding.2");
+  time_proj_ = L("time_projection.1");
+  head_modulation_ = P("head.modulation");
+  head_ = L("head.head");
+  for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    const auto A = [&](const std::string& a) {
+      return Attention{L(b + a + ".q"), L(b + a + ".k"), L(b + a + ".v"), L(b + a + ".o"),
+                       P(b + a + ".norm_q.weight"), P(b + a + ".norm_k.weight")};
+    };
+    blocks_.push_back(Block{P(b + "modulation"), A("self_attn"), A("cross_attn"),
+                            P(b + "norm3.weight"), P(b + "norm3.bias"), L(b + "ffn.0"),
+                            L(b + "ffn.2")});
+  }
+  // RoPE table (spec §4): frame, height, width groups, each with its own frequency ladder.
+  const auto d = config_.head_dim();
+  const auto hw = 2 * (d / 6);
+  auto [fc, fs] = rope_axis(d - 2 * hw);
+  auto [hc, hs] = rope_axis(hw);
+  auto [wc, ws] = rope_axis(hw);
+  rope_cos_ = torch::cat({fc, hc, wc}, 1);
+  rope_sin_ = torch::cat({fs, hs, ws}, 1);
+}
+
+void WanDiTImpl::register_native(const std::string& name, const torch::Tensor& value) {
+  torch::nn::Module* node = this;
+  std::size_t start = 0;
+  for (auto dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
+    const auto part = name.substr(start, dot - start);
+    auto children = node->named_children();
+    if (auto* found = children.find(part)) {
+      node = found->get();
+    } else {
+      node = node->register_module(part, std::make_shared<torch::nn::Module>()).get();
+    }
+    start = dot + 1;
+  }
+  params_[name] = node->register_parameter(name.substr(start), value);
+}
+
+void WanDiTImpl::bind_parameter(const std::string& name, const torch::Tensor& value) {
+  auto it = params_.find(name);
+  WD_CHECK(it != params_.end(), "WanDiT has no parameter named '" << name << "'");
+  // Same TensorImpl, new storage: every handle (Block members, named_parameters) sees it.
+  torch::NoGradGuard no_grad;
+  it->second.set_data(value);
+}
+
+c10::ScalarType WanDiTImpl::dtype() const { return patch_weight_.scalar_type(); }
+
+c10::ScalarType WanDiTImpl::compute_dtype() const {
+  const auto w = dtype();
+  return compat::half_matmul_supported(w, patch_weight_.device()) ? w : torch::kFloat;
+}
+
+torch::Tensor WanDiTImpl::linear(const torch::Tensor& x, const Linear& l) const {
+  const auto c = compute_dtype();
+  // Weights are converted only on the fallback path (fp16 weights without fp16 kernels).
+  if (l.weight.scalar_type() == c) return at::linear(x.to(c), l.weight, l.bias);
+  return at::linear(x.to(c), l.weight.to(c), l.bias.to(c));
+}
+
+torch::Tensor WanDiTImpl::linear_f32(const torch::Tensor& x, const Linear& l) const {
+  return at::linear(x.to(torch::kFloat), l.weight.to(torch::kFloat), l.bias.to(torch::kFloat));
+}
+
+torch::Tensor WanDiTImpl::rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  if (!weight.defined()) return x;  // qk_norm off: the official norm is an Identity
+  auto xf = x.to(torch::kFloat);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.eps);
+  // Official: `_norm(x.float()).type_as(x) * weight`, so the product runs in x's dtype.
+  return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
+}
+
+torch::Tensor WanDiTImpl::layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                                     const torch::Tensor& bias) const {
+  // Official WanLayerNorm: normalise in fp32, cast back to the input dtype (`type_as`).
+  const auto w = weight.defined() ? c10::optional<at::Tensor>(weight.to(torch::kFloat)) : c10::nullopt;
+  const auto b = bias.defined() ? c10::optional<at::Tensor>(bias.to(torch::kFloat)) : c10::nullopt;
+  return at::layer_norm(x.to(torch::kFloat), {config_.dim}, w, b, config_.eps).to(x.scalar_type());
+}
+
+torch::Tensor WanDiTImpl::apply_rope(const torch::Tensor& x, const WanState& s) const {
+  // x [B,S,n,d] -> adjacent channel pairs as complex numbers, rotated in float64.
+  const auto shape = x.sizes().vec();
+  auto pairs = x.to(torch::kDouble).reshape({shape[0], shape[1], shape[2], shape[3] / 2, 2});
+  auto re = pairs.select(-1, 0), im = pairs.select(-1, 1);
+  auto out = torch::stack({re * s.rope_cos - im * s.rope_sin, re * s.rope_sin + im * s.rope_cos}, -1);
+  return out.reshape(shape).to(torch::kFloat);
+}
+
+torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v, const WanState* masked_by) const {
+  // The official attention always runs in the half dtype; with fp32 weights it is fp32.
+  const auto c = compute_dtype();
+  const auto B = q.size(0), S = q.size(1);
+  auto out = compat::attention(
+      q.to(c).transpose(1, 2), k.to(c).transpose(1, 2), v.to(c).transpose(1, 2),
+      masked_by ? std::optional<torch::Tensor>(masked_by->key_mask) : std::nullopt);
+  return out.transpose(1, 2).reshape({B, S, config_.dim});
+}
+
+torch::Tensor WanDiTImpl::self_attention(const torch::Tensor& x, const Attention& a,
+                                         const WanState& s) const {
+  const auto B = x.size(0), S = x.size(1), n = config_.num_heads, d = config_.head_dim();
+  auto q = rms_norm(linear(x, a.q), a.norm_q).view({B, S, n, d});
+  auto k = rms_norm(linear(x, a.k), a.norm_k).view({B, S, n, d});
+  auto v = linear(x, a.v).view({B, S, n, d});
+  return linear(attention_qkv(apply_rope(q, s), apply_rope(k, s), v, &s), a.o);
+}
+
+torch::Tensor WanDiTImpl::cross_attention(const torch::Tensor& x, const Attention& a,
+                                          const WanState& s) const {
+  const auto B = x.size(0), S = x.size(1), n = config_.num_heads, d = config_.head_dim();
+  const auto Lt = s.context.size(1);
+  auto q = rms_norm(linear(x, a.q), a.norm_q).view({B, S, n, d});
+  auto k = rms_norm(linear(s.context, a.k), a.norm_k).view({B, Lt, n, d});
+  auto v = linear(s.context, a.v).view({B, Lt, n, d});
+  // No RoPE and no key mask: padded text rows are attended, as in the official model.
+  return linear(attention_qkv(q, k, v, nullptr), a.o);
+}
+
+WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
+  const auto& c = config_;
+  const auto B = static_cast<std::int64_t>(in.x.size());
+  WD_CHECK(B >= 1, "forward needs at least one sample");
+  WD_CHECK(in.context.size() == in.x.size(),
+           "forward got " << in.context.size() << " contexts for " << B << " samples");
+  WD_CHECK(in.y.empty() || in.y.size() == in.x.size(),
+           "forward got " << in.y.size() << " y tensors for " << B << " samples");
+  WD_CHECK(c.model_type != "i2v" || !in.y.empty(),
+           "model_type i2v needs y (mask + image latent channels) for every sample");
+  const auto device = patch_weight_.device();
+  const auto cdt = compute_dtype();
+  const auto& p = c.patch_size;
+  const auto D = c.dim;
+
+  WanState s;
+  std::vector<torch::Tensor> tokens;
+  std::int64_t max_tokens = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    auto xb = in.y.empty() ? in.x[b] : torch::cat({in.x[b], in.y[b]}, 0);
+    WD_CHECK(xb.dim() == 4 && xb.size(0) == c.in_dim,
+             "sample " << b << ": latent (x" << (in.y.empty() ? "" : " + y") << ") must be [in_dim="
+                       << c.in_dim << ",F,H,W], got " << shape_str(xb));
+    std::array<std::int64_t, 3> grid{};
+    for (int a = 0; a < 3; ++a) {
+      WD_CHECK(xb.size(a + 1) % p[a] == 0,
+               "sample " << b << ": latent " << shape_str(xb) << " is not divisible by patch size ("
+                         << p[0] << "," << p[1] << "," << p[2] << ")");
+      grid[a] = xb.size(a + 1) / p[a];
+      WD_CHECK(grid[a] <= kRopePositions, "sample " << b << ": patch grid axis " << a << " is "
+                                                    << grid[a] << ", the RoPE table covers 1024");
+    }
+    s.grids.push_back(grid);
+    auto patches = wan_patchify(xb.to(device, cdt), p);
+    tokens.push_back(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
+    max_tokens = std::max(max_tokens, patches.size(0));
+  }
+  const auto S = in.seq_len > 0 ? in.seq_len : max_tokens;
+  WD_CHECK(max_tokens <= S, "seq_len " << S << " is smaller than the largest sample's "
+                                       << max_tokens << " tokens");
+
+  // Tokens right-padded with zeros to S; the masks and RoPE tables follow each sample's length.
+  s.x = torch::zeros({B, S, D}, torch::TensorOptions().dtype(cdt).device(device));
+  const auto half_d = c.head_dim() / 2;
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  s.rope_cos = torch::ones({B, S, 1, half_d}, f64);
+  s.rope_sin = torch::zeros({B, S, 1, half_d}, f64);
+  s.key_mask = torch::zeros({B, 1, 1, S}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  const auto cf = half_d - 2 * (half_d / 3), ch = half_d / 3;
+  const auto cos_t = rope_cos_.to(device), sin_t = rope_sin_.to(device);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto [f, h, w] = s.grids[b];
+    const auto L = f * h * w;
+    s.x[b].slice(0, 0, L).copy_(tokens[b]);
+    s.key_mask[b].slice(-1, 0, L).fill_(true);
+    const auto rows = [&](const torch::Tensor& table) {
+      return torch::cat({table.slice(1, 0, cf).slice(0, 0, f).view({f, 1, 1, cf}).expand({f, h, w, cf}),
+                         table.slice(1, cf, cf + ch).slice(0, 0, h).view({1, h, 1, ch}).expand({f, h, w, ch}),
+                         table.slice(1, cf + ch, half_d).slice(0, 0, w).view({1, 1, w, ch}).expand({f, h, w, ch})},
+                        -1)
+          .reshape({L, 1, half_d});
+    };
+    s.rope_cos[b].slice(0, 0, L).copy_(rows(cos_t));
+    s.rope_sin[b].slice(0, 0, L).copy_(rows(sin_t));
+  }
+
+  // Timesteps (spec §5): [B] is broadcast per sample, [B,S] is used per token.
+  torch::Tensor t = in.t.to(device);
+  if (t.dim() == 0) t = t.view({1});
+  if (t.dim() == 1) {
+    WD_CHECK(t.size(0) == B, "t has " << t.size(0) << " entries for " << B << " samples");
+    t = t.view({B, 1}).expand({B, S});
+  }
+  WD_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == S,
+           "per-token t must be [B=" << B << ",S=" << S << "], got " << shape_str(in.t));
+  const auto half = c.freq_dim / 2;
+  auto omega = torch::pow(10000.0, -torch::arange(half, f64).div(half));
+  auto sinusoid = torch::outer(t.reshape({-1}).to(torch::kDouble), omega);
+  auto freq = torch::cat({sinusoid.cos(), sinusoid.sin()}, 1).view({B, S, c.freq_dim}).to(torch::kFloat);
+  s.e = linear_f32(torch::silu(linear_f32(freq, time0_)), time2_);
+  s.e0 = linear_f32(torch::silu(s.e), time_proj_).view({B, S, 6, D});
+
+  // Text (spec §3.6): zero-pad each context to text_len, embed, never mask.
+  std::vector<torch::Tensor> ctx;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto& cb = in.context[b];
+    WD_CHECK(cb.dim() == 2 && cb.size(1) == c.text_dim && cb.size(0) <= c.text_len,
+             "sample " << b << ": context must be [L<=" << c.text_len << "," << c.text_dim
+                       << "], got " << shape_str(cb));
+    auto padded = torch::zeros({c.text_len, c.text_dim}, torch::TensorOptions().dtype(cdt).device(device));
+    padded.slice(0, 0, cb.size(0)).copy_(cb);
+    ctx.push_back(padded);
+  }
+  s.context = linear(torch::gelu(linear(torch::stack(ctx), text0_), "tanh"), text2_);
+
+  if (trace) {
+    trace->patch_tokens = s.x;
+    trace->time_emb_e = s.e;
+    trace->time_proj_e0 = s.e0;
+    trace->context_emb = s.context;
+  }
+  return s;
+}
+
+void WanDiTImpl::run_block(std::int64_t index, WanState& s) {
+  WD_CHECK(index >= 0 && index < static_cast<std::int64_t>(blocks_.size()),
+           "block index " << index << " outside 0.." << blocks_.size());
+  const auto& blk = blocks_[index];
+  // modulation + e0 in fp32 -> shift/scale/gate for attention (0-2) and FFN (3-5).
+  auto m = blk.modulation.to(torch::kFloat).unsqueeze(0) + s.e0;
+  const auto mod = [&](int j) { return m.select(2, j); };
+  auto x = s.x;
+  auto attn_in = layer_norm(x).to(torch::kFloat) * (1 + mod(1)) + mod(0);
+  x = x + self_attention(attn_in, blk.self_attn, s) * mod(2);  // residual becomes fp32 here
+  auto cross_in = blk.norm3_weight.defined() ? layer_norm(x, blk.norm3_weight, blk.norm3_bias) : x;
+  x = x + cross_attention(cross_in, blk.cross_attn, s);
+  auto ffn_in = layer_norm(x).to(torch::kFloat) * (1 + mod(4)) + mod(3);
+  x = x + linear(torch::gelu(linear(ffn_in, blk.ffn0), "tanh"), blk.ffn2) * mod(5);
+  s.x = x;
+}
+
+std::vector<torch::Tensor> WanDiTImpl::unembed(const WanState& s, WanTrace* trace) {
+  // Head (spec §3.10): e (not e0), fp32 throughout.
+  auto m = head_modulation_.to(torch::kFloat).unsqueeze(0) + s.e.unsqueeze(2);
+  auto x = s.x.to(torch::kFloat);
+  auto out = linear_f32(layer_norm(x) * (1 + m.select(2, 1)) + m.select(2, 0), head_);
+  if (trace) trace->head_out = out;
+  const auto& p = config_.patch_size;
+  const auto C = config_.out_dim;
+  std::vector<torch::Tensor> result;
+  for (std::size_t b = 0; b < s.grids.size(); ++b) {
+    const auto [f, h, w] = s.grids[b];
+    // rows ordered (f,h,w), features (pt,ph,pw,C) -> [C, f·pt, h·ph, w·pw]
+    result.push_back(out[b]
+                         .slice(0, 0, f * h * w)
+                         .reshape({f, h, w, p[0], p[1], p[2], C})
+                         .permute({6, 0, 3, 1, 4, 2, 5})
+                         .reshape({C, f * p[0], h * p[1], w * p[2]})
+                         .to(torch::kFloat));
+  }
+  return result;
+}
+
+std::vector<torch::Tensor> WanDiTImpl::forward(const WanInputs& inputs, WanTrace* trace) {
+  auto state = embed(inputs, trace);
+  for (std::int64_t i = 0; i < config_.num_layers; ++i) {
+    run_block(i, state);
+    if (trace && i == 0) trace->block0_out = state.x;
+  }
+  return unembed(state, trace);
+}
+
+}  // namespace wd

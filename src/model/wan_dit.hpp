@@ -1,0 +1,143 @@
+// WanDiT: the Wan 2.2 diffusion transformer (official `WanModel`) as a LibTorch module.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/wan_config.hpp"
+
+namespace wd {
+
+/// Inputs of one forward call, in the official list form (samples may differ in size).
+struct WanInputs {
+  std::vector<torch::Tensor> x;        ///< B × [in_dim (minus y's channels), F, H, W]
+  std::vector<torch::Tensor> y;        ///< i2v only: B × [C_y, F, H, W], concatenated after x
+  torch::Tensor t;                     ///< [B] per sample, or [B, S] per token (TI2V)
+  std::vector<torch::Tensor> context;  ///< B × [L_b, text_dim], L_b <= text_len
+  std::int64_t seq_len = 0;            ///< S; 0 = the largest token count of the batch
+
+  /// Builds the list form from batched tensors: x [B,C,F,H,W], context [B,L,text_dim] with
+  /// `context_lens` [B] (rows past a sample's length are dropped; undefined = all L rows),
+  /// and y [B,C_y,F,H,W] for i2v (undefined otherwise).
+  static WanInputs batched(const torch::Tensor& x, const torch::Tensor& t,
+                           const torch::Tensor& context, const torch::Tensor& context_lens = {},
+                           std::int64_t seq_len = 0, const torch::Tensor& y = {});
+};
+
+/// Intermediate tensors of a forward, captured on request (for golden tests and debugging).
+struct WanTrace {
+  torch::Tensor patch_tokens;  ///< [B,S,D] patch embedding, zero-padded to S
+  torch::Tensor time_emb_e;    ///< [B,S,D] e
+  torch::Tensor time_proj_e0;  ///< [B,S,6,D] e0 (before each block adds its modulation)
+  torch::Tensor context_emb;   ///< [B,text_len,D]
+  torch::Tensor block0_out;    ///< [B,S,D]
+  torch::Tensor head_out;      ///< [B,S,patch·out_dim]
+};
+
+/// The hidden state between stages: what `embed` produces, each block updates and `unembed`
+/// consumes. Pipeline stages and block streaming pass this between ranks / devices.
+struct WanState {
+  torch::Tensor x;         ///< [B,S,D] residual stream (fp32 after block 0's first add)
+  torch::Tensor e;         ///< [B,S,D] fp32 time embedding (used by the head)
+  torch::Tensor e0;        ///< [B,S,6,D] fp32 time projection (shared by all blocks)
+  torch::Tensor context;   ///< [B,text_len,D] embedded text
+  torch::Tensor rope_cos;  ///< [B,S,1,d/2] float64; 1 on padded tokens
+  torch::Tensor rope_sin;  ///< [B,S,1,d/2] float64; 0 on padded tokens
+  torch::Tensor key_mask;  ///< [B,1,1,S] bool, true for a sample's real tokens
+  std::vector<std::array<std::int64_t, 3>> grids;  ///< per-sample patch grid (f,h,w)
+};
+
+/// How a freshly built module's parameters are filled.
+enum class WanInit {
+  kEmpty,   ///< 0-element placeholders, to be bound to checkpoint tensors (no allocation)
+  kRandom,  ///< the seeded scheme of the golden vectors (see wan_random_parameter)
+};
+
+/// The DiT. Parameter names equal the native state_dict keys. Weights may be fp32, bf16 or
+/// fp16; compute follows spec §6: matmuls, attention and GELUs in the weight dtype, with fp32
+/// islands for the sinusoid/time MLP, modulation, LayerNorms, RoPE (float64), residual stream
+/// and head. With fp32 weights everything is fp32 and matches the official model.
+class WanDiTImpl : public torch::nn::Module {
+ public:
+  explicit WanDiTImpl(WanConfig config, WanInit init = WanInit::kEmpty,
+                      c10::ScalarType dtype = torch::kFloat, std::uint64_t seed = 0);
+
+  const WanConfig& config() const { return config_; }
+  /// Dtype of the weights (that of patch_embedding.weight).
+  c10::ScalarType dtype() const;
+
+  /// Full forward: list of B float32 tensors [out_dim, F, H, W].
+  std::vector<torch::Tensor> forward(const WanInputs& inputs, WanTrace* trace = nullptr);
+
+  /// Stage 1: patch, time and text embeddings, RoPE tables and masks.
+  WanState embed(const WanInputs& inputs, WanTrace* trace = nullptr);
+  /// Stage 2: block `index` updates state.x in place of the old value.
+  void run_block(std::int64_t index, WanState& state);
+  /// Stage 3: head and unpatchify.
+  std::vector<torch::Tensor> unembed(const WanState& state, WanTrace* trace = nullptr);
+
+  /// The float64 RoPE table for positions 0..1023 as (cos, sin), each [1024, head_dim/2];
+  /// columns are the frame, height and width groups in that order.
+  const torch::Tensor& rope_cos_table() const { return rope_cos_; }
+  const torch::Tensor& rope_sin_table() const { return rope_sin_; }
+
+  /// Replaces the tensor behind parameter `name` (a native key) without copying it; the
+  /// shape must equal the config's. Used to bind memory-mapped checkpoint tensors.
+  void bind_parameter(const std::string& name, const torch::Tensor& value);
+
+ private:
+  struct Linear {
+    torch::Tensor weight, bias;
+  };
+  struct Attention {
+    Linear q, k, v, o;
+    torch::Tensor norm_q, norm_k;  ///< undefined when qk_norm is off
+  };
+  struct Block {
+    torch::Tensor modulation;
+    Attention self_attn, cross_attn;
+    torch::Tensor norm3_weight, norm3_bias;  ///< undefined when cross_attn_norm is off
+    Linear ffn0, ffn2;
+  };
+
+  /// Registers `value` under its dotted native name, creating the child modules on the way.
+  void register_native(const std::string& name, const torch::Tensor& value);
+  c10::ScalarType compute_dtype() const;
+  torch::Tensor linear(const torch::Tensor& x, const Linear& l) const;
+  torch::Tensor linear_f32(const torch::Tensor& x, const Linear& l) const;
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight = {},
+                           const torch::Tensor& bias = {}) const;
+  torch::Tensor apply_rope(const torch::Tensor& x, const WanState& state) const;
+  torch::Tensor attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const WanState* masked_by) const;
+  torch::Tensor self_attention(const torch::Tensor& x, const Attention& a, const WanState& s) const;
+  torch::Tensor cross_attention(const torch::Tensor& x, const Attention& a, const WanState& s) const;
+
+  WanConfig config_;
+  torch::Tensor rope_cos_;
+  torch::Tensor rope_sin_;
+  std::unordered_map<std::string, torch::Tensor> params_;  ///< native name -> registered tensor
+  torch::Tensor patch_weight_, patch_bias_, head_modulation_;
+  Linear text0_, text2_, time0_, time2_, time_proj_, head_;
+  std::vector<Block> blocks_;
+};
+TORCH_MODULE(WanDiT);
+
+/// The value the random initialiser gives one parameter: modulation 0.1·N(0,1), biases
+/// 0.05·N, norm gains 1 + 0.1·N, other weights N(0,1)/sqrt(fan_in). Deterministic per
+/// (seed, parameter index), so a checkpoint can be generated one tensor at a time.
+torch::Tensor wan_random_parameter(const ParamSpec& spec, std::size_t index, std::uint64_t seed,
+                                   c10::ScalarType dtype);
+
+/// Splits a latent tensor [C,F,H,W] into the per-token patch vectors [L, C·pt·ph·pw] in the
+/// order of the Conv3d weight (C, pt, ph, pw), tokens f-major then h then w.
+torch::Tensor wan_patchify(const torch::Tensor& latent, const std::array<std::int64_t, 3>& patch);
+
+}  // namespace wd

@@ -1,0 +1,272 @@
+// WanDiT against golden vectors made with the official Wan 2.2 code (tests/fixtures/*/README.md).
+#include <gtest/gtest.h>
+
+#include "core/errors.hpp"
+#include "core/torch_compat.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "model/wan_dit.hpp"
+
+namespace wd {
+namespace {
+
+const std::string kFixtures = WD_FIXTURES;
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
+  auto w = want.to(torch::kDouble);
+  return (got.to(torch::kDouble) - w).norm().item<double>() / w.norm().item<double>();
+}
+
+struct Golden {
+  SafetensorsFile inputs, expected;
+  explicit Golden(const std::string& dir, const std::string& expected_name = "expected.safetensors")
+      : inputs(SafetensorsFile::open(kFixtures + "/" + dir + "/inputs.safetensors")),
+        expected(SafetensorsFile::open(kFixtures + "/" + dir + "/" + expected_name)) {}
+  torch::Tensor in(const std::string& k) const { return inputs.tensor(k); }
+  torch::Tensor want(const std::string& k) const { return expected.tensor(k); }
+};
+
+WanDiT load(const std::string& dir, const std::string& file, std::optional<c10::ScalarType> dtype) {
+  return load_wan_dit(WanCheckpoint::open(kFixtures + "/" + dir + "/" + file), dtype);
+}
+
+WanInputs tiny_a_inputs(const Golden& g) {
+  return WanInputs::batched(g.in("x"), g.in("t_tokens"), g.in("context"), g.in("context_lens"),
+                            g.in("seq_len").item<std::int64_t>());
+}
+
+TEST(WanDiTGolden, Fp32MatchesOfficialOutputAndIntermediates) {
+  Golden g("wan-tiny-a");
+  auto model = load("wan-tiny-a", "weights.safetensors", torch::kFloat);
+  WanTrace trace;
+  torch::NoGradGuard no_grad;
+  auto out = torch::stack(model->forward(tiny_a_inputs(g), &trace));
+  EXPECT_LE(max_abs_diff(out, g.want("out")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.patch_tokens, g.want("patch_tokens")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.time_emb_e, g.want("time_emb_e")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.context_emb, g.want("context_emb")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.block0_out, g.want("block0_out")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.head_out, g.want("head_out")), 2e-5);
+}
+
+TEST(WanDiTGolden, RopeTableMatchesOfficial) {
+  Golden g("wan-tiny-a");
+  auto model = load("wan-tiny-a", "weights.safetensors", torch::kFloat);
+  EXPECT_LE(max_abs_diff(model->rope_cos_table().slice(0, 0, 16), g.want("rope_freqs_real")), 1e-15);
+  EXPECT_LE(max_abs_diff(model->rope_sin_table().slice(0, 0, 16), g.want("rope_freqs_imag")), 1e-15);
+}
+
+TEST(WanDiTGolden, Bf16FileUpcastToFp32MatchesExpectedBf16) {
+  Golden g("wan-tiny-a", "expected-bf16.safetensors");
+  auto model = load("wan-tiny-a", "weights-bf16.safetensors", torch::kFloat);
+  WanTrace trace;
+  torch::NoGradGuard no_grad;
+  auto out = torch::stack(model->forward(tiny_a_inputs(g), &trace));
+  EXPECT_LE(max_abs_diff(out, g.want("out")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.block0_out, g.want("block0_out")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
+}
+
+TEST(WanDiTGolden, Bf16ComputeStaysWithinOnePercent) {
+  Golden g("wan-tiny-a");
+  auto model = load("wan-tiny-a", "weights-bf16.safetensors", std::nullopt);
+  ASSERT_EQ(model->dtype(), torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  auto out = torch::stack(model->forward(tiny_a_inputs(g)));
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  const double rel = rel_error(out, g.want("out"));
+  EXPECT_LE(rel, 1e-2);
+  EXPECT_GT(rel, 0.0);  // really computed in bf16, not silently in fp32
+}
+
+TEST(WanDiTGolden, Fp16WeightsStayWithinOnePercent) {
+  Golden g("wan-tiny-a");
+  auto model = load("wan-tiny-a", "weights.safetensors", torch::kHalf);
+  ASSERT_EQ(model->dtype(), torch::kHalf);
+  torch::NoGradGuard no_grad;
+  auto out = torch::stack(model->forward(tiny_a_inputs(g)));
+  EXPECT_LE(rel_error(out, g.want("out")), 1e-2);
+}
+
+// wan-tiny-b: ti2v-like, head_dim 24, two samples of different grids with H != W, token
+// padding, per-token timesteps that differ per frame, a padded context, and a B=1 call.
+TEST(WanDiTGolden, PerTokenTimestepsPaddingAndUnequalSamples) {
+  Golden g("wan-tiny-b");
+  auto model = load("wan-tiny-b", "weights.safetensors", torch::kFloat);
+  WanInputs in;
+  in.x = {g.in("x.0"), g.in("x.1")};
+  in.t = g.in("t_tokens");
+  const auto lens = g.in("context_lens");
+  in.context = {g.in("context")[0].slice(0, 0, lens[0].item<std::int64_t>()),
+                g.in("context")[1].slice(0, 0, lens[1].item<std::int64_t>())};
+  in.seq_len = g.in("seq_len").item<std::int64_t>();
+  WanTrace trace;
+  torch::NoGradGuard no_grad;
+  auto out = model->forward(in, &trace);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_LE(max_abs_diff(out[0], g.want("out.0")), 2e-5);
+  EXPECT_LE(max_abs_diff(out[1], g.want("out.1")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.context_emb, g.want("context_emb")), 2e-5);
+  // Padded rows of the hidden state never reach the output; compare the real ones.
+  EXPECT_LE(max_abs_diff(trace.block0_out[0].slice(0, 0, 18), g.want("block0_out")[0].slice(0, 0, 18)), 2e-5);
+  EXPECT_LE(max_abs_diff(trace.block0_out[1].slice(0, 0, 16), g.want("block0_out")[1].slice(0, 0, 16)), 2e-5);
+}
+
+TEST(WanDiTGolden, OneSampleWithScalarTimestep) {
+  Golden g("wan-tiny-b");
+  auto model = load("wan-tiny-b", "weights.safetensors", torch::kFloat);
+  WanInputs in = WanInputs::batched(g.in("x1.0").unsqueeze(0), g.in("t1"), g.in("context1"),
+                                    g.in("context_lens1"), g.in("seq_len1").item<std::int64_t>());
+  torch::NoGradGuard no_grad;
+  EXPECT_LE(max_abs_diff(model->forward(in)[0], g.want("out1.0")), 2e-5);
+}
+
+TEST(WanDiTGolden, I2vChannelConcat) {
+  Golden g("wan-tiny-i2v");
+  auto model = load("wan-tiny-i2v", "weights.safetensors", torch::kFloat);
+  WanInputs in = WanInputs::batched(torch::stack({g.in("x.0"), g.in("x.1")}), g.in("t_tokens"),
+                                    g.in("context"), g.in("context_lens"),
+                                    g.in("seq_len").item<std::int64_t>(),
+                                    torch::stack({g.in("y.0"), g.in("y.1")}));
+  torch::NoGradGuard no_grad;
+  auto out = model->forward(in);
+  EXPECT_LE(max_abs_diff(out[0], g.want("out.0")), 2e-5);
+  EXPECT_LE(max_abs_diff(out[1], g.want("out.1")), 2e-5);
+  in.y.clear();
+  EXPECT_THROW(model->forward(in), Error);  // i2v without y is refused, not mis-computed
+}
+
+// Properties that follow from the spec, on random tiny models.
+WanConfig small_config() {
+  WanConfig c = WanConfig::preset("tiny");
+  c.dim = 48;
+  c.num_heads = 2;
+  c.ffn_dim = 64;
+  c.num_layers = 2;
+  c.text_dim = 16;
+  c.text_len = 6;
+  c.freq_dim = 16;
+  c.in_dim = 4;
+  c.out_dim = 4;
+  return c;
+}
+
+TEST(WanDiT, BatchEqualsPerSampleForDifferentTokenCounts) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 7);
+  torch::NoGradGuard no_grad;
+  auto x0 = torch::randn({4, 2, 4, 6}), x1 = torch::randn({4, 3, 2, 2});
+  auto c0 = torch::randn({6, 16}), c1 = torch::randn({3, 16});
+  WanInputs both{{x0, x1}, {}, torch::tensor({300.f, 900.f}), {c0, c1}, 0};
+  auto out = model->forward(both);
+  auto a = model->forward(WanInputs{{x0}, {}, torch::tensor({300.f}), {c0}, 0});
+  auto b = model->forward(WanInputs{{x1}, {}, torch::tensor({900.f}), {c1}, 0});
+  EXPECT_LE(max_abs_diff(out[0], a[0]), 1e-5);
+  EXPECT_LE(max_abs_diff(out[1], b[0]), 1e-5);
+  // Extra token padding changes nothing either.
+  both.seq_len = 20;
+  EXPECT_LE(max_abs_diff(model->forward(both)[1], b[0]), 1e-5);
+}
+
+TEST(WanDiT, ShortContextIsZeroPaddedNotMasked) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 8);
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({4, 2, 4, 4});
+  auto ctx = torch::randn({3, 16});
+  auto padded = torch::cat({ctx, torch::zeros({3, 16})});  // text_len 6, explicit zero rows
+  auto short_out = model->forward(WanInputs{{x}, {}, torch::tensor({500.f}), {ctx}, 0})[0];
+  auto padded_out = model->forward(WanInputs{{x}, {}, torch::tensor({500.f}), {padded}, 0})[0];
+  // Equal: the 3 missing rows are zeros that are attended, exactly like explicit zero rows.
+  EXPECT_LE(max_abs_diff(short_out, padded_out), 1e-6);
+}
+
+TEST(WanDiT, PerTokenTimestepsEqualPerSampleWhenConstant) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 9);
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({2, 4, 2, 6, 4});
+  auto ctx = torch::randn({2, 6, 16});
+  auto per_sample = torch::stack(model->forward(WanInputs::batched(x, torch::tensor({10.f, 990.f}), ctx)));
+  auto per_token = torch::tensor({10.f, 990.f}).view({2, 1}).expand({2, 12}).contiguous();
+  auto tok = torch::stack(model->forward(WanInputs::batched(x, per_token, ctx)));
+  EXPECT_LE(max_abs_diff(per_sample, tok), 1e-6);
+  // A different t on one frame changes that sample's output.
+  auto frame0 = per_token.clone();
+  frame0[0].slice(0, 0, 6).fill_(0.f);
+  auto changed = torch::stack(model->forward(WanInputs::batched(x, frame0, ctx)));
+  EXPECT_GT(max_abs_diff(changed[0], tok[0]), 1e-3);
+  EXPECT_LE(max_abs_diff(changed[1], tok[1]), 1e-6);
+}
+
+TEST(WanDiT, BadInputsAreRefusedWithTheShapes) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 10);
+  torch::NoGradGuard no_grad;
+  auto ctx = torch::randn({2, 16});
+  EXPECT_THROW(model->forward(WanInputs{{torch::randn({5, 2, 4, 4})}, {}, torch::tensor({1.f}), {ctx}, 0}), Error);
+  EXPECT_THROW(model->forward(WanInputs{{torch::randn({4, 2, 3, 4})}, {}, torch::tensor({1.f}), {ctx}, 0}), Error);
+  EXPECT_THROW(model->forward(WanInputs{{torch::randn({4, 2, 4, 4})}, {}, torch::tensor({1.f}), {torch::randn({7, 16})}, 0}), Error);
+  EXPECT_THROW(model->forward(WanInputs{{torch::randn({4, 2, 4, 4})}, {}, torch::tensor({1.f}), {ctx}, 3}), Error);
+  try {
+    model->forward(WanInputs{{torch::randn({5, 2, 4, 4})}, {}, torch::tensor({1.f}), {ctx}, 0});
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[in_dim=4,F,H,W], got [5,2,4,4]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WanDiT, StagedForwardEqualsForward) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 11);
+  torch::NoGradGuard no_grad;
+  WanInputs in{{torch::randn({4, 2, 4, 4})}, {}, torch::tensor({100.f}), {torch::randn({6, 16})}, 0};
+  auto state = model->embed(in);
+  for (std::int64_t i = 0; i < 2; ++i) model->run_block(i, state);
+  EXPECT_EQ(max_abs_diff(model->unembed(state)[0], model->forward(in)[0]), 0.0);
+}
+
+TEST(Compat, AttentionEqualsReferenceInFp32) {
+  auto q = torch::randn({2, 3, 5, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});
+  auto mask = torch::ones({2, 1, 1, 7}, torch::kBool);
+  mask[1].slice(-1, 4, 7).fill_(false);
+  EXPECT_LE(max_abs_diff(compat::attention(q, k, v, mask), compat::attention_reference(q, k, v, mask)), 1e-6);
+  EXPECT_LE(max_abs_diff(compat::attention(q, k, v), compat::attention_reference(q, k, v)), 1e-6);
+}
+
+TEST(WanConfigTest, PresetParameterCountsMatchTheOfficialModels) {
+  EXPECT_EQ(wan_param_count(WanConfig::preset("wan22-ti2v-5b")), 4'999'787'712);
+  EXPECT_EQ(wan_param_count(WanConfig::preset("wan22-t2v-a14b")), 14'288'491'584);
+  EXPECT_EQ(wan_param_count(WanConfig::preset("wan22-i2v-a14b")), 14'288'901'184);
+  EXPECT_EQ(wan_param_specs(WanConfig::preset("wan22-ti2v-5b")).size(), 825u);
+  EXPECT_EQ(wan_param_specs(WanConfig::preset("wan22-t2v-a14b")).size(), 1095u);
+  EXPECT_LT(wan_param_count(WanConfig::preset("tiny")) * 4, 8'000'000);  // "a few MB"
+}
+
+TEST(WanConfigTest, NativeConfigDefaultsOmittedFieldsAndParsesDiffusers) {
+  auto c = WanConfig::from_json(R"({"_class_name":"WanModel","model_type":"ti2v","dim":3072,
+      "ffn_dim":14336,"freq_dim":256,"in_dim":48,"out_dim":48,"num_heads":24,"num_layers":30,
+      "text_len":512,"eps":1e-06})", "official.json");
+  EXPECT_EQ(c.text_dim, 4096);
+  EXPECT_EQ(c.patch_size, (std::array<std::int64_t, 3>{1, 2, 2}));
+  EXPECT_TRUE(c.qk_norm && c.cross_attn_norm);
+  auto d = WanConfig::from_json(R"({"_class_name":"WanTransformer3DModel","num_attention_heads":40,
+      "attention_head_dim":128,"in_channels":36,"out_channels":16,"text_dim":4096,"freq_dim":256,
+      "ffn_dim":13824,"num_layers":40,"cross_attn_norm":true,"qk_norm":"rms_norm_across_heads",
+      "eps":1e-06,"patch_size":[1,2,2],"image_dim":null})", "diffusers.json");
+  EXPECT_EQ(d.dim, 5120);
+  EXPECT_EQ(d.model_type, "i2v");
+  EXPECT_EQ(wan_param_count(d), 14'288'901'184);
+  try {
+    WanConfig::from_json(R"({"dim":100,"num_heads":3,"window_size":[4,4]})", "bad.json");
+    FAIL() << "accepted a bad config";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("bad.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("dim(100) must be divisible by num_heads(3)"), std::string::npos) << m;
+    EXPECT_NE(m.find("window_size(4,4)"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace wd
