@@ -42,7 +42,8 @@ class OptionTable {
 
   /// Binds an option that must be given (no default).
   OptionTable& require(const std::string& key, std::string& field, const std::string& help) {
-    desc_.add_options()(key.c_str(), po::value<std::string>(&field)->required(), help.c_str());
+    desc_.add_options()(key.c_str(), po::value<std::string>(&field)->required(),
+                        (help + " (required)").c_str());
     return *this;
   }
 

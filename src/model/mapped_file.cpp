@@ -32,7 +32,7 @@ class FdGuard {
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  WD_CHECK_SYS(fd, path);
+  if (fd < 0) throw SystemError(detail::errno_message("open(" + path + ")"));
   FdGuard guard(fd);
 
   struct stat st {};
@@ -53,8 +53,8 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   // refuse to map a checkpoint shard larger than RAM + swap.
   void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
   if (addr == MAP_FAILED) {
-    throw SystemError(detail::errno_message("mmap(" + std::to_string(size) + " bytes) [" +
-                                            path + "]"));
+    throw SystemError(
+        detail::errno_message("mmap(" + std::to_string(size) + " bytes) [" + path + "]"));
   }
   return std::shared_ptr<MappedFile>(new MappedFile(path, static_cast<std::uint8_t*>(addr), size));
 }

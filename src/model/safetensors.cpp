@@ -12,11 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <set>
-#include <tuple>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <tuple>
 
 #include "core/errors.hpp"
 
@@ -35,16 +34,24 @@ struct DtypeSpec {
   std::optional<c10::ScalarType> torch_type;  ///< empty where this Torch has no such type
 };
 
-// Every dtype safetensors defines with a whole-byte element size. The unsigned wide integers
-// and the fp8 formats validate and can be inspected, but Torch 1.13 cannot hold them.
+// The dtypes of safetensors 0.4/0.5 (0.6 added sub-byte, E8M0 and complex types, which no Wan
+// checkpoint uses). The wide unsigned and fp8 types validate and can be inspected, but Torch
+// 1.13 cannot hold them.
 const DtypeSpec kDtypes[] = {
-    {"BOOL", 1, c10::ScalarType::Bool},       {"U8", 1, c10::ScalarType::Byte},
-    {"I8", 1, c10::ScalarType::Char},         {"F8_E5M2", 1, std::nullopt},
-    {"F8_E4M3", 1, std::nullopt},             {"I16", 2, c10::ScalarType::Short},
-    {"U16", 2, std::nullopt},                 {"F16", 2, c10::ScalarType::Half},
-    {"BF16", 2, c10::ScalarType::BFloat16},   {"I32", 4, c10::ScalarType::Int},
-    {"U32", 4, std::nullopt},                 {"F32", 4, c10::ScalarType::Float},
-    {"F64", 8, c10::ScalarType::Double},      {"I64", 8, c10::ScalarType::Long},
+    {"BOOL", 1, c10::ScalarType::Bool},
+    {"U8", 1, c10::ScalarType::Byte},
+    {"I8", 1, c10::ScalarType::Char},
+    {"F8_E5M2", 1, std::nullopt},
+    {"F8_E4M3", 1, std::nullopt},
+    {"I16", 2, c10::ScalarType::Short},
+    {"U16", 2, std::nullopt},
+    {"F16", 2, c10::ScalarType::Half},
+    {"BF16", 2, c10::ScalarType::BFloat16},
+    {"I32", 4, c10::ScalarType::Int},
+    {"U32", 4, std::nullopt},
+    {"F32", 4, c10::ScalarType::Float},
+    {"F64", 8, c10::ScalarType::Double},
+    {"I64", 8, c10::ScalarType::Long},
     {"U64", 8, std::nullopt},
 };
 
@@ -128,8 +135,9 @@ std::map<std::string, std::string> parse_metadata(const std::string& file, const
   std::map<std::string, std::string> metadata;
   // safetensors reads `__metadata__` as an optional map, so an explicit null means "none".
   if (value.is_null()) return metadata;
-  WD_CHECK_DATA(value.is_object(), file, "__metadata__",
-                "__metadata__ must be an object of string values, got a JSON " << value.type_name());
+  WD_CHECK_DATA(
+      value.is_object(), file, "__metadata__",
+      "__metadata__ must be an object of string values, got a JSON " << value.type_name());
   for (const auto& [key, v] : value.items()) {
     WD_CHECK_DATA(v.is_string(), file, "__metadata__",
                   "__metadata__ value of \"" << key << "\" must be a string, got " << v.dump());
@@ -140,9 +148,10 @@ std::map<std::string, std::string> parse_metadata(const std::string& file, const
 
 TensorInfo parse_entry(const std::string& file, const std::string& name, const json& entry,
                        std::uint64_t data_size) {
-  WD_CHECK_DATA(entry.is_object(), file, name,
-                "tensor entry must be an object with \"dtype\", \"shape\" and \"data_offsets\", got "
-                    << entry.dump());
+  WD_CHECK_DATA(
+      entry.is_object(), file, name,
+      "tensor entry must be an object with \"dtype\", \"shape\" and \"data_offsets\", got "
+          << entry.dump());
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     WD_CHECK_DATA(entry.contains(field), file, name, "tensor entry lacks \"" << field << "\"");
   }
@@ -165,9 +174,9 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
                   "shape[" << i << "] = " << dim.dump() << " is not a non-negative integer");
     const auto value = dim.get<std::uint64_t>();
     // safetensors allows any usize; Torch sizes are int64, so larger dimensions cannot load.
-    WD_CHECK_DATA(value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                  file, name,
-                  "shape[" << i << "] = " << value << " exceeds the largest Torch dimension 2^63-1");
+    WD_CHECK_DATA(
+        value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), file, name,
+        "shape[" << i << "] = " << value << " exceeds the largest Torch dimension 2^63-1");
     info.shape.push_back(static_cast<std::int64_t>(value));
   }
 
@@ -201,8 +210,9 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
                          << " bytes but data_offsets " << offsets_string(info) << " span "
                          << info.nbytes() << " bytes");
   WD_CHECK_DATA(info.end <= data_size, file, name,
-                "data_offsets " << offsets_string(info) << " are out of bounds: the data section holds "
-                                << data_size << " bytes");
+                "data_offsets " << offsets_string(info)
+                                << " are out of bounds: the data section holds " << data_size
+                                << " bytes");
   return info;
 }
 
@@ -402,7 +412,8 @@ torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   }
   // The deleter owns a reference to the mapping, so it outlives this object while any tensor
   // (or view of one) is alive.
-  return torch::from_blob(data, t.shape, [mapping = file_](void*) {}, options);
+  return torch::from_blob(
+      data, t.shape, [mapping = file_](void*) {}, options);
 }
 
 torch::Tensor SafetensorsFile::tensor(const std::string& name, c10::ScalarType dtype,
@@ -427,9 +438,11 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   std::vector<Planned> plan;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") {
-      throw Error("cannot write " + path + ": \"__metadata__\" is reserved and cannot name a tensor");
+      throw Error("cannot write " + path +
+                  ": \"__metadata__\" is reserved and cannot name a tensor");
     }
-    if (!t.defined()) throw Error("cannot write " + path + ": tensor \"" + name + "\" is undefined");
+    if (!t.defined())
+      throw Error("cannot write " + path + ": tensor \"" + name + "\" is undefined");
     const DtypeSpec* spec = find_dtype(t.scalar_type());
     if (spec == nullptr) {
       throw Error("cannot write " + path + ": tensor \"" + name + "\" has Torch dtype " +
@@ -439,9 +452,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   }
   // Data goes largest element first (then by name), as the reference writer does: with the
   // header padded to 8 bytes every tensor then starts aligned and loads zero-copy.
-  std::stable_sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) {
-    return a.spec->size > b.spec->size;
-  });
+  std::stable_sort(plan.begin(), plan.end(),
+                   [](const Planned& a, const Planned& b) { return a.spec->size > b.spec->size; });
 
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -501,6 +513,9 @@ ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::
     // Loaders prefer an index over a lone file, so an index left by an earlier sharded write
     // of the same stem would shadow the file just written.
     std::filesystem::remove(root / index_name, ec);
+    if (ec)
+      throw SystemError("cannot remove stale index " + (root / index_name).string() + ": " +
+                        ec.message());
     result.shard_files.push_back(name);
     return result;
   }

@@ -129,6 +129,7 @@ WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& co
     ck.add_file(SafetensorsFile::open(path));
   }
 
+  ck.index_keys();
   ck.config_path_ = config_path.empty() ? (dir / "config.json").string() : config_path;
   if (!fs::exists(ck.config_path_)) {
     throw DataError(ck.config_path_, "", "not found: a checkpoint needs its config.json (give "
@@ -138,27 +139,44 @@ WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& co
   return ck;
 }
 
-void WanCheckpoint::add_file(SafetensorsFile file) {
-  const std::size_t idx = files_.size();
-  for (const auto& t : file.tensors()) {
-    const auto stripped = strip_comfy_prefix(t.name);
-    if (stripped != t.name) prefixed_ = true;
-    std::optional<std::string> native = stripped;
-    if (looks_like_diffusers(stripped)) {
-      layout_ = KeyLayout::kDiffusers;
-      native = diffusers_to_native(stripped);
+void WanCheckpoint::add_file(SafetensorsFile file) { files_.push_back(std::move(file)); }
+
+void WanCheckpoint::index_keys() {
+  // The layout is a property of the whole checkpoint: a diffusers key such as
+  // blocks.0.norm2.weight only maps correctly once we know every key is a diffusers one.
+  std::string native_example, diffusers_example;
+  for (const auto& f : files_) {
+    for (const auto& t : f.tensors()) {
+      const auto key = strip_comfy_prefix(t.name);
+      if (key != t.name) prefixed_ = true;
+      (looks_like_diffusers(key) ? diffusers_example : native_example) = t.name;
     }
-    if (!native) {
-      unmapped_.push_back(t.name);
-      continue;
-    }
-    if (entries_.count(*native)) {
-      throw DataError(file.path(), t.name, "is stored twice (also in " +
-                                               files_[entries_[*native].file].path() + ")");
-    }
-    entries_[*native] = Entry{idx, t.name};
   }
-  files_.push_back(std::move(file));
+  layout_ = diffusers_example.empty() ? KeyLayout::kNative : KeyLayout::kDiffusers;
+  const bool native_only_name =
+      !native_example.empty() && diffusers_example.size() &&
+      !diffusers_to_native(strip_comfy_prefix(native_example)) &&
+      strip_comfy_prefix(native_example).rfind("patch_embedding.", 0) != 0;
+  if (native_only_name) {
+    throw DataError(path_, native_example, "is a native Wan name, but " + diffusers_example +
+                                               " is a diffusers name: the checkpoint mixes layouts");
+  }
+  for (std::size_t i = 0; i < files_.size(); ++i) {
+    for (const auto& t : files_[i].tensors()) {
+      const auto key = strip_comfy_prefix(t.name);
+      const auto native = layout_ == KeyLayout::kDiffusers ? diffusers_to_native(key)
+                                                           : std::optional<std::string>(key);
+      if (!native) {
+        unmapped_.push_back(t.name);
+        continue;
+      }
+      if (entries_.count(*native)) {
+        throw DataError(files_[i].path(), t.name,
+                        "is stored twice (also in " + files_[entries_[*native].file].path() + ")");
+      }
+      entries_[*native] = Entry{i, t.name};
+    }
+  }
 }
 
 std::uint64_t WanCheckpoint::total_bytes() const {

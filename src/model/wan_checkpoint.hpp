@@ -58,6 +58,8 @@ class WanCheckpoint {
     std::string stored_name;
   };
   void add_file(SafetensorsFile file);
+  /// Decides the layout from all keys, then maps every stored name to its native name.
+  void index_keys();
   std::string path_;
   std::string config_path_;
   WanConfig config_;

@@ -94,8 +94,10 @@ std::string strip_comfy_prefix(const std::string& key) {
 }
 
 bool looks_like_diffusers(const std::string& key) {
+  // Native blocks have no affine norm2, so a block's norm2 parameter is diffusers' cross norm.
   for (const char* marker : {"condition_embedder.", "scale_shift_table", "proj_out.", ".attn1.",
-                             ".attn2.", ".ffn.net."}) {
+                             ".attn2.", ".ffn.net.",
+                             ".norm2."}) {
     if (key.find(marker) != std::string::npos) return true;
   }
   return false;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,8 +27,7 @@ class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("wd_st_" + std::to_string(::getpid()) + "_" + info->name());
+    dir_ = fs::temp_directory_path() / ("wd_st_" + std::to_string(::getpid()) + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -61,7 +61,6 @@ class SafetensorsTest : public ::testing::Test {
       wd::SafetensorsFile::open(file);
       ADD_FAILURE() << file << " was accepted; expected an error containing \"" << phrase << "\"";
     } catch (const wd::DataError& e) {
-      std::cerr << "MSG " << e.what() << "\n";
       EXPECT_TRUE(contains(e.what(), file)) << e.what();
       EXPECT_TRUE(contains(e.what(), phrase)) << "missing \"" << phrase << "\" in: " << e.what();
       EXPECT_EQ(e.file(), file);
@@ -144,8 +143,9 @@ TEST_F(SafetensorsTest, RejectsFileShorterThanLengthPrefix) {
 }
 
 TEST_F(SafetensorsTest, RejectsHeaderLengthPastEndOfFile) {
-  expect_rejected(craft_with_length("eof.safetensors", 100, "{}", 8), "header",
-                  "runs past the end of the file: it needs 8 + 100 = 108 bytes but the file has 18");
+  expect_rejected(
+      craft_with_length("eof.safetensors", 100, "{}", 8), "header",
+      "runs past the end of the file: it needs 8 + 100 = 108 bytes but the file has 18");
 }
 
 TEST_F(SafetensorsTest, RejectsHugeHeaderLength) {
@@ -180,8 +180,9 @@ TEST_F(SafetensorsTest, RejectsDuplicateKeys) {
 }
 
 TEST_F(SafetensorsTest, RejectsMetadataThatIsNotAnObjectOfStrings) {
-  expect_rejected(craft("meta-value.safetensors", R"({"__metadata__":{"format":1},)" + kTensorA + "}", 8),
-                  "__metadata__", "value of \"format\" must be a string, got 1");
+  expect_rejected(
+      craft("meta-value.safetensors", R"({"__metadata__":{"format":1},)" + kTensorA + "}", 8),
+      "__metadata__", "value of \"format\" must be a string, got 1");
   expect_rejected(craft("meta-type.safetensors", R"({"__metadata__":["pt"],)" + kTensorA + "}", 8),
                   "__metadata__", "must be an object of string values, got a JSON array");
 }
@@ -215,19 +216,19 @@ TEST_F(SafetensorsTest, RejectsNegativeOrNonIntegerShape) {
 }
 
 TEST_F(SafetensorsTest, RejectsDimensionTorchCannotIndex) {
-  expect_rejected(craft("dim.safetensors",
-                        R"({"a":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})",
-                        0),
-                  "a", "exceeds the largest Torch dimension");
+  expect_rejected(
+      craft("dim.safetensors",
+            R"({"a":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})", 0),
+      "a", "exceeds the largest Torch dimension");
 }
 
 TEST_F(SafetensorsTest, RejectsMalformedDataOffsets) {
   expect_rejected(
       craft("offsets.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})", 8),
       "a", "\"data_offsets\" must be [begin, end] with two non-negative integers, got [8]");
-  expect_rejected(
-      craft("offsets-neg.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8),
-      "a", "\"data_offsets\" must be [begin, end]");
+  expect_rejected(craft("offsets-neg.safetensors",
+                        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8),
+                  "a", "\"data_offsets\" must be [begin, end]");
 }
 
 TEST_F(SafetensorsTest, RejectsBeginAfterEnd) {
@@ -271,9 +272,9 @@ TEST_F(SafetensorsTest, RejectsGapBetweenTensors) {
       craft("gap.safetensors",
             "{" + kTensorA + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20),
       "b", "leave a gap of 4 bytes after tensor \"a\"");
-  expect_rejected(
-      craft("gap-start.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
-      "a", "leave a gap of 4 bytes after the start of the data section");
+  expect_rejected(craft("gap-start.safetensors",
+                        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                  "a", "leave a gap of 4 bytes after the start of the data section");
 }
 
 TEST_F(SafetensorsTest, RejectsTrailingBytes) {
@@ -286,11 +287,11 @@ TEST_F(SafetensorsTest, RejectsTrailingBytes) {
 // --- What the rules allow --------------------------------------------------------------------
 
 TEST_F(SafetensorsTest, AcceptsNullMetadataAndZeroSizedTensorsSharingAnOffset) {
-  const auto st = wd::SafetensorsFile::open(craft(
-      "ok.safetensors",
-      R"({"__metadata__":null,"e":{"dtype":"I64","shape":[0,3],"data_offsets":[0,0]},)" + kTensorA +
-          R"(,"s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})",
-      12));
+  const auto st = wd::SafetensorsFile::open(
+      craft("ok.safetensors",
+            R"({"__metadata__":null,"e":{"dtype":"I64","shape":[0,3],"data_offsets":[0,0]},)" +
+                kTensorA + R"(,"s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})",
+            12));
   EXPECT_TRUE(st.metadata().empty());
   ASSERT_EQ(st.tensors().size(), 3u);
   EXPECT_EQ(st.tensors()[0].name, "e");
@@ -340,9 +341,10 @@ TEST_F(SafetensorsTest, MisalignedTensorIsCopiedCorrectly) {
 TEST_F(SafetensorsTest, RoundTripsEveryTorchDtypeBitExactly) {
   torch::manual_seed(7);
   const std::vector<std::pair<std::string, c10::ScalarType>> dtypes = {
-      {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-      {"I16", torch::kShort}, {"I8", torch::kChar}, {"U8", torch::kByte}, {"BOOL", torch::kBool}};
+      {"F64", torch::kDouble},    {"F32", torch::kFloat}, {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},  {"I32", torch::kInt},
+      {"I16", torch::kShort},     {"I8", torch::kChar},   {"U8", torch::kByte},
+      {"BOOL", torch::kBool}};
   wd::TensorMap tensors;
   for (const auto& [name, type] : dtypes) {
     EXPECT_EQ(wd::scalar_type_to_safetensors(type), name);
@@ -362,7 +364,8 @@ TEST_F(SafetensorsTest, RoundTripsEveryTorchDtypeBitExactly) {
     SCOPED_TRACE(name);
     const wd::TensorInfo& info = st.info(name);
     EXPECT_EQ(info.dtype, wd::scalar_type_to_safetensors(expected.scalar_type()));
-    EXPECT_EQ(info.nbytes(), static_cast<std::uint64_t>(expected.numel() * expected.element_size()));
+    EXPECT_EQ(info.nbytes(),
+              static_cast<std::uint64_t>(expected.numel() * expected.element_size()));
     expect_bit_equal(expected, st.tensor(name), name);
   }
 }
@@ -439,10 +442,11 @@ TEST_F(SafetensorsTest, TensorsAreZeroCopyAndOutliveTheFileObject) {
 
 TEST_F(SafetensorsTest, ShardedWriteProducesShardsAndIndex) {
   wd::TensorMap tensors;
-  for (int i = 0; i < 5; ++i) tensors["t" + std::to_string(i)] = torch::full({100}, i, torch::kFloat);
+  for (int i = 0; i < 5; ++i)
+    tensors["t" + std::to_string(i)] = torch::full({100}, i, torch::kFloat);
   // 400 bytes each, limit 1000: shards of 2, 2 and 1 tensors.
-  const auto result = wd::write_sharded_safetensors(dir_.string(), "model", tensors, 1000,
-                                                    {{"format", "pt"}});
+  const auto result =
+      wd::write_sharded_safetensors(dir_.string(), "model", tensors, 1000, {{"format", "pt"}});
   const std::vector<std::string> names = {"model-00001-of-00003.safetensors",
                                           "model-00002-of-00003.safetensors",
                                           "model-00003-of-00003.safetensors"};
@@ -500,9 +504,9 @@ TEST_F(SafetensorsTest, FailedWritesThrowAndLeaveNothing) {
   } catch (const wd::SystemError& e) {
     EXPECT_TRUE(contains(e.what(), file)) << e.what();
   }
-  EXPECT_THROW(wd::write_safetensors(path("c.safetensors"),
-                                     {{"c", torch::ones({2}, torch::kComplexFloat)}}),
-               wd::Error);
+  EXPECT_THROW(
+      wd::write_safetensors(path("c.safetensors"), {{"c", torch::ones({2}, torch::kComplexFloat)}}),
+      wd::Error);
   EXPECT_THROW(wd::write_safetensors(path("m.safetensors"), {{"__metadata__", torch::ones({2})}}),
                wd::Error);
   EXPECT_TRUE(fs::is_empty(dir_));

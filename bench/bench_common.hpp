@@ -1,0 +1,123 @@
+// Helpers the benchmark programs share: timing, medians, /proc/self/status readings, list flags
+// and the OpenBLAS thread control.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+
+namespace wd::bench {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds elapsed since `start`.
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Median of `v` (the mean of the middle two for an even count); 0 for an empty list.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+inline double min_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+}
+
+/// The process's resident memory split the way the kernel counts it: file-backed pages of a
+/// mapping that were touched show up in RssFile, copies of the weights in RssAnon.
+struct Rss {
+  std::int64_t total_kib = 0;  ///< VmRSS
+  std::int64_t anon_kib = 0;   ///< RssAnon
+  std::int64_t file_kib = 0;   ///< RssFile
+
+  /// Reads /proc/self/status now.
+  static Rss now() {
+    Rss r;
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream words(line);
+      std::string key;
+      std::int64_t kib = 0;
+      words >> key >> kib;
+      if (key == "VmRSS:") r.total_kib = kib;
+      if (key == "RssAnon:") r.anon_kib = kib;
+      if (key == "RssFile:") r.file_kib = kib;
+    }
+    return r;
+  }
+  Rss operator-(const Rss& o) const {
+    return {total_kib - o.total_kib, anon_kib - o.anon_kib, file_kib - o.file_kib};
+  }
+};
+
+/// Splits "1,2, 4" into {"1","2","4"}; empty items are dropped.
+inline std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+/// Parses a comma list of positive integers; `flag` names the option in the error.
+inline std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (const auto& item : split_list(text)) {
+    std::size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0) {
+      throw ConfigError(flag + "(" + text + ") must be a comma list of positive integers");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw ConfigError(flag + "(" + text + ") must name at least one value");
+  return out;
+}
+
+/// OpenBLAS keeps its own thread pool, which torch::set_num_threads does not reach (it only
+/// sets OpenMP's, and MKL's in MKL builds). Debian's LibTorch runs fp32 GEMMs in whatever
+/// libblas.so.3 is active, so a thread sweep must set both. The symbols are looked up at run
+/// time because the reference BLAS or BLIS may be the active libblas.so.3 instead.
+struct OpenBlas {
+  using SetFn = void (*)(int);
+  using GetFn = int (*)();
+  using ConfigFn = char* (*)();
+  SetFn set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  GetFn get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  ConfigFn config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+
+  bool present() const { return set != nullptr; }
+  /// "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Zen MAX_THREADS=64", or a note that it is not loaded.
+  std::string describe() const {
+    return config ? std::string(config()) : "not loaded (libblas.so.3 is not OpenBLAS)";
+  }
+  void set_threads(int n) const {
+    if (set) set(n);
+  }
+  /// OpenBLAS's current thread count, or 0 when OpenBLAS is not loaded.
+  int threads() const { return get ? get() : 0; }
+};
+
+}  // namespace wd::bench

@@ -1,0 +1,206 @@
+// bench_forward: forward throughput (tokens/s, GFLOP/s) of the Wan DiT on CPU at two sizes,
+// with fp32 and bf16 weights, over a sweep of thread counts.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "core/config.hpp"
+#include "core/errors.hpp"
+#include "core/logging.hpp"
+#include "core/topology.hpp"
+#include "core/torch_compat.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "model/wan_config.hpp"
+#include "model/wan_dit.hpp"
+
+namespace wd::bench {
+namespace {
+
+struct ForwardBenchConfig {
+  std::string sizes = "small,medium";
+  std::string dtypes = "fp32,bf16";
+  std::string threads = "1,2";
+  std::string batches = "1";
+  int runs = 3;
+  int warmup = 1;
+  int frames = 4;   ///< latent frames; with the (1,2,2) patch, 4×32×32 is 1024 tokens
+  int height = 32;
+  int width = 32;
+  std::uint64_t seed = 0;
+  LogConfig log;
+
+  ForwardBenchConfig() { log.level = "warn"; }
+
+  void bind(OptionTable& t) {
+    t.bind("sizes", sizes, "comma list: small, medium, or a WanConfig preset name")
+        .bind("dtypes", dtypes, "comma list of weight dtypes: fp32, bf16, fp16")
+        .bind("threads", threads, "comma list of thread counts (LibTorch and OpenBLAS both)")
+        .bind("batches", batches, "comma list of batch sizes")
+        .bind("runs", runs, "timed forwards per point (median reported)")
+        .bind("warmup", warmup, "untimed forwards before the timed ones")
+        .bind("frames", frames, "latent frames F of each sample [16,F,H,W]")
+        .bind("height", height, "latent height H")
+        .bind("width", width, "latent width W")
+        .bind("seed", seed, "seed of the random weights and inputs");
+    log.bind(t);
+  }
+  void validate() const {
+    ConfigProblems p;
+    p.check(runs >= 1, "runs(" + std::to_string(runs) + ") must be >= 1");
+    p.check(warmup >= 0, "warmup(" + std::to_string(warmup) + ") must be >= 0");
+    p.check(frames >= 1 && height >= 2 && width >= 2,
+            "frames(" + std::to_string(frames) + "), height(" + std::to_string(height) +
+                "), width(" + std::to_string(width) + ") must be >= 1, 2, 2");
+    p.check(!split_list(sizes).empty(), "sizes(" + sizes + ") must name at least one size");
+    p.check(!split_list(dtypes).empty(), "dtypes(" + dtypes + ") must name at least one dtype");
+    log.validate(p);
+    p.throw_if_any("bench_forward");
+  }
+};
+
+/// The two benchmark sizes; any other name is a WanConfig preset.
+WanConfig bench_size(const std::string& name) {
+  WanConfig c;
+  if (name == "small") {
+    c.dim = 512;
+    c.num_layers = 8;
+    c.num_heads = 8;
+    c.ffn_dim = 2048;
+    c.text_dim = 512;
+    c.text_len = 64;
+  } else if (name == "medium") {
+    c.dim = 1024;
+    c.num_layers = 12;
+    c.num_heads = 16;
+    c.ffn_dim = 4096;
+    c.text_dim = 1024;
+    c.text_len = 128;
+  } else {
+    c = WanConfig::preset(name);
+  }
+  c.validate("bench size " + name);
+  return c;
+}
+
+/// Matmul FLOPs of one forward of `batch` samples of `S` tokens (2 per multiply-add), following
+/// the forward in wan_dit.cpp. Elementwise work (norms, RoPE, GELU, modulation) is left out.
+/// The time MLP runs per token because the Wan 2.2 forward expands t to [B, S].
+double forward_flops(const WanConfig& c, double S, double batch) {
+  const double D = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim);
+  const double L = static_cast<double>(c.text_len);  // contexts are padded to text_len
+  const double patch = static_cast<double>(c.in_dim * c.patch_volume());
+  const double head = static_cast<double>(c.out_dim * c.patch_volume());
+  double f = 2 * S * patch * D                                   // patch embedding
+             + 2 * S * (c.freq_dim * D + D * D + D * 6 * D)      // time MLP + projection
+             + 2 * L * (c.text_dim * D + D * D)                  // text embedding
+             + 2 * S * D * head;                                 // head
+  const double block = 2 * S * 4 * D * D + 4 * S * S * D         // self-attn: q,k,v,o; QKᵀ, PV
+                       + 2 * S * 2 * D * D + 2 * L * 2 * D * D   // cross-attn: q,o; k,v on text
+                       + 4 * S * L * D                           // cross-attn: QKᵀ, PV
+                       + 2 * S * 2 * D * F;                      // FFN
+  f += static_cast<double>(c.num_layers) * block;
+  return f * batch;
+}
+
+struct Inputs {
+  std::vector<torch::Tensor> x, context;
+  torch::Tensor t;
+  WanInputs view() const { return WanInputs{x, {}, t, context, 0}; }
+};
+
+Inputs make_inputs(const WanConfig& c, const ForwardBenchConfig& cfg, int batch) {
+  Inputs in;
+  for (int b = 0; b < batch; ++b) {
+    in.x.push_back(torch::randn({c.in_dim, cfg.frames, cfg.height, cfg.width}));
+    in.context.push_back(torch::randn({c.text_len, c.text_dim}));
+  }
+  // Spread timesteps so a batch is not one sample repeated.
+  in.t = torch::linspace(300, 700, batch);
+  return in;
+}
+
+int run(const std::vector<std::string>& args) {
+  ForwardBenchConfig cfg;
+  OptionTable table("bench_forward options");
+  cfg.bind(table);
+  if (parse_options(args, table).help) {
+    std::cout << "Usage: bench_forward [options]\n" << table.description();
+    return 0;
+  }
+  cfg.validate();
+  const auto thread_counts = parse_int_list("threads", cfg.threads);
+  const auto batch_sizes = parse_int_list("batches", cfg.batches);
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& d : split_list(cfg.dtypes)) dtypes.push_back(parse_dtype(d));
+  std::vector<std::pair<std::string, WanConfig>> sizes;
+  for (const auto& s : split_list(cfg.sizes)) sizes.emplace_back(s, bench_size(s));
+  init_logging(Topology::single_process(), cfg.log.level);
+  torch::NoGradGuard no_grad;
+  const OpenBlas blas;
+
+  std::printf("## bench_forward\n\n");
+  std::printf("- LibTorch %s; BLAS: %s\n", compat::torch_version(), blas.describe().c_str());
+  std::printf("- latent per sample [16, %d, %d, %d]; warm-up %d, then median of %d forwards\n",
+              cfg.frames, cfg.height, cfg.width, cfg.warmup, cfg.runs);
+  for (const auto& [name, c] : sizes) {
+    std::printf("- %s: %s, %.1f M parameters\n", name.c_str(), c.summary().c_str(),
+                static_cast<double>(wan_param_count(c)) / 1e6);
+  }
+  std::printf("\n| size | weights | threads | batch | tokens | ms/forward | min ms | tokens/s "
+              "| GFLOP/forward | GFLOP/s |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+
+  for (const auto& [name, c] : sizes) {
+    const auto& p = c.patch_size;
+    const double S = static_cast<double>((cfg.frames / p[0]) * (cfg.height / p[1]) * (cfg.width / p[2]));
+    for (const auto dtype : dtypes) {
+      WanDiT model(c, WanInit::kRandom, dtype, cfg.seed);
+      model->eval();
+      for (const int threads : thread_counts) {
+        torch::set_num_threads(threads);
+        blas.set_threads(threads);
+        for (const int batch : batch_sizes) {
+          torch::manual_seed(cfg.seed);
+          const auto in = make_inputs(c, cfg, batch);
+          for (int i = 0; i < cfg.warmup; ++i) model->forward(in.view());
+          std::vector<double> secs;
+          for (int i = 0; i < cfg.runs; ++i) {
+            const auto start = Clock::now();
+            const auto out = model->forward(in.view());
+            secs.push_back(seconds_since(start));
+            WD_CHECK(out.front().isfinite().all().item<bool>(),
+                     name << " " << dtype_name(dtype) << ": forward produced non-finite values");
+          }
+          const double med = median(secs), tokens = S * batch;
+          const double gflop = forward_flops(c, S, batch) / 1e9;
+          std::printf("| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f |\n",
+                      name.c_str(), dtype_name(dtype), threads, batch, tokens, med * 1e3,
+                      min_of(secs) * 1e3, tokens / med, gflop, gflop / med);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  std::printf("\nGFLOP counts matmul work only (2 per multiply-add): linear layers on S tokens "
+              "(text embedding and cross-attention k/v on text_len rows), self-attention "
+              "4·S²·D and cross-attention 4·S·text_len·D per layer, and the per-token time MLP.\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace wd::bench
+
+int main(int argc, char** argv) {
+  try {
+    return wd::bench::run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const wd::Error& e) {
+    std::fprintf(stderr, "bench_forward: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_forward: unexpected error: %s\n", e.what());
+  }
+  return 1;
+}

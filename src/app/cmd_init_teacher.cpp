@@ -1,0 +1,116 @@
+// `wan-distill init-teacher`: writes a randomly initialised DiT in the official on-disk layout.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "app/commands.hpp"
+#include "core/logging.hpp"
+#include "model/wan_checkpoint.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct InitTeacherConfig {
+  std::string preset = "tiny";
+  std::string output;
+  std::string shard_size = "2GB";
+  std::string dtype = "bf16";
+  std::string layout = "native";
+  std::uint64_t seed = 0;
+  bool overwrite = false;
+  // Overrides of the preset; 0 / empty keeps the preset's value.
+  std::string model_type;
+  std::int64_t dim = 0, ffn_dim = 0, num_heads = 0, num_layers = 0, in_dim = 0, out_dim = 0,
+               text_dim = 0, text_len = 0, freq_dim = 0;
+  LogConfig log;
+
+  void bind(OptionTable& t) {
+    std::string presets;
+    for (const auto& n : WanConfig::preset_names()) presets += (presets.empty() ? "" : "|") + n;
+    t.bind("preset", preset, "model preset: " + presets)
+        .require("output", output, "directory to create (config.json, shards, index)")
+        .bind("shard-size", shard_size, "largest shard file, e.g. 2GB, 512MB, 5GiB")
+        .bind("dtype", dtype, "tensor dtype on disk: fp32 | bf16 | fp16")
+        .bind("layout", layout, "key names: native (official Wan) | diffusers")
+        .bind("seed", seed, "seed of the random initialisation")
+        .bind("overwrite", overwrite, "replace an existing checkpoint in --output")
+        .bind("model-type", model_type, "override: t2v | i2v | ti2v")
+        .bind("dim", dim, "override: hidden size (0 = preset's)")
+        .bind("ffn-dim", ffn_dim, "override: FFN hidden size (0 = preset's)")
+        .bind("num-heads", num_heads, "override: attention heads (0 = preset's)")
+        .bind("num-layers", num_layers, "override: blocks (0 = preset's)")
+        .bind("in-dim", in_dim, "override: latent input channels (0 = preset's)")
+        .bind("out-dim", out_dim, "override: output channels (0 = preset's)")
+        .bind("text-dim", text_dim, "override: text feature size (0 = preset's)")
+        .bind("text-len", text_len, "override: text tokens (0 = preset's)")
+        .bind("freq-dim", freq_dim, "override: sinusoid size (0 = preset's)");
+    log.bind(t);
+  }
+
+  WanConfig model_config() const {
+    WanConfig c = WanConfig::preset(preset);
+    if (!model_type.empty()) c.model_type = model_type;
+    const auto set = [](std::int64_t& field, std::int64_t v) {
+      if (v != 0) field = v;
+    };
+    set(c.dim, dim);
+    set(c.ffn_dim, ffn_dim);
+    set(c.num_heads, num_heads);
+    set(c.num_layers, num_layers);
+    set(c.in_dim, in_dim);
+    set(c.out_dim, out_dim);
+    set(c.text_dim, text_dim);
+    set(c.text_len, text_len);
+    set(c.freq_dim, freq_dim);
+    c.validate("preset " + preset + " with overrides");
+    return c;
+  }
+};
+
+}  // namespace
+
+int run_init_teacher(const std::vector<std::string>& args) {
+  InitTeacherConfig cfg;
+  OptionTable table("init-teacher options");
+  cfg.bind(table);
+  if (parse_options(args, table).help) {
+    print_help("wan-distill init-teacher --output DIR [--preset NAME] [overrides] [options]",
+               "Writes a randomly initialised Wan DiT (config.json, safetensors shards and index)\n"
+               "in the official layout, one tensor at a time, so even the 14B presets never sit\n"
+               "in memory.",
+               table);
+    return kExitOk;
+  }
+  ConfigProblems problems;
+  cfg.log.validate(problems);
+  problems.throw_if_any("init-teacher");
+  init_logging(Topology::single_process(), cfg.log.level);
+  const auto dtype = parse_dtype(cfg.dtype);
+  const auto layout = parse_layout(cfg.layout);
+  const auto shard_bytes = parse_size(cfg.shard_size, "shard-size");
+  const auto config = cfg.model_config();
+
+  const fs::path dir(cfg.output);
+  if (fs::exists(dir / "config.json") && !cfg.overwrite) {
+    throw ConfigError("output(" + cfg.output +
+                      ") already holds a checkpoint; pass --overwrite to replace it");
+  }
+  const auto bytes = static_cast<std::uint64_t>(wan_param_count(config)) * c10::elementSize(dtype);
+  fs::create_directories(dir);
+  const auto space = fs::space(dir);
+  if (space.available < bytes) {
+    throw Error("output(" + cfg.output + ") has " + format_bytes(space.available) +
+                " free, the checkpoint needs " + format_bytes(bytes));
+  }
+  spdlog::info("init-teacher: {} ({} params, {} as {}) -> {}", config.summary(),
+               wan_param_count(config), format_bytes(bytes), dtype_name(dtype), cfg.output);
+  const auto result = write_random_wan_checkpoint(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);
+  spdlog::info("wrote {} shard(s) + {} + config.json to {}", result.shard_files.size(),
+               result.index_file, cfg.output);
+  return kExitOk;
+}
+
+}  // namespace wd::app

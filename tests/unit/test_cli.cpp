@@ -1,0 +1,131 @@
+// The wan-distill executable end to end: forward on the golden inputs, init-teacher + inspect +
+// forward, and the exit codes and messages of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "model/safetensors.hpp"
+
+namespace wd {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kFixtures = WD_FIXTURES;
+const std::string kCli = WD_CLI;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = kCli + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("wd-cli-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  return p;
+}
+
+TEST(Cli, ForwardReproducesTheGoldenOutput) {
+  const auto out = temp_dir("golden.safetensors").string();
+  const auto r = run("forward --weights " + kFixtures + "/wan-tiny-a/weights.safetensors --inputs " +
+                     kFixtures + "/wan-tiny-a/inputs.safetensors --output " + out + " --dtype fp32");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto got = SafetensorsFile::open(out).tensor("out");
+  auto want = SafetensorsFile::open(kFixtures + "/wan-tiny-a/expected.safetensors").tensor("out");
+  EXPECT_LE((got - want).abs().max().item<float>(), 2e-5);
+  fs::remove(out);
+}
+
+TEST(Cli, ForwardWritesOneTensorPerSampleWhenShapesDiffer) {
+  const auto out = temp_dir("b.safetensors").string();
+  const auto r = run("forward --weights " + kFixtures + "/wan-tiny-b/weights.safetensors --inputs " +
+                     kFixtures + "/wan-tiny-b/inputs.safetensors --output " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto got = SafetensorsFile::open(out);
+  auto want = SafetensorsFile::open(kFixtures + "/wan-tiny-b/expected.safetensors");
+  for (const char* k : {"out.0", "out.1"}) {
+    EXPECT_LE((got.tensor(k) - want.tensor(k)).abs().max().item<float>(), 2e-5) << k;
+  }
+  fs::remove(out);
+}
+
+TEST(Cli, InitTeacherInspectForward) {
+  const auto dir = temp_dir("tiny");
+  auto r = run("init-teacher --preset tiny --output " + dir.string() + " --shard-size 1MB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "diffusion_pytorch_model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(dir / "diffusion_pytorch_model-00001-of-00002.safetensors"));
+
+  r = run("inspect " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("format:      native"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("BF16 x123"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("problems:    none"), std::string::npos) << r.output;
+
+  const auto out = (dir / "out.safetensors").string();
+  r = run("forward --weights " + dir.string() + " --latent 2,3,8,12 --output " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto o = SafetensorsFile::open(out).tensor("out");
+  EXPECT_EQ(o.sizes(), (std::vector<std::int64_t>{2, 16, 3, 8, 12}));
+  EXPECT_TRUE(torch::isfinite(o).all().item<bool>());
+
+  // Nothing is lost by accident: an existing checkpoint is not overwritten.
+  r = run("init-teacher --preset tiny --output " + dir.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(Cli, BadInputGetsExitCodeAndNamesTheFile) {
+  auto r = run("forward --weights /nonexistent/ckpt");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/ckpt"), std::string::npos) << r.output;
+
+  const auto bad = temp_dir("bad.safetensors");
+  { std::ofstream(bad) << "not a safetensors file at all"; }
+  r = run("inspect " + bad.string() + " --model-config " + kFixtures + "/wan-tiny-a/config.json");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find(bad.string()), std::string::npos) << r.output;
+  fs::remove(bad);
+
+  r = run("forward --weights " + kFixtures + "/wan-tiny-a/weights.safetensors --inputs " + kFixtures +
+          "/wan-tiny-a/config.json");
+  EXPECT_EQ(r.code, 3) << r.output;
+}
+
+TEST(Cli, UsageErrorsAndHelp) {
+  auto r = run("forward --dtype fp8 --weights x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("dtype(fp8)"), std::string::npos) << r.output;
+  r = run("frobnicate");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run("forward");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("weights"), std::string::npos) << r.output;
+  for (const char* cmd : {"forward", "init-teacher", "inspect"}) {
+    r = run(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("usage: wan-distill " + std::string(cmd)), std::string::npos);
+  }
+  r = run("init-teacher --help");
+  EXPECT_NE(r.output.find("--shard-size arg (=2GB)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dtype arg (=bf16)"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace wd
