@@ -108,8 +108,8 @@ int run_init_teacher(const std::vector<std::string>& args) {
   spdlog::info("init-teacher: {} ({} params, {} as {}) -> {}", config.summary(),
                wan_param_count(config), format_bytes(bytes), dtype_name(dtype), cfg.output);
   const auto result = write_random_wan_checkpoint(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);
-  spdlog::info("wrote {} shard(s) + {} + config.json to {}", result.shard_files.size(),
-               result.index_file, cfg.output);
+  spdlog::info("wrote config.json, {} safetensors file(s){} to {}", result.shard_files.size(),
+               result.index_file.empty() ? "" : " and " + result.index_file, cfg.output);
   return kExitOk;
 }
 

@@ -484,21 +484,23 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 }
 
 ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::string& stem,
-                                             const TensorMap& tensors,
+                                             const std::vector<TensorSource>& sources,
                                              std::uint64_t max_shard_bytes,
-                                             const std::map<std::string, std::string>& metadata) {
+                                             const std::map<std::string, std::string>& metadata,
+                                             const std::function<void(std::uint64_t)>& on_written) {
   ShardedWriteResult result;
-  std::vector<TensorMap> shards(1);
+  std::map<std::string, const TensorSource*> sorted;  // shards follow sorted key order
+  for (const auto& src : sources) sorted[src.name] = &src;
+  std::vector<std::vector<const TensorSource*>> shards(1);
   std::uint64_t shard_bytes = 0;
-  for (const auto& [name, t] : tensors) {
-    const std::uint64_t nbytes = t.defined() ? tensor_bytes(t) : 0;
-    if (!shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
+  for (const auto& [name, src] : sorted) {
+    if (!shards.back().empty() && shard_bytes + src->nbytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().emplace(name, t);
-    shard_bytes += nbytes;
-    result.total_bytes += nbytes;
+    shards.back().push_back(src);
+    shard_bytes += src->nbytes;
+    result.total_bytes += src->nbytes;
   }
 
   std::error_code ec;
@@ -507,33 +509,48 @@ ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::
   const std::filesystem::path root(dir);
   const std::string index_name = stem + ".safetensors.index.json";
 
+  json weight_map = json::object();
+  for (std::size_t k = 0; k < shards.size(); ++k) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    const std::string name = shards.size() == 1 ? stem + ".safetensors" : stem + suffix;
+    // Only this shard's tensors are materialised, so writers of huge checkpoints stay small.
+    TensorMap tensors;
+    std::uint64_t bytes = 0;
+    for (const auto* src : shards[k]) {
+      tensors.emplace(src->name, src->produce());
+      weight_map[src->name] = name;
+      bytes += src->nbytes;
+    }
+    write_safetensors((root / name).string(), tensors, metadata);
+    result.shard_files.push_back(name);
+    if (on_written) on_written(bytes);
+  }
   if (shards.size() == 1) {
-    const std::string name = stem + ".safetensors";
-    write_safetensors((root / name).string(), shards.front(), metadata);
     // Loaders prefer an index over a lone file, so an index left by an earlier sharded write
     // of the same stem would shadow the file just written.
     std::filesystem::remove(root / index_name, ec);
     if (ec)
       throw SystemError("cannot remove stale index " + (root / index_name).string() + ": " +
                         ec.message());
-    result.shard_files.push_back(name);
     return result;
-  }
-
-  json weight_map = json::object();
-  for (std::size_t k = 0; k < shards.size(); ++k) {
-    char suffix[64];
-    std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", k + 1, shards.size());
-    const std::string name = stem + suffix;
-    write_safetensors((root / name).string(), shards[k], metadata);
-    for (const auto& entry : shards[k]) weight_map[entry.first] = name;
-    result.shard_files.push_back(name);
   }
   const json index = {{"metadata", {{"total_size", result.total_bytes}}},
                       {"weight_map", weight_map}};
   write_file_atomically((root / index_name).string(), index.dump(2) + "\n");
   result.index_file = index_name;
   return result;
+}
+
+ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::string& stem,
+                                             const TensorMap& tensors,
+                                             std::uint64_t max_shard_bytes,
+                                             const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSource> sources;
+  for (const auto& [name, t] : tensors) {
+    sources.push_back({name, t.defined() ? tensor_bytes(t) : 0, [t = t] { return t; }});
+  }
+  return write_sharded_safetensors(dir, stem, sources, max_shard_bytes, metadata);
 }
 
 void write_file_atomically(const std::string& path, const std::string& content) {

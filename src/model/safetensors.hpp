@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -102,6 +103,22 @@ ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::
                                              const TensorMap& tensors,
                                              std::uint64_t max_shard_bytes,
                                              const std::map<std::string, std::string>& metadata = {});
+
+/// A tensor to write, produced only when its shard is written.
+struct TensorSource {
+  std::string name;
+  std::uint64_t nbytes = 0;  ///< bytes it will have on disk (used to plan the shards)
+  std::function<torch::Tensor()> produce;
+};
+
+/// As above, but each tensor is produced on demand: at most one shard's tensors exist at a
+/// time, so a 57 GB checkpoint can be written with a few GB of memory. `on_written` is told
+/// the bytes of each shard once it is on disk (for progress).
+ShardedWriteResult write_sharded_safetensors(const std::string& dir, const std::string& stem,
+                                             const std::vector<TensorSource>& sources,
+                                             std::uint64_t max_shard_bytes,
+                                             const std::map<std::string, std::string>& metadata = {},
+                                             const std::function<void(std::uint64_t)>& on_written = {});
 
 /// Writes `content` to `path` atomically (temporary file, fsync, rename, directory fsync).
 void write_file_atomically(const std::string& path, const std::string& content);

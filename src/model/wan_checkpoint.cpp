@@ -286,54 +286,21 @@ ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const Wan
   write_file_atomically((fs::path(dir) / "config.json").string(), config.to_json());
   const auto specs = wan_param_specs(config);
   const auto elem = c10::elementSize(dtype);
-  // Plan shards in sorted key order (the order the writer lays tensors out in).
-  std::map<std::string, std::size_t> order;  // stored name -> spec index
+  std::vector<TensorSource> sources;
+  std::uint64_t total = 0;
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    order[layout == KeyLayout::kNative ? specs[i].name : native_to_diffusers(specs[i].name)] = i;
-  }
-  std::vector<std::vector<std::string>> shards(1);
-  std::uint64_t in_shard = 0, total = 0;
-  for (const auto& [name, i] : order) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(specs[i].numel()) * elem;
-    if (in_shard > 0 && in_shard + bytes > shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(name);
-    in_shard += bytes;
+    const auto bytes = static_cast<std::uint64_t>(specs[i].numel()) * elem;
     total += bytes;
+    sources.push_back({layout == KeyLayout::kNative ? specs[i].name : native_to_diffusers(specs[i].name),
+                       bytes, [&specs, i, seed, dtype] {
+                         return wan_random_parameter(specs[i], i, seed, dtype);
+                       }});
   }
-  ShardedWriteResult result;
-  result.total_bytes = total;
-  const std::map<std::string, std::string> meta{{"format", "pt"}};
   Progress progress("writing " + dir, static_cast<double>(total), "bytes");
-  json weight_map = json::object();
-  for (std::size_t s = 0; s < shards.size(); ++s) {
-    char name[96];
-    if (shards.size() == 1) {
-      std::snprintf(name, sizeof(name), "%s.safetensors", kStem);
-    } else {
-      std::snprintf(name, sizeof(name), "%s-%05zu-of-%05zu.safetensors", kStem, s + 1, shards.size());
-    }
-    // Only one shard's tensors exist in memory at a time.
-    TensorMap tensors;
-    for (const auto& stored : shards[s]) {
-      const auto i = order[stored];
-      tensors[stored] = wan_random_parameter(specs[i], i, seed, dtype);
-      weight_map[stored] = name;
-      progress.advance(static_cast<double>(tensors[stored].numel() * elem));
-    }
-    write_safetensors((fs::path(dir) / name).string(), tensors, meta);
-    result.shard_files.push_back(name);
-  }
+  auto result = write_sharded_safetensors(
+      dir, kStem, sources, shard_bytes, {{"format", "pt"}},
+      [&progress](std::uint64_t bytes) { progress.advance(static_cast<double>(bytes)); });
   progress.finish();
-  // The official layout always has an index next to sharded weights; we write it even for one
-  // file so that loaders that insist on it work.
-  json index;
-  index["metadata"] = {{"total_size", total}};
-  index["weight_map"] = weight_map;
-  write_file_atomically((fs::path(dir) / kIndexName).string(), index.dump(2) + "\n");
-  result.index_file = kIndexName;
   return result;
 }
 

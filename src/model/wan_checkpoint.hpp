@@ -78,8 +78,9 @@ WanDiT load_wan_dit(const WanCheckpoint& checkpoint,
                     const torch::Device& device = torch::kCPU);
 
 /// Writes a randomly initialised DiT in the official on-disk layout: config.json, then the
-/// tensors one at a time (never all in memory) into shards of at most `shard_bytes` with
-/// `diffusion_pytorch_model.safetensors.index.json`, or one file when they fit.
+/// tensors produced one shard at a time (never all in memory) into shards of at most
+/// `shard_bytes` with `diffusion_pytorch_model.safetensors.index.json`, or one
+/// `diffusion_pytorch_model.safetensors` when they fit.
 ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const WanConfig& config,
                                                c10::ScalarType dtype, std::uint64_t shard_bytes,
                                                std::uint64_t seed,
