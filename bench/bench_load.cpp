@@ -256,18 +256,22 @@ int run(const std::vector<std::string>& args) {
   rows.push_back(zero);
 
   // What the mapping costs once the weights are used: every page is read on first touch.
-  {
+  // Each run maps afresh, so each run faults every page in again.
+  Row touch{"(b') then touch every weight once (sum), after (b)", {},
+            static_cast<double>(tensor_bytes), Rss{}};
+  for (int i = 0; i < cfg.runs; ++i) {
     const auto ck = WanCheckpoint::open(cfg.dir);
     auto model = load_wan_dit(ck, std::nullopt);
     const auto before = Rss::now();
     const auto start = Clock::now();
     double checksum = 0;
     for (const auto& p : model->parameters()) checksum += p.sum().item<double>();
-    Row touch{"(b') then touch every weight once (sum), after (b)", {seconds_since(start)},
-              static_cast<double>(tensor_bytes), Rss::now() - before};
-    rows.push_back(touch);
+    touch.seconds.push_back(seconds_since(start));
+    const auto growth = Rss::now() - before;
+    if (growth.total_kib > touch.growth->total_kib) touch.growth = growth;
     WD_CHECK(std::isfinite(checksum), "the checkpoint's weights sum to " << checksum);
   }
+  rows.push_back(touch);
 
   Row conv{"(c) WanCheckpoint::open + load_wan_dit converted to fp32", {},
            static_cast<double>(tensor_bytes), Rss{}};
@@ -281,6 +285,21 @@ int run(const std::vector<std::string>& args) {
     if (growth.total_kib > conv.growth->total_kib) conv.growth = growth;
   }
   if (cfg.fp32_runs > 0) rows.push_back(conv);
+
+  // A floor for (c): the converted weights are fresh anonymous memory, and faulting in and
+  // zeroing that many pages costs time before any conversion happens.
+  Row fresh{"(c') for scale: allocate + first-touch an fp32 buffer of (c)'s size (fill_(0))", {},
+            2.0 * static_cast<double>(tensor_bytes), Rss{}};
+  for (int i = 0; i < cfg.fp32_runs; ++i) {
+    const auto before = Rss::now();
+    const auto start = Clock::now();
+    auto buffer = torch::empty({static_cast<std::int64_t>(tensor_bytes / 2)}, torch::kFloat);
+    buffer.fill_(0);
+    fresh.seconds.push_back(seconds_since(start));
+    const auto growth = Rss::now() - before;
+    if (growth.total_kib > fresh.growth->total_kib) fresh.growth = growth;
+  }
+  if (cfg.fp32_runs > 0) rows.push_back(fresh);
 
   print_table(rows);
   const double load = median(zero.seconds);

@@ -16,6 +16,14 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
+/// Asserts max|got − want| <= tol and prints the margin, so CI logs show how close we are.
+void expect_close(const std::string& what, const torch::Tensor& got, const torch::Tensor& want,
+                  double tol) {
+  const double d = max_abs_diff(got, want);
+  std::printf("  %-28s max|diff| = %.3g (tolerance %.0e)\n", what.c_str(), d, tol);
+  EXPECT_LE(d, tol) << what;
+}
+
 double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
   auto w = want.to(torch::kDouble);
   return (got.to(torch::kDouble) - w).norm().item<double>() / w.norm().item<double>();
@@ -45,13 +53,13 @@ TEST(WanDiTGolden, Fp32MatchesOfficialOutputAndIntermediates) {
   WanTrace trace;
   torch::NoGradGuard no_grad;
   auto out = torch::stack(model->forward(tiny_a_inputs(g), &trace));
-  EXPECT_LE(max_abs_diff(out, g.want("out")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.patch_tokens, g.want("patch_tokens")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.time_emb_e, g.want("time_emb_e")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.context_emb, g.want("context_emb")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.block0_out, g.want("block0_out")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.head_out, g.want("head_out")), 2e-5);
+  expect_close("out", out, g.want("out"), 2e-5);
+  expect_close("patch_tokens", trace.patch_tokens, g.want("patch_tokens"), 2e-5);
+  expect_close("time_emb_e", trace.time_emb_e, g.want("time_emb_e"), 2e-5);
+  expect_close("time_proj_e0", trace.time_proj_e0, g.want("time_proj_e0"), 2e-5);
+  expect_close("context_emb", trace.context_emb, g.want("context_emb"), 2e-5);
+  expect_close("block0_out", trace.block0_out, g.want("block0_out"), 2e-5);
+  expect_close("head_out", trace.head_out, g.want("head_out"), 2e-5);
 }
 
 TEST(WanDiTGolden, RopeTableMatchesOfficial) {
@@ -67,9 +75,9 @@ TEST(WanDiTGolden, Bf16FileUpcastToFp32MatchesExpectedBf16) {
   WanTrace trace;
   torch::NoGradGuard no_grad;
   auto out = torch::stack(model->forward(tiny_a_inputs(g), &trace));
-  EXPECT_LE(max_abs_diff(out, g.want("out")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.block0_out, g.want("block0_out")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
+  expect_close("out", out, g.want("out"), 2e-5);
+  expect_close("block0_out", trace.block0_out, g.want("block0_out"), 2e-5);
+  expect_close("time_proj_e0", trace.time_proj_e0, g.want("time_proj_e0"), 2e-5);
 }
 
 TEST(WanDiTGolden, Bf16ComputeStaysWithinOnePercent) {
@@ -80,6 +88,7 @@ TEST(WanDiTGolden, Bf16ComputeStaysWithinOnePercent) {
   auto out = torch::stack(model->forward(tiny_a_inputs(g)));
   EXPECT_EQ(out.scalar_type(), torch::kFloat);
   const double rel = rel_error(out, g.want("out"));
+  std::printf("  bf16 compute: |out - golden| / |golden| = %.3g (tolerance 1e-2)\n", rel);
   EXPECT_LE(rel, 1e-2);
   EXPECT_GT(rel, 0.0);  // really computed in bf16, not silently in fp32
 }
@@ -90,7 +99,9 @@ TEST(WanDiTGolden, Fp16WeightsStayWithinOnePercent) {
   ASSERT_EQ(model->dtype(), torch::kHalf);
   torch::NoGradGuard no_grad;
   auto out = torch::stack(model->forward(tiny_a_inputs(g)));
-  EXPECT_LE(rel_error(out, g.want("out")), 1e-2);
+  const double rel = rel_error(out, g.want("out"));
+  std::printf("  fp16 weights: |out - golden| / |golden| = %.3g (tolerance 1e-2)\n", rel);
+  EXPECT_LE(rel, 1e-2);
 }
 
 // wan-tiny-b: ti2v-like, head_dim 24, two samples of different grids with H != W, token
@@ -109,13 +120,15 @@ TEST(WanDiTGolden, PerTokenTimestepsPaddingAndUnequalSamples) {
   torch::NoGradGuard no_grad;
   auto out = model->forward(in, &trace);
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_LE(max_abs_diff(out[0], g.want("out.0")), 2e-5);
-  EXPECT_LE(max_abs_diff(out[1], g.want("out.1")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.time_proj_e0, g.want("time_proj_e0")), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.context_emb, g.want("context_emb")), 2e-5);
+  expect_close("out.0", out[0], g.want("out.0"), 2e-5);
+  expect_close("out.1", out[1], g.want("out.1"), 2e-5);
+  expect_close("time_proj_e0", trace.time_proj_e0, g.want("time_proj_e0"), 2e-5);
+  expect_close("context_emb", trace.context_emb, g.want("context_emb"), 2e-5);
   // Padded rows of the hidden state never reach the output; compare the real ones.
-  EXPECT_LE(max_abs_diff(trace.block0_out[0].slice(0, 0, 18), g.want("block0_out")[0].slice(0, 0, 18)), 2e-5);
-  EXPECT_LE(max_abs_diff(trace.block0_out[1].slice(0, 0, 16), g.want("block0_out")[1].slice(0, 0, 16)), 2e-5);
+  expect_close("block0_out[0] real rows", trace.block0_out[0].slice(0, 0, 18),
+               g.want("block0_out")[0].slice(0, 0, 18), 2e-5);
+  expect_close("block0_out[1] real rows", trace.block0_out[1].slice(0, 0, 16),
+               g.want("block0_out")[1].slice(0, 0, 16), 2e-5);
 }
 
 TEST(WanDiTGolden, OneSampleWithScalarTimestep) {
@@ -124,7 +137,7 @@ TEST(WanDiTGolden, OneSampleWithScalarTimestep) {
   WanInputs in = WanInputs::batched(g.in("x1.0").unsqueeze(0), g.in("t1"), g.in("context1"),
                                     g.in("context_lens1"), g.in("seq_len1").item<std::int64_t>());
   torch::NoGradGuard no_grad;
-  EXPECT_LE(max_abs_diff(model->forward(in)[0], g.want("out1.0")), 2e-5);
+  expect_close("out1.0", model->forward(in)[0], g.want("out1.0"), 2e-5);
 }
 
 TEST(WanDiTGolden, I2vChannelConcat) {
@@ -136,8 +149,8 @@ TEST(WanDiTGolden, I2vChannelConcat) {
                                     torch::stack({g.in("y.0"), g.in("y.1")}));
   torch::NoGradGuard no_grad;
   auto out = model->forward(in);
-  EXPECT_LE(max_abs_diff(out[0], g.want("out.0")), 2e-5);
-  EXPECT_LE(max_abs_diff(out[1], g.want("out.1")), 2e-5);
+  expect_close("out.0", out[0], g.want("out.0"), 2e-5);
+  expect_close("out.1", out[1], g.want("out.1"), 2e-5);
   in.y.clear();
   EXPECT_THROW(model->forward(in), Error);  // i2v without y is refused, not mis-computed
 }
