@@ -127,13 +127,6 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 /// Parameters whose storage lies inside one of the checkpoint's mappings, i.e. were not copied.
 std::size_t zero_copy_count(const WanCheckpoint& ck, WanDiT& model) {
   std::size_t n = 0;
@@ -190,7 +183,6 @@ int run(const std::vector<std::string>& args) {
 
   const auto model_cfg = bench_model(cfg.layers);
   std::printf("## bench_load\n\n");
-  std::printf("load average at start: %s\n\n", load_average().c_str());
   ensure_checkpoint(cfg, model_cfg);
 
   // The files the loader opens: shards, index and config.json.
@@ -309,7 +301,6 @@ int run(const std::vector<std::string>& args) {
   if (cfg.fp32_runs > 0) {
     std::printf("- ratio (c) / (a) fp32 load / cat: %.2f\n", median(conv.seconds) / median(cat.seconds));
   }
-  std::printf("- load average at end: %s\n", load_average().c_str());
   return 0;
 }
 

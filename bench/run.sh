@@ -24,6 +24,7 @@ results=${RESULTS_DIR:-bench/results}
 threads=${THREADS:-$(nproc)}
 max_load=${MAX_LOAD:-1.5}
 max_wait=${MAX_WAIT:-600}
+args="$*"
 
 case "$which" in
   load | forward | all) ;;
@@ -62,6 +63,16 @@ wait_for_quiet() {
   done
 }
 
+# The variables that change CPU timings, as set for the run (OPENBLAS_CORETYPE, for one, picks
+# the GEMM kernels and may be set by the machine's environment).
+env_line() {
+  local v
+  for v in OMP_NUM_THREADS OMP_WAIT_POLICY $(compgen -e | grep '^OPENBLAS_' | sort); do
+    [[ -n ${!v:-} ]] && printf ' %s=%s' "$v" "${!v}"
+  done
+  return 0
+}
+
 # Writes the header of a results file: what ran, where and when.
 header() {
   local title=$1 cmd=$2 quiet=$3
@@ -73,7 +84,8 @@ header() {
 # $title
 
 - command: \`$cmd\`
-- environment: OMP_NUM_THREADS=$OMP_NUM_THREADS OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS
+- run by: \`BUILD_DIR=$build bench/run.sh $which${args:+ $args}\`
+- environment:$(env_line)
 - date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')
 - machine: $(uname -m), $cpu, $(nproc) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB RAM
 - Torch: $torch_pkg

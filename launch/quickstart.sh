@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the built-in tiny default: set up, build, create a tiny teacher, run it.
-# Until the distributed `train` exists this is the `forward` of a freshly initialised tiny DiT.
+# The main job on the built-in tiny default: set up, build, and run `train` with 1 teacher rank
+# and 2 student ranks. Usage: bash launch/quickstart.sh [RUN_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
-BIN=${BUILD_DIR:-build}/src/app/wan-distill
-OUT=${OUT_DIR:-out}
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-"$BIN" init-teacher --preset tiny --output "$OUT/tiny-teacher" --overwrite
-"$BIN" inspect "$OUT/tiny-teacher"
-"$BIN" forward --weights "$OUT/tiny-teacher" --latent 1,3,16,16 --output "$OUT/tiny-forward.safetensors"
+RUN_DIR=${1:-runs/tiny}
+bash launch/mpirun.sh -np 3 "${BUILD_DIR:-build}/src/app/wan-distill" train --run-dir "$RUN_DIR"
+echo "quickstart: student in $RUN_DIR/student, metrics in $RUN_DIR/metrics.jsonl"

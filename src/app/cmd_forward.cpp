@@ -53,28 +53,6 @@ struct ForwardConfig {
   }
 };
 
-std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
-                                     const std::string& option) {
-  std::vector<std::int64_t> dims;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      dims.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      dims.clear();
-      break;
-    }
-  }
-  bool ok = dims.size() == count;
-  for (auto d : dims) ok = ok && d > 0;
-  if (!ok) {
-    throw ConfigError(option + "(" + text + ") must be " + std::to_string(count) +
-                      " positive integers separated by commas");
-  }
-  return dims;
-}
-
 /// Collects `key` or `key.0`, `key.1`, ... from an inputs file.
 std::vector<torch::Tensor> sample_list(const SafetensorsFile& f, const std::string& key) {
   std::vector<torch::Tensor> out;

@@ -1,6 +1,8 @@
 // The subcommands of the wan-distill executable and the exit codes they share.
 #pragma once
 
+#include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@ enum ExitCode : int {
 int run_forward(const std::vector<std::string>& args);
 int run_init_teacher(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
+int run_train(const std::vector<std::string>& args);
+int run_make_dataset(const std::vector<std::string>& args);
 
 /// Prints "usage: ...", a short description and the options table (with real defaults).
 void print_help(const std::string& usage, const std::string& about, const OptionTable& table);
@@ -28,5 +32,14 @@ void print_help(const std::string& usage, const std::string& about, const Option
 /// Parses "2GB", "512MB", "1GiB", "1000000" into bytes (decimal GB/MB/KB, binary GiB/MiB/KiB);
 /// throws wd::ConfigError naming `option` otherwise.
 std::uint64_t parse_size(const std::string& text, const std::string& option);
+
+/// Parses "a,b,c" into exactly `count` positive integers; throws wd::ConfigError naming `option`.
+std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
+                                     const std::string& option);
+
+/// The documented exit code of a failure.
+int exit_code_of(std::exception_ptr failure);
+/// Logs a failure as one clear line and returns its exit code.
+int report_failure(const std::string& command, std::exception_ptr failure);
 
 }  // namespace wd::app

@@ -1,6 +1,10 @@
 // Helpers shared by the subcommands: help printing and size parsing.
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
 #include <cctype>
 #include <iostream>
+#include <sstream>
 
 #include "app/commands.hpp"
 
@@ -37,6 +41,60 @@ std::uint64_t parse_size(const std::string& text, const std::string& option) {
     throw ConfigError(option + "(" + text + ") must be a size such as 2GB, 512MB, 1GiB or 1000000");
   }
   return static_cast<std::uint64_t>(value * scale);
+}
+
+std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
+                                     const std::string& option) {
+  std::vector<std::int64_t> dims;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      dims.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      dims.clear();
+      break;
+    }
+  }
+  bool ok = dims.size() == count;
+  for (auto d : dims) ok = ok && d > 0;
+  if (!ok) {
+    throw ConfigError(option + "(" + text + ") must be " + std::to_string(count) +
+                      " positive integers separated by commas");
+  }
+  return dims;
+}
+
+int exit_code_of(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const ConfigError&) {
+    return kExitUsage;
+  } catch (const DataError&) {
+    return kExitDataError;
+  } catch (...) {
+    return kExitError;
+  }
+}
+
+int report_failure(const std::string& command, std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: {}", command, e.what());
+    std::cerr << "(see: wan-distill " << command << " --help)\n";
+  } catch (const DataError& e) {
+    spdlog::error("{}: bad input: {}", command, e.what());
+  } catch (const std::bad_alloc&) {
+    spdlog::error("{}: out of host memory", command);
+  } catch (const c10::Error& e) {
+    spdlog::error("{}: LibTorch error: {}", command, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", command, e.what());
+  } catch (...) {
+    spdlog::error("{}: unknown failure", command);
+  }
+  return exit_code_of(failure);
 }
 
 }  // namespace wd::app

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <new>
 
 #include "app/commands.hpp"
 #include "core/errors.hpp"
@@ -22,6 +21,8 @@ const std::map<std::string, Command>& commands() {
       {"init-teacher",
        {wd::app::run_init_teacher, "write a randomly initialised DiT in the official layout"}},
       {"inspect", {wd::app::run_inspect, "describe and validate a checkpoint"}},
+      {"train", {wd::app::run_train, "distil a teacher into a student (run under mpirun)"}},
+      {"make-dataset", {wd::app::run_make_dataset, "write a synthetic HDF5 data set"}},
   };
   return table;
 }
@@ -54,24 +55,7 @@ int main(int argc, char** argv) {
   // One place turns every failure into one clear line and a documented exit code.
   try {
     return it->second.run(args);
-  } catch (const wd::ConfigError& e) {
-    spdlog::error("{}: {}", name, e.what());
-    std::cerr << "(see: wan-distill " << name << " --help)\n";
-    return kExitUsage;
-  } catch (const wd::DataError& e) {
-    spdlog::error("{}: bad input: {}", name, e.what());
-    return kExitDataError;
-  } catch (const wd::Error& e) {
-    spdlog::error("{}: {}", name, e.what());
-    return kExitError;
-  } catch (const std::bad_alloc&) {
-    spdlog::error("{}: out of host memory", name);
-    return kExitError;
-  } catch (const c10::Error& e) {
-    spdlog::error("{}: LibTorch error: {}", name, e.what_without_backtrace());
-    return kExitError;
-  } catch (const std::exception& e) {
-    spdlog::error("{}: {}", name, e.what());
-    return kExitError;
+  } catch (...) {
+    return report_failure(name, std::current_exception());
   }
 }

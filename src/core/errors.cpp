@@ -7,7 +7,7 @@
 namespace wd {
 
 DataError::DataError(std::string file, std::string item, const std::string& what)
-    : Error(file + (item.empty() ? "" : ": " + item) + ": " + what),
+    : Error((file.empty() ? "" : file + ": ") + (item.empty() ? "" : item + ": ") + what),
       file_(std::move(file)),
       item_(std::move(item)) {}
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Local launcher: mpirun with the flags a workstation needs; everything else passes through.
+# Usage: launch/mpirun.sh -np 3 build/src/app/wan-distill train [--config FILE] [--section.key v]
+set -euo pipefail
+flags=(--oversubscribe --bind-to none)
+# Open MPI refuses root unless told; containers and CI machines often run as root.
+if [[ $(id -u) -eq 0 ]]; then flags+=(--allow-run-as-root); fi
+# One BLAS/OpenMP thread per rank: LibTorch's intra-op threads are set by the program itself
+# (runtime.threads, default cores / ranks on the node), and nested BLAS threads oversubscribe.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+exec mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$@"

@@ -1,0 +1,248 @@
+// `wan-distill train`: the distillation job. Teacher ranks stream, student ranks train.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "app/commands.hpp"
+#include "comm/mpi_runtime.hpp"
+#include "comm/startup.hpp"
+#include "core/logging.hpp"
+#include "data/data_config.hpp"
+#include "student/student_loop.hpp"
+#include "student/student_model.hpp"
+#include "teacher/teacher_config.hpp"
+#include "teacher/teacher_loop.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kBuiltin = "builtin:tiny";
+constexpr std::uint64_t kBuiltinSeed = 20251122;
+
+/// Every section of the job's configuration, bound into one options table.
+struct RunConfig {
+  std::string run_dir = "runs/tiny";
+  teacher::TeacherConfig teacher;
+  student::StudentConfig student;
+  student::TrainConfig train;
+  data::DataConfig data;
+  data::NoiseConfig noise;
+  comm::CommConfig comm;
+  LogConfig log;
+  RuntimeConfig runtime;
+
+  void bind(OptionTable& t) {
+    t.bind("run-dir", run_dir, "directory for metrics.jsonl, the student and the builtin cache");
+    teacher.bind(t);
+    student.bind(t);
+    train.bind(t);
+    data.bind(t);
+    noise.bind(t);
+    comm.bind(t);
+    log.bind(t);
+    runtime.bind(t);
+  }
+  void validate() const {
+    ConfigProblems p;
+    p.check(!run_dir.empty(), "run-dir must not be empty");
+    teacher.validate(p);
+    student.validate(p);
+    train.validate(p);
+    data.validate(p);
+    noise.validate(p);
+    comm.validate(p);
+    log.validate(p);
+    runtime.validate(p);
+    p.throw_if_any("train config");
+  }
+  std::string cache(const std::string& name) const { return (fs::path(run_dir) / "cache" / name).string(); }
+  std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }
+  std::string data_path() const { return data.path == kBuiltin ? cache("tiny-data.h5") : data.path; }
+};
+
+/// Runs `stage` and makes every rank agree on its outcome (all throw, or none).
+template <typename F>
+void agreed(const std::string& stage, const RunConfig& cfg, F&& stage_fn) {
+  std::exception_ptr failure;
+  try {
+    stage_fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::agree_on_startup(stage, failure, MPI_COMM_WORLD, cfg.comm.timeout_s);
+}
+
+/// Generates the builtin:tiny teacher and data set when missing (world rank 0 only).
+void make_builtin_assets(const RunConfig& cfg) {
+  if (cfg.teacher.checkpoint == kBuiltin && !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
+    spdlog::info("generating the builtin tiny teacher in {}", cfg.teacher_path());
+    write_random_wan_checkpoint(cfg.teacher_path(), WanConfig::preset("tiny"), torch::kBFloat16,
+                                2'000'000'000ULL, kBuiltinSeed);
+  }
+  if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
+    const auto tc = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config).config();
+    data::SyntheticDatasetSpec spec;
+    spec.output = cfg.data_path();
+    spec.samples = cfg.data.builtin_samples;
+    spec.latent = {tc.in_dim, 3, 16, 16};
+    spec.text_len = tc.text_len;
+    spec.text_dim = tc.text_dim;
+    spec.seed = kBuiltinSeed;
+    spdlog::info("generating the builtin tiny data set {}", spec.output);
+    data::write_synthetic_dataset(spec);
+  }
+}
+
+std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t, 4>& latent) {
+  return (latent[1] / c.patch_size[0]) * (latent[2] / c.patch_size[1]) * (latent[3] / c.patch_size[2]);
+}
+
+void set_threads(const RunConfig& cfg, int local_size) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : std::max(1, hw / local_size);
+  torch::set_num_threads(threads);
+  spdlog::debug("{} intra-op thread(s)", threads);
+}
+
+}  // namespace
+
+int run_train(const std::vector<std::string>& args) {
+  RunConfig cfg;
+  OptionTable table("train options (INI sections: [teacher] placement = ... is --teacher.placement)");
+  cfg.bind(table);
+  if (parse_options(args, table).help) {
+    print_help("mpirun -np N wan-distill train [--config FILE] [--run-dir DIR] [--section.key value ...]",
+               "Distils the teacher into the student. World ranks 0..teacher.ranks-1 are teachers, the\n"
+               "rest students. Without --config it runs the builtin tiny job (configs/tiny.ini).",
+               table);
+    return kExitOk;
+  }
+  comm::MpiRuntime mpi(nullptr, nullptr);
+  const int rank = mpi.rank();
+  bool training = false;
+  try {
+    // Identical on every rank (same arguments): no communication needed to agree.
+    cfg.validate();
+    const auto layout = comm::Layout::make(mpi.size(), cfg.teacher.ranks);
+    const auto topo = layout.topology(rank, mpi.local_rank(), mpi.local_size());
+    init_logging(topo, cfg.log.level);
+    set_threads(cfg, mpi.local_size());
+    comm::ProcessGroups groups(layout, rank);
+    if (rank == 0) {
+      spdlog::info("train: {} teacher rank(s), {} student rank(s), run dir {}", layout.teacher_ranks,
+                   layout.student_ranks, cfg.run_dir);
+    }
+
+    agreed("preparing the run directory", cfg, [&] {
+      if (rank == 0) {
+        fs::create_directories(fs::path(cfg.run_dir) / "cache");
+        make_builtin_assets(cfg);
+      }
+    });
+
+    // Every rank maps the teacher checkpoint (cheap) to learn its config; teachers check data.
+    std::optional<WanCheckpoint> ck;
+    std::optional<data::DatasetInfo> info;
+    const bool broadcast = cfg.comm.mode == "broadcast";
+    const auto per_replica = cfg.train.batch_size * (broadcast ? 1 : layout.students_per_replica());
+    const auto global_batch = per_replica * layout.replicas;
+    agreed("checking the teacher, student and data set", cfg, [&] {
+      ck = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config);
+      ck->check();
+      const auto& tc = ck->config();
+      WD_CHECK_AS(ConfigError, tc.model_type != "i2v",
+                  "teacher " << cfg.teacher_path() << " is an i2v model; its image conditioning "
+                             "is not in the data schema yet (t2v and ti2v teachers are supported)");
+      const auto sc = cfg.student.model_config(tc);
+      sc.validate("student config");
+      WD_CHECK_AS(ConfigError, sc.in_dim == tc.in_dim && sc.out_dim == tc.out_dim,
+                  "student.in_dim(" << sc.in_dim << ") and student.out_dim(" << sc.out_dim
+                                    << ") must equal the teacher's (" << tc.in_dim << ", " << tc.out_dim
+                                    << ") until projection layers exist");
+      WD_CHECK_AS(ConfigError, cfg.train.eval_samples % global_batch == 0,
+                  "train.eval_samples(" << cfg.train.eval_samples << ") must be a multiple of the global batch "
+                                        << global_batch << " (train.batch_size(" << cfg.train.batch_size
+                                        << ") x " << (broadcast ? layout.replicas : layout.student_ranks)
+                                        << (broadcast ? " replicas" : " students") << ")");
+      if (topo.role == Role::kTeacher) {
+        data::DatasetExpectations expect;
+        expect.latent_channels = tc.in_dim;
+        expect.text_dim = tc.text_dim;
+        expect.text_len = tc.text_len;
+        expect.patch = tc.patch_size;
+        info = data::validate_dataset(cfg.data_path(), expect);
+        WD_CHECK_DATA(info->samples > cfg.train.eval_samples, info->path, "/latents",
+                      "has " << info->samples << " samples; train.eval_samples(" << cfg.train.eval_samples
+                             << ") leaves none for training");
+      }
+    });
+
+    // World rank 0 (a teacher) tells everyone the data shapes.
+    std::vector<std::int64_t> shape(6, 0);
+    if (rank == 0) {
+      shape = {info->latent_shape[0], info->latent_shape[1], info->latent_shape[2],
+               info->latent_shape[3], info->context_len, info->samples};
+    }
+    comm::broadcast_ints(shape, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape");
+    const auto& tc = ck->config();
+    comm::StreamPlan plan;
+    plan.batch_per_student = cfg.train.batch_size;
+    plan.eval_messages = cfg.train.eval_samples / global_batch;
+    plan.train_steps = cfg.train.steps;
+    plan.latent = {shape[0], shape[1], shape[2], shape[3]};
+    plan.out_channels = tc.out_dim;
+    plan.context_len = shape[4];
+    plan.text_dim = tc.text_dim;
+    plan.per_token_seq_len = tc.model_type == "ti2v" ? tokens_per_sample(tc, plan.latent) : 0;
+    const auto train_samples = shape[5] - cfg.train.eval_samples;
+    auto transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
+
+    training = true;
+    if (topo.role == Role::kTeacher) {
+      auto model = load_wan_dit(*ck, parse_dtype(cfg.teacher.dtype));
+      data::DatasetReader reader(*info);
+      data::SampleSchedule schedule(train_samples, per_replica, layout.replicas, cfg.train.seed);
+      data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
+      data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
+      teacher::TeacherJob job{model, reader, schedule, noiser, eval_noiser, *transport, plan,
+                              layout.replica_of(rank), layout.replicas, layout.students_per_replica(),
+                              train_samples, broadcast};
+      teacher::run_teacher(job);
+    } else {
+      auto model = student::build_student(cfg.student.model_config(tc), cfg.student, *ck, cfg.train.seed);
+      int group_rank = 0;
+      WD_CHECK_MPI(MPI_Comm_rank(groups.students(), &group_rank));
+      comm::GradientReducer reducer(groups.students(), model->parameters(),
+                                    cfg.comm.bucket_bytes(),
+                                    cfg.comm.timeout_s, rank);
+      student::StudentJob job{model, *transport, reducer, plan, cfg.train, groups.students(),
+                              cfg.comm.timeout_s, rank, group_rank == 0,
+                              (fs::path(cfg.run_dir) / "metrics.jsonl").string()};
+      const auto stats = student::run_student(job);
+      if (group_rank == 0) {
+        const auto dir = (fs::path(cfg.run_dir) / "student").string();
+        student::save_student(model, dir);
+        spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
+                     "{:.1f} s, waiting for batches {:.0f}%",
+                     dir, wan_param_count(model->config()), stats.first_eval_rel_mse,
+                     stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
+      }
+    }
+    transport.reset();
+    return kExitOk;
+  } catch (...) {
+    if (training) {
+      // A peer may be blocked on this rank; stopping them all is the only way not to hang.
+      const int code = report_failure("train", std::current_exception());
+      mpi.abort(code);
+    }
+    // Before training every failure is agreed by all ranks: rank 0 explains, all exit alike.
+    if (rank == 0) return report_failure("train", std::current_exception());
+    return exit_code_of(std::current_exception());
+  }
+}
+
+}  // namespace wd::app

@@ -1,0 +1,84 @@
+// MpiRuntime (RAII owner of MPI_Init/Finalize), the WD_CHECK_MPI macro, and deadline waits.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/topology.hpp"
+
+namespace wd::comm {
+
+/// Formats a failed MPI call: "<call> failed: <MPI error string> (rank R, at file:line)".
+std::string mpi_error_message(int code, const char* call, const char* file, int line);
+
+}  // namespace wd::comm
+
+/// Throws wd::MpiError naming the call, MPI's error string, the rank and file:line.
+#define WD_CHECK_MPI(call)                                                                     \
+  do {                                                                                         \
+    const int wd_mpi_rc_ = (call);                                                             \
+    if (wd_mpi_rc_ != MPI_SUCCESS) {                                                           \
+      throw ::wd::MpiError(::wd::comm::mpi_error_message(wd_mpi_rc_, #call, __FILE__, __LINE__)); \
+    }                                                                                          \
+  } while (0)
+
+namespace wd::comm {
+
+/// Owns MPI for the life of main: initialises (MPI_THREAD_FUNNELED), sets MPI_ERRORS_RETURN on
+/// MPI_COMM_WORLD so failures become exceptions, finalizes in the destructor. Move-only.
+/// Lives in main's scope, never in a static.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  MpiRuntime(MpiRuntime&& other) noexcept;
+  MpiRuntime& operator=(MpiRuntime&&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// Rank and count among the processes of this node (MPI_COMM_TYPE_SHARED).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  /// After a failure: MPI_Abort instead of MPI_Finalize (the destructor then does nothing).
+  [[noreturn]] void abort(int code);
+
+ private:
+  bool owner_ = true;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+/// What a wait is for, so a timeout message can name it.
+struct WaitInfo {
+  const char* op;         ///< "recv batch", "send batch", "allreduce grads", ...
+  std::int64_t step;      ///< training step (or sequence number)
+  std::uint64_t bytes;    ///< payload size
+  std::vector<int> peers; ///< world ranks waited for
+  /// peers[i] is the peer of requests[i] (wait_all_with_deadline): a timeout then names only
+  /// the peers whose requests are still pending.
+  bool peer_per_request = false;
+};
+
+/// Raised when a wait passes its deadline; the message names op, step, bytes, this rank and
+/// the peers.
+class TimeoutError : public MpiError {
+ public:
+  using MpiError::MpiError;
+};
+
+/// Polls MPI_Test on `request` until it completes or `timeout` passes (then throws
+/// TimeoutError). Sleeps with a short backoff (≤ 1 ms) between polls so waiting ranks do not
+/// burn a core that others share.
+void wait_with_deadline(MPI_Request& request, const WaitInfo& info, std::chrono::duration<double> timeout,
+                        int my_rank);
+/// Same for several requests (MPI_Testall).
+void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& info,
+                            std::chrono::duration<double> timeout, int my_rank);
+
+}  // namespace wd::comm

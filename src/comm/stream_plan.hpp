@@ -1,0 +1,30 @@
+// StreamPlan: what flows from a teacher replica to each student, computed alike on every rank.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "comm/transport.hpp"
+
+namespace wd::comm {
+
+/// The teacher -> student stream of one run: first `eval_messages` held-out batches (kept by
+/// the students for every evaluation), then one batch per training step. Transport steps are
+/// numbered in that order.
+struct StreamPlan {
+  std::int64_t batch_per_student = 0;  ///< b
+  std::int64_t eval_messages = 0;      ///< E
+  std::int64_t train_steps = 0;        ///< N
+  std::array<std::int64_t, 4> latent{};   ///< C, F, H, W of the inputs (x_t)
+  std::int64_t out_channels = 0;          ///< channels of teacher_out
+  std::int64_t context_len = 0;           ///< L (context rows sent, zero-padded)
+  std::int64_t text_dim = 0;
+  std::int64_t per_token_seq_len = 0;     ///< > 0: t is [b,S] per token; 0: t is [b]
+
+  std::int64_t end_step() const { return eval_messages + train_steps; }
+  std::int64_t transport_step(std::int64_t train_step) const { return eval_messages + train_step; }
+  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out.
+  MessageSpec message_spec() const;
+};
+
+}  // namespace wd::comm

@@ -1,0 +1,690 @@
+// [comm] config, message specs, the MPI batch transport and the bucketed gradient all-reduce.
+#include "comm/transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "comm/mpi_runtime.hpp"
+
+namespace wd::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t kAlign = 64;
+constexpr std::uint64_t kMagic = 0x5744'4953'5449'4c31ULL;  // "WDISTIL1"
+// One tag for the whole stream: MPI's non-overtaking rule keeps the steps of one sender in order.
+constexpr int kTag = 7701;
+// How long a destructor lets cancelled requests settle before giving up on them.
+constexpr std::chrono::milliseconds kCancelGrace{200};
+
+/// Precedes every payload on the wire. 64 bytes, so the payload after it stays aligned.
+struct WireHeader {
+  std::uint64_t magic;
+  std::int64_t step;
+  std::uint64_t payload_bytes;
+  std::uint64_t spec_hash;  ///< names, dtypes and shapes: catches teacher/student spec drift
+  std::uint64_t reserved[4];
+};
+static_assert(sizeof(WireHeader) == kAlign, "the header keeps the payload 64-byte aligned");
+
+std::uint64_t align_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string num(double value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+std::string shape_str(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string names_of(const TensorDict& dict) {
+  std::string out;
+  for (const auto& [name, tensor] : dict) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "(none)" : out;
+}
+
+std::string names_of(const MessageSpec& spec) {
+  std::string out;
+  for (const auto& t : spec.tensors) out += (out.empty() ? "" : ", ") + t.name;
+  return out.empty() ? "(none)" : out;
+}
+
+/// FNV-1a over a textual description of the spec.
+std::uint64_t spec_hash(const MessageSpec& spec) {
+  std::string text;
+  for (const auto& t : spec.tensors) {
+    text +=
+        t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + shape_str(t.shape) + ";";
+  }
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+int checked_count(std::uint64_t bytes, const char* what) {
+  WD_CHECK(
+      bytes <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()),
+      what << " of " << bytes << " bytes exceeds MPI's int count; use a smaller batch per student");
+  return static_cast<int>(bytes);
+}
+
+/// Cancels every pending request and lets them settle for a short grace; never throws or
+/// blocks for long. Returns false when some request is still in flight (its buffer must then
+/// outlive us: MPI may still read or write it).
+bool cancel_and_settle(std::vector<MPI_Request*> requests) noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return true;
+  for (MPI_Request* r : requests) {
+    if (*r == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (!done && *r != MPI_REQUEST_NULL) MPI_Cancel(r);
+  }
+  const auto deadline = Clock::now() + kCancelGrace;
+  bool pending = true;
+  while (pending) {
+    pending = false;
+    for (MPI_Request* r : requests) {
+      if (*r == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) *r = MPI_REQUEST_NULL;
+      pending = pending || *r != MPI_REQUEST_NULL;
+    }
+    if (!pending) return true;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Open MPI cannot cancel a send that a receiver never matches: detach the request instead.
+  for (MPI_Request* r : requests) {
+    if (*r != MPI_REQUEST_NULL) MPI_Request_free(r);
+  }
+  return false;
+}
+
+/// Keeps a buffer alive for the rest of the process: a detached request may still use it.
+void leak(const torch::Tensor& buffer) noexcept {
+  try {
+    static_cast<void>(new torch::Tensor(buffer));
+  } catch (...) {
+  }
+}
+
+/// Typed views of one message's tensors inside a byte buffer starting at `base`.
+std::vector<torch::Tensor> make_views(const MessageSpec& spec,
+                                      const std::vector<std::uint64_t>& offsets, std::uint8_t* base,
+                                      const torch::Tensor& owner) {
+  std::vector<torch::Tensor> views;
+  views.reserve(spec.tensors.size());
+  for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+    const auto& t = spec.tensors[i];
+    // The deleter holds the owning buffer, so a view never outlives the memory it points into.
+    views.push_back(torch::from_blob(
+        base + offsets[i], t.shape, [owner](void*) {}, torch::TensorOptions().dtype(t.dtype)));
+  }
+  return views;
+}
+
+void write_header(std::uint8_t* at, std::int64_t step, std::uint64_t payload, std::uint64_t hash) {
+  WireHeader h{};
+  h.magic = kMagic;
+  h.step = step;
+  h.payload_bytes = payload;
+  h.spec_hash = hash;
+  std::memcpy(at, &h, sizeof h);
+}
+
+/// Fields common to both ends of the link.
+struct LinkBase {
+  LinkBase(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
+           const CommConfig& config, std::int64_t first, std::int64_t end)
+      : layout(groups.layout()),
+        link(groups.link()),
+        rank(world_rank),
+        spec(spec),
+        offsets(spec.offsets()),
+        payload(spec.bytes()),
+        message_bytes(sizeof(WireHeader) + payload),
+        hash(spec_hash(spec)),
+        timeout(config.timeout_s),
+        first_step(first),
+        end_step(end),
+        slots(static_cast<std::size_t>(std::max<std::int64_t>(
+            1, std::min<std::int64_t>(config.prefetch_depth, end - first)))) {
+    WD_CHECK(end >= first, "transport steps [" << first << ", " << end << ") are empty backwards");
+    checked_count(message_bytes, "a batch message");
+  }
+  std::size_t slot_of(std::int64_t step) const {
+    return static_cast<std::size_t>((step - first_step) % static_cast<std::int64_t>(slots));
+  }
+
+  Layout layout;
+  MPI_Comm link;
+  int rank;
+  MessageSpec spec;
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t payload;
+  std::uint64_t message_bytes;
+  std::uint64_t hash;
+  std::chrono::duration<double> timeout;
+  std::int64_t first_step, end_step;
+  std::size_t slots;
+  double waited = 0;
+};
+
+/// The sending teacher of a replica. Each ring slot holds one step: in scatter mode one message
+/// per student, in broadcast mode a single message sent to all of them.
+class MpiTeacherTransport final : public Transport {
+ public:
+  MpiTeacherTransport(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
+                      const CommConfig& config, std::int64_t first, std::int64_t end)
+      : base_(groups, world_rank, spec, config, first, end),
+        broadcast_mode_(config.mode == "broadcast"),
+        students_(groups.layout().students_of_replica(groups.layout().replica_of(world_rank))),
+        next_step_(first) {
+    int link_size = 0;
+    WD_CHECK_MPI(MPI_Comm_size(base_.link, &link_size));
+    WD_CHECK(link_size == static_cast<int>(students_.size()) + 1,
+             "link of rank " << world_rank << " has " << link_size
+                             << " ranks, expected 1 teacher + " << students_.size() << " students");
+    const std::size_t messages = broadcast_mode_ ? 1 : students_.size();
+    ring_.resize(base_.slots);
+    for (auto& slot : ring_) {
+      slot.buffer =
+          torch::empty({static_cast<std::int64_t>(messages * base_.message_bytes)}, torch::kUInt8);
+      auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
+      for (std::size_t m = 0; m < messages; ++m) {
+        slot.views.push_back(make_views(base_.spec, base_.offsets,
+                                        bytes + m * base_.message_bytes + sizeof(WireHeader),
+                                        slot.buffer));
+      }
+      slot.requests.assign(students_.size(), MPI_REQUEST_NULL);
+    }
+  }
+
+  ~MpiTeacherTransport() override {
+    std::vector<MPI_Request*> pending;
+    for (auto& slot : ring_) {
+      for (auto& r : slot.requests) pending.push_back(&r);
+    }
+    if (!cancel_and_settle(pending)) {
+      for (auto& slot : ring_) leak(slot.buffer);
+    }
+  }
+
+  void send(std::int64_t step, const std::vector<TensorDict>& per_student) override {
+    WD_CHECK(!broadcast_mode_, "send(step " << step << ") scatters per-student slices, but "
+                                            << "comm.mode is broadcast; call broadcast() or set "
+                                            << "comm.mode = scatter");
+    WD_CHECK(per_student.size() == students_.size(),
+             "send(step " << step << ") got " << per_student.size() << " student messages; replica "
+                          << base_.layout.replica_of(base_.rank) << " serves " << students_.size()
+                          << " students");
+    Slot& slot = acquire(step);
+    for (std::size_t i = 0; i < students_.size(); ++i) {
+      pack(slot, i, step, per_student[i], "student " + std::to_string(i));
+    }
+    start_sends(slot, step, /*shared=*/false);
+  }
+
+  void broadcast(std::int64_t step, const TensorDict& message) override {
+    Slot& slot = acquire(step);
+    pack(slot, 0, step, message, "broadcast");
+    start_sends(slot, step, /*shared=*/true);
+  }
+
+  const Message& recv(std::int64_t step) override {
+    throw Error("recv(step " + std::to_string(step) + ") is for student ranks; rank " +
+                std::to_string(base_.rank) + " is a teacher");
+  }
+  void release(std::int64_t step) override {
+    throw Error("release(step " + std::to_string(step) + ") is for student ranks; rank " +
+                std::to_string(base_.rank) + " is a teacher");
+  }
+
+  void flush() override {
+    // Oldest first, so a timeout names the earliest step that is stuck.
+    for (std::int64_t step = next_step_ - static_cast<std::int64_t>(base_.slots); step < next_step_;
+         ++step) {
+      if (step < base_.first_step) continue;
+      wait_slot(ring_[base_.slot_of(step)]);
+    }
+  }
+
+  double wait_seconds() const override { return base_.waited; }
+
+ private:
+  struct Slot {
+    torch::Tensor buffer;
+    std::vector<std::vector<torch::Tensor>> views;  ///< [message][tensor]
+    std::vector<MPI_Request> requests;              ///< one per student
+    std::int64_t step = -1;
+    std::uint64_t sent_bytes = 0;
+  };
+
+  /// The slot for `step`, once the sends of the step that used it before have completed.
+  Slot& acquire(std::int64_t step) {
+    WD_CHECK(step == next_step_, "send of step " << step << ": the stream expects step "
+                                                 << next_step_ << " next (steps go in order from "
+                                                 << base_.first_step << ")");
+    WD_CHECK(step < base_.end_step,
+             "send of step " << step << " is past the stream's end step " << base_.end_step);
+    // Testing the other slots drives MPI's progress engine for large (rendezvous) messages
+    // while the teacher is otherwise busy computing.
+    for (auto& s : ring_) {
+      int done = 0;
+      WD_CHECK_MPI(MPI_Testall(static_cast<int>(s.requests.size()), s.requests.data(), &done,
+                               MPI_STATUSES_IGNORE));
+    }
+    Slot& slot = ring_[base_.slot_of(step)];
+    wait_slot(slot);
+    return slot;
+  }
+
+  void wait_slot(Slot& slot) {
+    const bool busy = std::any_of(slot.requests.begin(), slot.requests.end(),
+                                  [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+    if (!busy) return;
+    WaitInfo info{"send batch", slot.step, slot.sent_bytes, students_, /*peer_per_request=*/true};
+    const auto start = Clock::now();
+    try {
+      wait_all_with_deadline(slot.requests, info, base_.timeout, base_.rank);
+    } catch (...) {
+      base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
+      throw;
+    }
+    base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  void pack(Slot& slot, std::size_t message, std::int64_t step, const TensorDict& dict,
+            const std::string& who) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : dict) {
+      const bool known = std::any_of(base_.spec.tensors.begin(), base_.spec.tensors.end(),
+                                     [&](const TensorSpec& t) { return t.name == name; });
+      WD_CHECK(known, "message for " << who << " of step " << step << " has tensor '" << name
+                                     << "', which the message spec lacks (spec: "
+                                     << names_of(base_.spec) << ")");
+    }
+    for (std::size_t i = 0; i < base_.spec.tensors.size(); ++i) {
+      const auto& t = base_.spec.tensors[i];
+      const auto it = dict.find(t.name);
+      WD_CHECK(it != dict.end(), "message for " << who << " of step " << step << " lacks tensor '"
+                                                << t.name << "' (it has: " << names_of(dict)
+                                                << ")");
+      WD_CHECK(it->second.defined(),
+               "tensor '" << t.name << "' for " << who << " of step " << step << " is undefined");
+      WD_CHECK(it->second.sizes() == c10::IntArrayRef(t.shape),
+               "tensor '" << t.name << "' for " << who << " of step " << step << ": expected shape "
+                          << shape_str(t.shape) << ", got " << shape_str(it->second.sizes()));
+      // copy_ converts to the spec dtype and brings device tensors to the host.
+      slot.views[message][i].copy_(it->second);
+    }
+    write_header(slot.buffer.data_ptr<std::uint8_t>() + message * base_.message_bytes, step,
+                 base_.payload, base_.hash);
+  }
+
+  void start_sends(Slot& slot, std::int64_t step, bool shared) {
+    slot.step = step;
+    slot.sent_bytes = base_.message_bytes * students_.size();
+    const int count = static_cast<int>(base_.message_bytes);
+    auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
+    for (std::size_t i = 0; i < students_.size(); ++i) {
+      std::uint8_t* message = bytes + (shared ? 0 : i * base_.message_bytes);
+      WD_CHECK_MPI(MPI_Isend(message, count, MPI_BYTE, static_cast<int>(i) + 1, kTag, base_.link,
+                             &slot.requests[i]));
+    }
+    ++next_step_;
+  }
+
+  LinkBase base_;
+  bool broadcast_mode_;
+  std::vector<int> students_;  ///< world ranks, slot order (link rank = slot + 1)
+  std::vector<Slot> ring_;
+  std::int64_t next_step_;
+};
+
+/// A student: receives into a ring of preallocated buffers, `slots` steps ahead. Steps are
+/// released in order, so receives are always posted in step order and MPI's non-overtaking rule
+/// delivers step s into the slot posted for s.
+class MpiStudentTransport final : public Transport {
+ public:
+  MpiStudentTransport(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
+                      const CommConfig& config, std::int64_t first, std::int64_t end)
+      : base_(groups, world_rank, spec, config, first, end),
+        teacher_(groups.layout().sender_of_replica(groups.layout().replica_of(world_rank))),
+        next_release_(first) {
+    ring_.resize(base_.slots);
+    for (auto& slot : ring_) {
+      slot.buffer = torch::empty({static_cast<std::int64_t>(base_.message_bytes)}, torch::kUInt8);
+      const auto views =
+          make_views(base_.spec, base_.offsets,
+                     slot.buffer.data_ptr<std::uint8_t>() + sizeof(WireHeader), slot.buffer);
+      for (std::size_t i = 0; i < views.size(); ++i)
+        slot.message.tensors[base_.spec.tensors[i].name] = views[i];
+    }
+    try {
+      for (std::int64_t s = first; s < std::min<std::int64_t>(first + base_.slots, end); ++s)
+        post(s);
+    } catch (...) {
+      retire();
+      throw;
+    }
+  }
+
+  ~MpiStudentTransport() override { retire(); }
+
+  void send(std::int64_t step, const std::vector<TensorDict>&) override {
+    teacher_only("send", step);
+  }
+  void broadcast(std::int64_t step, const TensorDict&) override { teacher_only("broadcast", step); }
+  void flush() override { teacher_only("flush", -1); }
+
+  const Message& recv(std::int64_t step) override {
+    WD_CHECK(step >= base_.first_step && step < base_.end_step,
+             "recv(step " << step << ") is outside the stream's steps [" << base_.first_step << ", "
+                          << base_.end_step << ")");
+    Slot& slot = ring_[base_.slot_of(step)];
+    if (slot.state == State::kReceived && slot.message.step == step) return slot.message;
+    WD_CHECK(slot.state != State::kReceived,
+             "recv(step " << step << "): step " << slot.message.step
+                          << " still holds its ring slot; release(" << slot.message.step
+                          << ") first (comm.prefetch_depth " << base_.slots << ")");
+    WD_CHECK(slot.state == State::kPosted && slot.posted_step == step,
+             "recv(step " << step
+                          << "): no receive is posted for it (the oldest unreleased step is "
+                          << next_release_ << ")");
+    WaitInfo info{"recv batch", step, base_.message_bytes, {teacher_}};
+    const auto start = Clock::now();
+    try {
+      wait_with_deadline(slot.request, info, base_.timeout, base_.rank);
+    } catch (const TimeoutError&) {
+      base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
+      throw;
+    } catch (const MpiError& e) {
+      throw MpiError("recv batch of step " + std::to_string(step) + " from teacher rank " +
+                     std::to_string(teacher_) + ": " + e.what());
+    }
+    base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
+    slot.state = State::kIdle;  // until the header proves the payload is the step we wanted
+    check_header(slot, step);
+    slot.state = State::kReceived;
+    slot.message.step = step;
+    return slot.message;
+  }
+
+  void release(std::int64_t step) override {
+    WD_CHECK(step == next_release_,
+             "release(step " << step << "): steps are released in order; the oldest held step is "
+                             << next_release_);
+    Slot& slot = ring_[base_.slot_of(step)];
+    WD_CHECK(slot.state == State::kReceived && slot.message.step == step,
+             "release(step " << step << ") before recv(step " << step << ")");
+    slot.state = State::kIdle;
+    ++next_release_;
+    const std::int64_t next = step + static_cast<std::int64_t>(base_.slots);
+    if (next < base_.end_step) post(next);
+  }
+
+  double wait_seconds() const override { return base_.waited; }
+
+ private:
+  enum class State { kIdle, kPosted, kReceived };
+  struct Slot {
+    torch::Tensor buffer;  ///< header + payload; the message's tensors view it
+    Message message;
+    MPI_Request request = MPI_REQUEST_NULL;
+    State state = State::kIdle;
+    std::int64_t posted_step = -1;
+  };
+
+  [[noreturn]] void teacher_only(const char* what, std::int64_t step) const {
+    throw Error(std::string(what) + "(step " + std::to_string(step) +
+                ") is for the sending teacher; rank " + std::to_string(base_.rank) +
+                " is a student");
+  }
+
+  void post(std::int64_t step) {
+    Slot& slot = ring_[base_.slot_of(step)];
+    WD_CHECK_MPI(MPI_Irecv(slot.buffer.data_ptr(), static_cast<int>(base_.message_bytes), MPI_BYTE,
+                           0, kTag, base_.link, &slot.request));
+    slot.state = State::kPosted;
+    slot.posted_step = step;
+  }
+
+  void check_header(const Slot& slot, std::int64_t step) const {
+    WireHeader h{};
+    std::memcpy(&h, slot.buffer.data_ptr(), sizeof h);
+    const std::string from = "batch for step " + std::to_string(step) + " from teacher rank " +
+                             std::to_string(teacher_) + " on rank " + std::to_string(base_.rank);
+    if (h.magic != kMagic) {
+      std::ostringstream os;
+      os << from << ": bad header magic 0x" << std::hex << h.magic << " (expected 0x" << kMagic
+         << "); the stream is out of sync";
+      throw Error(os.str());
+    }
+    WD_CHECK(h.payload_bytes == base_.payload && h.spec_hash == base_.hash,
+             from << ": the teacher's message spec (" << h.payload_bytes
+                  << " payload bytes) differs from "
+                  << "this student's (" << base_.payload << " payload bytes, tensors "
+                  << names_of(base_.spec) << ")");
+    WD_CHECK(h.step == step, from << ": received step " << h.step << " where step " << step
+                                  << " was expected; the stream is out of order");
+  }
+
+  /// Cancels the receives still posted (a run that ends early or fails).
+  void retire() noexcept {
+    std::vector<MPI_Request*> pending;
+    for (auto& slot : ring_) pending.push_back(&slot.request);
+    if (!cancel_and_settle(pending)) {
+      for (auto& slot : ring_) leak(slot.buffer);
+    }
+    for (auto& slot : ring_) slot.state = State::kIdle;
+  }
+
+  LinkBase base_;
+  int teacher_;  ///< world rank of the replica's sending teacher
+  std::vector<Slot> ring_;
+  std::int64_t next_release_;
+};
+
+}  // namespace
+
+void CommConfig::bind(OptionTable& table) {
+  table
+      .bind(
+          "comm.prefetch_depth", prefetch_depth,
+          "batches a teacher may run ahead of its students; each student posts this many receives "
+          "ahead into as many preallocated buffers")
+      .bind("comm.timeout_s", timeout_s,
+            "deadline in seconds of every wait (batch send/receive, gradient all-reduce); a peer "
+            "silent for longer is reported by rank")
+      .bind(
+          "comm.mode", mode,
+          "scatter: each student receives its own slice of the teacher's batch | broadcast: every "
+          "student of a replica receives the same batch")
+      .bind("comm.bucket_mb", bucket_mb,
+            "size in MiB of a gradient all-reduce bucket (one MPI call per bucket)");
+}
+
+void CommConfig::validate(ConfigProblems& problems) const {
+  problems.check(prefetch_depth >= 1,
+                 "comm.prefetch_depth(" + std::to_string(prefetch_depth) + ") must be >= 1");
+  problems.check(timeout_s > 0, "comm.timeout_s(" + num(timeout_s) + ") must be > 0");
+  problems.check(mode == "scatter" || mode == "broadcast",
+                 "comm.mode(" + mode + ") must be scatter or broadcast");
+  // MPI counts are ints: a bucket holds at most 2^31-1 floats (8 GiB).
+  problems.check(bucket_mb > 0 && bucket_mb <= 8192,
+                 "comm.bucket_mb(" + num(bucket_mb) + ") must be > 0 and <= 8192");
+}
+
+std::uint64_t CommConfig::bucket_bytes() const {
+  return static_cast<std::uint64_t>(bucket_mb * 1024.0 * 1024.0);
+}
+
+std::uint64_t TensorSpec::bytes() const {
+  std::uint64_t n = 1;
+  for (const auto d : shape) {
+    WD_CHECK(d >= 0,
+             "tensor '" << name << "' has a negative dimension in shape " << shape_str(shape));
+    n *= static_cast<std::uint64_t>(d);
+  }
+  return n * c10::elementSize(dtype);
+}
+
+std::vector<std::uint64_t> MessageSpec::offsets() const {
+  std::vector<std::uint64_t> out;
+  out.reserve(tensors.size());
+  std::uint64_t at = 0;
+  for (const auto& t : tensors) {
+    out.push_back(at);
+    at += align_up(t.bytes());
+  }
+  return out;
+}
+
+std::uint64_t MessageSpec::bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) total += align_up(t.bytes());
+  return total;
+}
+
+const torch::Tensor& Message::at(const std::string& name) const {
+  const auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    throw Error("message of step " + std::to_string(step) + " has no tensor '" + name +
+                "' (it has: " + names_of(tensors) + ")");
+  }
+  return it->second;
+}
+
+std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
+                                              const MessageSpec& spec, const CommConfig& config,
+                                              std::int64_t first_step, std::int64_t end_step) {
+  ConfigProblems problems;
+  config.validate(problems);
+  problems.throw_if_any("comm config");
+  WD_CHECK(groups.link() != MPI_COMM_NULL,
+           "rank " << world_rank
+                   << " has no link to students: only a replica's last teacher stage and "
+                      "the students stream batches");
+  if (groups.layout().role_of(world_rank) == Role::kTeacher) {
+    return std::make_unique<MpiTeacherTransport>(groups, world_rank, spec, config, first_step,
+                                                 end_step);
+  }
+  return std::make_unique<MpiStudentTransport>(groups, world_rank, spec, config, first_step,
+                                               end_step);
+}
+
+GradientReducer::GradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
+                                 std::uint64_t bucket_bytes, double timeout_s, int world_rank)
+    : comm_(students), params_(std::move(params)), timeout_s_(timeout_s), world_rank_(world_rank) {
+  WD_CHECK(comm_ != MPI_COMM_NULL,
+           "gradient reduction runs in the student group; rank " << world_rank << " is not in it");
+  WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  WD_CHECK_MPI(MPI_Comm_group(comm_, &group));
+  WD_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> local(static_cast<std::size_t>(group_size_));
+  for (int i = 0; i < group_size_; ++i) local[static_cast<std::size_t>(i)] = i;
+  peers_.resize(local.size());
+  const int rc = MPI_Group_translate_ranks(group, group_size_, local.data(), world, peers_.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  WD_CHECK_MPI(rc);
+
+  // Buckets follow parameter order, which is the same on every student, so bucket b holds the
+  // same parameters everywhere and one all-reduce per bucket lines up across ranks.
+  Bucket current;
+  std::uint64_t current_bytes = 0;
+  std::int64_t current_numel = 0;
+  auto close = [&] {
+    if (current.params.empty()) return;
+    checked_count(static_cast<std::uint64_t>(current_numel), "a gradient bucket's element count");
+    current.flat = torch::zeros({current_numel}, torch::kFloat);
+    buckets_.push_back(std::move(current));
+    current = Bucket{};
+    current_bytes = 0;
+    current_numel = 0;
+  };
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    WD_CHECK(params_[i].defined(),
+             "parameter " << i << " given to the gradient reducer is undefined");
+    const std::int64_t numel = params_[i].numel();
+    const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * sizeof(float);
+    if (!current.params.empty() && current_bytes + bytes > bucket_bytes) close();
+    current.params.push_back(i);
+    current_bytes += bytes;
+    current_numel += numel;
+  }
+  close();
+}
+
+void GradientReducer::average(std::int64_t step) {
+  torch::NoGradGuard no_grad;
+  std::vector<MPI_Request> requests(buckets_.size(), MPI_REQUEST_NULL);
+  std::uint64_t total_bytes = 0;
+  // Each bucket's all-reduce starts as soon as it is packed, overlapping the next bucket's copy.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    std::int64_t offset = 0;
+    for (const std::size_t i : bucket.params) {
+      const torch::Tensor& p = params_[i];
+      auto slice = bucket.flat.narrow(0, offset, p.numel());
+      const torch::Tensor& grad = p.grad();
+      if (grad.defined()) {
+        slice.copy_(grad.reshape({-1}));
+      } else {
+        slice.zero_();
+      }
+      offset += p.numel();
+    }
+    total_bytes += static_cast<std::uint64_t>(bucket.flat.numel()) * sizeof(float);
+    WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket.flat.data_ptr<float>(),
+                                static_cast<int>(bucket.flat.numel()), MPI_FLOAT, MPI_SUM, comm_,
+                                &requests[b]));
+  }
+  const auto start = Clock::now();
+  try {
+    wait_all_with_deadline(requests, WaitInfo{"allreduce grads", step, total_bytes, peers_},
+                           std::chrono::duration<double>(timeout_s_), world_rank_);
+  } catch (...) {
+    wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+    throw;
+  }
+  wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+
+  for (Bucket& bucket : buckets_) {
+    bucket.flat.div_(static_cast<double>(group_size_));
+    std::int64_t offset = 0;
+    for (const std::size_t i : bucket.params) {
+      torch::Tensor& p = params_[i];
+      const auto slice = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      torch::Tensor& grad = p.mutable_grad();
+      if (grad.defined()) {
+        grad.copy_(slice);
+      } else {
+        grad = slice.to(p.options(), /*non_blocking=*/false, /*copy=*/true);
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+}  // namespace wd::comm

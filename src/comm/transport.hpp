@@ -1,0 +1,112 @@
+// Transport: the teacher -> student batch stream (non-blocking, prefetching, reused buffers).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_groups.hpp"
+#include "core/config.hpp"
+
+namespace wd::comm {
+
+/// `[comm]` section of the config.
+struct CommConfig {
+  int prefetch_depth = 2;          ///< batches a teacher may run ahead / a student posts ahead
+  double timeout_s = 120.0;        ///< deadline of every wait
+  std::string mode = "scatter";    ///< scatter: each student its slice | broadcast: all the same
+  double bucket_mb = 25.0;         ///< gradient all-reduce bucket size
+  void bind(OptionTable& table);
+  /// bucket_mb in bytes, for GradientReducer.
+  std::uint64_t bucket_bytes() const;
+  void validate(ConfigProblems& problems) const;
+};
+
+/// One tensor of a message: name, dtype, shape.
+struct TensorSpec {
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes() const;
+};
+
+/// Shapes and dtypes of the message one student receives per step. Fixed for a run, so every
+/// buffer is allocated once.
+struct MessageSpec {
+  std::vector<TensorSpec> tensors;
+  /// Payload bytes as laid out in a buffer (without the small header): each tensor starts on a
+  /// 64-byte boundary so the received views are aligned for vectorised kernels.
+  std::uint64_t bytes() const;
+  /// Byte offset of each tensor within the payload, in `tensors` order.
+  std::vector<std::uint64_t> offsets() const;
+};
+
+/// Named tensors of one message.
+using TensorDict = std::map<std::string, torch::Tensor>;
+
+/// A received message: tensors view a ring slot and stay valid until `release(step)`.
+struct Message {
+  std::int64_t step = -1;
+  TensorDict tensors;
+  const torch::Tensor& at(const std::string& name) const;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Teacher (a replica's sending rank): copies each student's message into a send slot and
+  /// starts the sends; waits (with deadline) only when prefetch_depth steps are still in flight.
+  /// `per_student[i]` goes to the replica's student i.
+  virtual void send(std::int64_t step, const std::vector<TensorDict>& per_student) = 0;
+  /// Teacher, broadcast mode: the same message to every student of the replica.
+  virtual void broadcast(std::int64_t step, const TensorDict& message) = 0;
+  /// Student: the message of `step` (steps are consumed in order, first_step..end_step-1);
+  /// waits with deadline. Receives are posted prefetch_depth steps ahead.
+  virtual const Message& recv(std::int64_t step) = 0;
+  /// Student: returns the slot of `step`; its receive is reposted for a later step.
+  virtual void release(std::int64_t step) = 0;
+  /// Teacher: waits (with deadline) until every send completed.
+  virtual void flush() = 0;
+  /// Seconds spent blocked in waits so far (for "wait fraction" metrics).
+  virtual double wait_seconds() const = 0;
+};
+
+/// The MPI implementation over `groups.link()` (host tensors). Steps [first_step, end_step)
+/// are streamed; a student cancels its outstanding receives when destroyed early.
+std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
+                                              const MessageSpec& spec, const CommConfig& config,
+                                              std::int64_t first_step, std::int64_t end_step);
+
+/// Averages gradients over the student group: grads are packed into fp32 buckets of at most
+/// bucket_bytes (allocated once), one MPI_Iallreduce per bucket, waited with deadline, then
+/// divided by the group size and copied back. Equal to a single process over the union of
+/// the batches.
+class GradientReducer {
+ public:
+  GradientReducer(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
+                  double timeout_s, int world_rank);
+  /// Averages the .grad of every parameter (a missing grad counts as zeros).
+  void average(std::int64_t step);
+  std::size_t bucket_count() const { return buckets_.size(); }
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> params;  ///< indices into params_
+    torch::Tensor flat;               ///< fp32 buffer
+  };
+  MPI_Comm comm_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages
+  int group_size_ = 1;
+  double timeout_s_;
+  int world_rank_;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace wd::comm

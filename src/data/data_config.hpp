@@ -1,0 +1,27 @@
+// DataConfig: the `[data]` section (which data set, how much of it is held out).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+
+namespace wd::data {
+
+struct DataConfig {
+  /// HDF5 file, or `builtin:tiny` for the synthetic set generated into the run's cache.
+  std::string path = "builtin:tiny";
+  std::int64_t builtin_samples = 72;  ///< size of the generated builtin set
+
+  void bind(OptionTable& table) {
+    table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
+        .bind("data.builtin_samples", builtin_samples, "samples in the generated builtin:tiny set");
+  }
+  void validate(ConfigProblems& p) const {
+    p.check(!path.empty(), "data.path must not be empty");
+    p.check(builtin_samples >= 2,
+            "data.builtin_samples(" + std::to_string(builtin_samples) + ") must be >= 2");
+  }
+};
+
+}  // namespace wd::data

@@ -1,0 +1,56 @@
+// Flow-matching noiser (spec §9): σ from a sampler, x_t = (1−σ)·x0 + σ·ε, t = 1000·σ.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace wd::data {
+
+/// `[noise]` section of the config.
+struct NoiseConfig {
+  std::string sampler = "logit-normal";  ///< uniform | logit-normal
+  double logit_mean = 0.0;               ///< logit-normal: mean of the normal
+  double logit_std = 1.0;                ///< logit-normal: std of the normal
+  double shift = 1.0;                    ///< σ' = s·σ / (1 + (s−1)·σ); 1 = no shift
+  double sigma_min = 0.0;                ///< σ is clamped to [sigma_min, sigma_max]
+  double sigma_max = 1.0;
+  double first_frame_clean = 0.0;  ///< per-token (ti2v) layouts: probability that the first
+                                   ///< latent frame is clean (t = 0, x_t = x0), as masks_like
+  void bind(OptionTable& table);
+  void validate(ConfigProblems& problems) const;
+};
+
+/// One noisy batch as the teacher feeds it to the DiT.
+struct NoisyBatch {
+  torch::Tensor x_t;    ///< [B,C,F,H,W] float32
+  torch::Tensor t;      ///< [B] float32, or [B,S] float32 when per_token
+  torch::Tensor sigma;  ///< [B] float32 (σ after shift)
+  torch::Tensor noise;  ///< [B,C,F,H,W] float32 ε
+};
+
+/// Deterministic from (seed, step, sample index): a rerun or a resumed run sees identical
+/// inputs, and the same sample gets different noise at different steps.
+class FlowMatchingNoiser {
+ public:
+  FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed);
+  /// `x0` [B,C,F,H,W] float32, `indices` the B sample indices. When `per_token_seq_len` > 0 the
+  /// timesteps are per token ([B,S], tokens of the first frame possibly clean), with
+  /// `patch` giving the token grid; otherwise per sample ([B]).
+  NoisyBatch apply(const torch::Tensor& x0, const std::vector<std::int64_t>& indices,
+                   std::int64_t step, std::int64_t per_token_seq_len = 0,
+                   const std::array<std::int64_t, 3>& patch = {1, 2, 2}) const;
+  /// σ for one (step, sample) pair (exposed for tests of the sampler distribution).
+  double sigma(std::int64_t step, std::int64_t sample) const;
+
+ private:
+  NoiseConfig config_;
+  std::uint64_t seed_;
+};
+
+}  // namespace wd::data

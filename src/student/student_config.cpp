@@ -1,0 +1,108 @@
+// Binding, validation and derived values of the student and training configs.
+#include "student/student_config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace wd::student {
+
+namespace {
+std::string v(double x) {
+  std::ostringstream os;
+  os << x;
+  return "(" + os.str() + ")";
+}
+}  // namespace
+
+void StudentConfig::bind(OptionTable& t) {
+  t.bind("student.dim", dim, "student hidden size")
+      .bind("student.ffn_dim", ffn_dim, "student FFN size")
+      .bind("student.num_heads", num_heads, "student attention heads")
+      .bind("student.num_layers", num_layers, "student blocks")
+      .bind("student.in_dim", in_dim, "student input channels (0 = the teacher's)")
+      .bind("student.out_dim", out_dim, "student output channels (0 = the teacher's)")
+      .bind("student.freq_dim", freq_dim, "student sinusoid size (0 = the teacher's)")
+      .bind("student.init", init, "random | teacher-blocks:i,j,... (copy teacher blocks)");
+}
+
+void StudentConfig::validate(ConfigProblems& p) const {
+  p.check(dim >= 1, "student.dim" + v(dim) + " must be >= 1");
+  p.check(num_heads >= 1, "student.num_heads" + v(num_heads) + " must be >= 1");
+  p.check(num_heads < 1 || dim % num_heads == 0,
+          "student.dim" + v(dim) + " must be divisible by student.num_heads" + v(num_heads));
+  p.check(num_layers >= 1, "student.num_layers" + v(num_layers) + " must be >= 1");
+  p.check(ffn_dim >= 1, "student.ffn_dim" + v(ffn_dim) + " must be >= 1");
+  p.check(in_dim >= 0 && out_dim >= 0 && freq_dim >= 0,
+          "student.in_dim/out_dim/freq_dim must be >= 0 (0 = the teacher's)");
+  bool init_ok = init == "random";
+  if (init.rfind("teacher-blocks:", 0) == 0) {
+    try {
+      init_ok = !teacher_blocks().empty();
+    } catch (const std::exception&) {
+      init_ok = false;
+    }
+  }
+  p.check(init_ok, "student.init(" + init + ") must be random or teacher-blocks:i,j,...");
+}
+
+std::vector<std::int64_t> StudentConfig::teacher_blocks() const {
+  std::vector<std::int64_t> out;
+  if (init == "random") return out;
+  std::stringstream ss(init.substr(std::string("teacher-blocks:").size()));
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+WanConfig StudentConfig::model_config(const WanConfig& teacher) const {
+  WanConfig c = teacher;
+  c.dim = dim;
+  c.ffn_dim = ffn_dim;
+  c.num_heads = num_heads;
+  c.num_layers = num_layers;
+  if (in_dim) c.in_dim = in_dim;
+  if (out_dim) c.out_dim = out_dim;
+  if (freq_dim) c.freq_dim = freq_dim;
+  return c;
+}
+
+void TrainConfig::bind(OptionTable& t) {
+  t.bind("train.steps", steps, "optimizer steps")
+      .bind("train.batch_size", batch_size, "samples per student rank per step")
+      .bind("train.lr", lr, "peak learning rate (AdamW)")
+      .bind("train.min_lr", min_lr, "learning rate at the end of the cosine decay")
+      .bind("train.warmup_steps", warmup_steps, "linear warmup steps")
+      .bind("train.weight_decay", weight_decay, "AdamW weight decay")
+      .bind("train.beta1", beta1, "AdamW beta1")
+      .bind("train.beta2", beta2, "AdamW beta2")
+      .bind("train.grad_clip", grad_clip, "max global gradient norm (0 = off)")
+      .bind("train.log_every", log_every, "steps between progress lines")
+      .bind("train.eval_samples", eval_samples,
+            "held-out samples (the last of the data set) for the relative-MSE evaluation")
+      .bind("train.eval_every", eval_every, "steps between evaluations (0 = start and end only)")
+      .bind("train.seed", seed, "seed of the data order, the noise and the student init");
+}
+
+void TrainConfig::validate(ConfigProblems& p) const {
+  p.check(steps >= 1, "train.steps" + v(steps) + " must be >= 1");
+  p.check(batch_size >= 1, "train.batch_size" + v(batch_size) + " must be >= 1");
+  p.check(lr > 0, "train.lr" + v(lr) + " must be > 0");
+  p.check(min_lr >= 0 && min_lr <= lr, "train.min_lr" + v(min_lr) + " must be in [0, train.lr" + v(lr) + "]");
+  p.check(warmup_steps >= 0, "train.warmup_steps" + v(warmup_steps) + " must be >= 0");
+  p.check(weight_decay >= 0, "train.weight_decay" + v(weight_decay) + " must be >= 0");
+  p.check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+          "train.beta1" + v(beta1) + " and train.beta2" + v(beta2) + " must be in [0, 1)");
+  p.check(grad_clip >= 0, "train.grad_clip" + v(grad_clip) + " must be >= 0");
+  p.check(log_every >= 1, "train.log_every" + v(log_every) + " must be >= 1");
+  p.check(eval_samples >= 0, "train.eval_samples" + v(eval_samples) + " must be >= 0");
+  p.check(eval_every >= 0, "train.eval_every" + v(eval_every) + " must be >= 0");
+}
+
+double TrainConfig::lr_at(std::int64_t step) const {
+  if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+  const auto decay = std::max<std::int64_t>(1, steps - warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / decay);
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace wd::student

@@ -1,0 +1,146 @@
+// Student loop: one screen of training step, with diagnostics kept apart.
+#include "student/student_loop.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_runtime.hpp"
+
+namespace wd::student {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Sums `values` over the student group (with deadline).
+void sum_over_students(StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op) {
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                              MPI_DOUBLE, MPI_SUM, job.students, &req));
+  comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), {}},
+                           std::chrono::duration<double>(job.timeout_s), job.world_rank);
+}
+
+torch::Tensor predict(WanDiT& model, const comm::TensorDict& b) {
+  return torch::stack(model->forward(
+      WanInputs::batched(b.at("x_t"), b.at("t"), b.at("context"), b.at("context_lens"))));
+}
+
+/// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches.
+double evaluate(StudentJob& job, const std::vector<comm::TensorDict>& eval_set, std::int64_t step) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> sums{0.0, 0.0};
+  for (const auto& b : eval_set) {
+    const auto& target = b.at("teacher_out");
+    sums[0] += (predict(job.model, b) - target).pow(2).sum().item<double>();
+    sums[1] += target.pow(2).sum().item<double>();
+  }
+  sum_over_students(job, sums, step, "allreduce eval");
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+void append_metrics(const StudentJob& job, const nlohmann::json& line) {
+  if (!job.leader || job.metrics_path.empty()) return;
+  std::ofstream out(job.metrics_path, std::ios::app);
+  out << line.dump() << "\n";
+}
+
+}  // namespace
+
+torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out) {
+  const auto& target = teacher_out.scalar_type() == prediction.scalar_type()
+                           ? teacher_out
+                           : teacher_out.to(prediction.scalar_type());
+  return torch::mse_loss(prediction, target);
+}
+
+StudentStats run_student(StudentJob& job) {
+  StudentStats stats;
+  const auto t0 = Clock::now();
+  auto params = job.model->parameters();
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(job.train.lr)
+                                            .betas({job.train.beta1, job.train.beta2})
+                                            .weight_decay(job.train.weight_decay));
+
+  // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
+  std::vector<comm::TensorDict> eval_set;
+  for (std::int64_t e = 0; e < job.plan.eval_messages; ++e) {
+    comm::TensorDict copy;
+    for (const auto& [name, t] : job.transport.recv(e).tensors) copy[name] = t.clone();
+    eval_set.push_back(std::move(copy));
+    job.transport.release(e);
+  }
+  if (!eval_set.empty()) {
+    stats.first_eval_rel_mse = evaluate(job, eval_set, 0);
+    if (job.leader) spdlog::info("eval before training: relative MSE {:.5f}", stats.first_eval_rel_mse);
+    append_metrics(job, {{"eval_step", 0}, {"rel_mse", stats.first_eval_rel_mse}});
+  }
+
+  const double wait_at_start = job.transport.wait_seconds();
+  auto window_start = Clock::now();
+  double window_wait = wait_at_start;
+  for (std::int64_t step = 0; step < job.plan.train_steps; ++step) {
+    const auto ts = job.plan.transport_step(step);
+    const auto& batch = job.transport.recv(ts);
+    const double lr = job.train.lr_at(step);
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer.zero_grad();
+    auto loss = distill_loss(predict(job.model, batch.tensors), batch.at("teacher_out"));
+    loss.backward();
+    job.reducer.average(step);
+    if (job.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, job.train.grad_clip);
+    optimizer.step();
+    std::vector<double> mean_loss{loss.item<double>()};
+    loss = torch::Tensor();  // release the graph before the next receive
+    job.transport.release(ts);
+
+    // Diagnostics, apart from the step.
+    sum_over_students(job, mean_loss, step, "allreduce loss");
+    int group_size = 1;
+    MPI_Comm_size(job.students, &group_size);
+    stats.losses.push_back(mean_loss[0] / group_size);
+    const bool log_now = (step + 1) % job.train.log_every == 0 || step + 1 == job.plan.train_steps;
+    if (log_now && job.leader) {
+      const double secs = since(window_start);
+      const double waited = job.transport.wait_seconds() - window_wait;
+      const auto steps_in_window = (step % job.train.log_every) + 1;
+      const double samples_s = steps_in_window * job.plan.batch_per_student * group_size / secs;
+      const double eta = secs / steps_in_window * (job.plan.train_steps - step - 1);
+      spdlog::info("step {}/{} loss {:.5f} lr {:.2e} {:.1f} samples/s wait {:.0f}% ETA {:.0f} s",
+                   step + 1, job.plan.train_steps, stats.losses.back(), lr, samples_s,
+                   100 * waited / secs, eta);
+      append_metrics(job, {{"step", step + 1}, {"loss", stats.losses.back()}, {"lr", lr},
+                           {"samples_per_s", samples_s}, {"wait_fraction", waited / secs}});
+    }
+    if (log_now) {
+      window_start = Clock::now();
+      window_wait = job.transport.wait_seconds();
+    }
+    if (job.train.eval_every > 0 && (step + 1) % job.train.eval_every == 0 && !eval_set.empty() &&
+        step + 1 < job.plan.train_steps) {
+      const double rel = evaluate(job, eval_set, step + 1);
+      if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
+      append_metrics(job, {{"eval_step", step + 1}, {"rel_mse", rel}});
+    }
+  }
+  if (!eval_set.empty()) {
+    stats.final_eval_rel_mse = evaluate(job, eval_set, job.plan.train_steps);
+    if (job.leader) {
+      spdlog::info("eval after training: relative MSE {:.5f} (before: {:.5f})",
+                   stats.final_eval_rel_mse, stats.first_eval_rel_mse);
+    }
+    append_metrics(job, {{"eval_step", job.plan.train_steps}, {"rel_mse", stats.final_eval_rel_mse},
+                         {"rel_mse_before", stats.first_eval_rel_mse}});
+  }
+  stats.seconds = since(t0);
+  stats.wait_seconds = job.transport.wait_seconds();
+  return stats;
+}
+
+}  // namespace wd::student

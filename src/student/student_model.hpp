@@ -1,0 +1,22 @@
+// Building the student DiT (random or from teacher blocks) and saving it as a Wan checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/wan_checkpoint.hpp"
+#include "student/student_config.hpp"
+
+namespace wd::student {
+
+/// A trainable fp32 student. With `teacher-blocks:i,j,...` the listed teacher blocks (and every
+/// non-block tensor whose shape matches) are copied in; the teacher's dims must then equal the
+/// student's, which is checked with a clear error.
+WanDiT build_student(const WanConfig& student, const StudentConfig& config,
+                     const WanCheckpoint& teacher, std::uint64_t seed);
+
+/// Writes `model` as a Wan-layout checkpoint (config.json + safetensors, native keys) into
+/// `dir`, each file atomically; `wan-distill forward` and `inspect` accept it.
+void save_student(WanDiT& model, const std::string& dir);
+
+}  // namespace wd::student

@@ -1,0 +1,45 @@
+// The teacher rank's loop: read its share, add noise, run the frozen DiT, stream to students.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/stream_plan.hpp"
+#include "comm/transport.hpp"
+#include "data/dataset.hpp"
+#include "data/noiser.hpp"
+#include "data/sample_schedule.hpp"
+#include "model/wan_dit.hpp"
+
+namespace wd::teacher {
+
+/// Everything one teacher rank needs; owned by the caller.
+struct TeacherJob {
+  WanDiT& model;
+  data::DatasetReader& reader;
+  const data::SampleSchedule& schedule;   ///< training samples [0, train_samples)
+  const data::FlowMatchingNoiser& noiser;
+  const data::FlowMatchingNoiser& eval_noiser;
+  comm::Transport& transport;
+  const comm::StreamPlan& plan;
+  int replica = 0;
+  int replicas = 1;
+  int students_per_replica = 1;
+  std::int64_t train_samples = 0;  ///< eval samples follow these in the file
+  bool broadcast = false;          ///< every student gets the same batch
+};
+
+struct TeacherStats {
+  double seconds = 0;       ///< wall time of the loop
+  double busy_seconds = 0;  ///< reading + noising + forward
+  double wait_seconds = 0;  ///< blocked on the transport
+  std::int64_t samples = 0;
+};
+
+/// Streams the plan's eval batches, then one batch per training step.
+TeacherStats run_teacher(TeacherJob& job);
+
+/// The held-out samples of (replica, eval message e): contiguous positions after train_samples.
+std::vector<std::int64_t> eval_indices(std::int64_t e, int replica, std::int64_t per_replica,
+                                       int replicas, std::int64_t train_samples);
+
+}  // namespace wd::teacher

@@ -1,0 +1,548 @@
+// N-rank tests of src/comm: layout, groups, transport (order, timeouts) and gradient all-reduce.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <utility>
+#include <thread>
+
+#include "comm/mpi_runtime.hpp"
+#include "comm/process_groups.hpp"
+#include "comm/transport.hpp"
+
+namespace wd::comm {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// Every layout of this world with one or two single-stage teacher replicas
+/// (3 ranks: 1T+2S; 4 ranks: 1T+3S and 2T+2S).
+std::vector<Layout> layouts() {
+  std::vector<Layout> out;
+  const int world = world_size();
+  for (int t = 1; t <= 2 && t < world; ++t) {
+    if ((world - t) % t == 0) out.push_back(Layout::make(world, t));
+  }
+  return out;
+}
+
+std::string describe(const Layout& l) {
+  return std::to_string(l.teacher_ranks) + " teacher(s), " + std::to_string(l.student_ranks) +
+         " student(s)";
+}
+
+std::string thrown_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layout: pure arithmetic, the same on every rank.
+
+TEST(Layout, OneTeacherTwoStudents) {
+  const auto l = Layout::make(3, 1);
+  EXPECT_EQ(l.student_ranks, 2);
+  EXPECT_EQ(l.replicas, 1);
+  EXPECT_EQ(l.role_of(0), Role::kTeacher);
+  EXPECT_EQ(l.role_of(1), Role::kStudent);
+  EXPECT_EQ(l.role_of(2), Role::kStudent);
+  EXPECT_EQ(l.sender_of_replica(0), 0);
+  EXPECT_EQ(l.students_of_replica(0), (std::vector<int>{1, 2}));
+  EXPECT_EQ(l.student_slot(1), 0);
+  EXPECT_EQ(l.student_slot(2), 1);
+  EXPECT_EQ(l.replica_of(2), 0);
+  const auto topo = l.topology(2, 1, 3);
+  EXPECT_EQ(topo.rank, 2);
+  EXPECT_EQ(topo.world_size, 3);
+  EXPECT_EQ(topo.local_rank, 1);
+  EXPECT_EQ(topo.role, Role::kStudent);
+}
+
+TEST(Layout, TwoReplicasSplitTheStudents) {
+  const auto l = Layout::make(4, 2);
+  EXPECT_EQ(l.replicas, 2);
+  EXPECT_EQ(l.students_per_replica(), 1);
+  EXPECT_EQ(l.sender_of_replica(1), 1);
+  EXPECT_EQ(l.replica_of(1), 1);
+  EXPECT_EQ(l.replica_of(2), 0);
+  EXPECT_EQ(l.replica_of(3), 1);
+  EXPECT_EQ(l.students_of_replica(1), (std::vector<int>{3}));
+  EXPECT_EQ(l.student_slot(3), 0);
+}
+
+TEST(Layout, PipelineStagesFormReplicas) {
+  // T = 4 ranks as 2 replicas of 2 stages; S = 6 students, 3 per replica.
+  const auto l = Layout::make(10, 4, 2);
+  EXPECT_EQ(l.replicas, 2);
+  EXPECT_EQ(l.student_ranks, 6);
+  EXPECT_EQ(l.sender_of_replica(0), 1);
+  EXPECT_EQ(l.sender_of_replica(1), 3);
+  EXPECT_EQ(l.replica_of(2), 1);
+  EXPECT_EQ(l.replica_of(6), 0);
+  EXPECT_EQ(l.replica_of(7), 1);
+  EXPECT_EQ(l.students_of_replica(1), (std::vector<int>{7, 8, 9}));
+  EXPECT_EQ(l.student_slot(8), 1);
+}
+
+/// The ConfigError message of Layout::make(world, teachers, stages).
+std::string layout_error(int world, int teachers, int stages = 1) {
+  try {
+    Layout::make(world, teachers, stages);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+TEST(Layout, InvalidValuesAreAllNamed) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {layout_error(3, 0), "teacher.ranks(0) must be >= 1"},
+      {layout_error(3, 3), "world_size(3) - teacher.ranks(3) = 0 students"},
+      {layout_error(7, 4),
+       "world_size(7) - teacher.ranks(4) = 3 students is not divisible by 4 teacher replicas"},
+      {layout_error(5, 3, 2), "teacher.ranks(3) must be divisible by stages(2)"},
+      // Several problems at once: each is listed.
+      {layout_error(1, 0, 0), "teacher.ranks(0) must be >= 1"},
+      {layout_error(1, 0, 0), "stages(0) must be >= 1"},
+  };
+  for (const auto& [message, part] : cases) {
+    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  }
+  EXPECT_THROW(Layout::make(3, 1).role_of(3), Error);
+}
+
+TEST(CommConfig, BindsAndValidatesWithValues) {
+  CommConfig c;
+  OptionTable t("comm");
+  c.bind(t);
+  parse_options(
+      {"--comm.prefetch_depth", "3", "--comm.mode", "broadcast", "--comm.bucket_mb", "0.5"}, t);
+  EXPECT_EQ(c.prefetch_depth, 3);
+  EXPECT_EQ(c.mode, "broadcast");
+  EXPECT_EQ(c.bucket_bytes(), 512u * 1024u);
+  ConfigProblems ok;
+  c.validate(ok);
+  EXPECT_TRUE(ok.empty());
+
+  CommConfig bad;
+  bad.prefetch_depth = 0;
+  bad.timeout_s = -1;
+  bad.mode = "gather";
+  bad.bucket_mb = 0;
+  ConfigProblems p;
+  bad.validate(p);
+  const auto msg = thrown_message([&] { p.throw_if_any("config"); });
+  for (const char* part : {"comm.prefetch_depth(0) must be >= 1", "comm.timeout_s(-1) must be > 0",
+                           "comm.mode(gather) must be scatter or broadcast", "comm.bucket_mb(0)"}) {
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  }
+}
+
+TEST(MessageSpec, BytesAlignEachTensor) {
+  MessageSpec spec{
+      {{"a", torch::kBFloat16, {3}}, {"b", torch::kFloat, {2, 5}}, {"c", torch::kInt, {0}}}};
+  EXPECT_EQ(spec.tensors[0].bytes(), 6u);
+  EXPECT_EQ(spec.tensors[1].bytes(), 40u);
+  EXPECT_EQ(spec.offsets(), (std::vector<std::uint64_t>{0, 64, 128}));
+  EXPECT_EQ(spec.bytes(), 128u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process groups.
+
+TEST(ProcessGroups, SplitsByRoleAndReplica) {
+  auto all = layouts();
+  if (world_size() == 4) all.push_back(Layout::make(4, 2, 2));  // one replica of two stages
+  const int rank = world_rank();
+  for (const auto& l : all) {
+    SCOPED_TRACE(describe(l) + ", " + std::to_string(l.stages) + " stage(s)");
+    ProcessGroups g(l, rank);
+    int size = 0, r = 0;
+    if (l.role_of(rank) == Role::kTeacher) {
+      ASSERT_NE(g.teachers(), MPI_COMM_NULL);
+      EXPECT_EQ(g.students(), MPI_COMM_NULL);
+      MPI_Comm_size(g.teachers(), &size);
+      EXPECT_EQ(size, l.teacher_ranks);
+      const int replica = l.replica_of(rank);
+      if (rank == l.sender_of_replica(replica)) {
+        ASSERT_NE(g.link(), MPI_COMM_NULL);
+        MPI_Comm_rank(g.link(), &r);
+        EXPECT_EQ(r, 0);
+      } else {
+        EXPECT_EQ(g.link(), MPI_COMM_NULL);
+      }
+    } else {
+      ASSERT_NE(g.students(), MPI_COMM_NULL);
+      EXPECT_EQ(g.teachers(), MPI_COMM_NULL);
+      MPI_Comm_size(g.students(), &size);
+      EXPECT_EQ(size, l.student_ranks);
+      ASSERT_NE(g.link(), MPI_COMM_NULL);
+      MPI_Comm_size(g.link(), &size);
+      EXPECT_EQ(size, 1 + l.students_per_replica());
+      MPI_Comm_rank(g.link(), &r);
+      EXPECT_EQ(r, 1 + l.student_slot(rank));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport.
+
+MessageSpec batch_spec(std::int64_t rows = 2) {
+  return MessageSpec{{{"x_t", torch::kFloat, {rows, 3, 5}},
+                      {"t", torch::kFloat, {2}},
+                      {"context_lens", torch::kInt, {2}},
+                      {"teacher_out", torch::kBFloat16, {2, 3, 5}}}};
+}
+
+/// A message whose every value encodes (step, replica, slot), given in other dtypes than the
+/// spec's so the transport's conversion is exercised; all values are exact in the spec dtypes.
+TensorDict batch(std::int64_t step, int replica, int slot, std::int64_t rows = 2) {
+  const double code = static_cast<double>(step * 100 + replica * 10 + slot);
+  const double small = static_cast<double>(step * 8 + replica * 4 + slot);  // < 256: exact in bf16
+  TensorDict d;
+  d["x_t"] = torch::arange(rows * 15, torch::kFloat).view({rows, 3, 5}) + code * 1000;
+  d["t"] = torch::full({2}, code, torch::kDouble);
+  d["context_lens"] =
+      torch::tensor({static_cast<std::int64_t>(code), static_cast<std::int64_t>(code) + 1});
+  d["teacher_out"] = torch::remainder(torch::arange(30, torch::kFloat), 4).view({2, 3, 5}) + small;
+  return d;
+}
+
+void expect_batch(const Message& m, std::int64_t step, int replica, int slot,
+                  std::int64_t rows = 2) {
+  const auto want = batch(step, replica, slot, rows);
+  for (const auto& t : batch_spec(rows).tensors) {
+    const auto& got = m.at(t.name);
+    EXPECT_EQ(got.scalar_type(), t.dtype) << t.name;
+    EXPECT_TRUE(torch::equal(got, want.at(t.name).to(t.dtype)))
+        << t.name << " of step " << step << " for replica " << replica << " slot " << slot;
+  }
+}
+
+std::vector<TensorDict> batches_for(const Layout& l, int rank, std::int64_t step) {
+  std::vector<TensorDict> out;
+  for (int i = 0; i < l.students_per_replica(); ++i)
+    out.push_back(batch(step, l.replica_of(rank), i));
+  return out;
+}
+
+TEST(Transport, RoundTripInOrderWithPrefetch) {
+  const int rank = world_rank();
+  const std::int64_t first = 5, end = 25;
+  for (const int depth : {1, 2, 4}) {
+    for (const auto& l : layouts()) {
+      SCOPED_TRACE(describe(l) + ", prefetch_depth " + std::to_string(depth));
+      ProcessGroups g(l, rank);
+      CommConfig cfg;
+      cfg.prefetch_depth = depth;
+      cfg.timeout_s = 30;
+      auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, first, end);
+      if (l.role_of(rank) == Role::kTeacher) {
+        for (std::int64_t s = first; s < end; ++s) tr->send(s, batches_for(l, rank, s));
+        tr->flush();
+      } else {
+        std::vector<const void*> slot_memory(static_cast<std::size_t>(depth), nullptr);
+        for (std::int64_t s = first; s < end; ++s) {
+          // A slow student now and then lets the teacher fill the ring and wait for a slot.
+          if (s % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+          const Message& m = tr->recv(s);
+          EXPECT_EQ(m.step, s);
+          expect_batch(m, s, l.replica_of(rank), l.student_slot(rank));
+          // The ring is reused: step s lands in the same buffer as step s - depth.
+          const void* p = m.at("x_t").data_ptr();
+          auto& seen = slot_memory[static_cast<std::size_t>((s - first) % depth)];
+          if (seen) {
+            EXPECT_EQ(seen, p) << "step " << s << " was not received into its ring slot";
+          }
+          seen = p;
+          tr->release(s);
+        }
+      }
+      EXPECT_GE(tr->wait_seconds(), 0.0);
+    }
+  }
+}
+
+TEST(Transport, BroadcastSendsTheSameBatchToEveryStudent) {
+  const int rank = world_rank();
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    CommConfig cfg;
+    cfg.mode = "broadcast";
+    cfg.timeout_s = 30;
+    auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 0, 10);
+    if (l.role_of(rank) == Role::kTeacher) {
+      EXPECT_THROW(tr->send(0, batches_for(l, rank, 0)), Error);  // scatter call in broadcast mode
+      for (std::int64_t s = 0; s < 10; ++s) tr->broadcast(s, batch(s, l.replica_of(rank), 0));
+      tr->flush();
+    } else {
+      for (std::int64_t s = 0; s < 10; ++s) {
+        expect_batch(tr->recv(s), s, l.replica_of(rank), /*slot=*/0);
+        tr->release(s);
+      }
+    }
+  }
+}
+
+TEST(Transport, BadMessagesAreNamed) {
+  const int rank = world_rank();
+  const auto l = layouts().front();
+  ProcessGroups g(l, rank);
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 0, 1);
+  if (l.role_of(rank) == Role::kTeacher) {
+    auto wrong = batches_for(l, rank, 0);
+    wrong[0]["x_t"] = torch::zeros({2, 3, 4});
+    const auto shape = thrown_message([&] { tr->send(0, wrong); });
+    EXPECT_NE(
+        shape.find("tensor 'x_t' for student 0 of step 0: expected shape [2, 3, 5], got [2, 3, 4]"),
+        std::string::npos)
+        << shape;
+    auto missing = batches_for(l, rank, 0);
+    missing[0].erase("t");
+    EXPECT_NE(thrown_message([&] { tr->send(0, missing); }).find("lacks tensor 't'"),
+              std::string::npos);
+    EXPECT_THROW(tr->send(1, batches_for(l, rank, 1)), Error);  // out of order
+    EXPECT_THROW(tr->recv(0), Error);                           // a student's call
+    tr->send(0, batches_for(l, rank, 0));                       // a failed send left no trace
+    tr->flush();
+  } else {
+    const Message& m = tr->recv(0);
+    expect_batch(m, 0, l.replica_of(rank), l.student_slot(rank));
+    const auto absent = thrown_message([&] { m.at("noise"); });
+    EXPECT_NE(absent.find("no tensor 'noise'"), std::string::npos) << absent;
+    EXPECT_NE(absent.find("context_lens, t, teacher_out, x_t"), std::string::npos) << absent;
+    EXPECT_THROW(tr->release(1), Error);  // not the oldest held step
+    tr->release(0);
+  }
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+/// Runs `f`, retrying after a TimeoutError: a timeout leaves the transport as it was, so the
+/// recovery phases below do not depend on the 1 s deadline being enough on a loaded machine.
+void retry_on_timeout(const std::function<void()>& f) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      f();
+      return;
+    } catch (const TimeoutError&) {
+      if (attempt == 20) throw;
+    }
+  }
+}
+
+TEST(Transport, ReceiveTimeoutNamesOpStepAndTeacherThenRecovers) {
+  const int rank = world_rank();
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    CommConfig cfg;
+    cfg.timeout_s = 1;
+    auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 3, 5);
+    if (l.role_of(rank) == Role::kTeacher) {
+      MPI_Barrier(MPI_COMM_WORLD);  // the students have timed out: now send, late
+      for (std::int64_t s = 3; s < 5; ++s)
+        retry_on_timeout([&] { tr->send(s, batches_for(l, rank, s)); });
+      retry_on_timeout([&] { tr->flush(); });
+    } else {
+      const int teacher = l.sender_of_replica(l.replica_of(rank));
+      const auto start = std::chrono::steady_clock::now();
+      std::string msg;
+      try {
+        tr->recv(3);
+        ADD_FAILURE() << "recv returned although the teacher never sent";
+      } catch (const TimeoutError& e) {
+        msg = e.what();
+      }
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_GE(waited, 0.9);
+      EXPECT_LT(waited, 10.0);
+      EXPECT_NE(msg.find("timeout after 1s waiting for recv batch of step 3"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("on rank " + std::to_string(rank)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("waited for rank(s) " + std::to_string(teacher)), std::string::npos)
+          << msg;
+      EXPECT_GE(tr->wait_seconds(), 0.9);
+      MPI_Barrier(MPI_COMM_WORLD);
+      // The receive was left posted, so the late batch still arrives in its slot.
+      for (std::int64_t s = 3; s < 5; ++s) {
+        retry_on_timeout([&] { tr->recv(s); });
+        expect_batch(tr->recv(s), s, l.replica_of(rank), l.student_slot(rank));
+        tr->release(s);
+      }
+    }
+  }
+}
+
+TEST(Transport, SendTimeoutNamesMissingStudentsThenRecovers) {
+  const int rank = world_rank();
+  // 1 MiB per student: far above the eager limit, so a send completes only once it is received.
+  const std::int64_t rows = 1 << 14;
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    CommConfig cfg;
+    cfg.timeout_s = 1;
+    cfg.prefetch_depth = 1;
+    const auto spec = batch_spec(rows);
+    if (l.role_of(rank) == Role::kTeacher) {
+      auto tr = make_mpi_transport(g, rank, spec, cfg, 0, 2);
+      const int replica = l.replica_of(rank);
+      std::vector<TensorDict> step0, step1;
+      for (int i = 0; i < l.students_per_replica(); ++i) {
+        step0.push_back(batch(0, replica, i, rows));
+        step1.push_back(batch(1, replica, i, rows));
+      }
+      tr->send(0, step0);
+      std::string msg;
+      try {
+        tr->send(1, step1);  // the only slot still holds step 0, which nobody receives
+        ADD_FAILURE() << "send of step 1 returned although no student received step 0";
+      } catch (const TimeoutError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find("waiting for send batch of step 0"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("waited for rank(s) " + ranks_text(l.students_of_replica(replica))),
+                std::string::npos)
+          << msg;
+      MPI_Barrier(MPI_COMM_WORLD);
+      // The students now receive, so step 0's slot frees up.
+      retry_on_timeout([&] { tr->send(1, step1); });
+      retry_on_timeout([&] { tr->flush(); });
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto tr = make_mpi_transport(g, rank, spec, cfg, 0, 2);
+      for (std::int64_t s = 0; s < 2; ++s) {
+        retry_on_timeout([&] { tr->recv(s); });
+        expect_batch(tr->recv(s), s, l.replica_of(rank), l.student_slot(rank), rows);
+        tr->release(s);
+      }
+    }
+  }
+}
+
+TEST(Transport, StudentCancelsOutstandingReceivesOnDestruction) {
+  const int rank = world_rank();
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    CommConfig cfg;
+    cfg.timeout_s = 30;
+    cfg.prefetch_depth = 3;
+    {
+      // Students post three receives and go away; the teacher never sends.
+      auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 0, 10);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // The cancelled receives must not swallow a later stream on the same link.
+    auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 0, 2);
+    if (l.role_of(rank) == Role::kTeacher) {
+      for (std::int64_t s = 0; s < 2; ++s) tr->send(s, batches_for(l, rank, s));
+      tr->flush();
+    } else {
+      for (std::int64_t s = 0; s < 2; ++s) {
+        expect_batch(tr->recv(s), s, l.replica_of(rank), l.student_slot(rank));
+        tr->release(s);
+      }
+    }
+  }
+}
+
+TEST(Transport, TeacherDestructorDoesNotWaitForAbsentStudents) {
+  const int rank = world_rank();
+  const auto l = layouts().front();
+  ProcessGroups g(l, rank);
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  if (l.role_of(rank) == Role::kTeacher) {
+    const std::int64_t rows = 1 << 14;  // rendezvous-sized: the sends cannot complete unreceived
+    const auto start = std::chrono::steady_clock::now();
+    {
+      auto tr = make_mpi_transport(g, rank, batch_spec(rows), cfg, 0, 1);
+      std::vector<TensorDict> step0;
+      for (int i = 0; i < l.students_per_replica(); ++i) step0.push_back(batch(0, 0, i, rows));
+      tr->send(0, step0);
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient all-reduce.
+
+torch::nn::Sequential tiny_model() {
+  torch::manual_seed(7);  // the same initial weights on every rank and in the reference
+  return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+}
+
+TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
+  const int rank = world_rank();
+  constexpr std::int64_t kPerStudent = 4;
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    if (l.role_of(rank) == Role::kTeacher) continue;
+    torch::manual_seed(11);
+    const auto x = torch::randn({l.student_ranks * kPerStudent, 6});
+    const auto y = torch::randn({l.student_ranks * kPerStudent, 3});
+
+    auto reference = tiny_model();
+    torch::mse_loss(reference->forward(x), y).backward();
+
+    auto model = tiny_model();
+    auto unused = torch::ones({4}, torch::requires_grad());  // never in the graph: no .grad
+    auto params = model->parameters();
+    params.push_back(unused);
+    // 192-byte weight alone; bias + 96-byte weight fill 128 bytes; last bias + unused: 3 buckets.
+    GradientReducer reducer(g.students(), params, /*bucket_bytes=*/128, /*timeout_s=*/30, rank);
+    EXPECT_EQ(reducer.bucket_count(), 3u);
+
+    const std::int64_t me = rank - l.teacher_ranks;
+    const auto xs = x.narrow(0, me * kPerStudent, kPerStudent);
+    const auto ys = y.narrow(0, me * kPerStudent, kPerStudent);
+    for (const double scale : {1.0, 2.0}) {  // twice: the buckets are reused
+      SCOPED_TRACE("loss scale " + std::to_string(scale));
+      model->zero_grad();
+      (torch::mse_loss(model->forward(xs), ys) * scale).backward();
+      reducer.average(static_cast<std::int64_t>(scale));
+      const auto want = reference->parameters();
+      const auto got = model->parameters();
+      ASSERT_EQ(want.size(), got.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(got[i].grad().defined());
+        const double diff = (got[i].grad() - want[i].grad() * scale).abs().max().item<double>();
+        EXPECT_LE(diff, 1e-6) << "parameter " << i;
+      }
+      ASSERT_TRUE(unused.grad().defined());
+      EXPECT_EQ(unused.grad().abs().sum().item<double>(), 0.0);
+    }
+    EXPECT_GE(reducer.wait_seconds(), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace wd::comm

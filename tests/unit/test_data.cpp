@@ -1,0 +1,672 @@
+// Tests of src/data: data set round trips and validation errors, sample schedule, noiser.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/errors.hpp"
+#include "data/dataset.hpp"
+#include "data/noiser.hpp"
+#include "data/sample_schedule.hpp"
+
+namespace fs = std::filesystem;
+using namespace wd::data;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ =
+        fs::temp_directory_path() / ("wd_data_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic data set round trip
+
+SyntheticDatasetSpec small_spec(const std::string& output, bool half = false) {
+  SyntheticDatasetSpec spec;
+  spec.output = output;
+  spec.samples = 6;
+  spec.latent = {4, 2, 16, 16};
+  spec.text_len = 8;
+  spec.text_dim = 16;
+  spec.seed = 3;
+  spec.half = half;
+  return spec;
+}
+
+DatasetExpectations small_expect() {
+  DatasetExpectations e;
+  e.latent_channels = 4;
+  e.text_dim = 16;
+  e.text_len = 8;
+  e.patch = {1, 2, 2};
+  return e;
+}
+
+/// Mean absolute difference between horizontal neighbours.
+double neighbour_difference(const torch::Tensor& x) {
+  const auto w = x.size(-1);
+  return (x.narrow(-1, 1, w - 1) - x.narrow(-1, 0, w - 1)).abs().mean().item<double>();
+}
+
+TEST_F(DataTest, SyntheticRoundTrip) {
+  const std::string file = path("synthetic.h5");
+  write_synthetic_dataset(small_spec(file));
+  // Nothing is left under a temporary name.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_))
+    names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"synthetic.h5"});
+
+  const DatasetInfo info = validate_dataset(file, small_expect());
+  EXPECT_EQ(info.path, file);
+  EXPECT_EQ(info.samples, 6);
+  EXPECT_EQ(info.latent_shape, (std::array<std::int64_t, 4>{4, 2, 16, 16}));
+  EXPECT_EQ(info.context_len, 8);
+  EXPECT_EQ(info.text_dim, 16);
+  EXPECT_EQ(info.latent_dtype, "float32");
+  EXPECT_EQ(info.context_dtype, "float32");
+  EXPECT_TRUE(info.has_prompts);
+  EXPECT_EQ(info.schema_version, 1);
+  EXPECT_EQ(info.latent_layout, "CFHW");
+
+  DatasetReader reader(info);
+  const CleanBatch batch = reader.read({5, 0, 5, 2});
+  EXPECT_EQ(batch.indices, (std::vector<std::int64_t>{5, 0, 5, 2}));
+  EXPECT_EQ(batch.latents.sizes(), (std::vector<std::int64_t>{4, 4, 2, 16, 16}));
+  EXPECT_EQ(batch.context.sizes(), (std::vector<std::int64_t>{4, 8, 16}));
+  EXPECT_EQ(batch.context_lens.sizes(), (std::vector<std::int64_t>{4}));
+  EXPECT_EQ(batch.latents.scalar_type(), torch::kFloat);
+  EXPECT_EQ(batch.context.scalar_type(), torch::kFloat);
+  EXPECT_EQ(batch.context_lens.scalar_type(), torch::kLong);
+  // A repeated index reads the same sample; different samples differ.
+  EXPECT_TRUE(torch::equal(batch.latents[0], batch.latents[2]));
+  EXPECT_FALSE(torch::equal(batch.latents[0], batch.latents[1]));
+
+  for (std::int64_t b = 0; b < 4; ++b) {
+    const std::int64_t len = batch.context_lens[b].item<std::int64_t>();
+    ASSERT_GE(len, 1);
+    ASSERT_LE(len, 8);
+    EXPECT_EQ(batch.context[b].narrow(0, len, 8 - len).abs().sum().item<double>(), 0.0);
+    EXPECT_GT(batch.context[b].narrow(0, 0, len).abs().min().item<double>(), 0.0);
+  }
+  // Lengths vary over the data set.
+  const CleanBatch all = reader.read({0, 1, 2, 3, 4, 5});
+  std::set<std::int64_t> distinct;
+  for (std::int64_t b = 0; b < 6; ++b) distinct.insert(all.context_lens[b].item<std::int64_t>());
+  EXPECT_GT(distinct.size(), 1u);
+
+  // Unit-ish std, and smooth: neighbours differ far less than in white noise of the same std
+  // (E|a − b| = 2/√π ≈ 1.13 for independent unit normals).
+  const double std = all.latents.std().item<double>();
+  EXPECT_NEAR(std, 1.0, 0.1);
+  const double smooth = neighbour_difference(all.latents);
+  const double white = neighbour_difference(torch::randn_like(all.latents) * std);
+  EXPECT_NEAR(white, 1.128, 0.05);
+  EXPECT_LT(smooth, 0.4 * white) << "smooth " << smooth << " vs white " << white;
+
+  EXPECT_THROW(reader.read({6}), wd::DataError);
+  EXPECT_THROW(reader.read({-1}), wd::DataError);
+
+  // Deterministic from the seed: a second file is identical.
+  const std::string again = path("again.h5");
+  write_synthetic_dataset(small_spec(again));
+  DatasetReader reader2(validate_dataset(again, small_expect()));
+  const CleanBatch all2 = reader2.read({0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(torch::equal(all.latents, all2.latents));
+  EXPECT_TRUE(torch::equal(all.context, all2.context));
+  EXPECT_TRUE(torch::equal(all.context_lens, all2.context_lens));
+
+  // The reader is movable and keeps its file open.
+  DatasetReader moved(std::move(reader2));
+  EXPECT_TRUE(torch::equal(moved.read({3}).latents[0], all.latents[3]));
+}
+
+TEST_F(DataTest, Float16RoundTrip) {
+  const std::string f32 = path("f32.h5"), f16 = path("f16.h5");
+  write_synthetic_dataset(small_spec(f32));
+  write_synthetic_dataset(small_spec(f16, /*half=*/true));
+  const DatasetInfo info = validate_dataset(f16, small_expect());
+  EXPECT_EQ(info.latent_dtype, "float16");
+  EXPECT_EQ(info.context_dtype, "float16");
+  EXPECT_LT(fs::file_size(f16), fs::file_size(f32));
+
+  const std::vector<std::int64_t> idx{4, 1, 0};
+  const CleanBatch half = DatasetReader(info).read(idx);
+  const CleanBatch full = DatasetReader(validate_dataset(f32, small_expect())).read(idx);
+  EXPECT_EQ(half.latents.scalar_type(), torch::kFloat);
+  // Stored float16 is the float32 data rounded once; reading widens it exactly.
+  EXPECT_TRUE(torch::equal(half.latents, full.latents.to(torch::kHalf).to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(half.context, full.context.to(torch::kHalf).to(torch::kFloat)));
+  EXPECT_TRUE(torch::equal(half.context_lens, full.context_lens));
+}
+
+TEST_F(DataTest, SyntheticSpecIsChecked) {
+  SyntheticDatasetSpec spec = small_spec(path("bad.h5"));
+  spec.samples = 0;
+  spec.text_dim = -2;
+  try {
+    write_synthetic_dataset(spec);
+    FAIL() << "expected a ConfigError";
+  } catch (const wd::ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "samples(0) must be >= 1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "text_dim(-2) must be >= 1")) << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crafted bad files: each validation rule, with the file, dataset and expected value named
+
+/// A data set written directly with the HDF5 C API, so tests can break any one rule.
+struct Craft {
+  std::vector<hsize_t> latents{4, 4, 1, 4, 4};
+  std::vector<hsize_t> context{4, 16, 8};
+  std::vector<hsize_t> lens_dims{4};
+  std::vector<std::int32_t> lens{1, 16, 5, 9};
+  hid_t latent_type = H5T_IEEE_F32LE;
+  bool with_latents = true;
+  bool with_schema_version = true;
+  std::int32_t schema_version = 1;
+  bool chunk_latents = false;
+  hsize_t latent_rows_written = ~hsize_t{0};  ///< with chunk_latents: rows actually written
+};
+
+hsize_t elements(const std::vector<hsize_t>& dims) {
+  hsize_t n = 1;
+  for (hsize_t d : dims) n *= d;
+  return n;
+}
+
+void write_dataset(hid_t file, const char* name, hid_t type, hid_t mem_type,
+                   const std::vector<hsize_t>& dims, const void* data, bool chunked = false,
+                   hsize_t rows = ~hsize_t{0}) {
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  if (chunked) {
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = 1;
+    H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  }
+  const hid_t ds = H5Dcreate2(file, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(ds, 0) << name;
+  if (elements(dims) > 0) {
+    if (rows >= dims[0]) {
+      ASSERT_GE(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), 0) << name;
+    } else {
+      std::vector<hsize_t> start(dims.size(), 0), count = dims;
+      count[0] = rows;
+      H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      const hid_t mem = H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr);
+      ASSERT_GE(H5Dwrite(ds, mem_type, mem, space, H5P_DEFAULT, data), 0) << name;
+      H5Sclose(mem);
+    }
+  }
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+}
+
+std::string craft(const std::string& file, const Craft& c) {
+  const hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(f, 0);
+  const hid_t scalar = H5Screate(H5S_SCALAR);
+  if (c.with_schema_version) {
+    const hid_t a =
+        H5Acreate2(f, "schema_version", H5T_STD_I32LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT32, &c.schema_version);
+    H5Aclose(a);
+  }
+  // A fixed-length string, as some writers store it (the synthetic writer uses variable length).
+  const hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, 4);
+  const hid_t a = H5Acreate2(f, "latent_layout", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, str, "CFHW");
+  H5Aclose(a);
+  H5Tclose(str);
+  H5Sclose(scalar);
+
+  if (c.with_latents) {
+    const bool is_int = H5Tget_class(c.latent_type) == H5T_INTEGER;
+    std::vector<float> zeros(elements(c.latents) + 1, 0.5f);
+    std::vector<std::int32_t> izeros(elements(c.latents) + 1, 1);
+    write_dataset(f, "/latents", c.latent_type, is_int ? H5T_NATIVE_INT32 : H5T_NATIVE_FLOAT,
+                  c.latents, is_int ? static_cast<const void*>(izeros.data()) : zeros.data(),
+                  c.chunk_latents, c.latent_rows_written);
+  }
+  std::vector<float> ctx(elements(c.context) + 1, 0.25f);
+  write_dataset(f, "/context", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, c.context, ctx.data());
+  std::vector<std::int32_t> lens = c.lens;
+  lens.resize(elements(c.lens_dims) + 1, 1);
+  write_dataset(f, "/context_lens", H5T_STD_I32LE, H5T_NATIVE_INT32, c.lens_dims, lens.data());
+  H5Fclose(f);
+  return file;
+}
+
+DatasetExpectations craft_expect() {
+  DatasetExpectations e;
+  e.latent_channels = 4;
+  e.text_dim = 8;
+  e.text_len = 16;
+  e.patch = {1, 2, 2};
+  return e;
+}
+
+/// Validates `file` and checks the DataError's file, item and that the message has `parts`.
+void expect_data_error(const std::string& file, const std::string& item,
+                       const std::vector<std::string>& parts,
+                       const DatasetExpectations& expect = craft_expect()) {
+  try {
+    validate_dataset(file, expect);
+    FAIL() << "expected a DataError for " << item;
+  } catch (const wd::DataError& e) {
+    EXPECT_EQ(e.file(), file);
+    EXPECT_EQ(e.item(), item);
+    const std::string msg = e.what();
+    EXPECT_TRUE(contains(msg, file)) << msg;
+    EXPECT_TRUE(contains(msg, item)) << msg;
+    for (const auto& part : parts)
+      EXPECT_TRUE(contains(msg, part)) << "missing \"" << part << "\" in: " << msg;
+  }
+}
+
+TEST_F(DataTest, CraftedGoodFileValidates) {
+  const DatasetInfo info = validate_dataset(craft(path("good.h5"), Craft{}), craft_expect());
+  EXPECT_EQ(info.samples, 4);
+  EXPECT_EQ(info.latent_layout, "CFHW");
+  EXPECT_FALSE(info.has_prompts);
+  // Rows past each length are zeroed even though the file holds non-zero padding.
+  const CleanBatch b = DatasetReader(info).read({0, 2});
+  EXPECT_EQ(b.context[0].sum().item<double>(), 0.25 * 1 * 8);
+  EXPECT_EQ(b.context[1].sum().item<double>(), 0.25 * 5 * 8);
+  EXPECT_EQ(b.latents.mean().item<double>(), 0.5);
+}
+
+TEST_F(DataTest, BigEndianFloat16IsConvertedByHdf5) {
+  // Not the binary16 layout the reader reads raw, so HDF5's own conversion path is used.
+  const hid_t be16 = H5Tcopy(H5T_IEEE_F32BE);
+  H5Tset_fields(be16, 15, 10, 5, 0, 10);
+  H5Tset_size(be16, 2);
+  H5Tset_ebias(be16, 15);
+  Craft c;
+  c.latent_type = be16;
+  const DatasetInfo info = validate_dataset(craft(path("be.h5"), c), craft_expect());
+  H5Tclose(be16);
+  EXPECT_EQ(info.latent_dtype, "float16");
+  const CleanBatch b = DatasetReader(info).read({3});
+  EXPECT_TRUE(torch::equal(b.latents, torch::full({1, 4, 1, 4, 4}, 0.5f)));
+}
+
+TEST_F(DataTest, MissingLatents) {
+  Craft c;
+  c.with_latents = false;
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"missing", "[N,C,F,H,W]"});
+}
+
+TEST_F(DataTest, WrongRank) {
+  Craft c;
+  c.latents = {4, 4, 4, 4};
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"rank 4", "expected rank 5"});
+}
+
+TEST_F(DataTest, ChannelMismatch) {
+  Craft c;
+  c.latents = {4, 12, 1, 4, 4};
+  DatasetExpectations e = craft_expect();
+  e.latent_channels = 16;
+  expect_data_error(craft(path("f.h5"), c), "/latents",
+                    {"dimension 1 (C) is 12, the teacher expects 16"}, e);
+}
+
+TEST_F(DataTest, IntegerLatents) {
+  Craft c;
+  c.latent_type = H5T_STD_I32LE;
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"integer", "expected float32 or float16"});
+}
+
+TEST_F(DataTest, SampleCountMismatch) {
+  Craft c;
+  c.context = {3, 16, 8};
+  expect_data_error(craft(path("f.h5"), c), "/context", {"dimension 0 (N) is 3", "expected 4"});
+  Craft d;
+  d.lens_dims = {5};
+  expect_data_error(craft(path("g.h5"), d), "/context_lens",
+                    {"dimension 0 (N) is 5", "expected 4"});
+}
+
+TEST_F(DataTest, NoSamples) {
+  Craft c;
+  c.latents = {0, 4, 1, 4, 4};
+  c.context = {0, 16, 8};
+  c.lens_dims = {0};
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"(N) is 0", "at least 1"});
+}
+
+TEST_F(DataTest, ContextLengthOutOfRange) {
+  Craft c;
+  c.lens = {1, 16, 20, 9};
+  expect_data_error(craft(path("f.h5"), c), "/context_lens[2]", {"is 20, expected 1..16"});
+  Craft d;
+  d.lens = {1, 0, 5, 9};
+  expect_data_error(craft(path("g.h5"), d), "/context_lens[1]", {"is 0, expected 1..16"});
+}
+
+TEST_F(DataTest, HeightNotDivisibleByPatch) {
+  Craft c;
+  c.latents = {4, 4, 1, 5, 4};
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"dimension 3 (H) is 5", "multiple of 2"});
+}
+
+TEST_F(DataTest, ContextDimsMismatch) {
+  DatasetExpectations e = craft_expect();
+  e.text_dim = 32;
+  expect_data_error(craft(path("f.h5"), Craft{}), "/context",
+                    {"dimension 2 (text_dim) is 8, the teacher expects 32"}, e);
+  e = craft_expect();
+  e.text_len = 12;
+  expect_data_error(craft(path("g.h5"), Craft{}), "/context",
+                    {"dimension 1 (L) is 16", "expected <= 12"}, e);
+}
+
+TEST_F(DataTest, SchemaAttributes) {
+  Craft c;
+  c.with_schema_version = false;
+  expect_data_error(craft(path("f.h5"), c), "root attribute schema_version",
+                    {"missing", "expected 1"});
+  Craft d;
+  d.schema_version = 2;
+  expect_data_error(craft(path("g.h5"), d), "root attribute schema_version", {"is 2, expected 1"});
+}
+
+TEST_F(DataTest, IncompletelyWrittenFile) {
+  Craft c;
+  c.chunk_latents = true;
+  c.latent_rows_written = 2;  // chunks of samples 2 and 3 were never written
+  expect_data_error(craft(path("f.h5"), c), "/latents", {"are stored", "expected all"});
+}
+
+TEST_F(DataTest, NotAnHdf5File) {
+  const std::string file = path("text.h5");
+  std::ofstream(file) << "not hdf5 at all";
+  expect_data_error(file, "", {"not an HDF5 file"});
+  expect_data_error(path("absent.h5"), "", {"no such file"});
+  // A truncated HDF5 file fails in H5Fopen, and the message names the call.
+  const std::string good = path("good.h5");
+  write_synthetic_dataset(small_spec(good));
+  const std::string cut = path("cut.h5");
+  fs::copy_file(good, cut);
+  fs::resize_file(cut, fs::file_size(good) / 2);
+  expect_data_error(cut, "", {"H5Fopen", "failed"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// SampleSchedule
+
+TEST(SampleSchedule, EverySampleOncePerEpochAcrossReplicas) {
+  const std::int64_t n = 10;
+  for (int replicas : {1, 2, 3}) {
+    for (std::int64_t batch : {1, 2, 3, 4, 7, 13}) {
+      SCOPED_TRACE("replicas " + std::to_string(replicas) + " batch " + std::to_string(batch));
+      const SampleSchedule schedule(n, batch, replicas, /*seed=*/42);
+      const std::int64_t global = batch * replicas;
+      const std::int64_t steps = (4 * n + global - 1) / global + 1;  // > 4 epochs
+      // The global stream, in (step, replica) order.
+      std::vector<std::int64_t> stream;
+      for (std::int64_t step = 0; step < steps; ++step) {
+        EXPECT_EQ(schedule.epoch_of(step), step * global / n);
+        for (int r = 0; r < replicas; ++r) {
+          const auto idx = schedule.indices(step, r);
+          ASSERT_EQ(static_cast<std::int64_t>(idx.size()), batch);
+          stream.insert(stream.end(), idx.begin(), idx.end());
+        }
+      }
+      const std::int64_t epochs = static_cast<std::int64_t>(stream.size()) / n;
+      ASSERT_GE(epochs, 4);
+      for (std::int64_t e = 0; e < epochs; ++e) {
+        std::vector<std::int64_t> epoch(stream.begin() + e * n, stream.begin() + (e + 1) * n);
+        EXPECT_EQ(epoch, schedule.permutation(e));
+        std::sort(epoch.begin(), epoch.end());
+        std::vector<std::int64_t> all(n);
+        std::iota(all.begin(), all.end(), 0);
+        EXPECT_EQ(epoch, all) << "epoch " << e;
+      }
+      // The stream does not depend on how it is split into replicas.
+      const SampleSchedule single(n, global, 1, 42);
+      std::vector<std::int64_t> single_stream;
+      for (std::int64_t step = 0; step < steps; ++step) {
+        const auto idx = single.indices(step, 0);
+        single_stream.insert(single_stream.end(), idx.begin(), idx.end());
+      }
+      EXPECT_EQ(stream, single_stream);
+    }
+  }
+}
+
+TEST(SampleSchedule, EpochsDifferAndSeedsRepeat) {
+  const SampleSchedule a(50, 4, 2, 7), b(50, 4, 2, 7), c(50, 4, 2, 8);
+  EXPECT_NE(a.permutation(0), a.permutation(1));
+  EXPECT_NE(a.permutation(1), a.permutation(2));
+  EXPECT_EQ(a.permutation(3), b.permutation(3));
+  EXPECT_NE(a.permutation(0), c.permutation(0));
+  for (std::int64_t step = 0; step < 30; ++step) {
+    EXPECT_EQ(a.indices(step, 1), b.indices(step, 1));
+  }
+  // Shuffled, not the identity.
+  std::vector<std::int64_t> identity(50);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_NE(a.permutation(0), identity);
+}
+
+TEST(SampleSchedule, RejectsBadArguments) {
+  EXPECT_THROW(SampleSchedule(0, 1, 1, 0), wd::ConfigError);
+  EXPECT_THROW(SampleSchedule(4, 0, 1, 0), wd::ConfigError);
+  EXPECT_THROW(SampleSchedule(4, 1, 0, 0), wd::ConfigError);
+  const SampleSchedule s(4, 1, 2, 0);
+  EXPECT_THROW(s.indices(0, 2), wd::Error);
+  EXPECT_THROW(s.indices(-1, 0), wd::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FlowMatchingNoiser
+
+NoiseConfig uniform_config() {
+  NoiseConfig c;
+  c.sampler = "uniform";
+  return c;
+}
+
+torch::Tensor clean_latents(std::int64_t batch, std::int64_t frames = 3) {
+  torch::manual_seed(0);
+  return torch::randn({batch, 4, frames, 4, 4});
+}
+
+TEST(Noiser, DeterministicPerSeedStepAndSample) {
+  const FlowMatchingNoiser a(NoiseConfig{}, 11), b(NoiseConfig{}, 11), c(NoiseConfig{}, 12);
+  const auto x0 = clean_latents(2);
+  const NoisyBatch p = a.apply(x0, {3, 7}, 5);
+  const NoisyBatch q = b.apply(x0, {3, 7}, 5);
+  EXPECT_TRUE(torch::equal(p.x_t, q.x_t));
+  EXPECT_TRUE(torch::equal(p.t, q.t));
+  EXPECT_TRUE(torch::equal(p.noise, q.noise));
+  // Independent of the batch's composition: sample 7 alone gets the same draws.
+  const NoisyBatch alone = a.apply(x0.narrow(0, 1, 1), {7}, 5);
+  EXPECT_TRUE(torch::equal(alone.x_t[0], p.x_t[1]));
+  EXPECT_TRUE(torch::equal(alone.t[0], p.t[1]));
+  // A different step, seed or sample gets different noise and σ.
+  const NoisyBatch r = a.apply(x0, {3, 7}, 6);
+  EXPECT_FALSE(torch::equal(p.noise, r.noise));
+  EXPECT_FALSE(torch::equal(p.sigma, r.sigma));
+  EXPECT_FALSE(torch::equal(p.noise, c.apply(x0, {3, 7}, 5).noise));
+  EXPECT_FALSE(torch::equal(p.noise[0], p.noise[1]));
+  EXPECT_EQ(p.x_t.sizes(), x0.sizes());
+  EXPECT_EQ(p.t.sizes(), (std::vector<std::int64_t>{2}));
+}
+
+TEST(Noiser, FlowMatchingFormula) {
+  const FlowMatchingNoiser noiser(NoiseConfig{}, 1);
+  const auto x0 = clean_latents(3);
+  const std::vector<std::int64_t> idx{0, 9, 4};
+  const NoisyBatch out = noiser.apply(x0, idx, 2);
+  const auto s = out.sigma.view({3, 1, 1, 1, 1});
+  EXPECT_TRUE(torch::equal(out.x_t, x0 * (1 - s) + out.noise * s));
+  EXPECT_TRUE(torch::equal(out.t, out.sigma * 1000));
+  for (std::int64_t b = 0; b < 3; ++b) {
+    EXPECT_EQ(out.sigma[b].item<float>(), static_cast<float>(noiser.sigma(2, idx[b])));
+  }
+  // ε is standard normal.
+  const auto big = noiser.apply(torch::zeros({8, 4, 4, 16, 16}), {0, 1, 2, 3, 4, 5, 6, 7}, 0);
+  EXPECT_NEAR(big.noise.mean().item<double>(), 0.0, 0.03);
+  EXPECT_NEAR(big.noise.std().item<double>(), 1.0, 0.03);
+}
+
+TEST(Noiser, SamplerDistributions) {
+  const FlowMatchingNoiser uniform(uniform_config(), 5);
+  double sum = 0, lo = 1, hi = 0;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) {
+    const double s = uniform.sigma(i / 100, i % 100);
+    sum += s;
+    lo = std::min(lo, s);
+    hi = std::max(hi, s);
+  }
+  EXPECT_NEAR(sum / draws, 0.5, 0.01);
+  EXPECT_GE(lo, 0.0);
+  EXPECT_LT(hi, 1.0);
+  EXPECT_LT(lo, 0.01);
+  EXPECT_GT(hi, 0.99);
+
+  NoiseConfig ln;
+  ln.logit_mean = 0.5;
+  ln.logit_std = 2.0;
+  const FlowMatchingNoiser logit(ln, 5);
+  double mean = 0, sq = 0;
+  for (int i = 0; i < draws; ++i) {
+    const double s = logit.sigma(i, 1);
+    const double z = std::log(s / (1 - s));
+    mean += z;
+    sq += z * z;
+  }
+  mean /= draws;
+  EXPECT_NEAR(mean, 0.5, 0.05);
+  EXPECT_NEAR(std::sqrt(sq / draws - mean * mean), 2.0, 0.05);
+}
+
+TEST(Noiser, ShiftAndClamp) {
+  NoiseConfig shifted = uniform_config();
+  shifted.shift = 3.0;
+  const FlowMatchingNoiser plain(uniform_config(), 9), shift(shifted, 9);
+  for (std::int64_t i = 0; i < 100; ++i) {
+    const double s = plain.sigma(i, 2 * i);
+    EXPECT_NEAR(shift.sigma(i, 2 * i), 3.0 * s / (1.0 + 2.0 * s), 1e-12);
+  }
+  NoiseConfig clamped = uniform_config();
+  clamped.sigma_min = 0.2;
+  clamped.sigma_max = 0.7;
+  const FlowMatchingNoiser clamp(clamped, 9);
+  for (std::int64_t i = 0; i < 200; ++i) {
+    const double s = plain.sigma(0, i);
+    EXPECT_EQ(clamp.sigma(0, i), std::clamp(s, 0.2, 0.7));
+  }
+}
+
+TEST(Noiser, PerTokenFirstFrameClean) {
+  const auto x0 = clean_latents(3);  // F=3, H=W=4, patch 1×2×2 → 3 frames × 4 tokens
+  const std::vector<std::int64_t> idx{1, 2, 3};
+  const std::int64_t seq_len = 16;  // 12 tokens + 4 padding
+  for (double p : {0.0, 1.0}) {
+    SCOPED_TRACE("first_frame_clean " + std::to_string(p));
+    NoiseConfig config = uniform_config();
+    config.first_frame_clean = p;
+    const NoisyBatch out = FlowMatchingNoiser(config, 4).apply(x0, idx, 8, seq_len, {1, 2, 2});
+    ASSERT_EQ(out.t.sizes(), (std::vector<std::int64_t>{3, seq_len}));
+    const auto t_sample = (out.sigma * 1000).view({3, 1});
+    const auto s = out.sigma.view({3, 1, 1, 1, 1});
+    const auto noisy = x0 * (1 - s) + out.noise * s;
+    // Later frames and the padding always carry the sample's t; later frames are noised.
+    EXPECT_TRUE(torch::equal(out.t.narrow(1, 4, 12), t_sample.expand({3, 12})));
+    EXPECT_TRUE(torch::equal(out.x_t.narrow(2, 1, 2), noisy.narrow(2, 1, 2)));
+    if (p == 1.0) {
+      EXPECT_EQ(out.t.narrow(1, 0, 4).abs().sum().item<double>(), 0.0);
+      EXPECT_TRUE(torch::equal(out.x_t.narrow(2, 0, 1), x0.narrow(2, 0, 1)));
+    } else {
+      EXPECT_TRUE(torch::equal(out.t.narrow(1, 0, 4), t_sample.expand({3, 4})));
+      EXPECT_TRUE(torch::equal(out.x_t, noisy));
+    }
+  }
+  // In between, the decision is per sample and deterministic.
+  NoiseConfig half = uniform_config();
+  half.first_frame_clean = 0.5;
+  const FlowMatchingNoiser noiser(half, 4);
+  std::vector<std::int64_t> many(200);
+  std::iota(many.begin(), many.end(), 0);
+  const auto x = torch::ones({200, 1, 1, 2, 2});
+  const NoisyBatch a = noiser.apply(x, many, 0, 1, {1, 2, 2});
+  const NoisyBatch b = noiser.apply(x, many, 0, 1, {1, 2, 2});
+  EXPECT_TRUE(torch::equal(a.t, b.t));
+  const double clean = (a.t.select(1, 0) == 0).sum().item<double>() / 200;
+  EXPECT_NEAR(clean, 0.5, 0.12);
+  // A sequence shorter than the token count is refused.
+  EXPECT_THROW(noiser.apply(x0, idx, 0, 11, {1, 2, 2}), wd::Error);
+}
+
+TEST(Noiser, ConfigBindAndValidate) {
+  NoiseConfig config;
+  wd::OptionTable table("noise");
+  config.bind(table);
+  wd::parse_options(
+      {"--noise.sampler", "uniform", "--noise.shift", "5", "--noise.first_frame_clean", "0.2"},
+      table);
+  EXPECT_EQ(config.sampler, "uniform");
+  EXPECT_EQ(config.shift, 5.0);
+  EXPECT_EQ(config.first_frame_clean, 0.2);
+
+  NoiseConfig bad;
+  bad.sampler = "beta";
+  bad.shift = 0;
+  bad.logit_std = -1;
+  bad.sigma_min = 0.8;
+  bad.sigma_max = 0.5;
+  bad.first_frame_clean = 1.5;
+  wd::ConfigProblems problems;
+  bad.validate(problems);
+  try {
+    problems.throw_if_any("noise");
+    FAIL() << "expected a ConfigError";
+  } catch (const wd::ConfigError& e) {
+    const std::string msg = e.what();
+    for (const char* part :
+         {"noise.sampler(beta) must be uniform or logit-normal", "noise.shift(0) must be > 0",
+          "noise.logit_std(-1) must be > 0", "noise.sigma_min(0.8) must be <= noise.sigma_max(0.5)",
+          "noise.first_frame_clean(1.5) must be in [0, 1]"}) {
+      EXPECT_TRUE(contains(msg, part)) << "missing \"" << part << "\" in: " << msg;
+    }
+  }
+  EXPECT_THROW(FlowMatchingNoiser(bad, 0), wd::ConfigError);
+}
+
+}  // namespace
