@@ -8,11 +8,11 @@
 #   BUILD_DIR     build tree holding bench/bench_load and bench/bench_forward (default: build,
 #                 relative to the repository root)
 #   RESULTS_DIR   where the .md files go (default: bench/results)
-#   THREADS       OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: nproc). OpenBLAS sizes its
-#                 pool from the variable at start-up and can later only use fewer threads, so it
-#                 must cover the largest --threads value of bench_forward.
+#   THREADS       OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: nproc), the pool sizes the
+#                 programs start with; bench_forward then sets both to each --threads value.
 #   MAX_LOAD      wait while the 1-minute load average is above this (default 1.5) ...
 #   MAX_WAIT      ... for at most this many seconds (default 600), then run anyway and say so.
+# OMP_WAIT_POLICY and OPENBLAS_* pass through unchanged and are recorded in the results.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

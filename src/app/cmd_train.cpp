@@ -2,6 +2,8 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "app/commands.hpp"
@@ -9,6 +11,7 @@
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
 #include "data/data_config.hpp"
+#include "memory/host_memory.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 #include "teacher/teacher_config.hpp"
@@ -98,6 +101,43 @@ void make_builtin_assets(const RunConfig& cfg) {
 
 std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t, 4>& latent) {
   return (latent[1] / c.patch_size[0]) * (latent[2] / c.patch_size[1]) * (latent[3] / c.patch_size[2]);
+}
+
+/// What each rank reports at the end of a run.
+struct RankSummary {
+  double role = 0;  ///< 0 teacher, 1 student
+  double seconds = 0;
+  double busy_fraction = 0;  ///< teacher: reading + noising + forward
+  double wait_fraction = 0;  ///< blocked in the transport
+  double samples = 0;
+  double peak_rss = 0;
+};
+
+/// Gathers every rank's summary on rank 0, which prints one table and writes summary.json.
+void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int world) {
+  mine.peak_rss = static_cast<double>(memory::host_memory().peak_rss_bytes);
+  constexpr int kFields = sizeof(RankSummary) / sizeof(double);
+  std::vector<RankSummary> all(rank == 0 ? world : 0);
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Igather(&mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
+                           MPI_COMM_WORLD, &req));
+  comm::wait_with_deadline(req, {"gather run summary", -1, sizeof(mine), {0}},
+                           std::chrono::duration<double>(cfg.comm.timeout_s), rank);
+  if (rank != 0) return;
+  nlohmann::json ranks = nlohmann::json::array();
+  std::string table = "run summary:\n  rank  role     time s   busy %   wait %   samples   peak RSS";
+  for (int r = 0; r < world; ++r) {
+    const auto& s = all[r];
+    const char* role = s.role == 0 ? "teacher" : "student";
+    table += fmt::format("\n  {:>4}  {:<7} {:>7.1f} {:>8.0f} {:>8.0f} {:>9.0f} {:>10}", r, role,
+                         s.seconds, 100 * s.busy_fraction, 100 * s.wait_fraction, s.samples,
+                         format_bytes(s.peak_rss));
+    ranks.push_back({{"rank", r}, {"role", role}, {"seconds", s.seconds},
+                     {"busy_fraction", s.busy_fraction}, {"wait_fraction", s.wait_fraction},
+                     {"samples", s.samples}, {"peak_rss_bytes", s.peak_rss}});
+  }
+  spdlog::info("{}", table);
+  std::ofstream((fs::path(cfg.run_dir) / "summary.json")) << nlohmann::json{{"ranks", ranks}}.dump(2) << "\n";
 }
 
 void set_threads(const RunConfig& cfg, int local_size) {
@@ -201,6 +241,7 @@ int run_train(const std::vector<std::string>& args) {
     auto transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
 
     training = true;
+    RankSummary summary;
     if (topo.role == Role::kTeacher) {
       auto model = load_wan_dit(*ck, parse_dtype(cfg.teacher.dtype));
       data::DatasetReader reader(*info);
@@ -210,7 +251,9 @@ int run_train(const std::vector<std::string>& args) {
       teacher::TeacherJob job{model, reader, schedule, noiser, eval_noiser, *transport, plan,
                               layout.replica_of(rank), layout.replicas, layout.students_per_replica(),
                               train_samples, broadcast};
-      teacher::run_teacher(job);
+      const auto stats = teacher::run_teacher(job);
+      summary = {0, stats.seconds, stats.busy_seconds / stats.seconds,
+                 stats.wait_seconds / stats.seconds, static_cast<double>(stats.samples), 0};
     } else {
       auto model = student::build_student(cfg.student.model_config(tc), cfg.student, *ck, cfg.train.seed);
       int group_rank = 0;
@@ -222,6 +265,9 @@ int run_train(const std::vector<std::string>& args) {
                               cfg.comm.timeout_s, rank, group_rank == 0,
                               (fs::path(cfg.run_dir) / "metrics.jsonl").string()};
       const auto stats = student::run_student(job);
+      summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds,
+                 stats.wait_seconds / stats.seconds,
+                 static_cast<double>(plan.train_steps * plan.batch_per_student), 0};
       if (group_rank == 0) {
         const auto dir = (fs::path(cfg.run_dir) / "student").string();
         student::save_student(model, dir);
@@ -232,6 +278,7 @@ int run_train(const std::vector<std::string>& args) {
       }
     }
     transport.reset();
+    report_run_summary(cfg, summary, rank, mpi.size());
     return kExitOk;
   } catch (...) {
     if (training) {

@@ -31,7 +31,7 @@ struct StudentConfig {
 };
 
 struct TrainConfig {
-  std::int64_t steps = 150;        ///< optimizer steps
+  std::int64_t steps = 300;        ///< optimizer steps
   std::int64_t batch_size = 2;     ///< samples per student rank per step
   double lr = 2e-3;
   double min_lr = 1e-4;            ///< end of the cosine decay
