@@ -2,14 +2,17 @@
 # Runs the benchmarks from an existing build and writes bench/results/<name>.md with the command,
 # date and machine beside the numbers. Builds nothing.
 #
-#   bench/run.sh [load|forward|all] [extra flags for the program]
+#   bench/run.sh [load|forward|transport|train|all] [extra flags for the program]
 #
 # Environment:
-#   BUILD_DIR     build tree holding bench/bench_load and bench/bench_forward (default: build,
-#                 relative to the repository root)
+#   BUILD_DIR     build tree holding bench/bench_load, bench/bench_forward, bench/bench_transport
+#                 and src/app/wan-distill (default: build, relative to the repository root)
 #   RESULTS_DIR   where the .md files go (default: bench/results)
 #   THREADS       OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: nproc), the pool sizes the
-#                 programs start with; bench_forward then sets both to each --threads value.
+#                 one-process programs start with; bench_forward then sets both to each --threads
+#                 value. The MPI benchmarks (transport, train) run 1 thread per rank, as
+#                 launch/mpirun.sh does.
+#   NP            ranks of the MPI benchmarks (default 3: 1 teacher + 2 students)
 #   MAX_LOAD      wait while the 1-minute load average is above this (default 1.5) ...
 #   MAX_WAIT      ... for at most this many seconds (default 600), then run anyway and say so.
 # OMP_WAIT_POLICY and OPENBLAS_* pass through unchanged and are recorded in the results.
@@ -26,26 +29,31 @@ max_load=${MAX_LOAD:-1.5}
 max_wait=${MAX_WAIT:-600}
 args="$*"
 
+np=${NP:-3}
 case "$which" in
-  load | forward | all) ;;
+  load | forward | transport | train | all) ;;
   *)
-    echo "usage: bench/run.sh [load|forward|all] [flags]" >&2
+    echo "usage: bench/run.sh [load|forward|transport|train|all] [flags]" >&2
     exit 2
     ;;
 esac
 if [[ $which == all && $# -gt 0 ]]; then
-  echo "run.sh: flags go to one program; name it (load or forward) instead of all" >&2
+  echo "run.sh: flags go to one program; name it (load, forward, transport, train) instead of all" >&2
   exit 2
 fi
-for prog in bench_load bench_forward; do
-  if [[ ! -x "$build/bench/$prog" ]]; then
-    echo "run.sh: $build/bench/$prog not found; build it first:" >&2
-    echo "  cmake -S . -B $build && cmake --build $build --target bench_load bench_forward" >&2
+# require PATH TARGET: the built program, or how to build it.
+require() {
+  if [[ ! -x "$build/$1" ]]; then
+    echo "run.sh: $build/$1 not found; build it first:" >&2
+    echo "  cmake -S . -B $build && cmake --build $build --target $2" >&2
     exit 1
   fi
-done
+}
+[[ $which == load || $which == all ]] && require bench/bench_load bench_load
+[[ $which == forward || $which == all ]] && require bench/bench_forward bench_forward
+[[ $which == transport || $which == all ]] && require bench/bench_transport bench_transport
+[[ $which == train || $which == all ]] && require src/app/wan-distill wan-distill
 mkdir -p "$results"
-export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -95,31 +103,43 @@ header() {
 EOF
 }
 
+# run_one NAME TITLE THREADS COMMAND...: runs COMMAND with THREADS BLAS/OpenMP threads (per
+# process) and writes $results/NAME.md.
 run_one() {
-  local prog=$1 name=$2 title=$3
+  local name=$1 title=$2
+  export OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3
   shift 3
   local quiet=yes
   wait_for_quiet || quiet=no
-  local cmd="$build/bench/$prog${*:+ $*}"
+  local cmd="$*"
   local out="$results/$name.md" tmp="$results/$name.md.tmp.$$"
   echo "run.sh: $cmd > $out" >&2
   # Written beside the old file and renamed, so a failed run leaves the last results intact.
   if ! {
     header "$title" "$cmd" "$quiet"
-    "$build/bench/$prog" "$@"
+    "$@"
     echo
     echo "- load average after the run: $(cut -d' ' -f1-3 /proc/loadavg)"
   } | tee "$tmp"; then
     rm -f "$tmp"
-    echo "run.sh: $prog failed; $out left as it was" >&2
+    echo "run.sh: $1 failed; $out left as it was" >&2
     exit 1
   fi
   mv "$tmp" "$out"
 }
 
 if [[ $which == load || $which == all ]]; then
-  run_one bench_load checkpoint-load "Checkpoint loading: zero-copy bf16 vs reading the bytes" "$@"
+  run_one checkpoint-load "Checkpoint loading: zero-copy bf16 vs reading the bytes" "$threads" \
+    "$build/bench/bench_load" "$@"
 fi
 if [[ $which == forward || $which == all ]]; then
-  run_one bench_forward forward-cpu "DiT forward throughput on CPU" "$@"
+  run_one forward-cpu "DiT forward throughput on CPU" "$threads" "$build/bench/bench_forward" "$@"
+fi
+if [[ $which == transport || $which == all ]]; then
+  run_one transport "Teacher -> student transport: MpiTransport vs plain MPI" 1 \
+    bash launch/mpirun.sh -np "$np" "$build/bench/bench_transport" "$@"
+fi
+if [[ $which == train || $which == all ]]; then
+  run_one train-e2e "End-to-end distillation on CPU: 1 teacher + 2 students" 1 \
+    env WD_BIN="$build/src/app/wan-distill" NP="$np" bench/bench_train.sh "$@"
 fi

@@ -261,8 +261,12 @@ int run_train(const std::vector<std::string>& args) {
       comm::GradientReducer reducer(groups.students(), model->parameters(),
                                     cfg.comm.bucket_bytes(),
                                     cfg.comm.timeout_s, rank);
+      std::vector<int> peers;
+      for (int r = layout.teacher_ranks; r < layout.world_size; ++r) {
+        if (r != rank) peers.push_back(r);
+      }
       student::StudentJob job{model, *transport, reducer, plan, cfg.train, groups.students(),
-                              cfg.comm.timeout_s, rank, group_rank == 0,
+                              cfg.comm.timeout_s, rank, peers, group_rank == 0,
                               (fs::path(cfg.run_dir) / "metrics.jsonl").string()};
       const auto stats = student::run_student(job);
       summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds,

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/mpi_runtime.hpp"
+#include "core/logging.hpp"
 
 namespace wd::comm {
 
@@ -41,15 +42,6 @@ std::string num(double value) {
   return os.str();
 }
 
-std::string shape_str(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 std::string names_of(const TensorDict& dict) {
   std::string out;
   for (const auto& [name, tensor] : dict) out += (out.empty() ? "" : ", ") + name;
@@ -67,7 +59,7 @@ std::uint64_t spec_hash(const MessageSpec& spec) {
   std::string text;
   for (const auto& t : spec.tensors) {
     text +=
-        t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + shape_str(t.shape) + ";";
+        t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + format_shape(t.shape) + ";";
   }
   std::uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : text) {
@@ -332,7 +324,7 @@ class MpiTeacherTransport final : public Transport {
                "tensor '" << t.name << "' for " << who << " of step " << step << " is undefined");
       WD_CHECK(it->second.sizes() == c10::IntArrayRef(t.shape),
                "tensor '" << t.name << "' for " << who << " of step " << step << ": expected shape "
-                          << shape_str(t.shape) << ", got " << shape_str(it->second.sizes()));
+                          << format_shape(t.shape) << ", got " << format_shape(it->second.sizes()));
       // copy_ converts to the spec dtype and brings device tensors to the host.
       slot.views[message][i].copy_(it->second);
     }
@@ -542,7 +534,7 @@ std::uint64_t TensorSpec::bytes() const {
   std::uint64_t n = 1;
   for (const auto d : shape) {
     WD_CHECK(d >= 0,
-             "tensor '" << name << "' has a negative dimension in shape " << shape_str(shape));
+             "tensor '" << name << "' has a negative dimension in shape " << format_shape(shape));
     n *= static_cast<std::uint64_t>(d);
   }
   return n * c10::elementSize(dtype);

@@ -37,6 +37,12 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+std::string format_shape(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 Progress::Progress(std::string what, double total, std::string unit,
                    std::chrono::milliseconds interval)
     : what_(std::move(what)),

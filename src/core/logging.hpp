@@ -1,6 +1,7 @@
 // Rank-aware logging on spdlog, and a throttled progress reporter for long work.
 #pragma once
 
+#include <c10/util/ArrayRef.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -40,5 +41,8 @@ class Progress {
 
 /// "1.50 GiB" style formatting of a byte count.
 std::string format_bytes(double bytes);
+
+/// "[2,16,3,8,8]": a shape as error messages print it.
+std::string format_shape(c10::IntArrayRef shape);
 
 }  // namespace wd

@@ -31,14 +31,6 @@ constexpr const char* kLayoutAttr = "latent_layout";
 
 std::string root_attr(const char* name) { return std::string("root attribute ") + name; }
 
-std::string dims_string(const std::vector<std::int64_t>& dims) {
-  std::ostringstream os;
-  os << '[';
-  for (std::size_t i = 0; i < dims.size(); ++i) os << (i ? "," : "") << dims[i];
-  os << ']';
-  return os.str();
-}
-
 std::string class_name(H5T_class_t cls) {
   switch (cls) {
     case H5T_INTEGER:
@@ -85,7 +77,7 @@ Opened open_dataset(hid_t file, const std::string& path, const char* name, const
 
 void check_rank(const Opened& o, const std::string& path, const char* name, const char* expected) {
   WD_CHECK_DATA(o.dims.size() == std::string(expected).size(), path, name,
-                "rank " << o.dims.size() << " with shape " << dims_string(o.dims)
+                "rank " << o.dims.size() << " with shape " << format_shape(o.dims)
                         << ", expected rank " << std::string(expected).size() << " [" << expected
                         << "]");
 }
@@ -349,9 +341,9 @@ DatasetReader::DatasetReader(const DatasetInfo& info) : impl_(std::make_unique<I
   const std::vector<std::int64_t> latent_dims{info.samples, c[0], c[1], c[2], c[3]};
   const std::vector<std::int64_t> context_dims{info.samples, info.context_len, info.text_dim};
   WD_CHECK_DATA(h5_dims(m.latents.get(), path, kLatents) == latent_dims, path, kLatents,
-                "shape changed since validation, expected " << dims_string(latent_dims));
+                "shape changed since validation, expected " << format_shape(latent_dims));
   WD_CHECK_DATA(h5_dims(m.context.get(), path, kContext) == context_dims, path, kContext,
-                "shape changed since validation, expected " << dims_string(context_dims));
+                "shape changed since validation, expected " << format_shape(context_dims));
   const H5Datatype latent_type(WD_CHECK_H5(H5Dget_type(m.latents.get()), path, kLatents));
   const H5Datatype context_type(WD_CHECK_H5(H5Dget_type(m.context.get()), path, kContext));
   m.latents_raw_half = is_ieee_half(latent_type.get());

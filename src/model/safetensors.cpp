@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "core/errors.hpp"
+#include "core/logging.hpp"
 
 // The format is little-endian and tensors are written straight from Torch's memory.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -76,14 +77,6 @@ std::string known_dtypes() {
     names += spec.name;
   }
   return names;
-}
-
-std::string shape_string(const std::vector<std::int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
 }
 
 std::string offsets_string(const TensorInfo& t) {
@@ -198,15 +191,15 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   for (const std::int64_t dim : info.shape) {
     WD_CHECK_DATA(!__builtin_mul_overflow(elements, static_cast<std::uint64_t>(dim), &elements),
                   file, name,
-                  "element count of shape " << shape_string(info.shape) << " overflows 64 bits");
+                  "element count of shape " << format_shape(info.shape) << " overflows 64 bits");
   }
   std::uint64_t bytes = 0;
   WD_CHECK_DATA(!__builtin_mul_overflow(elements, spec->size, &bytes), file, name,
-                "byte size of shape " << shape_string(info.shape) << " (" << elements
+                "byte size of shape " << format_shape(info.shape) << " (" << elements
                                       << " elements) x " << spec->size << " bytes per "
                                       << info.dtype << " overflows 64 bits");
   WD_CHECK_DATA(bytes == info.nbytes(), file, name,
-                "shape " << shape_string(info.shape) << " of " << info.dtype << " needs " << bytes
+                "shape " << format_shape(info.shape) << " of " << info.dtype << " needs " << bytes
                          << " bytes but data_offsets " << offsets_string(info) << " span "
                          << info.nbytes() << " bytes");
   WD_CHECK_DATA(info.end <= data_size, file, name,

@@ -21,12 +21,6 @@ namespace {
 constexpr const char* kIndexName = "diffusion_pytorch_model.safetensors.index.json";
 constexpr const char* kStem = "diffusion_pytorch_model";
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw DataError(path.string(), "", "cannot be opened");
@@ -204,13 +198,13 @@ std::vector<std::string> WanCheckpoint::problems() const {
     expected[spec.name] = true;
     auto it = entries_.find(spec.name);
     if (it == entries_.end()) {
-      out.push_back("missing " + spec.name + " " + shape_str(spec.shape));
+      out.push_back("missing " + spec.name + " " + format_shape(spec.shape));
       continue;
     }
     const auto& info = files_[it->second.file].info(it->second.stored_name);
     if (info.shape != spec.shape) {
-      out.push_back("mis-shaped " + it->second.stored_name + ": " + shape_str(info.shape) +
-                    ", config " + config_path_ + " expects " + shape_str(spec.shape));
+      out.push_back("mis-shaped " + it->second.stored_name + ": " + format_shape(info.shape) +
+                    ", config " + config_path_ + " expects " + format_shape(spec.shape));
     }
     if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
       out.push_back("unsupported dtype " + info.dtype + " for " + it->second.stored_name +

@@ -2,6 +2,7 @@
 #include "model/wan_dit.hpp"
 
 #include "core/errors.hpp"
+#include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 
 namespace wd {
@@ -16,12 +17,6 @@ std::pair<torch::Tensor, torch::Tensor> rope_axis(std::int64_t width) {
   auto freqs = 1.0 / torch::pow(10000.0, torch::arange(0, width, 2, f64).div(width));
   auto angles = torch::outer(torch::arange(kRopePositions, f64), freqs);
   return {angles.cos(), angles.sin()};
-}
-
-std::string shape_str(const torch::Tensor& t) {
-  std::string s = "[";
-  for (std::int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
-  return s + "]";
 }
 
 }  // namespace
@@ -63,8 +58,8 @@ torch::Tensor wan_random_parameter(const ParamSpec& spec, std::size_t index, std
 WanInputs WanInputs::batched(const torch::Tensor& x, const torch::Tensor& t,
                              const torch::Tensor& context, const torch::Tensor& context_lens,
                              std::int64_t seq_len, const torch::Tensor& y) {
-  WD_CHECK(x.dim() == 5, "batched x must be [B,C,F,H,W], got " << shape_str(x));
-  WD_CHECK(context.dim() == 3, "batched context must be [B,L,text_dim], got " << shape_str(context));
+  WD_CHECK(x.dim() == 5, "batched x must be [B,C,F,H,W], got " << format_shape(x.sizes()));
+  WD_CHECK(context.dim() == 3, "batched context must be [B,L,text_dim], got " << format_shape(context.sizes()));
   const auto B = x.size(0);
   WD_CHECK(context.size(0) == B, "context batch " << context.size(0) << " != x batch " << B);
   WanInputs in;
@@ -249,11 +244,11 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
     auto xb = in.y.empty() ? in.x[b] : torch::cat({in.x[b], in.y[b]}, 0);
     WD_CHECK(xb.dim() == 4 && xb.size(0) == c.in_dim,
              "sample " << b << ": latent (x" << (in.y.empty() ? "" : " + y") << ") must be [in_dim="
-                       << c.in_dim << ",F,H,W], got " << shape_str(xb));
+                       << c.in_dim << ",F,H,W], got " << format_shape(xb.sizes()));
     std::array<std::int64_t, 3> grid{};
     for (int a = 0; a < 3; ++a) {
       WD_CHECK(xb.size(a + 1) % p[a] == 0,
-               "sample " << b << ": latent " << shape_str(xb) << " is not divisible by patch size ("
+               "sample " << b << ": latent " << format_shape(xb.sizes()) << " is not divisible by patch size ("
                          << p[0] << "," << p[1] << "," << p[2] << ")");
       grid[a] = xb.size(a + 1) / p[a];
       WD_CHECK(grid[a] <= kRopePositions, "sample " << b << ": patch grid axis " << a << " is "
@@ -301,7 +296,7 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
     t = t.view({B, 1}).expand({B, S});
   }
   WD_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == S,
-           "per-token t must be [B=" << B << ",S=" << S << "], got " << shape_str(in.t));
+           "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(in.t.sizes()));
   const auto half = c.freq_dim / 2;
   auto omega = torch::pow(10000.0, -torch::arange(half, f64).div(half));
   auto sinusoid = torch::outer(t.reshape({-1}).to(torch::kDouble), omega);
@@ -315,7 +310,7 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
     const auto& cb = in.context[b];
     WD_CHECK(cb.dim() == 2 && cb.size(1) == c.text_dim && cb.size(0) <= c.text_len,
              "sample " << b << ": context must be [L<=" << c.text_len << "," << c.text_dim
-                       << "], got " << shape_str(cb));
+                       << "], got " << format_shape(cb.sizes()));
     auto padded = torch::zeros({c.text_len, c.text_dim}, torch::TensorOptions().dtype(cdt).device(device));
     padded.slice(0, 0, cb.size(0)).copy_(cb);
     ctx.push_back(padded);

@@ -21,7 +21,7 @@ void sum_over_students(StudentJob& job, std::vector<double>& values, std::int64_
   MPI_Request req;
   WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
                               MPI_DOUBLE, MPI_SUM, job.students, &req));
-  comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), {}},
+  comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), job.peers},
                            std::chrono::duration<double>(job.timeout_s), job.world_rank);
 }
 

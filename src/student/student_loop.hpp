@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "comm/stream_plan.hpp"
 #include "comm/transport.hpp"
@@ -24,6 +25,7 @@ struct StudentJob {
   MPI_Comm students;          ///< for the loss / eval reductions
   double timeout_s = 120;
   int world_rank = 0;
+  std::vector<int> peers;     ///< world ranks of the other students (named on a timeout)
   bool leader = false;        ///< student rank 0: logs and writes metrics
   std::string metrics_path;   ///< metrics.jsonl (leader only)
 };

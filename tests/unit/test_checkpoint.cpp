@@ -6,6 +6,7 @@
 
 #include "core/errors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "test_util.hpp"
 
 namespace wd {
 namespace {
@@ -14,18 +15,7 @@ namespace fs = std::filesystem;
 const std::string kFixtures = WD_FIXTURES;
 const std::string kTinyA = kFixtures + "/wan-tiny-a";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("wd-ckpt-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str(const std::string& name = "") const { return (path / name).string(); }
-  static inline int counter = 0;
-};
+using test::TempDir;
 
 TensorMap golden_weights(const std::function<std::string(const std::string&)>& rename) {
   auto f = SafetensorsFile::open(kTinyA + "/weights.safetensors");

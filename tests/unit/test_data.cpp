@@ -18,30 +18,21 @@
 #include "data/dataset.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace wd::data;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using wd::test::contains;
 
 class DataTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ =
-        fs::temp_directory_path() / ("wd_data_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return tmp_.str(name); }
 
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
+  wd::test::TempDir tmp_{"wd_data"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 // ---------------------------------------------------------------------------------------------

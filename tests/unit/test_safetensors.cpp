@@ -14,26 +14,17 @@
 #include "core/errors.hpp"
 #include "model/mapped_file.hpp"
 #include "model/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using wd::test::contains;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("wd_st_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.str(name); }
 
   std::string write_raw(const std::string& name, const std::string& bytes) const {
     std::ofstream(path(name), std::ios::binary) << bytes;
@@ -68,7 +59,8 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
+  wd::test::TempDir tmp_{"wd_st"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 const std::string kTensorA = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
@@ -247,7 +239,7 @@ TEST_F(SafetensorsTest, RejectsOverflowInShapeProduct) {
   expect_rejected(
       craft("elements.safetensors",
             R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0),
-      "a", "element count of shape [4294967296, 4294967296, 0] overflows 64 bits");
+      "a", "element count of shape [4294967296,4294967296,0] overflows 64 bits");
   expect_rejected(
       craft("bytes.safetensors",
             R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0),

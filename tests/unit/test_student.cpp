@@ -6,6 +6,7 @@
 #include "core/errors.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
+#include "test_util.hpp"
 
 namespace wd::student {
 namespace {
@@ -62,17 +63,13 @@ TEST(DistillLoss, IsTheMeanSquaredErrorInThePredictionsDtype) {
   EXPECT_FLOAT_EQ(loss.item<float>(), (0.f + 4.f + 4.f) / 3.f);
 }
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("wd-student-" + std::to_string(::getpid()));
-  TempDir() { fs::remove_all(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 TEST(StudentModel, InitFromTeacherBlocksCopiesThemAndSavesAsACheckpoint) {
   TempDir tmp;
   const auto teacher_cfg = WanConfig::preset("tiny");
-  write_random_wan_checkpoint((tmp.path / "teacher").string(), teacher_cfg, torch::kFloat, 1ULL << 30, 3);
-  const auto teacher = WanCheckpoint::open((tmp.path / "teacher").string());
+  write_random_wan_checkpoint((tmp.path() / "teacher").string(), teacher_cfg, torch::kFloat, 1ULL << 30, 3);
+  const auto teacher = WanCheckpoint::open((tmp.path() / "teacher").string());
   StudentConfig s;
   s.dim = teacher_cfg.dim;
   s.ffn_dim = teacher_cfg.ffn_dim;
@@ -86,8 +83,8 @@ TEST(StudentModel, InitFromTeacherBlocksCopiesThemAndSavesAsACheckpoint) {
   EXPECT_TRUE(torch::equal(params["head.head.weight"], teacher.tensor("head.head.weight")));
   EXPECT_TRUE(params["blocks.0.ffn.0.weight"].requires_grad());
 
-  save_student(model, (tmp.path / "student").string());
-  const auto saved = WanCheckpoint::open((tmp.path / "student").string());
+  save_student(model, (tmp.path() / "student").string());
+  const auto saved = WanCheckpoint::open((tmp.path() / "student").string());
   EXPECT_TRUE(saved.problems().empty());
   EXPECT_TRUE(torch::equal(saved.tensor("blocks.1.self_attn.q.weight"), params["blocks.1.self_attn.q.weight"]));
 
