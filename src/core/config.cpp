@@ -17,6 +17,24 @@ void ConfigProblems::throw_if_any(const std::string& context) const {
   throw ConfigError(msg);
 }
 
+std::string OptionTable::to_ini() const {
+  std::string top, sections, current;
+  for (const auto& [key, value] : values_) {
+    const auto dot = key.find('.');
+    if (dot == std::string::npos) {
+      top += key + " = " + value() + "\n";
+      continue;
+    }
+    const auto section = key.substr(0, dot);
+    if (section != current) {
+      sections += "\n[" + section + "]\n";
+      current = section;
+    }
+    sections += key.substr(dot + 1) + " = " + value() + "\n";
+  }
+  return top + sections;
+}
+
 void LogConfig::bind(OptionTable& table) {
   table.bind("log.level", level, "log level: trace|debug|info|warn|error|off");
 }

@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ class OptionTable {
   OptionTable& bind(const std::string& key, T& field, const std::string& help) {
     desc_.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, show(field)),
                         help.c_str());
+    values_.push_back({key, [&field] { return show_plain(field); }});
     return *this;
   }
 
@@ -37,6 +39,7 @@ class OptionTable {
                             ->default_value(field, field ? "true" : "false")
                             ->implicit_value(true, "true"),
                         help.c_str());
+    values_.push_back({key, [&field] { return std::string(field ? "true" : "false"); }});
     return *this;
   }
 
@@ -44,6 +47,7 @@ class OptionTable {
   OptionTable& require(const std::string& key, std::string& field, const std::string& help) {
     desc_.add_options()(key.c_str(), po::value<std::string>(&field)->required(),
                         (help + " (required)").c_str());
+    values_.push_back({key, [&field] { return field; }});
     return *this;
   }
 
@@ -52,6 +56,10 @@ class OptionTable {
     desc_.add(other.desc_);
     return *this;
   }
+
+  /// The current values as an INI file that --config reads back: top-level keys first, then
+  /// one [section] per component.
+  std::string to_ini() const;
 
   po::options_description& description() { return desc_; }
   const po::options_description& description() const { return desc_; }
@@ -64,7 +72,14 @@ class OptionTable {
     return os.str();
   }
   static std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
+  template <typename T>
+  static std::string show_plain(const T& v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
   po::options_description desc_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> values_;
 };
 
 /// Collects every invalid value of a config, then throws one wd::ConfigError listing them all,

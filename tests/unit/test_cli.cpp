@@ -127,5 +127,27 @@ TEST(Cli, UsageErrorsAndHelp) {
   EXPECT_NE(r.output.find("--dtype arg (=bf16)"), std::string::npos) << r.output;
 }
 
+TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {
+  const std::string configs = WD_CONFIGS;
+  const auto defaults = run("train --print-config");
+  ASSERT_EQ(defaults.code, 0) << defaults.output;
+  EXPECT_NE(defaults.output.find("[teacher]\ncheckpoint = builtin:tiny"), std::string::npos)
+      << defaults.output;
+  const auto tiny = run("train --config " + configs + "/tiny.ini --print-config");
+  ASSERT_EQ(tiny.code, 0) << tiny.output;
+  EXPECT_EQ(tiny.output, defaults.output);  // configs/tiny.ini spells out the defaults
+  for (const char* name : {"wan22-ti2v-5b.ini", "wan22-t2v-a14b.ini"}) {
+    const auto r = run("train --config " + configs + "/" + name + " --print-config");
+    EXPECT_EQ(r.code, 0) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("dtype = bf16"), std::string::npos) << r.output;
+  }
+  // What --print-config prints, --config reads back to the same values; flags still win.
+  const auto file = temp_dir("printed.ini");
+  { std::ofstream(file) << tiny.output; }
+  const auto again = run("train --config " + file.string() + " --print-config --train.steps 7");
+  EXPECT_NE(again.output.find("steps = 7"), std::string::npos) << again.output;
+  fs::remove(file);
+}
+
 }  // namespace
 }  // namespace wd
