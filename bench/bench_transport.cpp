@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@ namespace {
 
 struct TransportBenchConfig {
   std::string sizes = "tiny,1MiB,8MiB,32MiB";
-  int reps = 7;
+  int reps = 9;
   int steps = 0;
   double stream_mib = 256;
   int min_steps = 20;
@@ -160,19 +161,20 @@ struct Bench {
 
   /// The real transport: teacher send() (copy into a ring slot, MPI_Isend to each student, wait
   /// only when prefetch_depth steps are in flight) then flush(); students recv() + release().
-  /// Timed from the barrier before the first send to the last flush / release.
-  double transport_rep(const comm::MessageSpec& spec, const std::vector<comm::TensorDict>& msgs,
-                       std::int64_t steps) const {
-    auto transport = comm::make_mpi_transport(groups, rank, spec, cfg.comm, 0, steps);
+  /// Streams steps [first, first + steps) of `transport`, which lives for every repetition of a
+  /// size as in a training run (fresh ring buffers would add first-touch page faults). Timed
+  /// from the barrier before the first send to the last flush / release.
+  double transport_rep(comm::Transport& transport, const std::vector<comm::TensorDict>& msgs,
+                       std::int64_t first, std::int64_t steps) const {
     barrier(MPI_COMM_WORLD, cfg.comm.timeout_s, rank);
     const auto start = Clock::now();
     if (teacher) {
-      for (std::int64_t s = 0; s < steps; ++s) transport->send(s, msgs);
-      transport->flush();
+      for (std::int64_t s = first; s < first + steps; ++s) transport.send(s, msgs);
+      transport.flush();
     } else {
-      for (std::int64_t s = 0; s < steps; ++s) {
-        transport->recv(s);
-        transport->release(s);
+      for (std::int64_t s = first; s < first + steps; ++s) {
+        transport.recv(s);
+        transport.release(s);
       }
     }
     return slowest(seconds_since(start), cfg.comm.timeout_s, rank);
@@ -218,33 +220,40 @@ struct Bench {
   }
 };
 
-/// Teacher only, no MPI: seconds per step of the copy Transport::send makes of every student's
-/// tensors into its ring slot (the same typed views at the same offsets, two slots in turn).
-double copy_seconds_per_step(const comm::MessageSpec& spec,
-                             const std::vector<comm::TensorDict>& msgs, std::int64_t steps) {
-  torch::NoGradGuard no_grad;
-  const auto offsets = spec.offsets();
-  constexpr int kSlots = 2;
-  std::vector<torch::Tensor> slots;
-  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> pairs(kSlots);  // dst, src
-  for (int k = 0; k < kSlots; ++k) {
-    for (const auto& dict : msgs) {
-      slots.push_back(torch::empty({static_cast<std::int64_t>(spec.bytes())}, torch::kUInt8));
-      auto* base = slots.back().data_ptr<std::uint8_t>();
-      for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
-        const auto& t = spec.tensors[i];
-        pairs[k].emplace_back(
-            torch::from_blob(base + offsets[i], t.shape, torch::TensorOptions().dtype(t.dtype)),
-            dict.at(t.name));
+/// Teacher only, no MPI: the copy Transport::send makes of every student's tensors into its
+/// ring slot (the same typed views at the same offsets, prefetch_depth slots in turn).
+class SlotCopy {
+ public:
+  SlotCopy(const comm::MessageSpec& spec, const std::vector<comm::TensorDict>& msgs, int slots) {
+    const auto offsets = spec.offsets();
+    pairs_.resize(static_cast<std::size_t>(slots));
+    for (auto& slot : pairs_) {
+      for (const auto& dict : msgs) {
+        buffers_.push_back(torch::zeros({static_cast<std::int64_t>(spec.bytes())}, torch::kUInt8));
+        auto* base = buffers_.back().data_ptr<std::uint8_t>();
+        for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+          const auto& t = spec.tensors[i];
+          slot.emplace_back(
+              torch::from_blob(base + offsets[i], t.shape, torch::TensorOptions().dtype(t.dtype)),
+              dict.at(t.name));
+        }
       }
     }
   }
-  const auto start = Clock::now();
-  for (std::int64_t s = 0; s < steps; ++s) {
-    for (auto& [dst, src] : pairs[static_cast<std::size_t>(s % kSlots)]) dst.copy_(src);
+  /// Seconds per step of `steps` steps of copies.
+  double seconds_per_step(std::int64_t steps) {
+    torch::NoGradGuard no_grad;
+    const auto start = Clock::now();
+    for (std::int64_t s = 0; s < steps; ++s) {
+      for (auto& [dst, src] : pairs_[static_cast<std::size_t>(s) % pairs_.size()]) dst.copy_(src);
+    }
+    return seconds_since(start) / static_cast<double>(steps);
   }
-  return seconds_since(start) / static_cast<double>(steps);
-}
+
+ private:
+  std::vector<torch::Tensor> buffers_;
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> pairs_;  ///< dst, src
+};
 
 int run(int argc, char** argv) {
   comm::MpiRuntime mpi(&argc, &argv);
@@ -331,16 +340,21 @@ int run(int argc, char** argv) {
       for (auto& b : buffers) b = torch::zeros({static_cast<std::int64_t>(bytes)}, torch::kUInt8);
 
       const std::int64_t warm = std::min<std::int64_t>(steps, 10);
-      bench.transport_rep(c.spec, msgs, warm);
+      const auto transport =
+          comm::make_mpi_transport(groups, rank, c.spec, cfg.comm, 0, warm + cfg.reps * steps);
+      std::optional<SlotCopy> copy;
+      if (bench.teacher) copy.emplace(c.spec, msgs, cfg.comm.prefetch_depth);
+      bench.transport_rep(*transport, msgs, 0, warm);
       bench.plain_rep(bytes, buffers, warm, false);
       bench.plain_rep(bytes, buffers, warm, true);
+      if (copy) copy->seconds_per_step(warm);
       // Repetitions interleave the methods, so a change in machine load hits them alike.
       std::vector<double> transport_s, plain_s, polled_s, copy_s;
       for (int r = 0; r < cfg.reps; ++r) {
-        transport_s.push_back(bench.transport_rep(c.spec, msgs, steps));
+        transport_s.push_back(bench.transport_rep(*transport, msgs, warm + r * steps, steps));
         plain_s.push_back(bench.plain_rep(bytes, buffers, steps, false));
         polled_s.push_back(bench.plain_rep(bytes, buffers, steps, true));
-        if (bench.teacher) copy_s.push_back(copy_seconds_per_step(c.spec, msgs, steps));
+        if (copy) copy_s.push_back(copy->seconds_per_step(steps));
       }
       if (leader) {
         const double total = static_cast<double>(bytes) * static_cast<double>(steps);

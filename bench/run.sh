@@ -24,7 +24,9 @@ which=${1:-all}
 shift || true
 build=${BUILD_DIR:-build}
 results=${RESULTS_DIR:-bench/results}
-threads=${THREADS:-$(nproc)}
+# GNU nproc reports OMP_NUM_THREADS when it is set; the machine's cores are wanted here.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+threads=${THREADS:-$cores}
 max_load=${MAX_LOAD:-1.5}
 max_wait=${MAX_WAIT:-600}
 args="$*"
@@ -95,7 +97,7 @@ header() {
 - run by: \`BUILD_DIR=$build bench/run.sh $which${args:+ $args}\`
 - environment:$(env_line)
 - date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')
-- machine: $(uname -m), $cpu, $(nproc) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB RAM
+- machine: $(uname -m), $cpu, $cores cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB RAM
 - Torch: $torch_pkg
 - libblas.so.3: $blas
 - load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)$([[ $quiet == yes ]] || echo " (above $max_load after waiting ${max_wait}s)")
