@@ -2,10 +2,11 @@
 # Runs the benchmarks from an existing build and writes bench/results/<name>.md with the command,
 # date and machine beside the numbers. Builds nothing.
 #
-#   bench/run.sh [load|forward|transport|train|all] [extra flags for the program]
+#   bench/run.sh [load|forward|transport|train|checkpointing|all] [extra flags for the program]
 #
 # Environment:
-#   BUILD_DIR     build tree holding bench/bench_load, bench/bench_forward, bench/bench_transport
+#   BUILD_DIR     build tree holding bench/bench_load, bench/bench_forward, bench/bench_transport,
+#                 bench/bench_checkpointing
 #                 and src/app/wan-distill (default: build, relative to the repository root)
 #   RESULTS_DIR   where the .md files go (default: bench/results)
 #   THREADS       OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (default: nproc), the pool sizes the
@@ -33,14 +34,14 @@ args="$*"
 
 np=${NP:-3}
 case "$which" in
-  load | forward | transport | train | all) ;;
+  load | forward | transport | train | checkpointing | all) ;;
   *)
-    echo "usage: bench/run.sh [load|forward|transport|train|all] [flags]" >&2
+    echo "usage: bench/run.sh [load|forward|transport|train|checkpointing|all] [flags]" >&2
     exit 2
     ;;
 esac
 if [[ $which == all && $# -gt 0 ]]; then
-  echo "run.sh: flags go to one program; name it (load, forward, transport, train) instead of all" >&2
+  echo "run.sh: flags go to one program; name it (load, forward, transport, train, checkpointing) instead of all" >&2
   exit 2
 fi
 # require PATH TARGET: the built program, or how to build it.
@@ -55,6 +56,7 @@ require() {
 [[ $which == forward || $which == all ]] && require bench/bench_forward bench_forward
 [[ $which == transport || $which == all ]] && require bench/bench_transport bench_transport
 [[ $which == train || $which == all ]] && require src/app/wan-distill wan-distill
+[[ $which == checkpointing || $which == all ]] && require bench/bench_checkpointing bench_checkpointing
 mkdir -p "$results"
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
@@ -144,4 +146,8 @@ fi
 if [[ $which == train || $which == all ]]; then
   run_one train-e2e "End-to-end distillation on CPU: 1 teacher + 2 students" 1 \
     env WD_BIN="$build/src/app/wan-distill" NP="$np" bench/bench_train.sh "$@"
+fi
+if [[ $which == checkpointing || $which == all ]]; then
+  run_one checkpointing "Gradient checkpointing of the student: activation memory and step time" \
+    "$threads" "$build/bench/bench_checkpointing" "$@"
 fi

@@ -1,6 +1,7 @@
 // `wan-distill train`: the distillation job. Teacher ranks stream, student ranks train.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,9 +13,10 @@
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
 #include "data/data_config.hpp"
-#include "memory/host_memory.hpp"
+#include "memory/memory_monitor.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
+#include "student/student_parts.hpp"
 #include "teacher/teacher_config.hpp"
 #include "teacher/teacher_loop.hpp"
 
@@ -35,6 +37,7 @@ struct RunConfig {
   data::DataConfig data;
   data::NoiseConfig noise;
   comm::CommConfig comm;
+  memory::MemoryConfig memory;
   LogConfig log;
   RuntimeConfig runtime;
 
@@ -46,6 +49,7 @@ struct RunConfig {
     data.bind(t);
     noise.bind(t);
     comm.bind(t);
+    memory.bind(t);
     log.bind(t);
     runtime.bind(t);
   }
@@ -58,6 +62,7 @@ struct RunConfig {
     data.validate(p);
     noise.validate(p);
     comm.validate(p);
+    memory.validate(p);
     log.validate(p);
     runtime.validate(p);
     p.throw_if_any("train config");
@@ -115,8 +120,9 @@ struct RankSummary {
 };
 
 /// Gathers every rank's summary on rank 0, which prints one table and writes summary.json.
-void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int world) {
-  mine.peak_rss = static_cast<double>(memory::host_memory().peak_rss_bytes);
+void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int world,
+                        const memory::MemoryMonitor& monitor) {
+  mine.peak_rss = static_cast<double>(monitor.lifetime_peak_rss());
   constexpr int kFields = sizeof(RankSummary) / sizeof(double);
   std::vector<RankSummary> all(rank == 0 ? world : 0);
   MPI_Request req;
@@ -139,6 +145,27 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int wo
   }
   spdlog::info("{}", table);
   std::ofstream((fs::path(cfg.run_dir) / "summary.json")) << nlohmann::json{{"ranks", ranks}}.dump(2) << "\n";
+}
+
+/// The memory monitor's gather: every rank's MemoryReport to world rank 0 (with deadline).
+memory::MemoryMonitor::Gather gather_memory_reports(double timeout_s, int rank, int world) {
+  return [=](std::int64_t step, const memory::MemoryReport& mine) {
+    std::vector<memory::MemoryReport> all(rank == 0 ? world : 0);
+    // Raw bytes: MemoryReport is trivially copyable and every rank runs the same binary.
+    constexpr int kBytes = sizeof(memory::MemoryReport);
+    MPI_Request req;
+    WD_CHECK_MPI(MPI_Igather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, 0,
+                             MPI_COMM_WORLD, &req));
+    std::vector<int> peers;
+    if (rank == 0) {
+      for (int r = 1; r < world; ++r) peers.push_back(r);
+    } else {
+      peers.push_back(0);
+    }
+    comm::wait_with_deadline(req, {"gather memory report", step, sizeof(mine), peers},
+                             std::chrono::duration<double>(timeout_s), rank);
+    return all;
+  };
 }
 
 void set_threads(const RunConfig& cfg, int local_size) {
@@ -207,10 +234,12 @@ int run_train(const std::vector<std::string>& args) {
                              "is not in the data schema yet (t2v and ti2v teachers are supported)");
       const auto sc = cfg.student.model_config(tc);
       sc.validate("student config");
-      WD_CHECK_AS(ConfigError, sc.in_dim == tc.in_dim && sc.out_dim == tc.out_dim,
-                  "student.in_dim(" << sc.in_dim << ") and student.out_dim(" << sc.out_dim
-                                    << ") must equal the teacher's (" << tc.in_dim << ", " << tc.out_dim
-                                    << ") until projection layers exist");
+      for (const auto& [s, t] : cfg.student.feature_pairs()) {
+        WD_CHECK_AS(ConfigError, s < sc.num_layers && t < tc.num_layers,
+                    "student.features(" << cfg.student.features << ") pairs student block " << s
+                                        << " with teacher block " << t << "; the student has "
+                                        << sc.num_layers << " blocks, the teacher " << tc.num_layers);
+      }
       WD_CHECK_AS(ConfigError, cfg.train.eval_samples % global_batch == 0,
                   "train.eval_samples(" << cfg.train.eval_samples << ") must be a multiple of the global batch "
                                         << global_batch << " (train.batch_size(" << cfg.train.batch_size
@@ -241,16 +270,27 @@ int run_train(const std::vector<std::string>& args) {
     plan.batch_per_student = cfg.train.batch_size;
     plan.eval_messages = cfg.train.eval_samples / global_batch;
     plan.train_steps = cfg.train.steps;
+    plan.micro_batches = cfg.train.grad_accum;
     plan.latent = {shape[0], shape[1], shape[2], shape[3]};
     plan.out_channels = tc.out_dim;
     plan.context_len = shape[4];
     plan.text_dim = tc.text_dim;
     plan.per_token_seq_len = tc.model_type == "ti2v" ? tokens_per_sample(tc, plan.latent) : 0;
+    for (const auto& pair : cfg.student.feature_pairs()) plan.feature_blocks.push_back(pair.second);
+    std::sort(plan.feature_blocks.begin(), plan.feature_blocks.end());
+    plan.feature_blocks.erase(std::unique(plan.feature_blocks.begin(), plan.feature_blocks.end()),
+                              plan.feature_blocks.end());
+    plan.tokens = tokens_per_sample(tc, plan.latent);
+    plan.teacher_dim = tc.dim;
     const auto train_samples = shape[5] - cfg.train.eval_samples;
     auto transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
 
     training = true;
     RankSummary summary;
+    // World rank 0 prints the memory table and writes its metrics.jsonl line (docs/memory.md).
+    memory::MemoryMonitor monitor(
+        cfg.memory, topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size()),
+        rank == 0 ? (fs::path(cfg.run_dir) / "metrics.jsonl").string() : "");
     if (topo.role == Role::kTeacher) {
       auto model = load_wan_dit(*ck, parse_dtype(cfg.teacher.dtype));
       data::DatasetReader reader(*info);
@@ -260,38 +300,52 @@ int run_train(const std::vector<std::string>& args) {
       teacher::TeacherJob job{model, reader, schedule, noiser, eval_noiser, *transport, plan,
                               layout.replica_of(rank), layout.replicas, layout.students_per_replica(),
                               train_samples, broadcast};
+      job.memory = &monitor;
       const auto stats = teacher::run_teacher(job);
       summary = {0, stats.seconds, stats.busy_seconds / stats.seconds,
                  stats.wait_seconds / stats.seconds, static_cast<double>(stats.samples), 0};
     } else {
-      auto model = student::build_student(cfg.student.model_config(tc), cfg.student, *ck, cfg.train.seed);
+      student::PartsSetup setup;
+      setup.teacher_in_channels = plan.latent[0];
+      setup.teacher_out_channels = plan.out_channels;
+      setup.teacher_dim = tc.dim;
+      setup.feature_pairs = cfg.student.feature_pairs();
+      setup.feature_weight = cfg.student.feature_weight;
+      setup.train_projections = cfg.student.projection == "trained";
+      setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
+      setup.seed = cfg.train.seed;
+      // Everything the student trains is created here, once; the loop creates nothing.
+      student::StudentParts parts(
+          student::build_student(cfg.student.model_config(tc), cfg.student, *ck, cfg.train.seed), setup);
       int group_rank = 0;
       WD_CHECK_MPI(MPI_Comm_rank(groups.students(), &group_rank));
-      comm::GradientReducer reducer(groups.students(), model->parameters(),
+      comm::GradientReducer reducer(groups.students(), parts.trainable(),
                                     cfg.comm.bucket_bytes(),
                                     cfg.comm.timeout_s, rank);
       std::vector<int> peers;
       for (int r = layout.teacher_ranks; r < layout.world_size; ++r) {
         if (r != rank) peers.push_back(r);
       }
-      student::StudentJob job{model, *transport, reducer, plan, cfg.train, groups.students(),
+      student::StudentJob job{parts, *transport, reducer, plan, cfg.train, groups.students(),
                               cfg.comm.timeout_s, rank, peers, group_rank == 0,
-                              (fs::path(cfg.run_dir) / "metrics.jsonl").string()};
+                              (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
+                              student::CheckpointPolicy::parse(cfg.student.checkpointing)};
+      job.memory = &monitor;
       const auto stats = student::run_student(job);
       summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds,
                  stats.wait_seconds / stats.seconds,
-                 static_cast<double>(plan.train_steps * plan.batch_per_student), 0};
+                 static_cast<double>(plan.train_steps * plan.micro_batches * plan.batch_per_student), 0};
       if (group_rank == 0) {
         const auto dir = (fs::path(cfg.run_dir) / "student").string();
-        student::save_student(model, dir);
+        parts.save(dir);
         spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
                      "{:.1f} s, waiting for batches {:.0f}%",
-                     dir, wan_param_count(model->config()), stats.first_eval_rel_mse,
+                     dir, wan_param_count(parts.model()->config()), stats.first_eval_rel_mse,
                      stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
       }
     }
     transport.reset();
-    report_run_summary(cfg, summary, rank, mpi.size());
+    report_run_summary(cfg, summary, rank, mpi.size(), monitor);
     return kExitOk;
   } catch (...) {
     if (training) {

@@ -3,27 +3,36 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "comm/transport.hpp"
 
 namespace wd::comm {
 
 /// The teacher -> student stream of one run: first `eval_messages` held-out batches (kept by
-/// the students for every evaluation), then one batch per training step. Transport steps are
-/// numbered in that order.
+/// the students for every evaluation), then `micro_batches` batches per optimizer step.
+/// Transport steps are numbered in that order.
 struct StreamPlan {
   std::int64_t batch_per_student = 0;  ///< b
   std::int64_t eval_messages = 0;      ///< E
-  std::int64_t train_steps = 0;        ///< N
+  std::int64_t train_steps = 0;        ///< N optimizer steps
+  std::int64_t micro_batches = 1;      ///< batches per optimizer step (train.grad_accum)
   std::array<std::int64_t, 4> latent{};   ///< C, F, H, W of the inputs (x_t)
   std::int64_t out_channels = 0;          ///< channels of teacher_out
   std::int64_t context_len = 0;           ///< L (context rows sent, zero-padded)
   std::int64_t text_dim = 0;
   std::int64_t per_token_seq_len = 0;     ///< > 0: t is [b,S] per token; 0: t is [b]
+  /// Teacher blocks whose hidden states are sent as `feat.<block>` [b, tokens, teacher_dim].
+  std::vector<std::int64_t> feature_blocks;
+  std::int64_t tokens = 0;       ///< tokens per sample
+  std::int64_t teacher_dim = 0;  ///< hidden width of the teacher
 
-  std::int64_t end_step() const { return eval_messages + train_steps; }
-  std::int64_t transport_step(std::int64_t train_step) const { return eval_messages + train_step; }
-  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out.
+  std::int64_t end_step() const { return eval_messages + train_steps * micro_batches; }
+  /// Transport step of micro-batch `micro` of optimizer step `train_step`.
+  std::int64_t transport_step(std::int64_t train_step, std::int64_t micro = 0) const {
+    return eval_messages + train_step * micro_batches + micro;
+  }
+  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>.
   MessageSpec message_spec() const;
 };
 

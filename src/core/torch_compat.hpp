@@ -4,12 +4,26 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <cstdint>
+#include <mutex>
 #include <optional>
 
 #if TORCH_VERSION_MAJOR >= 2
 #define WD_TORCH_HAS_SDPA 1
 #else
 #define WD_TORCH_HAS_SDPA 0
+#endif
+
+// WD_TORCH_CUDA is set by CMake (src/core/CMakeLists.txt) when the LibTorch found was built
+// with CUDA; Debian's CPU build ships the c10/cuda headers but not the libraries behind them.
+#ifndef WD_TORCH_CUDA
+#define WD_TORCH_CUDA 0
+#endif
+#if WD_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace wd::compat {
@@ -55,5 +69,103 @@ inline bool half_matmul_supported(c10::ScalarType dtype, const c10::Device& devi
 
 /// True when a CUDA device is usable by this process.
 inline bool cuda_available() { return torch::cuda::is_available(); }
+
+/// True when this LibTorch was built with CUDA (its caching allocator can be queried).
+constexpr bool kHasCuda = WD_TORCH_CUDA;
+
+/// The CUDA caching allocator's view of one device, and the device's own free/total.
+struct DeviceMemory {
+  bool available = false;              ///< false on CPU builds and for non-CUDA devices
+  std::uint64_t allocated_bytes = 0;   ///< held by live tensors
+  std::uint64_t reserved_bytes = 0;    ///< allocated + cached blocks (what cudaMalloc gave us)
+  std::uint64_t peak_allocated_bytes = 0;  ///< since the last reset_device_peak
+  std::uint64_t peak_reserved_bytes = 0;   ///< since the last reset_device_peak
+  std::uint64_t free_bytes = 0;        ///< cudaMemGetInfo: free on the device (all processes)
+  std::uint64_t total_bytes = 0;
+};
+
+/// Memory statistics of `device`; `available` is false unless it is a CUDA device of a CUDA
+/// build. Only query a device this process already uses: the allocator of an untouched device
+/// is not initialised, and cudaMemGetInfo would create a context on it.
+inline DeviceMemory device_memory(const c10::Device& device) {
+  DeviceMemory m;
+#if WD_TORCH_CUDA
+  if (!device.is_cuda()) return m;
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  // Index 0 of every StatArray is StatType::AGGREGATE (all pools) in 1.13 and in 2.x, where
+  // StatType moved namespaces; the index keeps this line valid in both.
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  m.allocated_bytes = static_cast<std::uint64_t>(stats.allocated_bytes[0].current);
+  m.reserved_bytes = static_cast<std::uint64_t>(stats.reserved_bytes[0].current);
+  m.peak_allocated_bytes = static_cast<std::uint64_t>(stats.allocated_bytes[0].peak);
+  m.peak_reserved_bytes = static_cast<std::uint64_t>(stats.reserved_bytes[0].peak);
+  const c10::cuda::CUDAGuard guard(index);
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+    m.free_bytes = free;
+    m.total_bytes = total;
+  }
+  m.available = true;
+#else
+  (void)device;
+#endif
+  return m;
+}
+
+/// Starts a new peak interval for `device` (no-op where device_memory is not available).
+inline void reset_device_peak(const c10::Device& device) {
+#if WD_TORCH_CUDA
+  if (!device.is_cuda()) return;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
+                                                                     : c10::cuda::current_device());
+#else
+  (void)device;
+#endif
+}
+
+/// Returns the CUDA caching allocator's unused cached blocks to the driver. False (and nothing
+/// done) on CPU builds and for non-CUDA devices.
+inline bool empty_device_cache(const c10::Device& device) {
+#if WD_TORCH_CUDA
+  if (!device.is_cuda()) return false;
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  return true;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+/// The default random generators' states a recomputation must see again: the CPU one always,
+/// and that of the CUDA device `device` when it is one (kernels on it draw from that generator).
+struct RngSnapshot {
+  c10::Device device{c10::kCPU};
+  torch::Tensor cpu_state;
+  torch::Tensor device_state;  ///< undefined for a CPU device
+};
+
+/// Captures the states of the generators `device` uses (see RngSnapshot).
+inline RngSnapshot rng_snapshot(const c10::Device& device) {
+  RngSnapshot s;
+  s.device = device;
+  const auto read = [](at::Generator gen) {  // a handle to the same generator
+    // get_state is not synchronised on its own; the generator's mutex guards it.
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  };
+  s.cpu_state = read(at::globalContext().defaultGenerator(c10::Device(c10::kCPU)));
+  if (device.is_cuda()) s.device_state = read(at::globalContext().defaultGenerator(device));
+  return s;
+}
+
+/// Puts the generators back into the states `s` captured.
+inline void rng_restore(const RngSnapshot& s) {
+  const auto write = [](at::Generator gen, const torch::Tensor& state) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  };
+  write(at::globalContext().defaultGenerator(c10::Device(c10::kCPU)), s.cpu_state);
+  if (s.device_state.defined()) write(at::globalContext().defaultGenerator(s.device), s.device_state);
+}
 
 }  // namespace wd::compat

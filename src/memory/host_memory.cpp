@@ -1,5 +1,10 @@
-// /proc/self/status parsing for RSS and peak RSS.
+// /proc/self/status parsing for RSS and peak RSS; /proc/self/clear_refs for the peak reset.
 #include "memory/host_memory.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <fstream>
 #include <sstream>
@@ -19,6 +24,18 @@ HostMemory host_memory() {
     if (key == "VmHWM:") m.peak_rss_bytes = kib * 1024;
   }
   return m;
+}
+
+bool reset_peak_rss() {
+  // A raw write: the kernel reports an unsupported value as EINVAL from write(2), which a
+  // buffered stream would only surface (if at all) at close.
+  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "5", 1) == 1;
+  const int write_errno = errno;
+  ::close(fd);
+  errno = write_errno;  // the caller's message names why the write failed, not the close
+  return ok;
 }
 
 }  // namespace wd::memory

@@ -1,4 +1,5 @@
-// Host memory of this process (resident set now and at its peak), read from /proc.
+// Host memory of this process (resident set now and at its peak), read from /proc, and the
+// reset of the peak that makes per-interval peaks possible.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +8,15 @@ namespace wd::memory {
 
 struct HostMemory {
   std::uint64_t rss_bytes = 0;       ///< VmRSS
-  std::uint64_t peak_rss_bytes = 0;  ///< VmHWM (high-water mark since start)
+  std::uint64_t peak_rss_bytes = 0;  ///< VmHWM (high-water mark since start or the last reset)
 };
 
 /// Reads /proc/self/status; zeros where the kernel does not report a field.
 HostMemory host_memory();
+
+/// Resets VmHWM to the current RSS by writing "5" to /proc/self/clear_refs (Linux >= 4.0).
+/// Returns false when the kernel refuses (older kernel, restricted /proc): VmHWM then keeps
+/// the peak since process start. errno tells why.
+bool reset_peak_rss();
 
 }  // namespace wd::memory

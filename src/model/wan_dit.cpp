@@ -343,6 +343,34 @@ void WanDiTImpl::run_block(std::int64_t index, WanState& s) {
   s.x = x;
 }
 
+std::vector<torch::Tensor> WanDiTImpl::block_parameters(std::int64_t index) const {
+  WD_CHECK(index >= 0 && index < static_cast<std::int64_t>(blocks_.size()),
+           "block index " << index << " outside 0.." << blocks_.size());
+  const auto& blk = blocks_[index];
+  std::vector<torch::Tensor> out;
+  const auto add = [&](const torch::Tensor& t) {
+    if (t.defined()) out.push_back(t);  // norm_q/k and norm3 are absent when their norm is off
+  };
+  const auto add_attn = [&](const Attention& a) {
+    for (const auto* l : {&a.q, &a.k, &a.v, &a.o}) {
+      add(l->weight);
+      add(l->bias);
+    }
+    add(a.norm_q);
+    add(a.norm_k);
+  };
+  add(blk.modulation);
+  add_attn(blk.self_attn);
+  add_attn(blk.cross_attn);
+  add(blk.norm3_weight);
+  add(blk.norm3_bias);
+  for (const auto* l : {&blk.ffn0, &blk.ffn2}) {
+    add(l->weight);
+    add(l->bias);
+  }
+  return out;
+}
+
 std::vector<torch::Tensor> WanDiTImpl::unembed(const WanState& s, WanTrace* trace) {
   // Head (spec §3.10): e (not e0), fp32 throughout.
   auto m = head_modulation_.to(torch::kFloat).unsqueeze(0) + s.e.unsqueeze(2);

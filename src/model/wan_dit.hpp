@@ -81,6 +81,9 @@ class WanDiTImpl : public torch::nn::Module {
   void run_block(std::int64_t index, WanState& state);
   /// Stage 3: head and unpatchify.
   std::vector<torch::Tensor> unembed(const WanState& state, WanTrace* trace = nullptr);
+  /// The parameters of block `index` (`blocks.<index>.*`) that exist in this config, in a fixed
+  /// order; the tensors run_block reads, so a caller can make them inputs of its own autograd node.
+  std::vector<torch::Tensor> block_parameters(std::int64_t index) const;
 
   /// The float64 RoPE table for positions 0..1023 as (cos, sin), each [1024, head_dim/2];
   /// columns are the frame, height and width groups in that order.

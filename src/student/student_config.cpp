@@ -4,6 +4,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/errors.hpp"
+#include "student/checkpointing.hpp"
+
 namespace wd::student {
 
 namespace {
@@ -22,7 +25,16 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.in_dim", in_dim, "student input channels (0 = the teacher's)")
       .bind("student.out_dim", out_dim, "student output channels (0 = the teacher's)")
       .bind("student.freq_dim", freq_dim, "student sinusoid size (0 = the teacher's)")
-      .bind("student.init", init, "random | teacher-blocks:i,j,... (copy teacher blocks)");
+      .bind("student.init", init, "random | teacher-blocks:i,j,... (copy teacher blocks)")
+      .bind("student.checkpointing", checkpointing,
+            "off | all | every:k: blocks that keep only their inputs and recompute their "
+            "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
+      .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
+      .bind("student.projection", projection,
+            "trained | frozen: channel projections used when in/out channels differ from the teacher's")
+      .bind("student.features", features,
+            "feature distillation pairs s:t,s:t (student block : teacher block); empty = off")
+      .bind("student.feature_weight", feature_weight, "weight of the feature loss");
 }
 
 void StudentConfig::validate(ConfigProblems& p) const {
@@ -43,6 +55,23 @@ void StudentConfig::validate(ConfigProblems& p) const {
     }
   }
   p.check(init_ok, "student.init(" + init + ") must be random or teacher-blocks:i,j,...");
+  try {
+    CheckpointPolicy::parse(checkpointing);
+  } catch (const ConfigError& e) {
+    p.check(false, e.what());
+  }
+  p.check(precision == "fp32" || precision == "bf16-mixed",
+          "student.precision(" + precision + ") must be fp32 or bf16-mixed");
+  p.check(projection == "trained" || projection == "frozen",
+          "student.projection(" + projection + ") must be trained or frozen");
+  bool features_ok = true;
+  try {
+    for (const auto& [s, t] : feature_pairs()) features_ok = features_ok && s >= 0 && t >= 0;
+  } catch (const std::exception&) {
+    features_ok = false;
+  }
+  p.check(features_ok, "student.features(" + features + ") must be pairs s:t,s:t of block indices");
+  p.check(feature_weight >= 0, "student.feature_weight" + v(feature_weight) + " must be >= 0");
 }
 
 std::vector<std::int64_t> StudentConfig::teacher_blocks() const {
@@ -51,6 +80,18 @@ std::vector<std::int64_t> StudentConfig::teacher_blocks() const {
   std::stringstream ss(init.substr(std::string("teacher-blocks:").size()));
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> StudentConfig::feature_pairs() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::stringstream ss(features);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) throw ConfigError("student.features(" + features + "): '" + item + "' is not s:t");
+    out.emplace_back(std::stoll(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
+  }
   return out;
 }
 
@@ -68,7 +109,8 @@ WanConfig StudentConfig::model_config(const WanConfig& teacher) const {
 
 void TrainConfig::bind(OptionTable& t) {
   t.bind("train.steps", steps, "optimizer steps")
-      .bind("train.batch_size", batch_size, "samples per student rank per step")
+      .bind("train.batch_size", batch_size, "samples per student rank per micro-batch")
+      .bind("train.grad_accum", grad_accum, "micro-batches per optimizer step")
       .bind("train.lr", lr, "peak learning rate (AdamW)")
       .bind("train.min_lr", min_lr, "learning rate at the end of the cosine decay")
       .bind("train.warmup_steps", warmup_steps, "linear warmup steps")
@@ -86,6 +128,7 @@ void TrainConfig::bind(OptionTable& t) {
 void TrainConfig::validate(ConfigProblems& p) const {
   p.check(steps >= 1, "train.steps" + v(steps) + " must be >= 1");
   p.check(batch_size >= 1, "train.batch_size" + v(batch_size) + " must be >= 1");
+  p.check(grad_accum >= 1, "train.grad_accum" + v(grad_accum) + " must be >= 1");
   p.check(lr > 0, "train.lr" + v(lr) + " must be > 0");
   p.check(min_lr >= 0 && min_lr <= lr, "train.min_lr" + v(min_lr) + " must be in [0, train.lr" + v(lr) + "]");
   p.check(warmup_steps >= 0, "train.warmup_steps" + v(warmup_steps) + " must be >= 0");

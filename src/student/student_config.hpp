@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
@@ -21,6 +22,15 @@ struct StudentConfig {
   std::int64_t freq_dim = 0;
   /// random | teacher-blocks:i,j,... (copy those teacher blocks; needs equal dims)
   std::string init = "random";
+  /// off | all | every:k: blocks that recompute their activations in the backward (CheckpointPolicy)
+  std::string checkpointing = "off";
+  /// fp32 | bf16-mixed (bf16 compute, fp32 master weights and optimizer state)
+  std::string precision = "fp32";
+  /// trained | frozen: the channel projections used when in/out channels differ from the teacher's
+  std::string projection = "trained";
+  /// feature distillation pairs "s:t,s:t" (student block s matched to teacher block t); empty = off
+  std::string features;
+  double feature_weight = 0.1;  ///< weight of the feature loss next to the output loss
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
@@ -28,11 +38,14 @@ struct StudentConfig {
   WanConfig model_config(const WanConfig& teacher) const;
   /// Teacher block indices of `teacher-blocks:...` (empty for random).
   std::vector<std::int64_t> teacher_blocks() const;
+  /// The (student block, teacher block) pairs of `features`.
+  std::vector<std::pair<std::int64_t, std::int64_t>> feature_pairs() const;
 };
 
 struct TrainConfig {
   std::int64_t steps = 300;        ///< optimizer steps
-  std::int64_t batch_size = 2;     ///< samples per student rank per step
+  std::int64_t batch_size = 2;     ///< samples per student rank per micro-batch
+  std::int64_t grad_accum = 1;     ///< micro-batches per optimizer step
   double lr = 2e-3;
   double min_lr = 1e-4;            ///< end of the cosine decay
   std::int64_t warmup_steps = 10;

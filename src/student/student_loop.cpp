@@ -25,18 +25,13 @@ void sum_over_students(StudentJob& job, std::vector<double>& values, std::int64_
                            std::chrono::duration<double>(job.timeout_s), job.world_rank);
 }
 
-torch::Tensor predict(WanDiT& model, const comm::TensorDict& b) {
-  return torch::stack(model->forward(
-      WanInputs::batched(b.at("x_t"), b.at("t"), b.at("context"), b.at("context_lens"))));
-}
-
 /// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches.
 double evaluate(StudentJob& job, const std::vector<comm::TensorDict>& eval_set, std::int64_t step) {
   torch::NoGradGuard no_grad;
   std::vector<double> sums{0.0, 0.0};
   for (const auto& b : eval_set) {
     const auto& target = b.at("teacher_out");
-    sums[0] += (predict(job.model, b) - target).pow(2).sum().item<double>();
+    sums[0] += (job.parts.predict(b) - target).pow(2).sum().item<double>();
     sums[1] += target.pow(2).sum().item<double>();
   }
   sum_over_students(job, sums, step, "allreduce eval");
@@ -61,7 +56,7 @@ torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor&
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
-  auto params = job.model->parameters();
+  const auto& params = job.parts.trainable();  // fixed since start-up: nothing is created later
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(job.train.lr)
                                             .betas({job.train.beta1, job.train.beta2})
                                             .weight_decay(job.train.weight_decay));
@@ -80,25 +75,35 @@ StudentStats run_student(StudentJob& job) {
     append_metrics(job, {{"eval_step", 0}, {"rel_mse", stats.first_eval_rel_mse}});
   }
 
+  const auto device = params.front().device();
+  const auto model_memory = [&] {
+    return memory::ModelMemory{memory::tensor_bytes(params), memory::grad_bytes(params),
+                               memory::optimizer_state_bytes(optimizer)};
+  };
   const double wait_at_start = job.transport.wait_seconds();
   auto window_start = Clock::now();
   double window_wait = wait_at_start;
+  const double micro_scale = 1.0 / static_cast<double>(job.plan.micro_batches);
   for (std::int64_t step = 0; step < job.plan.train_steps; ++step) {
-    const auto ts = job.plan.transport_step(step);
-    const auto& batch = job.transport.recv(ts);
     const double lr = job.train.lr_at(step);
     for (auto& group : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
-    optimizer.zero_grad();
-    auto loss = distill_loss(predict(job.model, batch.tensors), batch.at("teacher_out"));
-    loss.backward();
+    job.parts.zero_grad();
+    std::vector<double> mean_loss{0.0};
+    for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
+      const auto ts = job.plan.transport_step(step, micro);
+      // micro_step releases its prediction, loss and graph when it returns (backward has run);
+      // release() then hands the batch's ring slot back, so nothing of this micro-batch
+      // survives into the next receive. Only the accumulated grads stay.
+      mean_loss[0] += micro_scale * job.parts.micro_step(job.transport.recv(ts).tensors, micro_scale,
+                                                         job.checkpointing).total;
+      job.transport.release(ts);
+    }
     job.reducer.average(step);
     if (job.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, job.train.grad_clip);
     optimizer.step();
-    std::vector<double> mean_loss{loss.item<double>()};
-    loss = torch::Tensor();  // release the graph before the next receive
-    job.transport.release(ts);
+    job.parts.after_optimizer_step();
 
     // Diagnostics, apart from the step.
     sum_over_students(job, mean_loss, step, "allreduce loss");
@@ -110,7 +115,8 @@ StudentStats run_student(StudentJob& job) {
       const double secs = since(window_start);
       const double waited = job.transport.wait_seconds() - window_wait;
       const auto steps_in_window = (step % job.train.log_every) + 1;
-      const double samples_s = steps_in_window * job.plan.batch_per_student * group_size / secs;
+      const double samples_s = steps_in_window * job.plan.micro_batches * job.plan.batch_per_student *
+                               group_size / secs;
       const double eta = secs / steps_in_window * (job.plan.train_steps - step - 1);
       spdlog::info("step {}/{} loss {:.5f} lr {:.2e} {:.1f} samples/s wait {:.0f}% ETA {:.0f} s",
                    step + 1, job.plan.train_steps, stats.losses.back(), lr, samples_s,
@@ -128,6 +134,7 @@ StudentStats run_student(StudentJob& job) {
       if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
       append_metrics(job, {{"eval_step", step + 1}, {"rel_mse", rel}});
     }
+    if (job.memory) job.memory->after_step(step + 1, device, model_memory);
   }
   if (!eval_set.empty()) {
     stats.final_eval_rel_mse = evaluate(job, eval_set, job.plan.train_steps);

@@ -10,14 +10,17 @@
 
 #include "comm/stream_plan.hpp"
 #include "comm/transport.hpp"
+#include "memory/memory_monitor.hpp"
 #include "model/wan_dit.hpp"
+#include "student/checkpointing.hpp"
 #include "student/student_config.hpp"
+#include "student/student_parts.hpp"
 
 namespace wd::student {
 
 /// Everything one student rank needs; owned by the caller.
 struct StudentJob {
-  WanDiT& model;
+  StudentParts& parts;
   comm::Transport& transport;
   comm::GradientReducer& reducer;
   const comm::StreamPlan& plan;
@@ -28,6 +31,9 @@ struct StudentJob {
   std::vector<int> peers;     ///< world ranks of the other students (named on a timeout)
   bool leader = false;        ///< student rank 0: logs and writes metrics
   std::string metrics_path;   ///< metrics.jsonl (leader only)
+  CheckpointPolicy checkpointing;  ///< blocks recomputed in the training backward
+  /// Called after every training step (memory reports gather every rank); null = none.
+  memory::MemoryMonitor* memory = nullptr;
 };
 
 struct StudentStats {

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 
 namespace wd::teacher {
 
@@ -24,10 +25,17 @@ std::vector<comm::TensorDict> make_messages(TeacherJob& job, const std::vector<s
   auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, job.plan.per_token_seq_len,
                             cfg.patch_size);
   torch::Tensor out;
+  std::map<std::int64_t, torch::Tensor> features;  // hidden states for feature distillation
   {
     torch::NoGradGuard no_grad;
-    out = torch::stack(job.model->forward(WanInputs::batched(noisy.x_t, noisy.t, clean.context,
-                                                             clean.context_lens)));
+    auto state = job.model->embed(WanInputs::batched(noisy.x_t, noisy.t, clean.context, clean.context_lens));
+    for (std::int64_t i = 0; i < cfg.num_layers; ++i) {
+      job.model->run_block(i, state);
+      for (const auto j : job.plan.feature_blocks) {
+        if (j == i) features[j] = state.x.to(torch::kFloat);
+      }
+    }
+    out = torch::stack(job.model->unembed(state));
   }
   const auto b = job.plan.batch_per_student;
   std::vector<comm::TensorDict> messages;
@@ -39,6 +47,7 @@ std::vector<comm::TensorDict> make_messages(TeacherJob& job, const std::vector<s
                         {"context", clean.context.slice(0, lo, hi)},
                         {"context_lens", clean.context_lens.slice(0, lo, hi)},
                         {"teacher_out", out.slice(0, lo, hi)}});
+    for (const auto& [j, h] : features) messages.back()["feat." + std::to_string(j)] = h.slice(0, lo, hi);
   }
   return messages;
 }
@@ -73,12 +82,20 @@ TeacherStats run_teacher(TeacherJob& job) {
     stats.busy_seconds += since(t);
     send(job, e, msgs);
   }
+  const auto device = job.model->parameters().front().device();
   for (std::int64_t step = 0; step < job.plan.train_steps; ++step) {
-    const auto t = Clock::now();
-    auto msgs = make_messages(job, job.schedule.indices(step, job.replica), step, job.noiser);
-    stats.busy_seconds += since(t);
-    stats.samples += per_replica;
-    send(job, job.plan.transport_step(step), msgs);
+    for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
+      const auto t = Clock::now();
+      const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position
+      auto msgs = make_messages(job, job.schedule.indices(batch, job.replica), batch, job.noiser);
+      stats.busy_seconds += since(t);
+      stats.samples += per_replica;
+      send(job, job.plan.transport_step(step, micro), msgs);
+    }
+    // The memory report is collective over all ranks: teachers join at the students' steps,
+    // with zeros for the student categories. Step `step`'s batch is on its way, so the
+    // students can reach this step while this rank waits.
+    if (job.memory) job.memory->after_step(step + 1, device);
   }
   job.transport.flush();
   stats.seconds = since(t0);

@@ -8,6 +8,7 @@
 #include "data/dataset.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "memory/memory_monitor.hpp"
 #include "model/wan_dit.hpp"
 
 namespace wd::teacher {
@@ -26,6 +27,8 @@ struct TeacherJob {
   int students_per_replica = 1;
   std::int64_t train_samples = 0;  ///< eval samples follow these in the file
   bool broadcast = false;          ///< every student gets the same batch
+  /// Called after every training step (memory reports gather every rank); null = none.
+  memory::MemoryMonitor* memory = nullptr;
 };
 
 struct TeacherStats {

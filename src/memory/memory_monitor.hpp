@@ -1,0 +1,69 @@
+// MemoryMonitor (`[memory]`): every report_every steps one table from rank 0 with every rank's
+// memory, a metrics.jsonl line, and per-interval peaks; optional emptying of the CUDA cache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "memory/memory_report.hpp"
+
+namespace wd::memory {
+
+/// `[memory]` section of the config.
+struct MemoryConfig {
+  std::int64_t report_every = 50;      ///< steps between reports; 0 = off
+  std::int64_t empty_cache_every = 0;  ///< steps between CUDA emptyCache calls; 0 = off
+
+  void bind(OptionTable& t);
+  void validate(ConfigProblems& p) const;
+};
+
+/// The rank's table line / JSON object, the whole table, and the metrics.jsonl line. `since`
+/// is the step the peaks were last reset at (0: process start); reports[i] is world rank i.
+std::string format_memory_table(std::int64_t step, std::int64_t since,
+                                const std::vector<MemoryReport>& reports);
+std::string memory_metrics_line(std::int64_t step, std::int64_t since,
+                                const std::vector<MemoryReport>& reports);
+
+class MemoryMonitor {
+ public:
+  /// Collects every rank's report of training step `step` on the reporting rank: returns them
+  /// all (index = world rank) there, an empty vector elsewhere. Collective: every rank calls it
+  /// at the same steps. (A callback, so this folder needs no MPI.)
+  using Gather = std::function<std::vector<MemoryReport>(std::int64_t step, const MemoryReport&)>;
+
+  /// `metrics_path`, when not empty, receives one JSON line per report (give it on the
+  /// reporting rank only).
+  MemoryMonitor(MemoryConfig config, Role role, Gather gather, std::string metrics_path = "");
+
+  /// A gather for one process: returns the local report alone.
+  static Gather local_only();
+
+  /// After training step `step` (1-based): when a report is due, measures this rank (the
+  /// `model` categories only then; zeros when null), gathers, prints and logs on the reporting
+  /// rank, then resets this rank's peaks. Every rank must call it after the same steps.
+  /// When emptying is due, empties `device`'s CUDA cache (a warning once on other devices).
+  void after_step(std::int64_t step, const c10::Device& device,
+                  const std::function<ModelMemory()>& model = {});
+
+  bool report_due(std::int64_t step) const;
+  /// This rank's peak RSS since process start: the interval resets hide it from VmHWM.
+  std::uint64_t lifetime_peak_rss() const;
+
+ private:
+  void report(std::int64_t step, const c10::Device& device, const std::function<ModelMemory()>& model);
+
+  MemoryConfig config_;
+  Role role_;
+  Gather gather_;
+  std::string metrics_path_;
+  std::int64_t interval_start_ = 0;  ///< step of the last peak reset
+  std::uint64_t past_peak_rss_ = 0;  ///< highest peak of the intervals already reset
+  bool peak_reset_failed_ = false;   ///< said once; host peaks are then lifetime peaks
+  bool empty_cache_warned_ = false;
+};
+
+}  // namespace wd::memory

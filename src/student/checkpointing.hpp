@@ -1,0 +1,38 @@
+// Gradient checkpointing of WanDiT blocks: the policy (`student.checkpointing`) and the student
+// forward that applies it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/wan_dit.hpp"
+
+namespace wd::student {
+
+/// Which blocks keep only their inputs in the forward and recompute the rest in the backward:
+/// `off`, `all`, or `every:k` (blocks whose index is a multiple of k).
+struct CheckpointPolicy {
+  enum class Mode { kOff, kAll, kEvery };
+  Mode mode = Mode::kOff;
+  std::int64_t every = 0;  ///< k of every:k (>= 1); 0 otherwise
+
+  /// Parses `off | all | every:k`; throws wd::ConfigError naming `student.checkpointing(<value>)`.
+  static CheckpointPolicy parse(const std::string& text);
+  /// True when block `block` is checkpointed.
+  bool applies(std::int64_t block) const;
+  /// The spelling parse accepts: "off", "all", "every:2".
+  std::string str() const;
+};
+
+/// Runs block `index` of `model` on `state` like WanDiT::run_block, as one autograd node that
+/// keeps only the block's inputs (state.x, e0, context) and recomputes the block in the backward.
+void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state);
+
+/// embed → blocks → unembed, checkpointing the blocks `policy` names while grad mode is on (under
+/// no-grad there is nothing to save, so every block runs plainly). The policy may change between
+/// calls.
+std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
+                                           const CheckpointPolicy& policy);
+
+}  // namespace wd::student

@@ -1,0 +1,173 @@
+// StudentParts: projections, feature heads, mixed precision, and the micro-step.
+#include "student/student_parts.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "core/errors.hpp"
+#include "student/student_loop.hpp"
+#include "student/student_model.hpp"
+
+namespace wd::student {
+
+namespace {
+
+/// A linear layer whose weight has orthonormal rows (or columns): it keeps the scale of what
+/// it maps, unlike a zero init, which would hand the DiT nothing but zeros.
+torch::nn::Linear semi_orthogonal(std::int64_t in, std::int64_t out, std::uint64_t seed) {
+  torch::nn::Linear layer(torch::nn::LinearOptions(in, out));
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::NoGradGuard no_grad;
+  if (out <= in) {
+    auto q = std::get<0>(torch::linalg_qr(torch::randn({in, out}, gen)));  // [in,out], orthonormal columns
+    layer->weight.copy_(q.t());
+  } else {
+    layer->weight.copy_(std::get<0>(torch::linalg_qr(torch::randn({out, in}, gen))));
+  }
+  layer->bias.zero_();
+  return layer;
+}
+
+/// Applies a channel projection to [B,C,F,H,W] (a 1x1x1 convolution as a matmul).
+torch::Tensor over_channels(torch::nn::LinearImpl& layer, const torch::Tensor& x) {
+  return layer.forward(x.movedim(1, -1)).movedim(-1, 1);
+}
+
+std::string head_name(std::int64_t s, std::int64_t t) {
+  return "feature_" + std::to_string(s) + "_" + std::to_string(t);
+}
+
+}  // namespace
+
+StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
+    : setup_(setup), model_(std::move(model)), compute_(model_) {
+  const auto& c = model_->config();
+  if (c.in_dim != setup_.teacher_in_channels) {
+    heads_->update({{"in_proj", semi_orthogonal(setup_.teacher_in_channels, c.in_dim, setup_.seed + 1).ptr()}});
+  }
+  if (c.out_dim != setup_.teacher_out_channels) {
+    heads_->update({{"out_proj", semi_orthogonal(c.out_dim, setup_.teacher_out_channels, setup_.seed + 2).ptr()}});
+  }
+  for (const auto& [s, t] : setup_.feature_pairs) {
+    WD_CHECK_AS(ConfigError, s >= 0 && s < c.num_layers,
+                "student.features names student block " << s << "; the student has blocks 0.." << c.num_layers - 1);
+    heads_->update({{head_name(s, t), torch::nn::Linear(c.dim, setup_.teacher_dim).ptr()}});
+  }
+  for (auto& p : model_->parameters()) trainable_.push_back(p);
+  for (const auto& item : heads_->named_parameters()) {
+    const bool projection = item.key().rfind("in_proj", 0) == 0 || item.key().rfind("out_proj", 0) == 0;
+    if (projection && !setup_.train_projections) {
+      item.value().set_requires_grad(false);
+      continue;
+    }
+    trainable_.push_back(item.value());
+  }
+  if (setup_.mixed_bf16) {
+    // The bf16 copy is made once; after each optimizer step it is refreshed in place.
+    compute_ = WanDiT(c, WanInit::kEmpty, torch::kBFloat16);
+    for (const auto& p : model_->named_parameters()) {
+      auto copy = p.value().detach().to(torch::kBFloat16);
+      compute_->bind_parameter(p.key(), copy);
+    }
+    for (const auto& p : compute_->named_parameters()) {
+      master_compute_.emplace_back(model_->named_parameters()[p.key()], p.value());
+    }
+  }
+  spdlog::debug("student parts: {} modules, {} parameter tensors ({} trainable)", module_count(),
+                parameter_count(), trainable_.size());
+}
+
+torch::Tensor StudentParts::project_in(const torch::Tensor& x_t) {
+  return heads_->contains("in_proj") ? over_channels(*heads_["in_proj"]->as<torch::nn::Linear>(), x_t) : x_t;
+}
+
+torch::Tensor StudentParts::project_out(const torch::Tensor& y) {
+  return heads_->contains("out_proj") ? over_channels(*heads_["out_proj"]->as<torch::nn::Linear>(), y) : y;
+}
+
+torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, const CheckpointPolicy& policy,
+                                    std::map<std::int64_t, torch::Tensor>* hidden) {
+  auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
+  auto state = dit->embed(in);
+  for (std::int64_t i = 0; i < dit->config().num_layers; ++i) {
+    if (torch::GradMode::is_enabled() && policy.applies(i)) {
+      run_block_checkpointed(dit, i, state);
+    } else {
+      dit->run_block(i, state);
+    }
+    if (hidden && hidden->count(i)) (*hidden)[i] = state.x;
+  }
+  return project_out(torch::stack(dit->unembed(state)));
+}
+
+MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale,
+                                     const CheckpointPolicy& policy) {
+  std::map<std::int64_t, torch::Tensor> hidden;
+  for (const auto& [s, t] : setup_.feature_pairs) hidden[s] = torch::Tensor();
+  MicroLosses losses;
+  auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"));
+  losses.output = loss.item<double>();
+  if (!setup_.feature_pairs.empty()) {
+    torch::Tensor feature_loss = torch::zeros({}, torch::kFloat);
+    for (const auto& [s, t] : setup_.feature_pairs) {
+      auto mapped = heads_[head_name(s, t)]->as<torch::nn::Linear>()->forward(hidden[s].to(torch::kFloat));
+      feature_loss = feature_loss + distill_loss(mapped, batch.at("feat." + std::to_string(t)));
+    }
+    feature_loss = feature_loss / static_cast<double>(setup_.feature_pairs.size());
+    losses.features = feature_loss.item<double>();
+    loss = loss + setup_.feature_weight * feature_loss;
+  }
+  losses.total = loss.item<double>();
+  (loss * scale).backward();
+  // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
+  for (auto& [master, compute] : master_compute_) {
+    if (!compute.grad().defined()) continue;
+    if (master.grad().defined()) {
+      master.mutable_grad().add_(compute.grad());
+    } else {
+      master.mutable_grad() = compute.grad().to(torch::kFloat);
+    }
+    compute.mutable_grad() = torch::Tensor();
+  }
+  return losses;
+}
+
+torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {
+  torch::NoGradGuard no_grad;
+  return forward(compute_, batch, CheckpointPolicy::parse("off"), nullptr);
+}
+
+void StudentParts::zero_grad() {
+  for (auto& p : trainable_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+void StudentParts::after_optimizer_step() {
+  torch::NoGradGuard no_grad;
+  for (auto& [master, compute] : master_compute_) compute.copy_(master);
+}
+
+std::size_t StudentParts::module_count() const {
+  return model_->modules().size() + heads_->modules().size() +
+         (setup_.mixed_bf16 ? compute_->modules().size() : 0);
+}
+
+std::size_t StudentParts::parameter_count() const {
+  return model_->parameters().size() + heads_->parameters().size() +
+         (setup_.mixed_bf16 ? compute_->parameters().size() : 0);
+}
+
+void StudentParts::save(const std::string& dir) {
+  save_student(model_, dir);
+  if (heads_->parameters().empty()) return;
+  TensorMap tensors;
+  for (const auto& p : heads_->named_parameters()) tensors[p.key()] = p.value().detach();
+  // A subfolder: the checkpoint folder itself must hold exactly one .safetensors for loaders.
+  std::filesystem::create_directories(dir + "/distill_heads");
+  write_safetensors(dir + "/distill_heads/heads.safetensors", tensors,
+                    {{"format", "pt"}, {"producer", "wan-distill train"}});
+}
+
+}  // namespace wd::student

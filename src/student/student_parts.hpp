@@ -1,0 +1,82 @@
+// StudentParts: everything a student trains, created once at start-up: the DiT, the channel
+// projections, the feature-distillation heads, and the bf16 compute copy of mixed precision.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/transport.hpp"
+#include "model/wan_dit.hpp"
+#include "student/checkpointing.hpp"
+
+namespace wd::student {
+
+/// What StudentParts needs to know about the teacher stream and the config.
+struct PartsSetup {
+  std::int64_t teacher_in_channels = 0;   ///< C of x_t
+  std::int64_t teacher_out_channels = 0;  ///< C of teacher_out
+  std::int64_t teacher_dim = 0;           ///< width of the teacher's hidden states
+  /// (student block, teacher block) pairs whose hidden states are matched.
+  std::vector<std::pair<std::int64_t, std::int64_t>> feature_pairs;
+  double feature_weight = 0.0;
+  bool train_projections = true;  ///< student.projection = trained | frozen
+  bool mixed_bf16 = false;        ///< student.precision = bf16-mixed
+  std::uint64_t seed = 0;
+};
+
+/// Losses of one micro-batch (unscaled).
+struct MicroLosses {
+  double total = 0;
+  double output = 0;    ///< MSE to teacher_out
+  double features = 0;  ///< mean MSE of the feature pairs (0 without pairs)
+};
+
+class StudentParts {
+ public:
+  /// Takes the fp32 student (the master weights); builds the projections when the student's
+  /// channels differ from the teacher's (semi-orthogonal init: never zeros), one linear head
+  /// per feature pair, and for bf16-mixed a bf16 copy of the DiT used for forward/backward.
+  StudentParts(WanDiT model, const PartsSetup& setup);
+
+  /// Forward + loss + backward of `scale`·loss for one received batch; gradients accumulate
+  /// into the fp32 master parameters (call zero_grad() before the first micro-batch).
+  MicroLosses micro_step(const comm::TensorDict& batch, double scale, const CheckpointPolicy& policy);
+  /// The student's prediction in the teacher's output space (evaluation; no grad).
+  torch::Tensor predict(const comm::TensorDict& batch);
+
+  /// The fp32 tensors the optimizer and the gradient all-reduce see (fixed after start-up).
+  const std::vector<torch::Tensor>& trainable() const { return trainable_; }
+  void zero_grad();
+  /// After optimizer.step(): refresh the bf16 compute copy from the master weights in place.
+  void after_optimizer_step();
+
+  /// Number of modules and parameter tensors (tests check they never change after step 0).
+  std::size_t module_count() const;
+  std::size_t parameter_count() const;
+
+  WanDiT& model() { return model_; }
+  /// Writes the DiT as a Wan checkpoint into `dir`, plus `distill_heads/heads.safetensors`
+  /// holding the projections and feature heads when there are any.
+  void save(const std::string& dir);
+
+ private:
+  /// Student forward with hidden states captured after the blocks named by feature pairs.
+  torch::Tensor forward(WanDiT& dit, const comm::TensorDict& batch, const CheckpointPolicy& policy,
+                        std::map<std::int64_t, torch::Tensor>* hidden);
+  torch::Tensor project_in(const torch::Tensor& x_t);
+  torch::Tensor project_out(const torch::Tensor& y);
+
+  PartsSetup setup_;
+  WanDiT model_;    ///< fp32 master
+  WanDiT compute_;  ///< bf16 copy (mixed precision) or the same module as model_
+  torch::nn::ModuleDict heads_;  ///< in_proj / out_proj / feature heads
+  std::vector<torch::Tensor> trainable_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> master_compute_;  ///< mixed precision pairs
+};
+
+}  // namespace wd::student
