@@ -214,12 +214,5 @@ int run(const std::vector<std::string>& args) {
 }  // namespace wd::bench
 
 int main(int argc, char** argv) {
-  try {
-    return wd::bench::run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const wd::Error& e) {
-    std::fprintf(stderr, "bench_checkpointing: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_checkpointing: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return wd::bench::bench_main("bench_checkpointing", wd::bench::run, argc, argv);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -119,5 +120,19 @@ struct OpenBlas {
   /// OpenBLAS's current thread count, or 0 when OpenBLAS is not loaded.
   int threads() const { return get ? get() : 0; }
 };
+
+/// The body of every benchmark's main(): runs `run` on the arguments after the program name
+/// and turns an error into one line on stderr and exit code 1.
+template <typename Run>
+int bench_main(const char* name, Run run, int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const wd::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: unexpected error: %s\n", name, e.what());
+  }
+  return 1;
+}
 
 }  // namespace wd::bench

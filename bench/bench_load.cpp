@@ -308,12 +308,5 @@ int run(const std::vector<std::string>& args) {
 }  // namespace wd::bench
 
 int main(int argc, char** argv) {
-  try {
-    return wd::bench::run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const wd::Error& e) {
-    std::fprintf(stderr, "bench_load: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_load: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return wd::bench::bench_main("bench_load", wd::bench::run, argc, argv);
 }

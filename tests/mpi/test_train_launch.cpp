@@ -59,20 +59,25 @@ std::vector<nlohmann::json> metrics(const fs::path& file) {
   return lines;
 }
 
+/// The held-out relative MSE before and after training, from the last evaluation line.
+std::pair<double, double> eval_before_after(const fs::path& dir) {
+  std::pair<double, double> r{-1, -1};
+  for (const auto& m : metrics(dir / "metrics.jsonl")) {
+    if (m.contains("rel_mse_before")) r = {m["rel_mse_before"].get<double>(), m["rel_mse"].get<double>()};
+  }
+  return r;
+}
+
 TEST(Train, TinyRunReproducesTheGoldenLossCurveAndSavesTheStudent) {
   const auto dir = run_dir() / "golden";
   const auto r = train(3, "--run-dir " + dir.string() +
                               " --data.path builtin:tiny --train.steps 20 --train.log_every 1 --train.seed 7");
   ASSERT_EQ(r.code, 0) << r.output;
   std::vector<double> losses;
-  double before = -1, after = -1;
   for (const auto& m : metrics(dir / "metrics.jsonl")) {
     if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
-    if (m.contains("rel_mse_before")) {
-      before = m["rel_mse_before"].get<double>();
-      after = m["rel_mse"].get<double>();
-    }
   }
+  const auto [before, after] = eval_before_after(dir);
   ASSERT_EQ(losses.size(), 20u);
   EXPECT_LT(after, before) << "held-out relative MSE did not fall";
   if (std::getenv("WD_RECORD_LOSS_CURVE")) {
@@ -96,13 +101,7 @@ TEST(Train, TheTinyDefaultLearns) {
   const auto dir = run_dir() / "learns";
   const auto r = train(3, "--run-dir " + dir.string() + " --train.steps 120");
   ASSERT_EQ(r.code, 0) << r.output;
-  double before = -1, after = -1;
-  for (const auto& m : metrics(dir / "metrics.jsonl")) {
-    if (m.contains("rel_mse_before")) {
-      before = m["rel_mse_before"].get<double>();
-      after = m["rel_mse"].get<double>();
-    }
-  }
+  const auto [before, after] = eval_before_after(dir);
   std::printf("  held-out relative MSE: %.4f -> %.4f\n", before, after);
   EXPECT_LT(after, 0.5 * before);
 }
@@ -160,13 +159,7 @@ TEST(Train, ProjectionsFeaturesMixedPrecisionAccumulationAndCheckpointingTogethe
                               " --student.features 0:1,1:3 --student.precision bf16-mixed"
                               " --train.grad_accum 2 --student.checkpointing every:2");
   ASSERT_EQ(r.code, 0) << r.output;
-  double before = -1, after = -1;
-  for (const auto& m : metrics(dir / "metrics.jsonl")) {
-    if (m.contains("rel_mse_before")) {
-      before = m["rel_mse_before"].get<double>();
-      after = m["rel_mse"].get<double>();
-    }
-  }
+  const auto [before, after] = eval_before_after(dir);
   EXPECT_LT(after, before);
   // The student (8 channels) and its projections + feature heads are saved together.
   auto ck = WanCheckpoint::open((dir / "student").string());
