@@ -195,7 +195,8 @@ void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state) 
 }
 
 std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
-                                           const CheckpointPolicy& policy) {
+                                           const CheckpointPolicy& policy,
+                                           std::map<std::int64_t, torch::Tensor>* hidden) {
   auto state = model->embed(in);
   const bool recording = torch::GradMode::is_enabled();
   for (std::int64_t i = 0; i < model->config().num_layers; ++i) {
@@ -204,6 +205,7 @@ std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
     } else {
       model->run_block(i, state);
     }
+    if (hidden && hidden->count(i)) (*hidden)[i] = state.x;
   }
   return model->unembed(state);
 }

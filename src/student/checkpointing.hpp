@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,10 @@ void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state);
 
 /// embed → blocks → unembed, checkpointing the blocks `policy` names while grad mode is on (under
 /// no-grad there is nothing to save, so every block runs plainly). The policy may change between
-/// calls.
+/// calls. When `hidden` is given, the hidden state after each block whose index is a key of it
+/// is stored there (feature distillation).
 std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
-                                           const CheckpointPolicy& policy);
+                                           const CheckpointPolicy& policy,
+                                           std::map<std::int64_t, torch::Tensor>* hidden = nullptr);
 
 }  // namespace wd::student

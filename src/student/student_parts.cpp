@@ -88,17 +88,8 @@ torch::Tensor StudentParts::project_out(const torch::Tensor& y) {
 
 torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, const CheckpointPolicy& policy,
                                     std::map<std::int64_t, torch::Tensor>* hidden) {
-  auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
-  auto state = dit->embed(in);
-  for (std::int64_t i = 0; i < dit->config().num_layers; ++i) {
-    if (torch::GradMode::is_enabled() && policy.applies(i)) {
-      run_block_checkpointed(dit, i, state);
-    } else {
-      dit->run_block(i, state);
-    }
-    if (hidden && hidden->count(i)) (*hidden)[i] = state.x;
-  }
-  return project_out(torch::stack(dit->unembed(state)));
+  const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
+  return project_out(torch::stack(student_forward(dit, in, policy, hidden)));
 }
 
 MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale,
