@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "app/commands.hpp"
+#include "app/failure_handler.hpp"
+#include "comm/health.hpp"
+#include "core/fault_injection.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
@@ -40,9 +43,13 @@ struct RunConfig {
   memory::MemoryConfig memory;
   LogConfig log;
   RuntimeConfig runtime;
+  std::string inject_fault;
 
   void bind(OptionTable& t) {
     t.bind("run-dir", run_dir, "directory for metrics.jsonl, the student and the builtin cache");
+    t.bind("inject-fault", inject_fault,
+           "testing aid: KIND@ROLE:RANK:STEP makes rank RANK of ROLE (teacher|student) fail at "
+           "training step STEP with KIND = oom|nan|throw|hang|sigkill|sigterm (docs/failures.md)");
     teacher.bind(t);
     student.bind(t);
     train.bind(t);
@@ -65,6 +72,11 @@ struct RunConfig {
     memory.validate(p);
     log.validate(p);
     runtime.validate(p);
+    try {
+      FaultSpec::parse(inject_fault);
+    } catch (const ConfigError& e) {
+      p.check(false, e.what());
+    }
     p.throw_if_any("train config");
   }
   std::string cache(const std::string& name) const { return (fs::path(run_dir) / "cache" / name).string(); }
@@ -77,6 +89,8 @@ template <typename F>
 void agreed(const std::string& stage, const RunConfig& cfg, F&& stage_fn) {
   std::exception_ptr failure;
   try {
+    // A stop signal during start-up ends the stage on this rank, and so the job on all.
+    if (const int signal = comm::stop_signal()) throw comm::Interrupted(signal);
     stage_fn();
   } catch (...) {
     failure = std::current_exception();
@@ -198,7 +212,15 @@ int run_train(const std::vector<std::string>& args) {
   }
   comm::MpiRuntime mpi(nullptr, nullptr);
   const int rank = mpi.rank();
-  bool training = false;
+  comm::install_signal_handlers();
+  // Live from the start of training to the end of the failure handler (declared out here so
+  // the handler runs after the stack of the failed step unwound).
+  std::optional<comm::HealthChannel> health;
+  std::optional<comm::Watchdog> watchdog;
+  FailureSetup failure_setup;
+  memory::MemoryReport failure_memory;  // the categories counted before a failure
+  memory::ModelMemory tracked_model;
+  c10::Device device = torch::kCPU;
   try {
     // Identical on every rank (same arguments): no communication needed to agree.
     cfg.validate();
@@ -285,14 +307,31 @@ int run_train(const std::vector<std::string>& args) {
     const auto train_samples = shape[5] - cfg.train.eval_samples;
     auto transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
 
-    training = true;
+    failure_setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing, cfg.student.precision,
+                              cfg.train.batch_size, cfg.train.grad_accum, cfg.train.lr, cfg.train.grad_clip,
+                              cfg.comm.timeout_s, "", args};
+    failure_setup.timeout_s = cfg.comm.timeout_s;
+    failure_setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
+    failure_setup.teacher_ranks = layout.teacher_ranks;
+    failure_memory.role = topo.role;
+    failure_memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
+                                     static_cast<std::uint64_t>(topo.role == Role::kTeacher ? layout.students_per_replica() : 1);
+    health.emplace(MPI_COMM_WORLD, topo);
+    // A step may take up to the deadline; past twice that plus the failure protocol's own
+    // waits, the main thread is stuck where it cannot poll.
+    watchdog.emplace(*health, 2 * cfg.comm.timeout_s + 90, exit_code(FailureKind::kPeerLost));
+    const int role_rank = topo.role == Role::kTeacher ? rank : rank - layout.teacher_ranks;
+    const FaultInjector faults(FaultSpec::parse(cfg.inject_fault), topo.role, role_rank);
     RankSummary summary;
+    bool requeue = false;  // stopped after SIGUSR1 with a checkpoint written
     // World rank 0 prints the memory table and writes its metrics.jsonl line (docs/memory.md).
     memory::MemoryMonitor monitor(
         cfg.memory, topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size()),
         rank == 0 ? (fs::path(cfg.run_dir) / "metrics.jsonl").string() : "");
     if (topo.role == Role::kTeacher) {
       auto model = load_wan_dit(*ck, parse_dtype(cfg.teacher.dtype));
+      failure_memory.teacher_weights_bytes = memory::tensor_bytes(model->parameters());
+      device = model->parameters().front().device();
       data::DatasetReader reader(*info);
       data::SampleSchedule schedule(train_samples, per_replica, layout.replicas, cfg.train.seed);
       data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
@@ -301,7 +340,10 @@ int run_train(const std::vector<std::string>& args) {
                               layout.replica_of(rank), layout.replicas, layout.students_per_replica(),
                               train_samples, broadcast};
       job.memory = &monitor;
+      job.health = &*health;
+      job.faults = &faults;
       const auto stats = teacher::run_teacher(job);
+      requeue = stats.stopped_after >= 0;
       summary = {0, stats.seconds, stats.busy_seconds / stats.seconds,
                  stats.wait_seconds / stats.seconds, static_cast<double>(stats.samples), 0};
     } else {
@@ -331,11 +373,19 @@ int run_train(const std::vector<std::string>& args) {
                               (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                               student::CheckpointPolicy::parse(cfg.student.checkpointing)};
       job.memory = &monitor;
+      job.health = &*health;
+      job.faults = &faults;
+      job.teachers.clear();
+      for (int r = 0; r < layout.teacher_ranks; ++r) job.teachers.push_back(r);
+      job.tracked_memory = &tracked_model;
+      device = parts.trainable().front().device();
+      tracked_model.weights_bytes = memory::tensor_bytes(parts.trainable());
       const auto stats = student::run_student(job);
+      requeue = stats.stopped_after >= 0;
       summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds,
                  stats.wait_seconds / stats.seconds,
                  static_cast<double>(plan.train_steps * plan.micro_batches * plan.batch_per_student), 0};
-      if (group_rank == 0) {
+      if (group_rank == 0 && !requeue) {
         const auto dir = (fs::path(cfg.run_dir) / "student").string();
         parts.save(dir);
         spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
@@ -346,12 +396,22 @@ int run_train(const std::vector<std::string>& args) {
     }
     transport.reset();
     report_run_summary(cfg, summary, rank, mpi.size(), monitor);
+    if (requeue) {
+      // Every rank passed the summary gather, so nobody needs anyone; a teacher's sends past
+      // the stop step are detached, which MPI_Finalize need not wait for.
+      spdlog::info("exiting with code {} (requeue: resume with --resume auto)", kExitRequeue);
+      watchdog.reset();
+      mpi.exit_without_finalize(kExitRequeue);
+    }
     return kExitOk;
   } catch (...) {
-    if (training) {
-      // A peer may be blocked on this rank; stopping them all is the only way not to hang.
-      const int code = report_failure("train", std::current_exception());
-      mpi.abort(code);
+    if (health) {
+      // Training had started: every rank learns of the failure through the health channel,
+      // rank 0 (or the lowest rank still answering) explains, every rank exits alike.
+      auto report = memory::measure_memory(failure_memory.role, device, tracked_model);
+      report.teacher_weights_bytes = failure_memory.teacher_weights_bytes;
+      report.transport_bytes = failure_memory.transport_bytes;
+      handle_training_failure(std::current_exception(), *health, mpi, failure_setup, report);
     }
     // Before training every failure is agreed by all ranks: rank 0 explains, all exit alike.
     if (rank == 0) return report_failure("train", std::current_exception());

@@ -10,7 +10,8 @@
 
 namespace wd::app {
 
-/// Exit codes (documented in README.md).
+/// Exit codes (documented in README.md); the failures' codes come from core/failure.hpp
+/// (4 out of memory, 5 NaN/Inf, 6 a rank stopped answering, 7 interrupted, 75 requeue).
 enum ExitCode : int {
   kExitOk = 0,
   kExitError = 1,      ///< any other failure

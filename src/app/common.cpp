@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "core/failure.hpp"
 
 namespace wd::app {
 
@@ -65,17 +66,7 @@ std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
   return dims;
 }
 
-int exit_code_of(std::exception_ptr failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const ConfigError&) {
-    return kExitUsage;
-  } catch (const DataError&) {
-    return kExitDataError;
-  } catch (...) {
-    return kExitError;
-  }
-}
+int exit_code_of(std::exception_ptr failure) { return exit_code(classify_failure(failure)); }
 
 int report_failure(const std::string& command, std::exception_ptr failure) {
   try {

@@ -1,11 +1,16 @@
 // MpiRuntime, the MPI error formatter behind WD_CHECK_MPI, and the polling waits with deadlines.
 #include "comm/mpi_runtime.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
+
+#include "comm/health.hpp"
 
 namespace wd::comm {
 
@@ -43,9 +48,19 @@ std::string join_ranks(const std::vector<int>& ranks) {
 [[noreturn]] void throw_timeout(const WaitInfo& info, std::chrono::duration<double> timeout,
                                 int my_rank, const std::vector<int>& peers) {
   throw TimeoutError("timeout after " + format_seconds(timeout.count()) + "s waiting for " +
-                     info.op + " of step " + std::to_string(info.step) + " (" +
-                     std::to_string(info.bytes) + " bytes) on rank " + std::to_string(my_rank) +
-                     "; waited for rank(s) " + join_ranks(peers));
+                         info.op + " of step " + std::to_string(info.step) + " (" +
+                         std::to_string(info.bytes) + " bytes) on rank " + std::to_string(my_rank) +
+                         "; waited for rank(s) " + join_ranks(peers),
+                     info.op, info.step, peers);
+}
+
+/// Polls the health channel (when one is active) and marks this rank as busy in `op`; throws
+/// PeerFailure or Interrupted.
+void watch_health(const char* op) {
+  if (HealthChannel* health = HealthChannel::active()) {
+    health->mark(op);
+    health->check();
+  }
 }
 
 /// Polling cadence shared by both waits: a short spin keeps latency low when the peer is about
@@ -143,6 +158,21 @@ void MpiRuntime::abort(int code) {
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest if it ever does.
 }
 
+void MpiRuntime::exit_without_finalize(int code) {
+  owner_ = false;
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+void keep_until_exit(const torch::Tensor& buffer) noexcept {
+  try {
+    static_cast<void>(new torch::Tensor(buffer));  // deliberately never freed
+  } catch (...) {
+  }
+}
+
 void wait_with_deadline(MPI_Request& request, const WaitInfo& info,
                         std::chrono::duration<double> timeout, int my_rank) {
   Backoff backoff(timeout);
@@ -150,6 +180,7 @@ void wait_with_deadline(MPI_Request& request, const WaitInfo& info,
     int done = 0;
     WD_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    watch_health(info.op);
     if (backoff.expired()) throw_timeout(info, timeout, my_rank, info.peers);
     backoff.pause();
   }
@@ -164,6 +195,7 @@ void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& 
     int done = 0;
     WD_CHECK_MPI(MPI_Testall(count, requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
+    watch_health(info.op);
     if (backoff.expired()) {
       // With one peer per request, name only the peers still missing (like horovod's "missing
       // ranks"); MPI_Testsome retires the finished requests and leaves the rest as they are,

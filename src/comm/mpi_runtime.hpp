@@ -2,6 +2,7 @@
 #pragma once
 
 #include <mpi.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdint>
@@ -48,6 +49,9 @@ class MpiRuntime {
   int local_size() const { return local_size_; }
   /// After a failure: MPI_Abort instead of MPI_Finalize (the destructor then does nothing).
   [[noreturn]] void abort(int code);
+  /// After a failure handled by every rank: flushes the logs and leaves with `code` without
+  /// MPI_Finalize (which waits for every rank, including a dead one).
+  [[noreturn]] void exit_without_finalize(int code);
 
  private:
   bool owner_ = true;
@@ -66,19 +70,36 @@ struct WaitInfo {
 };
 
 /// Raised when a wait passes its deadline; the message names op, step, bytes, this rank and
-/// the peers.
+/// the peers. `missing()` are the peers that did not answer: the failure handler reports them
+/// as the ranks that stopped answering.
 class TimeoutError : public MpiError {
  public:
-  using MpiError::MpiError;
+  TimeoutError(const std::string& what, std::string op, std::int64_t step, std::vector<int> missing)
+      : MpiError(what), op_(std::move(op)), step_(step), missing_(std::move(missing)) {}
+  const std::string& op() const noexcept { return op_; }
+  std::int64_t step() const noexcept { return step_; }
+  const std::vector<int>& missing() const noexcept { return missing_; }
+
+ private:
+  std::string op_;
+  std::int64_t step_;
+  std::vector<int> missing_;
 };
 
 /// Polls MPI_Test on `request` until it completes or `timeout` passes (then throws
 /// TimeoutError). Sleeps with a short backoff (≤ 1 ms) between polls so waiting ranks do not
-/// burn a core that others share.
+/// burn a core that others share. Each poll also checks the active health channel
+/// (comm/health.hpp), so a wait ends with PeerFailure / Interrupted as soon as another rank
+/// fails or a stop signal arrives.
 void wait_with_deadline(MPI_Request& request, const WaitInfo& info, std::chrono::duration<double> timeout,
                         int my_rank);
 /// Same for several requests (MPI_Testall).
 void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& info,
                             std::chrono::duration<double> timeout, int my_rank);
+
+/// Keeps `buffer` alive until the process exits. A request abandoned after a failure (an
+/// all-reduce a dead peer never joins) may still be written by MPI's progress engine, so its
+/// buffer must never be freed.
+void keep_until_exit(const torch::Tensor& buffer) noexcept;
 
 }  // namespace wd::comm

@@ -15,7 +15,8 @@ namespace wd::comm {
 struct StreamPlan {
   std::int64_t batch_per_student = 0;  ///< b
   std::int64_t eval_messages = 0;      ///< E
-  std::int64_t train_steps = 0;        ///< N optimizer steps
+  std::int64_t train_steps = 0;        ///< N optimizer steps (in all, counting resumed ones)
+  std::int64_t first_step = 0;         ///< optimizer steps done before this run (a resume)
   std::int64_t micro_batches = 1;      ///< batches per optimizer step (train.grad_accum)
   std::array<std::int64_t, 4> latent{};   ///< C, F, H, W of the inputs (x_t)
   std::int64_t out_channels = 0;          ///< channels of teacher_out
@@ -27,10 +28,10 @@ struct StreamPlan {
   std::int64_t tokens = 0;       ///< tokens per sample
   std::int64_t teacher_dim = 0;  ///< hidden width of the teacher
 
-  std::int64_t end_step() const { return eval_messages + train_steps * micro_batches; }
-  /// Transport step of micro-batch `micro` of optimizer step `train_step`.
+  std::int64_t end_step() const { return eval_messages + (train_steps - first_step) * micro_batches; }
+  /// Transport step of micro-batch `micro` of optimizer step `train_step` (>= first_step).
   std::int64_t transport_step(std::int64_t train_step, std::int64_t micro = 0) const {
-    return eval_messages + train_step * micro_batches + micro;
+    return eval_messages + (train_step - first_step) * micro_batches + micro;
   }
   /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>.
   MessageSpec message_spec() const;

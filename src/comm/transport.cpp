@@ -658,6 +658,8 @@ void GradientReducer::average(std::int64_t step) {
                            std::chrono::duration<double>(timeout_s_), world_rank_);
   } catch (...) {
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+    // The all-reduce is abandoned, not finished: MPI may still write into the buckets.
+    for (const Bucket& bucket : buckets_) keep_until_exit(bucket.flat);
     throw;
   }
   wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();

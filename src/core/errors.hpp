@@ -58,6 +58,12 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+/// A NaN or Inf where training needs finite numbers (the loss, the teacher's output).
+class NumericalError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 /// Formats "<what> (at file:line)"; used by the check macros.

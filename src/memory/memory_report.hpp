@@ -30,6 +30,8 @@ struct MemoryReport {
   std::uint64_t peak_rss_bytes = 0;
   compat::DeviceMemory device;  ///< device.available is false on CPU ranks
   ModelMemory model;
+  std::uint64_t teacher_weights_bytes = 0;  ///< the frozen teacher (teacher ranks)
+  std::uint64_t transport_bytes = 0;        ///< the batch stream's preallocated buffers
 };
 static_assert(std::is_trivially_copyable_v<MemoryReport>, "MemoryReport is gathered as bytes");
 

@@ -4,9 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_runtime.hpp"
+#include "core/errors.hpp"
 
 namespace wd::student {
 
@@ -16,13 +19,21 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// Sums `values` over the student group (with deadline).
+/// Sums `values` over the student group (with deadline). The reduction works on a tensor that
+/// is kept alive if the wait is abandoned (a peer failed): MPI may still write into it.
 void sum_over_students(StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op) {
+  auto buffer = torch::tensor(values, torch::kDouble);
   MPI_Request req;
-  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr<double>(), static_cast<int>(values.size()),
                               MPI_DOUBLE, MPI_SUM, job.students, &req));
-  comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), job.peers},
-                           std::chrono::duration<double>(job.timeout_s), job.world_rank);
+  try {
+    comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), job.peers},
+                             std::chrono::duration<double>(job.timeout_s), job.world_rank);
+  } catch (...) {
+    comm::keep_until_exit(buffer);
+    throw;
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer[static_cast<std::int64_t>(i)].item<double>();
 }
 
 /// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches.
@@ -60,6 +71,8 @@ StudentStats run_student(StudentJob& job) {
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(job.train.lr)
                                             .betas({job.train.beta1, job.train.beta2})
                                             .weight_decay(job.train.weight_decay));
+  if (job.restore) job.restore(optimizer);
+  const auto first = job.plan.first_step, last = job.plan.train_steps;
 
   // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
   std::vector<comm::TensorDict> eval_set;
@@ -70,9 +83,9 @@ StudentStats run_student(StudentJob& job) {
     job.transport.release(e);
   }
   if (!eval_set.empty()) {
-    stats.first_eval_rel_mse = evaluate(job, eval_set, 0);
-    if (job.leader) spdlog::info("eval before training: relative MSE {:.5f}", stats.first_eval_rel_mse);
-    append_metrics(job, {{"eval_step", 0}, {"rel_mse", stats.first_eval_rel_mse}});
+    stats.first_eval_rel_mse = evaluate(job, eval_set, first);
+    if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", first, stats.first_eval_rel_mse);
+    append_metrics(job, {{"eval_step", first}, {"rel_mse", stats.first_eval_rel_mse}});
   }
 
   const auto device = params.front().device();
@@ -80,47 +93,62 @@ StudentStats run_student(StudentJob& job) {
     return memory::ModelMemory{memory::tensor_bytes(params), memory::grad_bytes(params),
                                memory::optimizer_state_bytes(optimizer)};
   };
-  const double wait_at_start = job.transport.wait_seconds();
   auto window_start = Clock::now();
-  double window_wait = wait_at_start;
+  double window_wait = job.transport.wait_seconds();
   const double micro_scale = 1.0 / static_cast<double>(job.plan.micro_batches);
-  for (std::int64_t step = 0; step < job.plan.train_steps; ++step) {
+  int group_size = 1;
+  MPI_Comm_size(job.students, &group_size);
+  for (std::int64_t step = first; step < last; ++step) {
+    if (job.health) {
+      job.health->at(step + 1, "train step");
+      job.health->check();
+    }
+    if (job.faults) job.faults->at_step(step + 1, device);
     const double lr = job.train.lr_at(step);
     for (auto& group : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     job.parts.zero_grad();
-    std::vector<double> mean_loss{0.0};
+    // [0]: this rank's mean loss; [1]: requeue asked for on this rank (summed: any student).
+    std::vector<double> reduced{0.0, 0.0};
     for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
       const auto ts = job.plan.transport_step(step, micro);
+      const auto& batch = job.transport.recv(ts).tensors;
+      if (micro == 0 && job.faults && job.faults->nan_due(step + 1)) {
+        batch.at("x_t").view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+      }
       // micro_step releases its prediction, loss and graph when it returns (backward has run);
       // release() then hands the batch's ring slot back, so nothing of this micro-batch
       // survives into the next receive. Only the accumulated grads stay.
-      mean_loss[0] += micro_scale * job.parts.micro_step(job.transport.recv(ts).tensors, micro_scale,
-                                                         job.checkpointing).total;
+      const double loss = job.parts.micro_step(batch, micro_scale, job.checkpointing).total;
       job.transport.release(ts);
+      // Before the gradients leave this rank: a NaN must not reach the other students' weights.
+      WD_CHECK_AS(NumericalError, std::isfinite(loss),
+                  "the loss of step " << step + 1 << " (micro-batch " << micro << ") is " << loss
+                                      << " on rank " << job.world_rank);
+      reduced[0] += micro_scale * loss;
     }
     job.reducer.average(step);
     if (job.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, job.train.grad_clip);
     optimizer.step();
     job.parts.after_optimizer_step();
+    if (job.tracked_memory) *job.tracked_memory = model_memory();
 
     // Diagnostics, apart from the step.
-    sum_over_students(job, mean_loss, step, "allreduce loss");
-    int group_size = 1;
-    MPI_Comm_size(job.students, &group_size);
-    stats.losses.push_back(mean_loss[0] / group_size);
-    const bool log_now = (step + 1) % job.train.log_every == 0 || step + 1 == job.plan.train_steps;
+    reduced[1] = job.health && job.health->requeue_requested() ? 1.0 : 0.0;
+    sum_over_students(job, reduced, step, "allreduce loss");
+    stats.losses.push_back(reduced[0] / group_size);
+    const bool stop = reduced[1] > 0;  // the same on every student: it came out of the reduction
+    const bool log_now = (step + 1) % job.train.log_every == 0 || step + 1 == last || stop;
     if (log_now && job.leader) {
       const double secs = since(window_start);
       const double waited = job.transport.wait_seconds() - window_wait;
-      const auto steps_in_window = (step % job.train.log_every) + 1;
+      const auto steps_in_window = (step - first) % job.train.log_every + 1;
       const double samples_s = steps_in_window * job.plan.micro_batches * job.plan.batch_per_student *
                                group_size / secs;
-      const double eta = secs / steps_in_window * (job.plan.train_steps - step - 1);
+      const double eta = secs / steps_in_window * (last - step - 1);
       spdlog::info("step {}/{} loss {:.5f} lr {:.2e} {:.1f} samples/s wait {:.0f}% ETA {:.0f} s",
-                   step + 1, job.plan.train_steps, stats.losses.back(), lr, samples_s,
-                   100 * waited / secs, eta);
+                   step + 1, last, stats.losses.back(), lr, samples_s, 100 * waited / secs, eta);
       append_metrics(job, {{"step", step + 1}, {"loss", stats.losses.back()}, {"lr", lr},
                            {"samples_per_s", samples_s}, {"wait_fraction", waited / secs}});
     }
@@ -129,20 +157,34 @@ StudentStats run_student(StudentJob& job) {
       window_wait = job.transport.wait_seconds();
     }
     if (job.train.eval_every > 0 && (step + 1) % job.train.eval_every == 0 && !eval_set.empty() &&
-        step + 1 < job.plan.train_steps) {
+        step + 1 < last && !stop) {
       const double rel = evaluate(job, eval_set, step + 1);
       if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
       append_metrics(job, {{"eval_step", step + 1}, {"rel_mse", rel}});
     }
     if (job.memory) job.memory->after_step(step + 1, device, model_memory);
-  }
-  if (!eval_set.empty()) {
-    stats.final_eval_rel_mse = evaluate(job, eval_set, job.plan.train_steps);
-    if (job.leader) {
-      spdlog::info("eval after training: relative MSE {:.5f} (before: {:.5f})",
-                   stats.final_eval_rel_mse, stats.first_eval_rel_mse);
+    const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;
+    if (job.save && (due || stop || step + 1 == last)) {
+      if (job.health) job.health->at(step + 1, "save checkpoint");
+      job.save(step + 1, optimizer);
     }
-    append_metrics(job, {{"eval_step", job.plan.train_steps}, {"rel_mse", stats.final_eval_rel_mse},
+    if (stop) {
+      // The checkpoint is durable before the teachers learn of the stop and everyone leaves.
+      if (job.leader) {
+        spdlog::warn("requeue requested (SIGUSR1): stopped after step {} with a checkpoint", step + 1);
+        if (job.health) job.health->send_stop_after(step + 1, job.teachers);
+      }
+      stats.stopped_after = step + 1;
+      break;
+    }
+  }
+  if (!eval_set.empty() && stats.stopped_after < 0) {
+    stats.final_eval_rel_mse = evaluate(job, eval_set, last);
+    if (job.leader) {
+      spdlog::info("eval after training: relative MSE {:.5f} (at step {}: {:.5f})",
+                   stats.final_eval_rel_mse, first, stats.first_eval_rel_mse);
+    }
+    append_metrics(job, {{"eval_step", last}, {"rel_mse", stats.final_eval_rel_mse},
                          {"rel_mse_before", stats.first_eval_rel_mse}});
   }
   stats.seconds = since(t0);

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "comm/health.hpp"
 #include "comm/stream_plan.hpp"
+#include "core/fault_injection.hpp"
 #include "comm/transport.hpp"
 #include "memory/memory_monitor.hpp"
 #include "model/wan_dit.hpp"
@@ -34,6 +37,20 @@ struct StudentJob {
   CheckpointPolicy checkpointing;  ///< blocks recomputed in the training backward
   /// Called after every training step (memory reports gather every rank); null = none.
   memory::MemoryMonitor* memory = nullptr;
+  /// Polled at every step; null in single-process tests.
+  comm::HealthChannel* health = nullptr;
+  const FaultInjector* faults = nullptr;
+  /// World ranks of the teachers: told where training stops after a requeue request.
+  std::vector<int> teachers;
+  /// Called once with the optimizer before the first step (a resume restores state here).
+  std::function<void(torch::optim::AdamW&)> restore;
+  /// Writes a checkpoint after optimizer step `step` (1-based count of steps done). Called on
+  /// every student at the same steps (the implementation decides who writes).
+  std::function<void(std::int64_t step, torch::optim::AdamW&)> save;
+  std::int64_t checkpoint_every = 0;  ///< 0: only at the end and on a requeue
+  /// Updated after every optimizer step with the weights/grads/optimizer bytes, so a failure
+  /// report can name them after the stack unwound; null = not tracked.
+  memory::ModelMemory* tracked_memory = nullptr;
 };
 
 struct StudentStats {
@@ -41,10 +58,15 @@ struct StudentStats {
   double wait_seconds = 0;           ///< blocked receiving batches
   double first_eval_rel_mse = -1;    ///< before training
   double final_eval_rel_mse = -1;    ///< after training
-  std::vector<double> losses;        ///< mean loss over students, per step
+  std::vector<double> losses;        ///< mean loss over students, per step of this run
+  /// The step training stopped after for a requeue (SIGUSR1); -1 when it ran to the end.
+  std::int64_t stopped_after = -1;
 };
 
-/// Receives the eval set, evaluates, trains plan.train_steps steps, evaluates again.
+/// Receives the eval set, evaluates, trains steps plan.first_step..plan.train_steps-1,
+/// evaluates again. Checks every loss for NaN/Inf (wd::NumericalError). After a requeue
+/// request (SIGUSR1 anywhere) every student stops after the same step, a checkpoint is
+/// written and the teachers are told.
 StudentStats run_student(StudentJob& job);
 
 /// Distillation loss: MSE between the student prediction and the teacher output (cast to the

@@ -4,7 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
+
+#include "core/errors.hpp"
 
 namespace wd::teacher {
 
@@ -19,7 +22,7 @@ double since(Clock::time_point t0) {
 /// One batch through the teacher: what every student of this replica receives.
 std::vector<comm::TensorDict> make_messages(TeacherJob& job, const std::vector<std::int64_t>& idx,
                                             std::int64_t noise_step,
-                                            const data::FlowMatchingNoiser& noiser) {
+                                            const data::FlowMatchingNoiser& noiser, bool poison = false) {
   auto clean = job.reader.read(idx);
   const auto& cfg = job.model->config();
   auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, job.plan.per_token_seq_len,
@@ -36,6 +39,13 @@ std::vector<comm::TensorDict> make_messages(TeacherJob& job, const std::vector<s
       }
     }
     out = torch::stack(job.model->unembed(state));
+  }
+  if (poison) out.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  // A non-finite teacher output would silently poison every student: stop here instead.
+  if (!torch::isfinite(out).all().item<bool>()) {
+    const auto bad = (~torch::isfinite(out)).sum().item<std::int64_t>();
+    throw NumericalError("the teacher's output for batch " + std::to_string(noise_step) + " has " +
+                         std::to_string(bad) + " NaN/Inf values of " + std::to_string(out.numel()));
   }
   const auto b = job.plan.batch_per_student;
   std::vector<comm::TensorDict> messages;
@@ -83,21 +93,33 @@ TeacherStats run_teacher(TeacherJob& job) {
     send(job, e, msgs);
   }
   const auto device = job.model->parameters().front().device();
-  for (std::int64_t step = 0; step < job.plan.train_steps; ++step) {
-    for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
-      const auto t = Clock::now();
-      const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position
-      auto msgs = make_messages(job, job.schedule.indices(batch, job.replica), batch, job.noiser);
-      stats.busy_seconds += since(t);
-      stats.samples += per_replica;
-      send(job, job.plan.transport_step(step, micro), msgs);
+  try {
+    for (std::int64_t step = job.plan.first_step; step < job.plan.train_steps; ++step) {
+      if (job.health) {
+        job.health->at(step + 1, "teacher forward");
+        job.health->check();
+      }
+      if (job.faults) job.faults->at_step(step + 1, device);
+      for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
+        const auto t = Clock::now();
+        const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position
+        auto msgs = make_messages(job, job.schedule.indices(batch, job.replica), batch, job.noiser,
+                                  micro == 0 && job.faults && job.faults->nan_due(step + 1));
+        stats.busy_seconds += since(t);
+        stats.samples += per_replica;
+        send(job, job.plan.transport_step(step, micro), msgs);
+      }
+      // The memory report is collective over all ranks: teachers join at the students' steps,
+      // with zeros for the student categories. Step `step`'s batch is on its way, so the
+      // students can reach this step while this rank waits.
+      if (job.memory) job.memory->after_step(step + 1, device);
     }
-    // The memory report is collective over all ranks: teachers join at the students' steps,
-    // with zeros for the student categories. Step `step`'s batch is on its way, so the
-    // students can reach this step while this rank waits.
-    if (job.memory) job.memory->after_step(step + 1, device);
+    job.transport.flush();
+  } catch (const comm::StopRequested& stop) {
+    // The students stopped after stop.step() for a requeue; what this rank streamed beyond it
+    // is dropped (a resumed run recomputes it: batches are a function of the step).
+    stats.stopped_after = stop.step();
   }
-  job.transport.flush();
   stats.seconds = since(t0);
   stats.wait_seconds = job.transport.wait_seconds();
   spdlog::info("teacher done: {} samples in {:.1f} s, busy {:.0f}%, waiting on students {:.0f}%",

@@ -3,7 +3,9 @@
 
 #include <cstdint>
 
+#include "comm/health.hpp"
 #include "comm/stream_plan.hpp"
+#include "core/fault_injection.hpp"
 #include "comm/transport.hpp"
 #include "data/dataset.hpp"
 #include "data/noiser.hpp"
@@ -29,6 +31,9 @@ struct TeacherJob {
   bool broadcast = false;          ///< every student gets the same batch
   /// Called after every training step (memory reports gather every rank); null = none.
   memory::MemoryMonitor* memory = nullptr;
+  /// Polled at every step; null in single-process tests.
+  comm::HealthChannel* health = nullptr;
+  const FaultInjector* faults = nullptr;
 };
 
 struct TeacherStats {
@@ -36,6 +41,8 @@ struct TeacherStats {
   double busy_seconds = 0;  ///< reading + noising + forward
   double wait_seconds = 0;  ///< blocked on the transport
   std::int64_t samples = 0;
+  /// Set when the students stopped after this step for a requeue (SIGUSR1); -1 otherwise.
+  std::int64_t stopped_after = -1;
 };
 
 /// Streams the plan's eval batches, then one batch per training step.

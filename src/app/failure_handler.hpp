@@ -1,0 +1,31 @@
+// What a rank does once training has failed anywhere: the failure protocol over the health
+// channel, the diagnosis on the reporting rank, and one exit code on every rank.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "comm/health.hpp"
+#include "comm/mpi_runtime.hpp"
+#include "memory/diagnosis.hpp"
+#include "memory/memory_report.hpp"
+
+namespace wd::app {
+
+/// Everything the handler needs besides the exception; filled before training starts.
+struct FailureSetup {
+  memory::RemedyContext remedies;  ///< config values and command line for the remedies
+  double timeout_s = 120;          ///< comm.timeout_s: bounds the protocol's waits
+  std::string diagnosis_path;      ///< the diagnosis is also written here (run-dir/diagnosis.txt)
+  int teacher_ranks = 1;           ///< world ranks below this are teachers
+};
+
+/// Runs the failure protocol for `failure` caught on this rank (its own, or a PeerFailure
+/// that says another rank failed), prints the diagnosis if this rank is the reporter, and
+/// leaves the process with the job's exit code without MPI_Finalize. `memory` is this rank's
+/// report (measured by the caller after the stack unwound, with the categories it tracked).
+[[noreturn]] void handle_training_failure(std::exception_ptr failure, comm::HealthChannel& health,
+                                          comm::MpiRuntime& mpi, const FailureSetup& setup,
+                                          const memory::MemoryReport& memory);
+
+}  // namespace wd::app

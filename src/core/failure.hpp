@@ -1,0 +1,50 @@
+// Failure kinds, the documented exit code of each, and the classification of an exception.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+namespace wd {
+
+/// Why a rank (or the job) stopped. Every kind has one exit code (README "Exit codes").
+enum class FailureKind : std::int32_t {
+  kNone = 0,
+  kError = 1,        ///< any other failure
+  kConfig = 2,       ///< bad command line or config value
+  kData = 3,         ///< bad input file
+  kOutOfMemory = 4,  ///< host or device allocation failed
+  kNumerical = 5,    ///< NaN/Inf in the loss or the teacher output
+  kPeerLost = 6,     ///< a rank stopped answering (killed, hung): detected by deadline
+  kInterrupted = 7,  ///< SIGTERM or SIGINT
+};
+
+/// Exit code of a failure kind: 0 for kNone, 1..7 as numbered above.
+int exit_code(FailureKind kind);
+/// The exit code of a run stopped on purpose after SIGUSR1 with a checkpoint written, so a
+/// SLURM script can requeue it (EX_TEMPFAIL).
+constexpr int kExitRequeue = 75;
+
+/// "out of memory", "numerical", ...
+const char* failure_kind_name(FailureKind kind);
+
+/// The kind of a caught exception: wd::ConfigError, DataError, OutOfMemory, NumericalError;
+/// std::bad_alloc and LibTorch's allocator failures (CUDA OutOfMemoryError and the CPU
+/// allocator's "can't allocate memory") are kOutOfMemory; everything else kError. Exceptions
+/// that carry their own kind (a peer's failure, a signal) report it through `KindedError`.
+FailureKind classify_failure(std::exception_ptr failure);
+
+/// The message of a caught exception without LibTorch's backtrace.
+std::string failure_message(std::exception_ptr failure);
+
+/// Base of exceptions that know their failure kind (raised by the health channel).
+class KindedError : public std::runtime_error {
+ public:
+  KindedError(FailureKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  FailureKind kind() const noexcept { return kind_; }
+
+ private:
+  FailureKind kind_;
+};
+
+}  // namespace wd

@@ -1,0 +1,247 @@
+// The failure diagnosis: memory table by category, remedies from config and numbers, and the
+// adjusted command line.
+#include "memory/diagnosis.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/logging.hpp"
+
+namespace wd::memory {
+
+namespace {
+
+std::string bytes(std::uint64_t n) { return format_bytes(static_cast<double>(n)); }
+
+std::string number(double v) { return fmt::format("{:g}", v); }
+
+/// The bytes the failure happened against: the device when there is one, else host RSS.
+std::uint64_t peak_of(const MemoryReport& r) {
+  if (r.device.available) return std::max(r.device.peak_reserved_bytes, r.device.reserved_bytes);
+  return std::max(r.peak_rss_bytes, r.rss_bytes);
+}
+
+std::string quote(const std::string& word) {
+  if (!word.empty() && word.find_first_of(" \t\"'$\\;&|<>()*?[]{}") == std::string::npos) return word;
+  std::string out = "'";
+  for (const char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string rank_label(int rank, Role role) { return fmt::format("rank {} ({})", rank, role_name(role)); }
+
+void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
+  const auto& ctx = in.context;
+  const RankFailureState* failed =
+      in.failed_rank >= 0 && in.failed_rank < static_cast<int>(in.ranks.size()) ? &in.ranks[in.failed_rank] : nullptr;
+  const bool known = failed && failed->answered;
+  const std::uint64_t peak = known ? peak_of(failed->memory) : 0;
+  const std::uint64_t transient = known ? transient_bytes(failed->memory) : 0;
+  const double share = peak > 0 ? static_cast<double>(transient) / static_cast<double>(peak) : 0.0;
+  const std::string who = rank_label(in.failed_rank, in.failed_role);
+
+  if (in.failed_role == Role::kStudent) {
+    if (ctx.checkpointing != "all") {
+      out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
+                                 "recomputes each block in the backward (measured: 80% less activation "
+                                 "memory for 29% more step time, bench/results/checkpointing.md)",
+                                 100 * share, who, bytes(transient), bytes(peak)),
+                     {{"student.checkpointing", "all"}}});
+    }
+    if (ctx.batch_size > 1) {
+      const auto half = ctx.batch_size / 2;
+      const auto accum = ctx.grad_accum * (ctx.batch_size / half);
+      out.push_back({fmt::format("batch {} -> {} per student frees about {} of activations on {}; "
+                                 "--train.grad_accum {} keeps the global batch and the results",
+                                 ctx.batch_size, half, bytes(transient / 2), who, accum),
+                     {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+    }
+    if (ctx.precision == "fp32" && share >= 0.3) {
+      out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "
+                                 "of activations on {}, at the cost of a bf16 copy of the weights ({})",
+                                 bytes(transient), who, bytes(known ? failed->memory.model.weights_bytes / 2 : 0)),
+                     {{"student.precision", "bf16-mixed"}}});
+    }
+  } else {
+    const std::uint64_t weights = known ? failed->memory.teacher_weights_bytes : 0;
+    if (ctx.teacher_dtype == "fp32") {
+      out.push_back({fmt::format("{} holds {} of fp32 teacher weights: --teacher.dtype bf16 frees {}", who,
+                                 bytes(weights), bytes(weights / 2)),
+                     {{"teacher.dtype", "bf16"}}});
+    }
+    if (ctx.batch_size > 1) {
+      const auto half = ctx.batch_size / 2;
+      const auto accum = ctx.grad_accum * (ctx.batch_size / half);
+      out.push_back({fmt::format("the teacher's forward holds {} of activations for a batch of {} per student; "
+                                 "batch {} -> {} with --train.grad_accum {} halves them and keeps the global batch",
+                                 bytes(transient), ctx.batch_size, ctx.batch_size, half, accum),
+                     {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+    }
+  }
+  if (out.empty()) {
+    out.push_back({fmt::format("no setting of this job frees memory on {} (batch {} per student, checkpointing "
+                               "{}); give the job ranks with more memory or a smaller student",
+                               who, ctx.batch_size, ctx.checkpointing),
+                   {}});
+  }
+}
+
+void numerical_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
+  const auto& ctx = in.context;
+  if (in.failed_role == Role::kTeacher) {
+    if (ctx.teacher_dtype == "fp16") {
+      out.push_back({"fp16 overflows in the Wan DiT's activations: --teacher.dtype bf16 has fp32's range",
+                     {{"teacher.dtype", "bf16"}}});
+    }
+    out.push_back({"the teacher's output is not finite: check the checkpoint (wan-distill inspect "
+                   "<dir>) and the data set's latents and text features for NaN/Inf",
+                   {}});
+    return;
+  }
+  out.push_back({fmt::format("the loss diverged: --train.lr {} -> {}", number(ctx.lr), number(ctx.lr / 2)),
+                 {{"train.lr", number(ctx.lr / 2)}}});
+  if (ctx.grad_clip <= 0) {
+    out.push_back({"clip the gradient norm: --train.grad_clip 1.0 (now off)", {{"train.grad_clip", "1.0"}}});
+  }
+  if (ctx.precision == "bf16-mixed") {
+    out.push_back({"compute in fp32 to rule out bf16 range problems: --student.precision fp32",
+                   {{"student.precision", "fp32"}}});
+  }
+}
+
+}  // namespace
+
+std::uint64_t transient_bytes(const MemoryReport& r) {
+  if (r.device.available) {
+    return r.device.peak_allocated_bytes > r.device.allocated_bytes
+               ? r.device.peak_allocated_bytes - r.device.allocated_bytes
+               : 0;
+  }
+  return r.peak_rss_bytes > r.rss_bytes ? r.peak_rss_bytes - r.rss_bytes : 0;
+}
+
+std::vector<Remedy> compute_remedies(const DiagnosisInput& in) {
+  std::vector<Remedy> out;
+  const auto& ctx = in.context;
+  switch (in.kind) {
+    case FailureKind::kOutOfMemory:
+      out_of_memory_remedies(in, out);
+      break;
+    case FailureKind::kNumerical:
+      numerical_remedies(in, out);
+      break;
+    case FailureKind::kPeerLost: {
+      std::string ranks;
+      for (const int r : in.lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      out.push_back({fmt::format("rank(s) {} stopped answering: read their last log lines, and the kernel log "
+                                 "(`dmesg | grep -i -e oom -e killed`) on their node for the OOM killer",
+                                 ranks.empty() ? "?" : ranks),
+                     {}});
+      out.push_back({fmt::format("if one step legitimately takes longer than {} s (a large teacher on few GPUs), "
+                                 "raise the deadline: --comm.timeout_s {}",
+                                 number(ctx.timeout_s), number(ctx.timeout_s * 2)),
+                     {{"comm.timeout_s", number(ctx.timeout_s * 2)}}});
+      break;
+    }
+    case FailureKind::kInterrupted:
+      if (!ctx.resume_hint.empty()) {
+        out.push_back({"resume from the newest checkpoint (" + ctx.resume_hint + "): --resume auto", {{"resume", "auto"}}});
+      } else {
+        out.push_back({"the job was stopped by a signal before any checkpoint: set --checkpoint.every to keep "
+                       "progress across stops",
+                       {}});
+      }
+      break;
+    case FailureKind::kData:
+      out.push_back({"fix or replace the file named in the error (docs/data-format.md describes the schema; "
+                     "`wan-distill inspect` checks checkpoints)",
+                     {}});
+      break;
+    case FailureKind::kConfig:
+      out.push_back({"correct the value named in the error (wan-distill train --help)", {}});
+      break;
+    default:
+      out.push_back({"see the error above; the log of the failed rank has the lines before it", {}});
+      break;
+  }
+  return out;
+}
+
+std::string adjusted_command(const std::vector<std::string>& args,
+                             const std::vector<std::pair<std::string, std::string>>& changes) {
+  std::vector<std::string> words = args;
+  for (const auto& [key, value] : changes) {
+    const std::string flag = "--" + key;
+    bool done = false;
+    for (std::size_t i = 0; i < words.size() && !done; ++i) {
+      if (words[i] == flag && i + 1 < words.size()) {
+        words[i + 1] = value;
+        done = true;
+      } else if (words[i].rfind(flag + "=", 0) == 0) {
+        words[i] = flag + "=" + value;
+        done = true;
+      }
+    }
+    if (!done) {
+      words.push_back(flag);
+      words.push_back(value);
+    }
+  }
+  std::string line = "wan-distill train";
+  for (const auto& w : words) line += " " + quote(w);
+  return line;
+}
+
+std::string format_diagnosis(const DiagnosisInput& in) {
+  std::string text = "================ wan-distill train stopped: diagnosis ================\n";
+  text += fmt::format("cause:   {} {} at step {} in {}\n", rank_label(in.failed_rank, in.failed_role),
+                      failure_kind_name(in.kind), in.step, in.op.empty() ? "?" : in.op);
+  text += "error:   " + in.message + "\n";
+  if (!in.lost.empty()) {
+    std::string ranks;
+    for (const int r : in.lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    text += "stopped answering: rank(s) " + ranks + "\n";
+  }
+  for (const auto& line : in.other_notices) text += "also:    " + line + "\n";
+  text += fmt::format("exit code {} ({}) on every rank\n\n", exit_code(in.kind), failure_kind_name(in.kind));
+
+  text += "memory by rank (transient = the step's activations and temporaries: peak minus now)\n";
+  text += fmt::format("  {:>4}  {:<7}  {:<22} {:>6}  {:<18} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
+                      "rank", "role", "state", "step", "op", "RSS", "peak RSS", "teacher W", "student W",
+                      "grads", "optimizer", "transient", "transport", "device alloc/reserved/free/total");
+  for (const auto& r : in.ranks) {
+    std::string state = !r.answered ? "no answer"
+                        : r.own != FailureKind::kNone ? std::string("FAILED: ") + failure_kind_name(r.own)
+                                                      : "stopped";
+    if (!r.answered) {
+      text += fmt::format("  {:>4}  {:<7}  {:<22}\n", r.rank, role_name(r.role), state);
+      continue;
+    }
+    const auto& m = r.memory;
+    std::string device = "-";
+    if (m.device.available) {
+      device = bytes(m.device.allocated_bytes) + " / " + bytes(m.device.reserved_bytes) + " / " +
+               bytes(m.device.free_bytes) + " / " + bytes(m.device.total_bytes);
+    }
+    text += fmt::format("  {:>4}  {:<7}  {:<22} {:>6}  {:<18} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
+                        r.rank, role_name(r.role), state, r.step, r.op.substr(0, 18), bytes(m.rss_bytes),
+                        bytes(m.peak_rss_bytes), bytes(m.teacher_weights_bytes), bytes(m.model.weights_bytes),
+                        bytes(m.model.grads_bytes), bytes(m.model.optimizer_state_bytes), bytes(transient_bytes(m)),
+                        bytes(m.transport_bytes), device);
+  }
+  const auto remedies = compute_remedies(in);
+  text += "\nwhat to change:\n";
+  for (std::size_t i = 0; i < remedies.size(); ++i) text += fmt::format("  {}. {}\n", i + 1, remedies[i].text);
+  for (const auto& remedy : remedies) {
+    if (remedy.changes.empty()) continue;
+    text += "\nadjusted command (remedy " + std::to_string(&remedy - remedies.data() + 1) + "):\n  " +
+            adjusted_command(in.context.args, remedy.changes) + "\n";
+    break;
+  }
+  text += "======================================================================";
+  return text;
+}
+
+}  // namespace wd::memory

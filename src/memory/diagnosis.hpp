@@ -1,0 +1,77 @@
+// The failure diagnosis: one text that names the failed rank, its error, every rank's memory
+// by category, and remedies computed from the config and the numbers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/failure.hpp"
+#include "core/topology.hpp"
+#include "memory/memory_report.hpp"
+
+namespace wd::memory {
+
+/// One rank as the reporting rank saw it after a failure.
+struct RankFailureState {
+  int rank = 0;
+  Role role = Role::kTeacher;
+  bool answered = false;                     ///< false: no report within the deadline
+  FailureKind own = FailureKind::kNone;      ///< its own failure; kNone if it only stopped
+  std::int64_t step = 0;
+  std::string op;
+  MemoryReport memory;                       ///< valid when answered
+};
+
+/// The settings remedies are computed from, and the command line they adjust.
+struct RemedyContext {
+  std::string teacher_dtype = "bf16";
+  std::string checkpointing = "off";
+  std::string precision = "fp32";
+  std::int64_t batch_size = 1;
+  std::int64_t grad_accum = 1;
+  double lr = 1e-4;
+  double grad_clip = 0;
+  double timeout_s = 120;
+  std::string resume_hint;                   ///< e.g. the newest checkpoint; empty when none
+  std::vector<std::string> args;             ///< the words after `wan-distill train`
+};
+
+/// Everything the diagnosis reports.
+struct DiagnosisInput {
+  FailureKind kind = FailureKind::kError;    ///< the primary failure
+  int failed_rank = -1;
+  Role failed_role = Role::kTeacher;
+  std::int64_t step = 0;
+  std::string op;
+  std::string message;
+  std::vector<int> lost;                     ///< ranks that stopped answering
+  std::vector<std::string> other_notices;    ///< one line per further notice
+  std::vector<RankFailureState> ranks;       ///< index = world rank
+  RemedyContext context;
+};
+
+/// A remedy: the sentence, and the options it changes (flag without dashes, new value).
+struct Remedy {
+  std::string text;
+  std::vector<std::pair<std::string, std::string>> changes;
+};
+
+/// Remedies for the primary failure, most effective first, with numbers from the reports.
+std::vector<Remedy> compute_remedies(const DiagnosisInput& input);
+
+/// `args` with each change applied (an existing `--key value` / `--key=value` replaced,
+/// otherwise appended), as one shell-quoted line starting with "wan-distill train".
+std::string adjusted_command(const std::vector<std::string>& args,
+                             const std::vector<std::pair<std::string, std::string>>& changes);
+
+/// The whole diagnosis, printed once by the reporting rank.
+std::string format_diagnosis(const DiagnosisInput& input);
+
+/// Estimated activation / transient bytes of a report: on a CUDA device the allocator's peak
+/// above what is allocated now; on the host the peak RSS above the current RSS (after a failure
+/// the step's transients are gone, so the difference is what the step needed on top).
+std::uint64_t transient_bytes(const MemoryReport& report);
+
+}  // namespace wd::memory
