@@ -144,7 +144,9 @@ void expect_exact_resume(const Options& o) {
     EXPECT_TRUE(torch::equal(sa.exp_avg(), sb.exp_avg())) << name;
     EXPECT_TRUE(torch::equal(sa.exp_avg_sq(), sb.exp_avg_sq())) << name;
     EXPECT_EQ(sa.max_exp_avg_sq().defined(), o.amsgrad) << name;
-    if (o.amsgrad) EXPECT_TRUE(torch::equal(sa.max_exp_avg_sq(), sb.max_exp_avg_sq())) << name;
+    if (o.amsgrad) {
+      EXPECT_TRUE(torch::equal(sa.max_exp_avg_sq(), sb.max_exp_avg_sq())) << name;
+    }
   }
   // The compute copy (bf16 in mixed precision) follows: predictions agree exactly.
   const auto probe = batch(2, 5);
