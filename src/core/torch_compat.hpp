@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #if TORCH_VERSION_MAJOR >= 2
 #define WD_TORCH_HAS_SDPA 1
@@ -166,6 +169,23 @@ inline void rng_restore(const RngSnapshot& s) {
   };
   write(at::globalContext().defaultGenerator(c10::Device(c10::kCPU)), s.cpu_state);
   if (s.device_state.defined()) write(at::globalContext().defaultGenerator(s.device), s.device_state);
+}
+
+/// The type keying torch::optim::Optimizer::state(): a string in LibTorch 1.13, the TensorImpl
+/// address itself in later versions.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<const torch::optim::Optimizer&>().state())>::key_type;
+
+/// The key under which an optimizer keeps the state of parameter `p` (what its step() uses):
+/// 1.13 prints the TensorImpl address with c10::guts::to_string. (A template only so that the
+/// branch of the other version is never compiled.)
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(static_cast<void*>(p.unsafeGetTensorImpl()));
+  }
 }
 
 }  // namespace wd::compat

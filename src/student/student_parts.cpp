@@ -54,7 +54,10 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
                 "student.features names student block " << s << "; the student has blocks 0.." << c.num_layers - 1);
     heads_->update({{head_name(s, t), torch::nn::Linear(c.dim, setup_.teacher_dim).ptr()}});
   }
-  for (auto& p : model_->parameters()) trainable_.push_back(p);
+  for (const auto& p : model_->named_parameters()) {
+    trainable_.push_back(p.value());
+    trainable_names_.push_back(p.key());
+  }
   for (const auto& item : heads_->named_parameters()) {
     const bool projection = item.key().rfind("in_proj", 0) == 0 || item.key().rfind("out_proj", 0) == 0;
     if (projection && !setup_.train_projections) {
@@ -62,6 +65,7 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
       continue;
     }
     trainable_.push_back(item.value());
+    trainable_names_.push_back("distill_heads." + item.key());
   }
   if (setup_.mixed_bf16) {
     // The bf16 copy is made once; after each optimizer step it is refreshed in place.
@@ -150,8 +154,9 @@ std::size_t StudentParts::parameter_count() const {
          (setup_.mixed_bf16 ? compute_->parameters().size() : 0);
 }
 
-void StudentParts::save(const std::string& dir) {
-  save_student(model_, dir);
+void StudentParts::save(const std::string& dir) const {
+  WanDiT model = model_;  // a second holder of the same module: save_student takes a mutable one
+  save_student(model, dir);
   if (heads_->parameters().empty()) return;
   TensorMap tensors;
   for (const auto& p : heads_->named_parameters()) tensors[p.key()] = p.value().detach();

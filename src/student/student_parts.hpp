@@ -51,6 +51,9 @@ class StudentParts {
 
   /// The fp32 tensors the optimizer and the gradient all-reduce see (fixed after start-up).
   const std::vector<torch::Tensor>& trainable() const { return trainable_; }
+  /// A stable name for each trainable() tensor, same order: the DiT's own parameter names and
+  /// "distill_heads.<head>.<weight|bias>" for projections and feature heads.
+  const std::vector<std::string>& trainable_names() const { return trainable_names_; }
   void zero_grad();
   /// After optimizer.step(): refresh the bf16 compute copy from the master weights in place.
   void after_optimizer_step();
@@ -62,7 +65,7 @@ class StudentParts {
   WanDiT& model() { return model_; }
   /// Writes the DiT as a Wan checkpoint into `dir`, plus `distill_heads/heads.safetensors`
   /// holding the projections and feature heads when there are any.
-  void save(const std::string& dir);
+  void save(const std::string& dir) const;
 
  private:
   /// Student forward with hidden states captured after the blocks named by feature pairs.
@@ -76,6 +79,7 @@ class StudentParts {
   WanDiT compute_;  ///< bf16 copy (mixed precision) or the same module as model_
   torch::nn::ModuleDict heads_;  ///< in_proj / out_proj / feature heads
   std::vector<torch::Tensor> trainable_;
+  std::vector<std::string> trainable_names_;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> master_compute_;  ///< mixed precision pairs
 };
 

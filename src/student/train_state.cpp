@@ -1,0 +1,247 @@
+// Saving and restoring a student's training state bit for bit (see train_state.hpp).
+#include "student/train_state.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "core/torch_compat.hpp"
+#include "model/safetensors.hpp"
+
+namespace wd::student {
+
+namespace {
+
+constexpr const char* kFormat = "wan-distill-train-state";
+constexpr int kVersion = 1;
+
+std::string join(const std::string& dir, const char* name) { return (std::filesystem::path(dir) / name).string(); }
+
+/// Decimal text that reads back as the same double.
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::ostringstream out;
+  out << shape;
+  return out.str();
+}
+
+std::string to_hex(const torch::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  const auto t = bytes.contiguous();
+  const auto* p = t.data_ptr<std::uint8_t>();
+  std::string out;
+  out.reserve(static_cast<std::size_t>(t.numel()) * 2);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 0xF];
+  }
+  return out;
+}
+
+torch::Tensor from_hex(const std::string& hex, const std::string& file, const std::string& item) {
+  WD_CHECK_DATA(hex.size() % 2 == 0, file, item, "odd number of hex digits (" << hex.size() << ")");
+  auto out = torch::empty({static_cast<std::int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* p = out.data_ptr<std::uint8_t>();
+  const auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw DataError(file, item, std::string("not a hex digit: '") + c + "'");
+  };
+  for (std::size_t i = 0; i < hex.size(); i += 2) {
+    p[i / 2] = static_cast<std::uint8_t>(nibble(hex[i]) << 4 | nibble(hex[i + 1]));
+  }
+  return out;
+}
+
+const torch::optim::AdamWOptions& adamw_options(const torch::optim::AdamW& optimizer) {
+  WD_CHECK(optimizer.param_groups().size() == 1,
+           "train state supports one AdamW parameter group, the optimizer has " << optimizer.param_groups().size());
+  return static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups().front().options());
+}
+
+/// Checks that `file` holds `name` with exactly `like`'s dtype and shape.
+void expect_tensor(const SafetensorsFile& file, const std::string& name, const torch::Tensor& like) {
+  WD_CHECK_DATA(file.contains(name), file.path(), name,
+                "missing: the checkpoint was written for a student with other tensors");
+  const auto& info = file.info(name);
+  const auto dtype = scalar_type_to_safetensors(like.scalar_type());
+  WD_CHECK_DATA(info.dtype == dtype, file.path(), name, "dtype mismatch: expected " << dtype << ", found " << info.dtype);
+  WD_CHECK_DATA(like.sizes().vec() == info.shape, file.path(), name,
+                "shape mismatch: expected " << shape_text(like.sizes()) << ", found " << shape_text(info.shape));
+}
+
+/// A copy of `src` shaped, typed and placed like `param` (so optimizer state sits beside it).
+torch::Tensor like_param(const torch::Tensor& param, const torch::Tensor& src) {
+  return torch::empty_like(param, torch::MemoryFormat::Preserve).copy_(src);
+}
+
+}  // namespace
+
+void save_train_state(const std::string& dir, const StudentParts& parts, const torch::optim::AdamW& optimizer,
+                      const TrainCursor& cursor, const std::string& config_ini, bool export_student) {
+  const auto& params = parts.trainable();
+  const auto& names = parts.trainable_names();
+  const auto& options = adamw_options(optimizer);
+
+  TensorMap weights;
+  TensorMap moments;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    weights[names[i]] = params[i].detach();
+    const auto it = optimizer.state().find(compat::optimizer_state_key(params[i]));
+    if (it == optimizer.state().end()) continue;  // not stepped yet (no gradient so far)
+    const auto* state = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
+    WD_CHECK(state != nullptr, "optimizer state of " << names[i] << " is not AdamW state");
+    moments[names[i] + ".exp_avg"] = state->exp_avg();
+    moments[names[i] + ".exp_avg_sq"] = state->exp_avg_sq();
+    if (state->max_exp_avg_sq().defined()) moments[names[i] + ".max_exp_avg_sq"] = state->max_exp_avg_sq();
+    moments[names[i] + ".step"] = torch::full({1}, state->step(), torch::kLong);
+  }
+  const std::map<std::string, std::string> common = {
+      {"format", kFormat}, {"version", std::to_string(kVersion)}, {"step", std::to_string(cursor.step)}};
+  write_safetensors(join(dir, TrainStateFiles::kTrainable), weights, common);
+  auto optimizer_meta = common;
+  optimizer_meta.insert({{"optimizer", "AdamW"},
+                         {"lr", exact(options.lr())},
+                         {"beta1", exact(std::get<0>(options.betas()))},
+                         {"beta2", exact(std::get<1>(options.betas()))},
+                         {"eps", exact(options.eps())},
+                         {"weight_decay", exact(options.weight_decay())},
+                         {"amsgrad", options.amsgrad() ? "true" : "false"}});
+  write_safetensors(join(dir, TrainStateFiles::kOptimizer), moments, optimizer_meta);
+
+  const auto rng = compat::rng_snapshot(params.empty() ? torch::Device(torch::kCPU) : params.front().device());
+  nlohmann::ordered_json trainer = {{"format", kFormat},
+                                    {"version", kVersion},
+                                    {"step", cursor.step},
+                                    {"trainable_tensors", params.size()},
+                                    {"cpu_generator_state", to_hex(rng.cpu_state)}};
+  if (rng.device_state.defined()) {
+    trainer["device_generator"] = rng.device.str();
+    trainer["device_generator_state"] = to_hex(rng.device_state.cpu());
+  }
+  write_file_atomically(join(dir, TrainStateFiles::kTrainer), trainer.dump(2) + "\n");
+  write_file_atomically(join(dir, TrainStateFiles::kConfig), config_ini);
+  if (export_student) parts.save(join(dir, TrainStateFiles::kStudent));
+}
+
+TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer) {
+  const auto& params = parts.trainable();
+  const auto& names = parts.trainable_names();
+  auto& options = static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups().front().options());
+  adamw_options(optimizer);  // checks there is one group
+
+  // Everything is checked first, so a refused checkpoint leaves parts and optimizer untouched.
+  const auto weights = SafetensorsFile::open(join(dir, TrainStateFiles::kTrainable));
+  for (std::size_t i = 0; i < params.size(); ++i) expect_tensor(weights, names[i], params[i]);
+  if (weights.tensors().size() != params.size()) {
+    for (const auto& t : weights.tensors()) {
+      WD_CHECK_DATA(std::find(names.begin(), names.end(), t.name) != names.end(), weights.path(), t.name,
+                    "not a trainable tensor of the current student (" << params.size() << " tensors)");
+    }
+  }
+
+  const auto moments = SafetensorsFile::open(join(dir, TrainStateFiles::kOptimizer));
+  const auto meta = [&](const std::string& key) {
+    const auto it = moments.metadata().find(key);
+    WD_CHECK_DATA(it != moments.metadata().end(), moments.path(), "__metadata__." + key, "missing");
+    return it->second;
+  };
+  const bool saved_amsgrad = meta("amsgrad") == "true";
+  WD_CHECK_DATA(saved_amsgrad || !options.amsgrad(), moments.path(), "__metadata__.amsgrad",
+                "expected true (the optimizer uses amsgrad), found false: there is no max_exp_avg_sq to resume");
+  if (saved_amsgrad && !options.amsgrad()) {
+    spdlog::warn("resuming without amsgrad; the checkpoint's max_exp_avg_sq is dropped");
+  }
+  std::vector<bool> has_state(params.size(), false);
+  const auto step_like = torch::zeros({1}, torch::kLong);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!moments.contains(names[i] + ".exp_avg")) continue;
+    has_state[i] = true;
+    expect_tensor(moments, names[i] + ".exp_avg", params[i]);
+    expect_tensor(moments, names[i] + ".exp_avg_sq", params[i]);
+    expect_tensor(moments, names[i] + ".step", step_like);
+    if (options.amsgrad()) expect_tensor(moments, names[i] + ".max_exp_avg_sq", params[i]);
+  }
+  const std::pair<const char*, double> current[] = {{"beta1", std::get<0>(options.betas())},
+                                                    {"beta2", std::get<1>(options.betas())},
+                                                    {"eps", options.eps()},
+                                                    {"weight_decay", options.weight_decay()}};
+  for (const auto& [key, value] : current) {
+    if (meta(key) != exact(value)) {
+      spdlog::warn("resuming with AdamW {} = {} (the checkpoint was trained with {})", key, exact(value), meta(key));
+    }
+  }
+  double saved_lr = 0;
+  try {
+    saved_lr = std::stod(meta("lr"));
+  } catch (const std::exception&) {
+    throw DataError(moments.path(), "__metadata__.lr", "not a number: \"" + meta("lr") + "\"");
+  }
+
+  const auto trainer_path = join(dir, TrainStateFiles::kTrainer);
+  nlohmann::json trainer;
+  try {
+    std::ifstream in(trainer_path);
+    WD_CHECK_DATA(in.good(), trainer_path, "", "cannot open");
+    trainer = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(trainer_path, "", std::string("not valid JSON: ") + e.what());
+  }
+  TrainCursor cursor;
+  compat::RngSnapshot rng;
+  try {
+    WD_CHECK_DATA(trainer.at("format").get<std::string>() == kFormat && trainer.at("version").get<int>() == kVersion,
+                  trainer_path, "format", "expected " << kFormat << " version " << kVersion << ", found "
+                                                      << trainer.at("format") << " version " << trainer.at("version"));
+    cursor.step = trainer.at("step").get<std::int64_t>();
+    rng.cpu_state = from_hex(trainer.at("cpu_generator_state").get<std::string>(), trainer_path, "cpu_generator_state");
+    if (trainer.contains("device_generator_state") && !params.empty() && params.front().device().is_cuda()) {
+      rng.device = params.front().device();
+      rng.device_state =
+          from_hex(trainer.at("device_generator_state").get<std::string>(), trainer_path, "device_generator_state");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(trainer_path, "", std::string("malformed: ") + e.what());
+  }
+  WD_CHECK_DATA(weights.metadata().count("step") && weights.metadata().at("step") == std::to_string(cursor.step),
+                weights.path(), "__metadata__.step",
+                "expected " << cursor.step << " (" << TrainStateFiles::kTrainer << "), found "
+                            << (weights.metadata().count("step") ? weights.metadata().at("step") : "none"));
+
+  // All checked: copy in place (the optimizer, the reducer and the bf16 pairs hold these tensors).
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto param = params[i];
+      param.copy_(weights.tensor(names[i]));
+      const auto key = compat::optimizer_state_key(param);
+      if (!has_state[i]) {
+        optimizer.state().erase(key);
+        continue;
+      }
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->step(moments.tensor(names[i] + ".step").item<std::int64_t>());
+      state->exp_avg(like_param(param, moments.tensor(names[i] + ".exp_avg")));
+      state->exp_avg_sq(like_param(param, moments.tensor(names[i] + ".exp_avg_sq")));
+      if (options.amsgrad()) state->max_exp_avg_sq(like_param(param, moments.tensor(names[i] + ".max_exp_avg_sq")));
+      optimizer.state()[key] = std::move(state);
+    }
+  }
+  options.lr(saved_lr);
+  compat::rng_restore(rng);
+  parts.after_optimizer_step();
+  return cursor;
+}
+
+}  // namespace wd::student

@@ -1,0 +1,47 @@
+// Training state of a student for an exact resume: fp32 master weights, AdamW moments and step
+// counts, the CPU generator, the step cursor, the config text, and the exported student.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "student/student_parts.hpp"
+
+namespace wd::student {
+
+/// Where training stands. The data order and noise are pure functions of (seed, step), so the
+/// step is also the data cursor.
+struct TrainCursor {
+  std::int64_t step = 0;  ///< completed optimizer steps
+};
+
+/// The files save_train_state() writes into a checkpoint directory.
+struct TrainStateFiles {
+  static constexpr const char* kTrainable = "trainable.safetensors";
+  static constexpr const char* kOptimizer = "optimizer.safetensors";
+  static constexpr const char* kTrainer = "trainer.json";
+  static constexpr const char* kConfig = "config.ini";
+  static constexpr const char* kStudent = "student";  ///< directory: what users load
+};
+
+/// Writes the training state into the existing directory `dir`: trainable.safetensors (fp32
+/// master weights under trainable_names()), optimizer.safetensors (per tensor
+/// "<name>.exp_avg", ".exp_avg_sq", ".max_exp_avg_sq" with amsgrad, ".step"; options as
+/// metadata), trainer.json (step, CPU generator state), config.ini (`config_ini` verbatim), and
+/// with `export_student` the student as parts.save() writes it into student/.
+/// The optimizer must have one parameter group over parts.trainable().
+void save_train_state(const std::string& dir, const StudentParts& parts,
+                      const torch::optim::AdamW& optimizer, const TrainCursor& cursor,
+                      const std::string& config_ini, bool export_student = true);
+
+/// Restores what save_train_state() wrote into `parts` (in place, so the optimizer's and the
+/// gradient reducer's references stay valid) and `optimizer`, restores the CPU generator and
+/// refreshes the bf16 compute copy. Everything is checked before anything is changed: a tensor
+/// missing, extra, or of another shape or dtype is a wd::DataError naming the file and tensor.
+/// The optimizer's lr is restored; other hyper-parameters that differ stay as the caller set
+/// them (logged as a warning: a deliberate change on resume is allowed).
+TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer);
+
+}  // namespace wd::student
