@@ -227,7 +227,9 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   // Data goes largest element first (then by name), as the reference writer does: with the
   // header padded to 8 bytes every tensor then starts aligned and loads zero-copy.
   std::stable_sort(plan.begin(), plan.end(),
-                   [](const Planned& a, const Planned& b) { return a.element_size > b.element_size; });
+                   [](const Planned& a, const Planned& b) {
+                     return a.element_size > b.element_size;
+                   });
 
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;

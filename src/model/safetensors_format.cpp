@@ -43,6 +43,10 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
+/// The item a tensor's errors name: its name, or `""` for the empty name safetensors allows
+/// (an empty item would vanish from the message).
+std::string tensor_item(const std::string& name) { return name.empty() ? "\"\"" : name; }
+
 std::string offsets_string(const TensorInfo& t) {
   return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
 }
@@ -89,10 +93,10 @@ json parse_header(const std::string& file, const char* begin, const char* end) {
         if (!frames.back().keys.insert(key).second) {
           // Below the top level the key belongs to the entry named by the top-level key.
           const bool top = frames.size() == 1;
-          const std::string item = top ? key : frames.front().last_key;
-          throw DataError(file, item,
+          const std::string& entry = top ? key : frames.front().last_key;
+          throw DataError(file, tensor_item(entry),
                           "duplicate key \"" + key + "\" in the header" +
-                              (top ? std::string() : " (inside the entry \"" + item + "\")"));
+                              (top ? std::string() : " (inside the entry \"" + entry + "\")"));
         }
         frames.back().last_key = key;
         break;
@@ -126,34 +130,37 @@ std::map<std::string, std::string> parse_metadata(const std::string& file, const
 
 TensorInfo parse_entry(const std::string& file, const std::string& name, const json& entry,
                        std::uint64_t data_size) {
+  const std::string item = tensor_item(name);
   WD_CHECK_DATA(
-      entry.is_object(), file, name,
+      entry.is_object(), file, item,
       "tensor entry must be an object with \"dtype\", \"shape\" and \"data_offsets\", got "
           << excerpt(entry));
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
-    WD_CHECK_DATA(entry.contains(field), file, name, "tensor entry lacks \"" << field << "\"");
+    WD_CHECK_DATA(entry.contains(field), file, item, "tensor entry lacks \"" << field << "\"");
   }
   TensorInfo info;
   info.name = name;
 
   const json& dtype = entry.at("dtype");
-  WD_CHECK_DATA(dtype.is_string(), file, name, "\"dtype\" must be a string, got " << excerpt(dtype));
+  WD_CHECK_DATA(dtype.is_string(), file, item,
+                "\"dtype\" must be a string, got " << excerpt(dtype));
   info.dtype = dtype.get<std::string>();
   const std::size_t element_size = safetensors_dtype_size(info.dtype);
-  WD_CHECK_DATA(element_size != 0, file, name,
+  WD_CHECK_DATA(element_size != 0, file, item,
                 "unknown dtype " << excerpt(dtype) << " (known: " << known_dtypes() << ")");
 
   const json& shape = entry.at("shape");
-  WD_CHECK_DATA(shape.is_array(), file, name,
+  WD_CHECK_DATA(shape.is_array(), file, item,
                 "\"shape\" must be an array of non-negative integers, got " << excerpt(shape));
   for (std::size_t i = 0; i < shape.size(); ++i) {
     const json& dim = shape[i];
-    WD_CHECK_DATA(dim.is_number_unsigned(), file, name,
+    WD_CHECK_DATA(dim.is_number_unsigned(), file, item,
                   "shape[" << i << "] = " << excerpt(dim) << " is not a non-negative integer");
     const auto value = dim.get<std::uint64_t>();
     // safetensors allows any usize; Torch sizes are int64, so larger dimensions cannot load.
     WD_CHECK_DATA(
-        value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), file, name,
+        value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), file,
+        item,
         "shape[" << i << "] = " << value << " exceeds the largest Torch dimension 2^63-1");
     info.shape.push_back(static_cast<std::int64_t>(value));
   }
@@ -161,12 +168,12 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   const json& offsets = entry.at("data_offsets");
   WD_CHECK_DATA(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                     offsets[1].is_number_unsigned(),
-                file, name,
+                file, item,
                 "\"data_offsets\" must be [begin, end] with two non-negative integers, got "
                     << excerpt(offsets));
   info.begin = offsets[0].get<std::uint64_t>();
   info.end = offsets[1].get<std::uint64_t>();
-  WD_CHECK_DATA(info.begin <= info.end, file, name,
+  WD_CHECK_DATA(info.begin <= info.end, file, item,
                 "data_offsets " << offsets_string(info) << " are reversed: begin " << info.begin
                                 << " is greater than end " << info.end);
 
@@ -175,19 +182,19 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   std::uint64_t elements = 1;
   for (const std::int64_t dim : info.shape) {
     WD_CHECK_DATA(!__builtin_mul_overflow(elements, static_cast<std::uint64_t>(dim), &elements),
-                  file, name,
+                  file, item,
                   "element count of shape " << shape_string(info.shape) << " overflows 64 bits");
   }
   std::uint64_t bytes = 0;
-  WD_CHECK_DATA(!__builtin_mul_overflow(elements, element_size, &bytes), file, name,
+  WD_CHECK_DATA(!__builtin_mul_overflow(elements, element_size, &bytes), file, item,
                 "byte size of shape " << shape_string(info.shape) << " (" << elements
                                       << " elements) x " << element_size << " bytes per "
                                       << info.dtype << " overflows 64 bits");
-  WD_CHECK_DATA(bytes == info.nbytes(), file, name,
+  WD_CHECK_DATA(bytes == info.nbytes(), file, item,
                 "shape " << shape_string(info.shape) << " of " << info.dtype << " needs " << bytes
                          << " bytes but data_offsets " << offsets_string(info) << " span "
                          << info.nbytes() << " bytes");
-  WD_CHECK_DATA(info.end <= data_size, file, name,
+  WD_CHECK_DATA(info.end <= data_size, file, item,
                 "data_offsets " << offsets_string(info)
                                 << " are out of bounds: the data section holds " << data_size
                                 << " bytes");
@@ -205,10 +212,10 @@ void check_layout(const std::string& file, std::vector<TensorInfo>& tensors,
   const TensorInfo* previous = nullptr;
   for (const TensorInfo& t : tensors) {
     // `covered` is 0 until a tensor is seen, so `previous` is set whenever this check fails.
-    WD_CHECK_DATA(t.begin >= covered, file, t.name,
+    WD_CHECK_DATA(t.begin >= covered, file, tensor_item(t.name),
                   "data_offsets " << offsets_string(t) << " overlap tensor \"" << previous->name
                                   << "\" at " << offsets_string(*previous));
-    WD_CHECK_DATA(t.begin == covered, file, t.name,
+    WD_CHECK_DATA(t.begin == covered, file, tensor_item(t.name),
                   "data_offsets " << offsets_string(t) << " leave a gap of " << t.begin - covered
                                   << " bytes after "
                                   << (previous ? "tensor \"" + previous->name + "\" at " +

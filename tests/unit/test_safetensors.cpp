@@ -291,6 +291,20 @@ TEST_F(SafetensorsTest, RejectsDeeplyNestedHeader) {
                   "tensor entry must be an object");
 }
 
+TEST_F(SafetensorsTest, EmptyTensorNameIsNamedInErrors) {
+  // Found by fuzz_safetensors: safetensors allows "" as a tensor name, and an error about that
+  // tensor named no item at all ("file: tensor entry lacks ...").
+  expect_rejected(craft("empty-name.safetensors",
+                        R"({"":{"dtype":"F32","shap":[4],"data_offsets":[0,16]}})", 16),
+                  "\"\"", "tensor entry lacks \"shape\"");
+  expect_rejected(craft("empty-dup.safetensors",
+                        R"({"":{"dtype":"F32","dtype":"F32","shape":[],"data_offsets":[0,4]}})", 4),
+                  "\"\"", "duplicate key \"dtype\" in the header (inside the entry \"\")");
+  const auto st = wd::SafetensorsFile::open(
+      craft("empty-ok.safetensors", R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
+  EXPECT_TRUE(st.contains(""));
+}
+
 TEST_F(SafetensorsTest, ErrorMessagesQuoteBadValuesShortened) {
   // A hostile header can put megabytes into one value; the message quotes only its start.
   const std::string big(100'000, 'x');
