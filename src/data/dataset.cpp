@@ -86,8 +86,8 @@ Opened open_dataset(hid_t file, const std::string& path, const char* name, const
   H5L_info_t link{};
   WD_CHECK_H5(H5Lget_info(file, name, &link, H5P_DEFAULT), path, name);
   WD_CHECK_DATA(link.type != H5L_TYPE_EXTERNAL, path, name,
-                "is an external link to another file, expected a dataset " << expected
-                                                                           << " stored in this file");
+                "is an external link to another file, expected a dataset "
+                    << expected << " stored in this file");
   H5O_info_t object{};
   WD_CHECK_H5(H5Oget_info_by_name(file, name, &object, H5P_DEFAULT), path, name);
   WD_CHECK_DATA(object.type == H5O_TYPE_DATASET, path, name,
