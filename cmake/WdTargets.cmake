@@ -1,15 +1,25 @@
-# Shared target helpers: one INTERFACE target for warnings, one precompiled header for
-# <torch/torch.h>, and the helpers every folder uses to declare its library and its tests.
+# Shared target helpers: one INTERFACE target for warnings and flags, one precompiled header
+# for <torch/torch.h>, and the helpers every folder uses to declare its library and its tests.
 
 add_library(wd_warnings INTERFACE)
 target_compile_options(wd_warnings INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers>)
 
-# One object library owns the precompiled torch header; every target reuses it.
-add_library(wd_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch_anchor.cpp)
-target_link_libraries(wd_pch PUBLIC torch PRIVATE wd_warnings)
-if(WD_USE_PCH)
-  target_precompile_headers(wd_pch PRIVATE <torch/torch.h>)
+# WD_SANITIZE=address (launch/asan.sh): every target links wd_warnings, so all of our code is
+# instrumented; the prebuilt LibTorch, HDF5 and MPI are not, which ASan tolerates (README).
+if(WD_SANITIZE)
+  target_compile_options(wd_warnings INTERFACE -fsanitize=${WD_SANITIZE} -fno-omit-frame-pointer)
+  target_link_options(wd_warnings INTERFACE -fsanitize=${WD_SANITIZE})
+endif()
+
+# One object library owns the precompiled torch header; every target reuses it. A fuzz tree
+# (WD_FUZZ) has no Torch and no use for it.
+if(NOT WD_FUZZ)
+  add_library(wd_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch_anchor.cpp)
+  target_link_libraries(wd_pch PUBLIC torch PRIVATE wd_warnings)
+  if(WD_USE_PCH)
+    target_precompile_headers(wd_pch PRIVATE <torch/torch.h>)
+  endif()
 endif()
 
 # wd_add_library(NAME wd_core SOURCES ... PUBLIC_LIBS ... PRIVATE_LIBS ...)

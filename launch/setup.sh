@@ -12,6 +12,7 @@ PACKAGES=(
   libhdf5-dev                    # data sets
   libboost-program-options-dev   # options and config files
   libspdlog-dev nlohmann-json3-dev libgtest-dev
+  clang libclang-rt-dev          # libFuzzer and its sanitizers (launch/fuzz.sh)
 )
 
 missing=()

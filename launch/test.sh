@@ -1,8 +1,33 @@
 #!/usr/bin/env bash
-# Runs the test suite (what CI runs): set up and build if needed, then every CTest test.
+# Runs the test suite (what CI runs): set up and build if needed, every CTest test, then the
+# data tests under AddressSanitizer (launch/asan.sh) and a short fuzz run of the safetensors
+# parser (launch/fuzz.sh). Each stage prints its summary; the script fails if any stage failed.
+# Usage: bash launch/test.sh [ctest args]   (FUZZ_SECONDS=60, SKIP_ASAN=1, SKIP_FUZZ=1 may be set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
 # One BLAS / OpenMP thread per process: tests run ranks side by side on few cores.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 "$@"
+
+summary=()
+failed=0
+# Runs one stage, records "name: PASS|FAIL (seconds)" and carries on, so one failure does not
+# hide the others.
+stage() {
+  local name=$1
+  shift
+  local start=$SECONDS rc=0
+  echo "=== $name"
+  "$@" || rc=$?
+  local verdict=PASS
+  if ((rc != 0)); then verdict="FAIL (exit $rc)"; failed=1; fi
+  summary+=("$name: $verdict, $((SECONDS - start)) s")
+}
+
+stage "ctest" ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 "$@"
+if [[ -z ${SKIP_ASAN:-} ]]; then stage "asan data tests" bash launch/asan.sh; fi
+if [[ -z ${SKIP_FUZZ:-} ]]; then stage "fuzz safetensors" bash launch/fuzz.sh "${FUZZ_SECONDS:-60}"; fi
+
+echo "=== summary"
+printf '  %s\n' "${summary[@]}"
+exit "$failed"

@@ -5,10 +5,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "core/config.hpp"
@@ -61,13 +63,45 @@ struct Opened {
   std::size_t type_size = 0;
 };
 
-/// Opens `name`; a missing object is a DataError that says what the schema expects there.
+std::string object_kind(H5O_type_t type) {
+  switch (type) {
+    case H5O_TYPE_GROUP:
+      return "a group";
+    case H5O_TYPE_DATASET:
+      return "a dataset";
+    case H5O_TYPE_NAMED_DATATYPE:
+      return "a named datatype";
+    default:
+      return "an object of unknown kind";
+  }
+}
+
+/// Opens `name`; a missing object is a DataError that says what the schema expects there. The
+/// object must be a dataset whose bytes live in this file: an external link, external raw
+/// storage or a virtual dataset would read another file, which validation never sees.
 Opened open_dataset(hid_t file, const std::string& path, const char* name, const char* expected) {
   const htri_t exists = WD_CHECK_H5(H5Lexists(file, name, H5P_DEFAULT), path, name);
   WD_CHECK_DATA(exists > 0, path, name,
                 "missing; expected a dataset " << expected << " (see docs/data-format.md)");
+  H5L_info_t link{};
+  WD_CHECK_H5(H5Lget_info(file, name, &link, H5P_DEFAULT), path, name);
+  WD_CHECK_DATA(link.type != H5L_TYPE_EXTERNAL, path, name,
+                "is an external link to another file, expected a dataset "
+                    << expected << " stored in this file");
+  H5O_info_t object{};
+  WD_CHECK_H5(H5Oget_info_by_name(file, name, &object, H5P_DEFAULT), path, name);
+  WD_CHECK_DATA(object.type == H5O_TYPE_DATASET, path, name,
+                "is " << object_kind(object.type) << ", expected a dataset " << expected);
   Opened o;
   o.dataset = H5Dataset(WD_CHECK_H5(H5Dopen2(file, name, H5P_DEFAULT), path, name));
+  const H5PropertyList dcpl(WD_CHECK_H5(H5Dget_create_plist(o.dataset.get()), path, name));
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  WD_CHECK_DATA(layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED || layout == H5D_COMPACT, path,
+                name, "has a virtual (or unknown) storage layout mapping other files, expected "
+                      "contiguous, chunked or compact storage in this file");
+  const int external = WD_CHECK_H5(H5Pget_external_count(dcpl.get()), path, name);
+  WD_CHECK_DATA(external == 0, path, name,
+                "keeps its data in " << external << " external file(s), expected it in this file");
   o.type = H5Datatype(WD_CHECK_H5(H5Dget_type(o.dataset.get()), path, name));
   o.cls = WD_CHECK_H5(H5Tget_class(o.type.get()), path, name);
   o.type_size = H5Tget_size(o.type.get());
@@ -82,12 +116,33 @@ void check_rank(const Opened& o, const std::string& path, const char* name, cons
                         << "]");
 }
 
-/// float32 or float16 (any other class or width is refused); returns the dtype name.
+/// The bit layout of a float type, as HDF5 describes it.
+struct FloatFields {
+  std::size_t sign = 0, exp_pos = 0, exp_bits = 0, man_pos = 0, man_bits = 0;
+  bool operator==(const FloatFields& o) const {
+    return sign == o.sign && exp_pos == o.exp_pos && exp_bits == o.exp_bits &&
+           man_pos == o.man_pos && man_bits == o.man_bits;
+  }
+};
+
+/// IEEE binary32 or binary16 in either byte order (any other class, width or bit layout, such
+/// as float64 or a bfloat16 stored as a custom 2-byte type, is refused); returns the dtype name.
 std::string check_float(const Opened& o, const std::string& path, const char* name) {
   WD_CHECK_DATA(
       o.cls == H5T_FLOAT && (o.type_size == 4 || o.type_size == 2), path, name,
       class_name(o.cls) << " data of " << o.type_size << " bytes, expected float32 or float16");
-  return o.type_size == 4 ? "float32" : "float16";
+  FloatFields f;
+  WD_CHECK_H5(H5Tget_fields(o.type.get(), &f.sign, &f.exp_pos, &f.exp_bits, &f.man_pos,
+                            &f.man_bits),
+              path, name);
+  const bool single = o.type_size == 4;
+  const FloatFields ieee = single ? FloatFields{31, 23, 8, 0, 23} : FloatFields{15, 10, 5, 0, 10};
+  WD_CHECK_DATA(f == ieee, path, name,
+                "float data of " << o.type_size << " bytes with " << f.exp_bits << " exponent and "
+                                 << f.man_bits << " mantissa bits, expected IEEE "
+                                 << (single ? "float32 (8 and 23)" : "float16 (5 and 10)")
+                                 << (single ? "" : "; bfloat16 is not part of the schema"));
+  return single ? "float32" : "float16";
 }
 
 void check_samples(const Opened& o, const std::string& path, const char* name,
@@ -106,16 +161,38 @@ void check_positive_dims(const Opened& o, const std::string& path, const char* n
   }
 }
 
-/// A dataset written without filters stores every byte of its extent; less means chunks were
-/// never written (an interrupted writer), which HDF5 would silently read back as zeros.
-void check_storage(const Opened& o, const std::string& path, const char* name) {
+/// The extent must be addressable and present: its byte count fits int64 (a crafted extent
+/// could otherwise wrap around), and every byte is stored in the file. Without filters the
+/// bytes must fit in the file and all of them be allocated; with filters (compressed data)
+/// every chunk must be stored. Anything less means the writer stopped part-way, and HDF5 would
+/// silently read the missing parts as fill values.
+void check_extent(const Opened& o, const std::string& path, const char* name,
+                  std::uint64_t file_size) {
+  std::int64_t bytes = static_cast<std::int64_t>(o.type_size);
+  for (const std::int64_t d : o.dims) {
+    WD_CHECK_DATA(!__builtin_mul_overflow(bytes, d, &bytes), path, name,
+                  "shape " << format_shape(o.dims) << " of " << o.type_size
+                           << "-byte elements has more bytes than int64 can count");
+  }
   const H5PropertyList dcpl(WD_CHECK_H5(H5Dget_create_plist(o.dataset.get()), path, name));
-  if (WD_CHECK_H5(H5Pget_nfilters(dcpl.get()), path, name) > 0) return;
-  double expected = static_cast<double>(o.type_size);
-  for (std::int64_t d : o.dims) expected *= static_cast<double>(d);
-  const double stored = static_cast<double>(H5Dget_storage_size(o.dataset.get()));
-  WD_CHECK_DATA(stored >= expected, path, name,
-                "only " << format_bytes(stored) << " of its " << format_bytes(expected)
+  if (WD_CHECK_H5(H5Pget_nfilters(dcpl.get()), path, name) > 0) {
+    const std::optional<std::uint64_t> stored = h5_stored_chunks(o.dataset.get(), path, name);
+    const std::uint64_t expected = h5_chunk_count(dcpl.get(), o.dims, path, name);
+    WD_CHECK_DATA(!stored || *stored >= expected, path, name,
+                  "only " << stored.value_or(0) << " of its " << expected
+                          << " (compressed) chunks are stored in the file, expected all of them "
+                             "(was the file written completely?)");
+    return;
+  }
+  WD_CHECK_DATA(static_cast<std::uint64_t>(bytes) <= file_size, path, name,
+                "shape " << format_shape(o.dims) << " needs " << bytes << " bytes ("
+                         << format_bytes(static_cast<double>(bytes))
+                         << ") but the whole file has " << file_size
+                         << " bytes, expected the data to fit in the file");
+  const auto stored = static_cast<std::int64_t>(H5Dget_storage_size(o.dataset.get()));
+  WD_CHECK_DATA(stored >= bytes, path, name,
+                "only " << format_bytes(static_cast<double>(stored)) << " of its "
+                        << format_bytes(static_cast<double>(bytes))
                         << " are stored in the file, expected all of them (was the file "
                            "written completely?)");
 }
@@ -179,6 +256,42 @@ bool is_ieee_half(hid_t type) {
   return H5Tequal(type, half.get()) > 0;
 }
 
+/// Every /context_lens value must be in 1..L. Values are read in their own signedness, so a
+/// huge unsigned value is reported as stored rather than clipped, and in blocks, so a crafted
+/// (compressed) dataset of billions of samples cannot exhaust memory here.
+void check_context_lens(const Opened& lens, const std::string& path, std::int64_t samples,
+                        std::int64_t context_len) {
+  const bool is_unsigned = H5Tget_sign(lens.type.get()) == H5T_SGN_NONE;
+  const H5Dataspace file_space(WD_CHECK_H5(H5Dget_space(lens.dataset.get()), path, kContextLens));
+  constexpr std::int64_t kBlock = 1 << 16;
+  std::vector<std::uint64_t> block(static_cast<std::size_t>(std::min(samples, kBlock)));
+  for (std::int64_t first = 0; first < samples; first += kBlock) {
+    const auto count = static_cast<hsize_t>(std::min(kBlock, samples - first));
+    const auto start = static_cast<hsize_t>(first);
+    WD_CHECK_H5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count,
+                                    nullptr),
+                path, kContextLens);
+    const H5Dataspace mem_space(WD_CHECK_H5(H5Screate_simple(1, &count, nullptr), path,
+                                            kContextLens));
+    WD_CHECK_H5(H5Dread(lens.dataset.get(), is_unsigned ? H5T_NATIVE_UINT64 : H5T_NATIVE_INT64,
+                        mem_space.get(), file_space.get(), H5P_DEFAULT, block.data()),
+                path, kContextLens);
+    for (hsize_t i = 0; i < count; ++i) {
+      const std::uint64_t raw = block[i];
+      const bool ok = is_unsigned ? raw >= 1 && raw <= static_cast<std::uint64_t>(context_len)
+                                  : static_cast<std::int64_t>(raw) >= 1 &&
+                                        static_cast<std::int64_t>(raw) <= context_len;
+      if (ok) continue;
+      const std::string value =
+          is_unsigned ? std::to_string(raw) : std::to_string(static_cast<std::int64_t>(raw));
+      throw DataError(path,
+                      std::string(kContextLens) + "[" + std::to_string(first + i) + "]",
+                      "is " + value + ", expected 1.." + std::to_string(context_len) +
+                          " (L of /context)");
+    }
+  }
+}
+
 /// Writes the whole of `data` into the row `index` of a dataset whose first dimension is N.
 void write_row(hid_t dataset, hid_t mem_type, const void* data, std::int64_t index,
                const std::string& path, const char* name) {
@@ -203,6 +316,7 @@ void write_row(hid_t dataset, hid_t mem_type, const void* data, std::int64_t ind
 DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations& expect) {
   const H5File file = h5_open_read_only(path);
   const hid_t f = file.get();
+  const std::uint64_t file_size = std::filesystem::file_size(path);
   DatasetInfo info;
   info.path = path;
 
@@ -238,7 +352,7 @@ DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations&
                                << " (the teacher's patch [" << expect.patch[0] << ","
                                << expect.patch[1] << "," << expect.patch[2] << "])");
   }
-  check_storage(latents, path, kLatents);
+  check_extent(latents, path, kLatents, file_size);
 
   const Opened context = open_dataset(f, path, kContext, "[N,L,text_dim] float32|float16");
   check_rank(context, path, kContext, "NLD");
@@ -260,23 +374,15 @@ DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations&
                   "dimension 1 (L) is " << info.context_len << ", expected <= " << expect.text_len
                                         << " (the teacher's text_len)");
   }
-  check_storage(context, path, kContext);
+  check_extent(context, path, kContext, file_size);
 
   const Opened lens = open_dataset(f, path, kContextLens, "[N] int32");
   check_rank(lens, path, kContextLens, "N");
   WD_CHECK_DATA(lens.cls == H5T_INTEGER, path, kContextLens,
                 class_name(lens.cls) << " data, expected integers (int32)");
   check_samples(lens, path, kContextLens, info.samples);
-  check_storage(lens, path, kContextLens);
-  std::vector<std::int64_t> values(static_cast<std::size_t>(info.samples));
-  WD_CHECK_H5(
-      H5Dread(lens.dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
-      path, kContextLens);
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    WD_CHECK_DATA(values[i] >= 1 && values[i] <= info.context_len, path,
-                  std::string(kContextLens) + "[" + std::to_string(i) + "]",
-                  "is " << values[i] << ", expected 1.." << info.context_len << " (L of /context)");
-  }
+  check_extent(lens, path, kContextLens, file_size);
+  check_context_lens(lens, path, info.samples, info.context_len);
 
   const htri_t has_prompts = WD_CHECK_H5(H5Lexists(f, kPrompts, H5P_DEFAULT), path, kPrompts);
   if (has_prompts > 0) {
@@ -354,6 +460,14 @@ DatasetReader::DatasetReader(const DatasetInfo& info) : impl_(std::make_unique<I
   m.lens.resize(static_cast<std::size_t>(info.samples));
   WD_CHECK_H5(H5Dread(lens.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, m.lens.data()),
               path, kContextLens);
+  // read() narrows /context by these lengths, so a file replaced since validation must not
+  // smuggle in a length outside 1..L.
+  for (std::size_t i = 0; i < m.lens.size(); ++i) {
+    WD_CHECK_DATA(m.lens[i] >= 1 && m.lens[i] <= info.context_len, path,
+                  std::string(kContextLens) + "[" + std::to_string(i) + "]",
+                  "is " << m.lens[i] << " (changed since validation), expected 1.."
+                        << info.context_len);
+  }
 }
 
 DatasetReader::~DatasetReader() = default;

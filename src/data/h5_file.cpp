@@ -2,6 +2,7 @@
 #include "data/h5_file.hpp"
 
 #include <filesystem>
+#include <limits>
 
 namespace wd::data {
 namespace detail {
@@ -88,7 +89,38 @@ std::vector<std::int64_t> h5_dims(hid_t dataset, const std::string& file, const 
   const int rank = WD_CHECK_H5(H5Sget_simple_extent_ndims(space.get()), file, item);
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   WD_CHECK_H5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), file, item);
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    WD_CHECK_DATA(dims[d] <= static_cast<hsize_t>(std::numeric_limits<std::int64_t>::max()), file,
+                  item, "dimension " << d << " is " << dims[d] << ", beyond int64 (2^63-1)");
+  }
   return std::vector<std::int64_t>(dims.begin(), dims.end());
+}
+
+std::optional<std::uint64_t> h5_stored_chunks(hid_t dataset, const std::string& file,
+                                              const std::string& item) {
+#if H5_VERSION_GE(1, 10, 5)
+  // HDF5 1.10 refuses H5S_ALL here, so the whole dataspace is passed explicitly.
+  const H5Dataspace space(WD_CHECK_H5(H5Dget_space(dataset), file, item));
+  hsize_t chunks = 0;
+  WD_CHECK_H5(H5Dget_num_chunks(dataset, space.get(), &chunks), file, item);
+  return chunks;
+#else
+  return std::nullopt;
+#endif
+}
+
+std::uint64_t h5_chunk_count(hid_t dcpl, const std::vector<std::int64_t>& dims,
+                             const std::string& file, const std::string& item) {
+  if (H5Pget_layout(dcpl) != H5D_CHUNKED) return 1;
+  std::vector<hsize_t> chunk(dims.size());
+  WD_CHECK_H5(H5Pget_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), file, item);
+  std::uint64_t count = 1;
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    const auto along = (static_cast<std::uint64_t>(dims[d]) + chunk[d] - 1) / chunk[d];
+    // Saturates: a count this large can never be stored, which is all the caller asks.
+    if (__builtin_mul_overflow(count, along, &count)) return ~std::uint64_t{0};
+  }
+  return count;
 }
 
 }  // namespace wd::data

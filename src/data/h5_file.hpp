@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,8 +89,17 @@ H5Datatype h5_float16_type();
 /// A variable-length UTF-8 string type.
 H5Datatype h5_vlen_string_type();
 
-/// The extent of a dataset's dataspace.
+/// The extent of a dataset's dataspace; a dimension beyond int64 is a wd::DataError.
 std::vector<std::int64_t> h5_dims(hid_t dataset, const std::string& file, const std::string& item);
+
+/// How many chunks of a chunked dataset are stored in the file, or nothing where this HDF5
+/// (before 1.10.5) cannot tell.
+std::optional<std::uint64_t> h5_stored_chunks(hid_t dataset, const std::string& file,
+                                              const std::string& item);
+
+/// How many chunks cover `dims` with the chunk shape of `dcpl` (1 for a dataset not chunked).
+std::uint64_t h5_chunk_count(hid_t dcpl, const std::vector<std::int64_t>& dims,
+                             const std::string& file, const std::string& item);
 
 }  // namespace wd::data
 

@@ -1,4 +1,4 @@
-// safetensors: header validation, zero-copy tensors over the mapping, atomic (sharded) writes.
+// safetensors reader over a mapping (rules in safetensors_format.cpp), zero-copy tensors, writers.
 #include "model/safetensors.hpp"
 
 #include <fcntl.h>
@@ -11,11 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
-#include <tuple>
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
@@ -29,220 +26,33 @@ namespace {
 
 using json = nlohmann::json;
 
-struct DtypeSpec {
+// The safetensors dtypes Torch 1.13 can hold (safetensors_format.cpp knows every dtype; the
+// wide unsigned and fp8 types validate and can be inspected, but cannot be loaded).
+struct TorchDtype {
   const char* name;
-  std::size_t size;
-  std::optional<c10::ScalarType> torch_type;  ///< empty where this Torch has no such type
+  c10::ScalarType type;
 };
 
-// The dtypes of safetensors 0.4/0.5 (0.6 added sub-byte, E8M0 and complex types, which no Wan
-// checkpoint uses). The wide unsigned and fp8 types validate and can be inspected, but Torch
-// 1.13 cannot hold them.
-const DtypeSpec kDtypes[] = {
-    {"BOOL", 1, c10::ScalarType::Bool},
-    {"U8", 1, c10::ScalarType::Byte},
-    {"I8", 1, c10::ScalarType::Char},
-    {"F8_E5M2", 1, std::nullopt},
-    {"F8_E4M3", 1, std::nullopt},
-    {"I16", 2, c10::ScalarType::Short},
-    {"U16", 2, std::nullopt},
-    {"F16", 2, c10::ScalarType::Half},
-    {"BF16", 2, c10::ScalarType::BFloat16},
-    {"I32", 4, c10::ScalarType::Int},
-    {"U32", 4, std::nullopt},
-    {"F32", 4, c10::ScalarType::Float},
-    {"F64", 8, c10::ScalarType::Double},
-    {"I64", 8, c10::ScalarType::Long},
-    {"U64", 8, std::nullopt},
+const TorchDtype kTorchDtypes[] = {
+    {"BOOL", c10::ScalarType::Bool},      {"U8", c10::ScalarType::Byte},
+    {"I8", c10::ScalarType::Char},        {"I16", c10::ScalarType::Short},
+    {"F16", c10::ScalarType::Half},       {"BF16", c10::ScalarType::BFloat16},
+    {"I32", c10::ScalarType::Int},        {"F32", c10::ScalarType::Float},
+    {"F64", c10::ScalarType::Double},     {"I64", c10::ScalarType::Long},
 };
 
-const DtypeSpec* find_dtype(const std::string& name) {
-  for (const DtypeSpec& spec : kDtypes) {
+const TorchDtype* find_dtype(const std::string& name) {
+  for (const TorchDtype& spec : kTorchDtypes) {
     if (name == spec.name) return &spec;
   }
   return nullptr;
 }
 
-const DtypeSpec* find_dtype(c10::ScalarType type) {
-  for (const DtypeSpec& spec : kDtypes) {
-    if (spec.torch_type == type) return &spec;
+const TorchDtype* find_dtype(c10::ScalarType type) {
+  for (const TorchDtype& spec : kTorchDtypes) {
+    if (spec.type == type) return &spec;
   }
   return nullptr;
-}
-
-std::string known_dtypes() {
-  std::string names;
-  for (const DtypeSpec& spec : kDtypes) {
-    names += names.empty() ? "" : ", ";
-    names += spec.name;
-  }
-  return names;
-}
-
-std::string offsets_string(const TensorInfo& t) {
-  return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
-}
-
-/// Parses the header, rejecting duplicate keys at any depth: nlohmann::json would silently
-/// keep one of them, while safetensors refuses the file.
-json parse_header(const std::string& file, const char* begin, const char* end) {
-  struct Frame {
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> frames;
-  const json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        frames.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        frames.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!frames.back().keys.insert(key).second) {
-          // Below the top level the key belongs to the entry named by the top-level key.
-          const bool top = frames.size() == 1;
-          const std::string item = top ? key : frames.front().last_key;
-          throw DataError(file, item,
-                          "duplicate key \"" + key + "\" in the header" +
-                              (top ? std::string() : " (inside the entry \"" + item + "\")"));
-        }
-        frames.back().last_key = key;
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(begin, end, track_keys);
-  } catch (const json::exception& e) {
-    throw DataError(file, "header", std::string("header is not valid JSON: ") + e.what());
-  }
-}
-
-std::map<std::string, std::string> parse_metadata(const std::string& file, const json& value) {
-  std::map<std::string, std::string> metadata;
-  // safetensors reads `__metadata__` as an optional map, so an explicit null means "none".
-  if (value.is_null()) return metadata;
-  WD_CHECK_DATA(
-      value.is_object(), file, "__metadata__",
-      "__metadata__ must be an object of string values, got a JSON " << value.type_name());
-  for (const auto& [key, v] : value.items()) {
-    WD_CHECK_DATA(v.is_string(), file, "__metadata__",
-                  "__metadata__ value of \"" << key << "\" must be a string, got " << v.dump());
-    metadata.emplace(key, v.get<std::string>());
-  }
-  return metadata;
-}
-
-TensorInfo parse_entry(const std::string& file, const std::string& name, const json& entry,
-                       std::uint64_t data_size) {
-  WD_CHECK_DATA(
-      entry.is_object(), file, name,
-      "tensor entry must be an object with \"dtype\", \"shape\" and \"data_offsets\", got "
-          << entry.dump());
-  for (const char* field : {"dtype", "shape", "data_offsets"}) {
-    WD_CHECK_DATA(entry.contains(field), file, name, "tensor entry lacks \"" << field << "\"");
-  }
-  TensorInfo info;
-  info.name = name;
-
-  const json& dtype = entry.at("dtype");
-  WD_CHECK_DATA(dtype.is_string(), file, name, "\"dtype\" must be a string, got " << dtype.dump());
-  info.dtype = dtype.get<std::string>();
-  const DtypeSpec* spec = find_dtype(info.dtype);
-  WD_CHECK_DATA(spec != nullptr, file, name,
-                "unknown dtype \"" << info.dtype << "\" (known: " << known_dtypes() << ")");
-
-  const json& shape = entry.at("shape");
-  WD_CHECK_DATA(shape.is_array(), file, name,
-                "\"shape\" must be an array of non-negative integers, got " << shape.dump());
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    const json& dim = shape[i];
-    WD_CHECK_DATA(dim.is_number_unsigned(), file, name,
-                  "shape[" << i << "] = " << dim.dump() << " is not a non-negative integer");
-    const auto value = dim.get<std::uint64_t>();
-    // safetensors allows any usize; Torch sizes are int64, so larger dimensions cannot load.
-    WD_CHECK_DATA(
-        value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), file, name,
-        "shape[" << i << "] = " << value << " exceeds the largest Torch dimension 2^63-1");
-    info.shape.push_back(static_cast<std::int64_t>(value));
-  }
-
-  const json& offsets = entry.at("data_offsets");
-  WD_CHECK_DATA(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
-                    offsets[1].is_number_unsigned(),
-                file, name,
-                "\"data_offsets\" must be [begin, end] with two non-negative integers, got "
-                    << offsets.dump());
-  info.begin = offsets[0].get<std::uint64_t>();
-  info.end = offsets[1].get<std::uint64_t>();
-  WD_CHECK_DATA(info.begin <= info.end, file, name,
-                "data_offsets " << offsets_string(info) << " are reversed: begin " << info.begin
-                                << " is greater than end " << info.end);
-
-  // The product is taken in header order with overflow checks, as safetensors does, so a
-  // crafted shape cannot wrap around to a small, matching byte count.
-  std::uint64_t elements = 1;
-  for (const std::int64_t dim : info.shape) {
-    WD_CHECK_DATA(!__builtin_mul_overflow(elements, static_cast<std::uint64_t>(dim), &elements),
-                  file, name,
-                  "element count of shape " << format_shape(info.shape) << " overflows 64 bits");
-  }
-  std::uint64_t bytes = 0;
-  WD_CHECK_DATA(!__builtin_mul_overflow(elements, spec->size, &bytes), file, name,
-                "byte size of shape " << format_shape(info.shape) << " (" << elements
-                                      << " elements) x " << spec->size << " bytes per "
-                                      << info.dtype << " overflows 64 bits");
-  WD_CHECK_DATA(bytes == info.nbytes(), file, name,
-                "shape " << format_shape(info.shape) << " of " << info.dtype << " needs " << bytes
-                         << " bytes but data_offsets " << offsets_string(info) << " span "
-                         << info.nbytes() << " bytes");
-  WD_CHECK_DATA(info.end <= data_size, file, name,
-                "data_offsets " << offsets_string(info)
-                                << " are out of bounds: the data section holds " << data_size
-                                << " bytes");
-  return info;
-}
-
-/// Sorts by offset and checks the tensors tile the data section: from 0, no overlap, no gap,
-/// no trailing bytes.
-void check_layout(const std::string& file, std::vector<TensorInfo>& tensors,
-                  std::uint64_t data_size) {
-  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  std::uint64_t covered = 0;
-  const TensorInfo* previous = nullptr;
-  for (const TensorInfo& t : tensors) {
-    WD_CHECK_DATA(t.begin >= covered, file, t.name,
-                  "data_offsets " << offsets_string(t) << " overlap tensor \"" << previous->name
-                                  << "\" at " << offsets_string(*previous));
-    WD_CHECK_DATA(t.begin == covered, file, t.name,
-                  "data_offsets " << offsets_string(t) << " leave a gap of " << t.begin - covered
-                                  << " bytes after "
-                                  << (previous ? "tensor \"" + previous->name + "\" at " +
-                                                     offsets_string(*previous)
-                                               : std::string("the start of the data section")));
-    covered = t.end;
-    previous = &t;
-  }
-  WD_CHECK_DATA(!(tensors.empty() && data_size > 0), file, "header",
-                "the header lists no tensors but the data section holds "
-                    << data_size << " bytes (trailing bytes)");
-  WD_CHECK_DATA(covered == data_size, file, "header",
-                "tensors cover " << covered << " bytes but the data section holds " << data_size
-                                 << " bytes (" << data_size - covered << " trailing bytes)");
-}
-
-std::uint64_t read_le64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
 }
 
 [[noreturn]] void throw_sys(const std::string& call, const std::string& path, int err) {
@@ -311,22 +121,19 @@ std::uint64_t tensor_bytes(const torch::Tensor& t) {
 
 }  // namespace
 
-std::size_t safetensors_dtype_size(const std::string& dtype) {
-  const DtypeSpec* spec = find_dtype(dtype);
-  return spec ? spec->size : 0;
-}
-
 c10::ScalarType safetensors_to_scalar_type(const std::string& dtype) {
-  const DtypeSpec* spec = find_dtype(dtype);
-  if (spec == nullptr) throw Error("unknown safetensors dtype \"" + dtype + "\"");
-  if (!spec->torch_type) {
+  if (safetensors_dtype_size(dtype) == 0) {
+    throw Error("unknown safetensors dtype \"" + dtype + "\"");
+  }
+  const TorchDtype* spec = find_dtype(dtype);
+  if (spec == nullptr) {
     throw Error("safetensors dtype " + dtype + " has no Torch scalar type in this build");
   }
-  return *spec->torch_type;
+  return spec->type;
 }
 
 std::string scalar_type_to_safetensors(c10::ScalarType type) {
-  const DtypeSpec* spec = find_dtype(type);
+  const TorchDtype* spec = find_dtype(type);
   if (spec == nullptr) {
     throw Error(std::string("Torch dtype ") + c10::toString(type) +
                 " has no safetensors equivalent");
@@ -337,40 +144,12 @@ std::string scalar_type_to_safetensors(c10::ScalarType type) {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile st;
   st.file_ = MappedFile::open(path);
-  const std::uint8_t* bytes = st.file_->data();
-  const std::uint64_t file_size = st.file_->size();
-
-  WD_CHECK_DATA(file_size >= 8, path, "header",
-                "file is " << file_size
-                           << " bytes, shorter than the 8-byte header length that starts every "
-                              "safetensors file");
-  const std::uint64_t header_size = read_le64(bytes);
-  WD_CHECK_DATA(header_size <= kMaxHeaderBytes, path, "header",
-                "header length " << header_size << " exceeds the limit of " << kMaxHeaderBytes
-                                 << " bytes (huge header)");
-  WD_CHECK_DATA(header_size <= file_size - 8, path, "header",
-                "header length " << header_size << " runs past the end of the file: it needs 8 + "
-                                 << header_size << " = " << 8 + header_size
-                                 << " bytes but the file has " << file_size);
-
-  const char* text = reinterpret_cast<const char*>(bytes + 8);
-  const json header = parse_header(path, text, text + header_size);
-  WD_CHECK_DATA(header.is_object(), path, "header",
-                "header is a JSON " << header.type_name() << ", not an object");
-  WD_CHECK_DATA(text[0] == '{', path, "header",
-                "header must start with '{' (safetensors refuses leading whitespace)");
-
-  st.data_start_ = 8 + header_size;
-  const std::uint64_t data_size = file_size - st.data_start_;
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") {
-      st.metadata_ = parse_metadata(path, value);
-    } else {
-      st.tensors_.push_back(parse_entry(path, key, value, data_size));
-    }
-  }
-  check_layout(path, st.tensors_, data_size);
-  st.data_bytes_ = data_size;
+  // The same validation the fuzzer exercises (tests/fuzz/fuzz_safetensors.cpp).
+  SafetensorsLayout layout = parse_safetensors(st.file_->data(), st.file_->size(), path);
+  st.data_start_ = layout.data_start;
+  st.data_bytes_ = layout.data_bytes;
+  st.metadata_ = std::move(layout.metadata);
+  st.tensors_ = std::move(layout.tensors);
   for (std::size_t i = 0; i < st.tensors_.size(); ++i) st.index_.emplace(st.tensors_[i].name, i);
   return st;
 }
@@ -386,17 +165,18 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const TensorInfo& t = info(name);
-  const DtypeSpec* spec = find_dtype(t.dtype);
-  if (!spec->torch_type) {
+  const TorchDtype* spec = find_dtype(t.dtype);
+  if (spec == nullptr) {
     throw Error(path() + ": " + name + ": dtype " + t.dtype +
                 " is valid safetensors but this Torch has no such scalar type, so the tensor "
                 "cannot be loaded");
   }
-  const auto options = torch::TensorOptions().dtype(*spec->torch_type).device(torch::kCPU);
+  const auto options = torch::TensorOptions().dtype(spec->type).device(torch::kCPU);
+  const std::size_t element_size = safetensors_dtype_size(t.dtype);
   if (t.nbytes() == 0) return torch::empty(t.shape, options);
 
   std::uint8_t* data = file_->mutable_data() + data_start_ + t.begin;
-  if (reinterpret_cast<std::uintptr_t>(data) % spec->size != 0) {
+  if (reinterpret_cast<std::uintptr_t>(data) % element_size != 0) {
     // Writers that do not order data by element size can leave a tensor misaligned, and Torch
     // kernels may assume aligned elements: this one tensor is copied instead.
     torch::Tensor copy = torch::empty(t.shape, options);
@@ -426,7 +206,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   struct Planned {
     const std::string* name;
     const torch::Tensor* tensor;
-    const DtypeSpec* spec;
+    const TorchDtype* spec;
+    std::size_t element_size;
   };
   std::vector<Planned> plan;
   for (const auto& [name, t] : tensors) {
@@ -436,17 +217,19 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     }
     if (!t.defined())
       throw Error("cannot write " + path + ": tensor \"" + name + "\" is undefined");
-    const DtypeSpec* spec = find_dtype(t.scalar_type());
+    const TorchDtype* spec = find_dtype(t.scalar_type());
     if (spec == nullptr) {
       throw Error("cannot write " + path + ": tensor \"" + name + "\" has Torch dtype " +
                   c10::toString(t.scalar_type()) + ", which safetensors cannot store");
     }
-    plan.push_back({&name, &t, spec});
+    plan.push_back({&name, &t, spec, safetensors_dtype_size(spec->name)});
   }
   // Data goes largest element first (then by name), as the reference writer does: with the
   // header padded to 8 bytes every tensor then starts aligned and loads zero-copy.
   std::stable_sort(plan.begin(), plan.end(),
-                   [](const Planned& a, const Planned& b) { return a.spec->size > b.spec->size; });
+                   [](const Planned& a, const Planned& b) {
+                     return a.element_size > b.element_size;
+                   });
 
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;

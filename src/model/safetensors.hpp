@@ -13,33 +13,23 @@
 #include <vector>
 
 #include "model/mapped_file.hpp"
+#include "model/safetensors_format.hpp"
 
 namespace wd {
 
-/// One tensor entry of a safetensors header.
-struct TensorInfo {
-  std::string name;
-  std::string dtype;               ///< safetensors dtype name, e.g. "F32", "BF16"
-  std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0;         ///< offset relative to the start of the data section
-  std::uint64_t end = 0;           ///< exclusive
-  std::uint64_t nbytes() const { return end - begin; }
-};
-
-/// Bytes per element of a safetensors dtype name, or 0 when the name is unknown.
-std::size_t safetensors_dtype_size(const std::string& dtype);
 /// Torch scalar type for a safetensors dtype name; throws wd::Error when Torch lacks it.
 c10::ScalarType safetensors_to_scalar_type(const std::string& dtype);
 /// safetensors dtype name for a Torch scalar type; throws wd::Error for unsupported types.
 std::string scalar_type_to_safetensors(c10::ScalarType type);
 
-/// A validated, memory-mapped safetensors file. Opening checks every rule safetensors itself
-/// enforces (header size, JSON object, unique keys, metadata strings, known dtypes, sizes with
-/// overflow checks, offsets in bounds, contiguous and covering the data exactly); each violation
-/// is a wd::DataError naming the file, the tensor and the rule.
+/// A validated, memory-mapped safetensors file. Opening runs parse_safetensors over the mapping,
+/// so every rule safetensors itself enforces is checked (header size, JSON object, unique keys,
+/// metadata strings, known dtypes, sizes with overflow checks, offsets in bounds, contiguous and
+/// covering the data exactly); each violation is a wd::DataError naming the file, the tensor
+/// and the rule.
 class SafetensorsFile {
  public:
-  static constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+  static constexpr std::uint64_t kMaxHeaderBytes = kSafetensorsMaxHeaderBytes;
 
   /// Maps and validates `path`.
   static SafetensorsFile open(const std::string& path);

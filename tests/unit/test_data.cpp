@@ -179,11 +179,16 @@ struct Craft {
   std::vector<hsize_t> latents{4, 4, 1, 4, 4};
   std::vector<hsize_t> context{4, 16, 8};
   std::vector<hsize_t> lens_dims{4};
-  std::vector<std::int32_t> lens{1, 16, 5, 9};
+  std::vector<std::int64_t> lens{1, 16, 5, 9};
   hid_t latent_type = H5T_IEEE_F32LE;
+  hid_t context_type = H5T_IEEE_F32LE;
+  hid_t lens_type = H5T_STD_I32LE;
   bool with_latents = true;
+  bool with_context = true;
+  bool with_lens = true;
   bool with_schema_version = true;
   std::int32_t schema_version = 1;
+  std::string layout = "CFHW";
   bool chunk_latents = false;
   hsize_t latent_rows_written = ~hsize_t{0};  ///< with chunk_latents: rows actually written
 };
@@ -235,9 +240,9 @@ std::string craft(const std::string& file, const Craft& c) {
   }
   // A fixed-length string, as some writers store it (the synthetic writer uses variable length).
   const hid_t str = H5Tcopy(H5T_C_S1);
-  H5Tset_size(str, 4);
+  H5Tset_size(str, c.layout.size());
   const hid_t a = H5Acreate2(f, "latent_layout", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, str, "CFHW");
+  H5Awrite(a, str, c.layout.data());
   H5Aclose(a);
   H5Tclose(str);
   H5Sclose(scalar);
@@ -250,13 +255,43 @@ std::string craft(const std::string& file, const Craft& c) {
                   c.latents, is_int ? static_cast<const void*>(izeros.data()) : zeros.data(),
                   c.chunk_latents, c.latent_rows_written);
   }
-  std::vector<float> ctx(elements(c.context) + 1, 0.25f);
-  write_dataset(f, "/context", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, c.context, ctx.data());
-  std::vector<std::int32_t> lens = c.lens;
-  lens.resize(elements(c.lens_dims) + 1, 1);
-  write_dataset(f, "/context_lens", H5T_STD_I32LE, H5T_NATIVE_INT32, c.lens_dims, lens.data());
+  if (c.with_context) {
+    std::vector<float> ctx(elements(c.context) + 1, 0.25f);
+    write_dataset(f, "/context", c.context_type, H5T_NATIVE_FLOAT, c.context, ctx.data());
+  }
+  if (c.with_lens) {
+    std::vector<std::int64_t> lens = c.lens;
+    lens.resize(elements(c.lens_dims) + 1, 1);
+    write_dataset(f, "/context_lens", c.lens_type, H5T_NATIVE_INT64, c.lens_dims, lens.data());
+  }
   H5Fclose(f);
   return file;
+}
+
+/// Opens a crafted file for writing and lets `change` add or replace objects in it.
+template <typename Change>
+std::string edit(const std::string& file, Change change) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  EXPECT_GE(f, 0) << file;
+  change(f);
+  H5Fclose(f);
+  return file;
+}
+
+/// A chunked dataset (one sample per chunk) whose chunks are never written, so its extent
+/// can be far larger than the file.
+void create_unwritten(hid_t file, const char* name, const std::vector<hsize_t>& dims) {
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk = dims;
+  for (hsize_t& d : chunk) d = std::min<hsize_t>(d, 64);
+  chunk[0] = 1;
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  const hid_t ds = H5Dcreate2(file, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  EXPECT_GE(ds, 0) << name;
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(space);
 }
 
 DatasetExpectations craft_expect() {
@@ -413,6 +448,212 @@ TEST_F(DataTest, NotAnHdf5File) {
   fs::copy_file(good, cut);
   fs::resize_file(cut, fs::file_size(good) / 2);
   expect_data_error(cut, "", {"H5Fopen", "failed"});
+}
+
+TEST_F(DataTest, ContextRankAndType) {
+  Craft c;
+  c.context = {4, 128};
+  expect_data_error(craft(path("f.h5"), c), "/context", {"rank 2 with shape [4,128]",
+                                                         "expected rank 3 [NLD]"});
+  Craft d;
+  d.context_type = H5T_IEEE_F64LE;
+  expect_data_error(craft(path("g.h5"), d), "/context",
+                    {"float data of 8 bytes, expected float32 or float16"});
+}
+
+TEST_F(DataTest, Bfloat16IsRefused) {
+  // bfloat16 stored as a custom 2-byte float: same width as float16, different bit layout.
+  const hid_t bf16 = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(bf16, 15, 7, 8, 0, 7);
+  H5Tset_size(bf16, 2);
+  H5Tset_ebias(bf16, 127);
+  Craft c;
+  c.latent_type = bf16;
+  const std::string file = craft(path("f.h5"), c);
+  H5Tclose(bf16);
+  expect_data_error(file, "/latents",
+                    {"float data of 2 bytes with 8 exponent and 7 mantissa bits",
+                     "expected IEEE float16 (5 and 10)", "bfloat16 is not part of the schema"});
+}
+
+TEST_F(DataTest, SchemaObjectOfWrongKind) {
+  Craft c;
+  c.with_context = false;
+  const std::string file = edit(craft(path("f.h5"), c), [](hid_t f) {
+    H5Gclose(H5Gcreate2(f, "/context", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  });
+  expect_data_error(file, "/context", {"is a group, expected a dataset [N,L,text_dim]"});
+}
+
+TEST_F(DataTest, DataInOtherFilesIsRefused) {
+  // An external link would read /context from a file validation never looked at.
+  const std::string other = craft(path("other.h5"), Craft{});
+  Craft c;
+  c.with_context = false;
+  const std::string linked = edit(craft(path("f.h5"), c), [&](hid_t f) {
+    H5Lcreate_external(other.c_str(), "/context", f, "/context", H5P_DEFAULT, H5P_DEFAULT);
+  });
+  expect_data_error(linked, "/context", {"is an external link to another file",
+                                         "stored in this file"});
+  // So would raw data kept in an external file.
+  const std::string raw = path("context.raw");
+  const std::string external = edit(craft(path("g.h5"), c), [&](hid_t f) {
+    const std::vector<hsize_t> dims{4, 16, 8};
+    const hid_t space = H5Screate_simple(3, dims.data(), nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, raw.c_str(), 0, 4 * 16 * 8 * 4);
+    const hid_t ds = H5Dcreate2(f, "/context", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
+                                H5P_DEFAULT);
+    std::vector<float> data(4 * 16 * 8, 0.25f);
+    EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  });
+  expect_data_error(external, "/context", {"keeps its data in 1 external file(s)"});
+}
+
+TEST_F(DataTest, ExtentBeyondInt64OrTheFile) {
+  Craft c;
+  c.with_latents = false;
+  // 2^40 x 4 x 2^20 x 16 x 4 elements of 4 bytes is 2^70 bytes.
+  const std::string overflow = edit(craft(path("f.h5"), c), [](hid_t f) {
+    create_unwritten(f, "/latents", {hsize_t{1} << 40, 4, hsize_t{1} << 20, 16, 4});
+  });
+  expect_data_error(overflow, "/latents",
+                    {"shape [1099511627776,4,1048576,16,4] of 4-byte elements",
+                     "more bytes than int64 can count"});
+  // 2^20 samples of 4 x 1 x 64 x 64 floats: 64 GiB described by a file of a few KB.
+  const std::string big = edit(craft(path("g.h5"), c), [](hid_t f) {
+    create_unwritten(f, "/latents", {hsize_t{1} << 20, 4, 1, 64, 64});
+  });
+  expect_data_error(big, "/latents",
+                    {"shape [1048576,4,1,64,64] needs 68719476736 bytes (64.00 GiB)",
+                     "but the whole file has " + std::to_string(fs::file_size(big)) + " bytes"});
+}
+
+TEST_F(DataTest, CompressedDataMustHaveEveryChunk) {
+  if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) <= 0) GTEST_SKIP() << "HDF5 built without deflate";
+  const auto compressed = [&](const std::string& name, hsize_t rows) {
+    Craft c;
+    c.with_latents = false;
+    return edit(craft(path(name), c), [&](hid_t f) {
+      const std::vector<hsize_t> dims{4, 4, 1, 4, 4}, chunk{1, 4, 1, 4, 4};
+      const hid_t space = H5Screate_simple(5, dims.data(), nullptr);
+      const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      H5Pset_chunk(dcpl, 5, chunk.data());
+      H5Pset_deflate(dcpl, 4);
+      const hid_t ds = H5Dcreate2(f, "/latents", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
+                                  H5P_DEFAULT);
+      std::vector<hsize_t> start(5, 0), count = dims;
+      count[0] = rows;
+      H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      const hid_t mem = H5Screate_simple(5, count.data(), nullptr);
+      std::vector<float> data(4 * 4 * 4 * 4, 0.5f);
+      EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, data.data()), 0);
+      H5Sclose(mem);
+      H5Dclose(ds);
+      H5Pclose(dcpl);
+      H5Sclose(space);
+    });
+  };
+  // Complete compressed data is valid (and reads back); a missing chunk is not.
+  const DatasetInfo info = validate_dataset(compressed("full.h5", 4), craft_expect());
+  EXPECT_EQ(DatasetReader(info).read({3}).latents.mean().item<double>(), 0.5);
+  expect_data_error(compressed("part.h5", 2), "/latents",
+                    {"only 2 of its 4 (compressed) chunks are stored", "expected all"});
+}
+
+TEST_F(DataTest, ContextLengthsNegativeHugeOrNotIntegers) {
+  Craft c;
+  c.lens = {1, -3, 5, 9};
+  expect_data_error(craft(path("f.h5"), c), "/context_lens[1]", {"is -3, expected 1..16"});
+  // A huge unsigned value is reported as stored, not clipped by the conversion.
+  Craft d;
+  d.with_lens = false;
+  const std::string unsigned_file = edit(craft(path("g.h5"), d), [](hid_t f) {
+    const std::vector<std::uint64_t> lens{1, 2, ~std::uint64_t{0}, 3};
+    write_dataset(f, "/context_lens", H5T_STD_U64LE, H5T_NATIVE_UINT64, {4}, lens.data());
+  });
+  expect_data_error(unsigned_file, "/context_lens[2]",
+                    {"is 18446744073709551615, expected 1..16"});
+  Craft e;
+  e.lens_type = H5T_IEEE_F32LE;
+  expect_data_error(craft(path("h.h5"), e), "/context_lens",
+                    {"float data, expected integers (int32)"});
+  Craft r;
+  r.lens_dims = {4, 1};
+  expect_data_error(craft(path("i.h5"), r), "/context_lens", {"rank 2", "expected rank 1 [N]"});
+}
+
+TEST_F(DataTest, PromptsChecked) {
+  const std::vector<std::int32_t> numbers{1, 2, 3, 4};
+  const std::string ints = edit(craft(path("f.h5"), Craft{}), [&](hid_t f) {
+    write_dataset(f, "/prompts", H5T_STD_I32LE, H5T_NATIVE_INT32, {4}, numbers.data());
+  });
+  expect_data_error(ints, "/prompts", {"integer data, expected strings"});
+  const std::string short_prompts = edit(craft(path("g.h5"), Craft{}), [](hid_t f) {
+    const hid_t str = H5Tcopy(H5T_C_S1);
+    H5Tset_size(str, 2);
+    write_dataset(f, "/prompts", str, str, {3}, "a\0b\0c\0");
+    H5Tclose(str);
+  });
+  expect_data_error(short_prompts, "/prompts", {"dimension 0 (N) is 3", "expected 4"});
+}
+
+TEST_F(DataTest, RootAttributesOfWrongValueOrType) {
+  Craft c;
+  c.layout = "FCHW";
+  expect_data_error(craft(path("f.h5"), c), "root attribute latent_layout",
+                    {"is \"FCHW\", expected \"CFHW\""});
+  Craft d;
+  d.with_schema_version = false;
+  const std::string text_version = edit(craft(path("g.h5"), d), [](hid_t f) {
+    const hid_t scalar = H5Screate(H5S_SCALAR);
+    const hid_t str = H5Tcopy(H5T_C_S1);
+    H5Tset_size(str, 1);
+    const hid_t a = H5Acreate2(f, "schema_version", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, str, "1");
+    H5Aclose(a);
+    H5Tclose(str);
+    H5Sclose(scalar);
+  });
+  expect_data_error(text_version, "root attribute schema_version",
+                    {"is not a scalar integer (string), expected 1"});
+}
+
+TEST_F(DataTest, ObjectsOutsideTheSchemaAreAllowed) {
+  // The schema names what training reads; writers may keep provenance beside it.
+  const std::vector<std::int64_t> ids{10, 11, 12, 13};
+  const std::string file = edit(craft(path("f.h5"), Craft{}), [&](hid_t f) {
+    write_dataset(f, "/video_ids", H5T_STD_I64LE, H5T_NATIVE_INT64, {4}, ids.data());
+    H5Gclose(H5Gcreate2(f, "/extras", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    const hid_t scalar = H5Screate(H5S_SCALAR);
+    const std::int32_t seed = 7;
+    const hid_t a = H5Acreate2(f, "seed", H5T_STD_I32LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT32, &seed);
+    H5Aclose(a);
+    H5Sclose(scalar);
+  });
+  EXPECT_EQ(validate_dataset(file, craft_expect()).samples, 4);
+}
+
+TEST_F(DataTest, ReaderRechecksLengthsOfAReplacedFile) {
+  const std::string file = craft(path("f.h5"), Craft{});
+  const DatasetInfo info = validate_dataset(file, craft_expect());
+  edit(file, [](hid_t f) {
+    const hid_t ds = H5Dopen2(f, "/context_lens", H5P_DEFAULT);
+    const std::vector<std::int32_t> lens{1, 40, 1, 1};
+    EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, lens.data()), 0);
+    H5Dclose(ds);
+  });
+  try {
+    DatasetReader reader(info);
+    FAIL() << "expected a DataError";
+  } catch (const wd::DataError& e) {
+    EXPECT_EQ(e.item(), "/context_lens[1]");
+    EXPECT_TRUE(contains(e.what(), "is 40 (changed since validation), expected 1..16")) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -276,6 +276,93 @@ TEST_F(SafetensorsTest, RejectsTrailingBytes) {
                   "lists no tensors but the data section holds 4 bytes");
 }
 
+TEST_F(SafetensorsTest, RejectsDeeplyNestedHeader) {
+  // Regression: a header of a million nested arrays parsed fine, and dumping the entry for the
+  // error message then recursed once per level and overflowed the stack.
+  const auto nested = [](std::size_t depth) {
+    return R"({"a":)" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  expect_rejected(craft("deep.safetensors", nested(1'000'000), 0), "header",
+                  "header nests deeper than 128 levels");
+  expect_rejected(craft("deep-meta.safetensors", R"({"__metadata__":)" + nested(200) + "}", 0),
+                  "header", "nests deeper than 128 levels");
+  // Within the limit, the entry itself is what is wrong.
+  expect_rejected(craft("shallow.safetensors", nested(100), 0), "a",
+                  "tensor entry must be an object");
+}
+
+TEST_F(SafetensorsTest, EmptyTensorNameIsNamedInErrors) {
+  // Found by fuzz_safetensors: safetensors allows "" as a tensor name, and an error about that
+  // tensor named no item at all ("file: tensor entry lacks ...").
+  expect_rejected(craft("empty-name.safetensors",
+                        R"({"":{"dtype":"F32","shap":[4],"data_offsets":[0,16]}})", 16),
+                  "\"\"", "tensor entry lacks \"shape\"");
+  expect_rejected(craft("empty-dup.safetensors",
+                        R"({"":{"dtype":"F32","dtype":"F32","shape":[],"data_offsets":[0,4]}})", 4),
+                  "\"\"", "duplicate key \"dtype\" in the header (inside the entry \"\")");
+  const auto st = wd::SafetensorsFile::open(
+      craft("empty-ok.safetensors", R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
+  EXPECT_TRUE(st.contains(""));
+}
+
+TEST_F(SafetensorsTest, ErrorMessagesQuoteBadValuesShortened) {
+  // A hostile header can put megabytes into one value; the message quotes only its start.
+  const std::string big(100'000, 'x');
+  const auto expect_short = [&](const std::string& name, const std::string& header,
+                                const std::string& phrase) {
+    try {
+      wd::SafetensorsFile::open(craft(name, header, 0));
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const wd::DataError& e) {
+      const std::string msg = e.what();
+      EXPECT_LT(msg.size(), 1'000u) << msg.substr(0, 200);
+      EXPECT_TRUE(contains(msg, phrase)) << msg.substr(0, 300);
+      EXPECT_TRUE(contains(msg, "(100002 chars)") || contains(msg, "(100004 chars)")) << msg;
+    }
+  };
+  expect_short("dtype.safetensors",
+               R"({"a":{"dtype":")" + big + R"(","shape":[],"data_offsets":[0,0]}})",
+               "unknown dtype \"xxxx");
+  expect_short("offsets.safetensors",
+               R"({"a":{"dtype":"F32","shape":[],"data_offsets":[")" + big + R"("]}})",
+               "\"data_offsets\" must be [begin, end]");
+}
+
+TEST_F(SafetensorsTest, ParsesAnInMemoryImageLikeTheFile) {
+  // parse_safetensors is what SafetensorsFile::open (and the fuzzer) run over the bytes.
+  std::string header = R"({"__metadata__":{"k":"v"},)" + kTensorA +
+                       R"(,"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]}})";
+  std::string bytes(8, '\0');
+  bytes[0] = static_cast<char>(header.size());
+  bytes += header + std::string(12, '\0');
+  const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const wd::SafetensorsLayout layout = wd::parse_safetensors(data, bytes.size(), "memory");
+  EXPECT_EQ(layout.data_start, 8 + header.size());
+  EXPECT_EQ(layout.data_bytes, 12u);
+  EXPECT_EQ(layout.metadata.at("k"), "v");
+  ASSERT_EQ(layout.tensors.size(), 2u);
+  EXPECT_EQ(layout.tensors[1].name, "b");
+  EXPECT_EQ(layout.tensors[1].shape, (std::vector<std::int64_t>{1, 2}));
+
+  const auto st = wd::SafetensorsFile::open(write_raw("image.safetensors", bytes));
+  EXPECT_EQ(st.data_bytes(), layout.data_bytes);
+  EXPECT_EQ(st.metadata(), layout.metadata);
+  ASSERT_EQ(st.tensors().size(), layout.tensors.size());
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
+    EXPECT_EQ(st.tensors()[i].name, layout.tensors[i].name);
+    EXPECT_EQ(st.tensors()[i].begin, layout.tensors[i].begin);
+    EXPECT_EQ(st.tensors()[i].end, layout.tensors[i].end);
+  }
+  // The name given is what errors carry; the bytes are never read past `size`.
+  try {
+    wd::parse_safetensors(data, 8 + header.size() + 4, "memory");
+    ADD_FAILURE() << "a cut image was accepted";
+  } catch (const wd::DataError& e) {
+    EXPECT_EQ(e.file(), "memory");
+    EXPECT_TRUE(contains(e.what(), "out of bounds: the data section holds 4 bytes")) << e.what();
+  }
+}
+
 // --- What the rules allow --------------------------------------------------------------------
 
 TEST_F(SafetensorsTest, AcceptsNullMetadataAndZeroSizedTensorsSharingAnOffset) {
