@@ -20,6 +20,8 @@
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 #include "student/student_parts.hpp"
+#include "student/train_state.hpp"
+#include "core/checkpoint_store.hpp"
 #include "teacher/teacher_config.hpp"
 #include "teacher/teacher_loop.hpp"
 
@@ -41,6 +43,7 @@ struct RunConfig {
   data::NoiseConfig noise;
   comm::CommConfig comm;
   memory::MemoryConfig memory;
+  student::CheckpointConfig checkpoint;
   LogConfig log;
   RuntimeConfig runtime;
   std::string inject_fault;
@@ -49,7 +52,7 @@ struct RunConfig {
     t.bind("run-dir", run_dir, "directory for metrics.jsonl, the student and the builtin cache");
     t.bind("inject-fault", inject_fault,
            "testing aid: KIND@ROLE:RANK:STEP makes rank RANK of ROLE (teacher|student) fail at "
-           "training step STEP with KIND = oom|nan|throw|hang|sigkill|sigterm (docs/failures.md)");
+           "training step STEP with KIND = oom|nan|throw|hang|sigkill|sigterm|sigusr1 (docs/failures.md)");
     teacher.bind(t);
     student.bind(t);
     train.bind(t);
@@ -57,6 +60,7 @@ struct RunConfig {
     noise.bind(t);
     comm.bind(t);
     memory.bind(t);
+    checkpoint.bind(t);
     log.bind(t);
     runtime.bind(t);
   }
@@ -70,6 +74,7 @@ struct RunConfig {
     noise.validate(p);
     comm.validate(p);
     memory.validate(p);
+    checkpoint.validate(p);
     log.validate(p);
     runtime.validate(p);
     try {
@@ -82,6 +87,9 @@ struct RunConfig {
   std::string cache(const std::string& name) const { return (fs::path(run_dir) / "cache" / name).string(); }
   std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }
   std::string data_path() const { return data.path == kBuiltin ? cache("tiny-data.h5") : data.path; }
+  std::string checkpoint_root() const {
+    return checkpoint.dir.empty() ? (fs::path(run_dir) / "checkpoints").string() : checkpoint.dir;
+  }
 };
 
 /// Runs `stage` and makes every rank agree on its outcome (all throw, or none).
@@ -287,11 +295,42 @@ int run_train(const std::vector<std::string>& args) {
                info->latent_shape[3], info->context_len, info->samples};
     }
     comm::broadcast_ints(shape, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape");
+    // Where training resumes: the first student rank looks (it alone owns the store, since
+    // opening one clears what crashed saves left) and tells every rank the step.
+    const int leader = layout.teacher_ranks;
+    std::optional<CheckpointStore> store;
+    std::vector<std::int64_t> resume_step{0};
+    agreed("finding the checkpoint to resume from", cfg, [&] {
+      if (rank != leader) return;
+      store.emplace(cfg.checkpoint_root(), static_cast<std::size_t>(cfg.checkpoint.keep));
+      if (cfg.checkpoint.resume == "auto") {
+        if (const auto entry = store->latest_good()) {
+          resume_step[0] = entry->step;
+        } else {
+          spdlog::info("resume auto: no good checkpoint in {}; starting at step 0", store->root());
+        }
+      } else if (!cfg.checkpoint.resume.empty()) {
+        resume_step[0] = CheckpointStore::verify(cfg.checkpoint.resume).step;
+      }
+      WD_CHECK_AS(ConfigError, resume_step[0] < cfg.train.steps,
+                  "the checkpoint to resume from is at step " << resume_step[0] << "; train.steps("
+                                                              << cfg.train.steps << ") leaves nothing to train");
+    });
+    comm::broadcast_ints(resume_step, leader, MPI_COMM_WORLD, cfg.comm.timeout_s, "resume step");
+    std::string resume_path;
+    if (resume_step[0] > 0) {
+      resume_path = cfg.checkpoint.resume == "auto"
+                        ? (fs::path(cfg.checkpoint_root()) / CheckpointStore::dir_name(resume_step[0])).string()
+                        : cfg.checkpoint.resume;
+      if (rank == 0) spdlog::info("resuming from {} (step {})", resume_path, resume_step[0]);
+    }
+
     const auto& tc = ck->config();
     comm::StreamPlan plan;
     plan.batch_per_student = cfg.train.batch_size;
     plan.eval_messages = cfg.train.eval_samples / global_batch;
     plan.train_steps = cfg.train.steps;
+    plan.first_step = resume_step[0];
     plan.micro_batches = cfg.train.grad_accum;
     plan.latent = {shape[0], shape[1], shape[2], shape[3]};
     plan.out_channels = tc.out_dim;
@@ -309,7 +348,10 @@ int run_train(const std::vector<std::string>& args) {
 
     failure_setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing, cfg.student.precision,
                               cfg.train.batch_size, cfg.train.grad_accum, cfg.train.lr, cfg.train.grad_clip,
-                              cfg.comm.timeout_s, "", args};
+                              cfg.comm.timeout_s,
+                              cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()
+                                  ? "checkpoints in " + cfg.checkpoint_root() : "",
+                              args};
     failure_setup.timeout_s = cfg.comm.timeout_s;
     failure_setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
     failure_setup.teacher_ranks = layout.teacher_ranks;
@@ -378,13 +420,30 @@ int run_train(const std::vector<std::string>& args) {
       job.teachers.clear();
       for (int r = 0; r < layout.teacher_ranks; ++r) job.teachers.push_back(r);
       job.tracked_memory = &tracked_model;
+      job.checkpoint_every = cfg.checkpoint.every;
+      if (!resume_path.empty()) {
+        job.restore = [&](torch::optim::AdamW& optimizer) {
+          const auto cursor = student::load_train_state(resume_path, parts, optimizer);
+          WD_CHECK_DATA(cursor.step == plan.first_step, resume_path, "trainer.json",
+                        "step " << cursor.step << " differs from the manifest's step " << plan.first_step);
+        };
+      }
+      const std::string config_ini = table.to_ini();
+      job.save = [&](std::int64_t step, torch::optim::AdamW& optimizer) {
+        if (!store) return;  // the first student writes; every replica holds the same state
+        const auto path = store->save(step, [&](const std::string& dir) {
+          student::save_train_state(dir, parts, optimizer, {step}, config_ini);
+        });
+        spdlog::info("checkpoint of step {} written to {}", step, path);
+      };
       device = parts.trainable().front().device();
       tracked_model.weights_bytes = memory::tensor_bytes(parts.trainable());
       const auto stats = student::run_student(job);
       requeue = stats.stopped_after >= 0;
       summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds,
                  stats.wait_seconds / stats.seconds,
-                 static_cast<double>(plan.train_steps * plan.micro_batches * plan.batch_per_student), 0};
+                 static_cast<double>((plan.train_steps - plan.first_step) * plan.micro_batches *
+                                     plan.batch_per_student), 0};
       if (group_rank == 0 && !requeue) {
         const auto dir = (fs::path(cfg.run_dir) / "student").string();
         parts.save(dir);

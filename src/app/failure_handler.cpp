@@ -36,6 +36,12 @@ memory::DiagnosisInput make_diagnosis(const comm::FailureExchange& ex, const com
   in.op = primary.op_text();
   in.message = primary.message_text();
   in.lost = ex.lost;
+  if (primary.kind == FailureKind::kPeerLost && !primary.lost_ranks().empty()) {
+    // The rank that went silent is the one to name; the one that noticed says where.
+    in.failed_rank = primary.lost_ranks().front();
+    in.failed_role = in.failed_rank < setup.teacher_ranks ? Role::kTeacher : Role::kStudent;
+    in.op = "no answer to rank " + std::to_string(primary.rank) + "'s " + primary.op_text();
+  }
   in.context = setup.remedies;
   for (const auto& n : ex.notices) {
     if (&n == &primary || std::memcmp(&n, &primary, sizeof(n)) == 0) continue;

@@ -17,14 +17,15 @@ const std::map<std::string, FaultSpec::Kind>& kinds() {
   static const std::map<std::string, FaultSpec::Kind> table{
       {"oom", FaultSpec::Kind::kOom},         {"nan", FaultSpec::Kind::kNan},
       {"throw", FaultSpec::Kind::kThrow},     {"hang", FaultSpec::Kind::kHang},
-      {"sigkill", FaultSpec::Kind::kSigkill}, {"sigterm", FaultSpec::Kind::kSigterm}};
+      {"sigkill", FaultSpec::Kind::kSigkill}, {"sigterm", FaultSpec::Kind::kSigterm},
+      {"sigusr1", FaultSpec::Kind::kSigusr1}};
   return table;
 }
 
 [[noreturn]] void bad(const std::string& text, const std::string& why) {
   throw ConfigError("inject-fault(" + text + ") " + why +
                     "; expected KIND@ROLE:RANK:STEP with KIND one of oom, nan, throw, hang, sigkill, "
-                    "sigterm, ROLE teacher or student, RANK the index among that role's ranks and STEP "
+                    "sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks and STEP "
                     "the 1-based training step, e.g. oom@student:0:3");
 }
 
@@ -105,6 +106,9 @@ void FaultInjector::at_step(std::int64_t step, const c10::Device& device) const 
       break;
     case FaultSpec::Kind::kSigterm:
       std::raise(SIGTERM);
+      break;
+    case FaultSpec::Kind::kSigusr1:
+      std::raise(SIGUSR1);
       break;
     case FaultSpec::Kind::kNan:
       break;

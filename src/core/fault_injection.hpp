@@ -1,5 +1,5 @@
 // Fault injection, a testing aid (`--inject-fault KIND@ROLE:RANK:STEP`): a real out-of-memory,
-// NaN, exception, hang, SIGKILL or SIGTERM on one rank at one training step.
+// NaN, exception, hang, SIGKILL, SIGTERM or SIGUSR1 (requeue) on one rank at one training step.
 #pragma once
 
 #include <torch/torch.h>
@@ -14,7 +14,7 @@ namespace wd {
 
 /// One planned fault.
 struct FaultSpec {
-  enum class Kind { kOom, kNan, kThrow, kHang, kSigkill, kSigterm };
+  enum class Kind { kOom, kNan, kThrow, kHang, kSigkill, kSigterm, kSigusr1 };
   Kind kind = Kind::kThrow;
   Role role = Role::kStudent;
   int role_rank = 0;        ///< index among the ranks of `role` (teacher i, student i)

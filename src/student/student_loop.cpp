@@ -138,7 +138,9 @@ StudentStats run_student(StudentJob& job) {
     reduced[1] = job.health && job.health->requeue_requested() ? 1.0 : 0.0;
     sum_over_students(job, reduced, step, "allreduce loss");
     stats.losses.push_back(reduced[0] / group_size);
-    const bool stop = reduced[1] > 0;  // the same on every student: it came out of the reduction
+    // The same on every student: it came out of the reduction. At the last step the run ends
+    // anyway, with its final checkpoint.
+    const bool stop = reduced[1] > 0 && step + 1 < last;
     const bool log_now = (step + 1) % job.train.log_every == 0 || step + 1 == last || stop;
     if (log_now && job.leader) {
       const double secs = since(window_start);

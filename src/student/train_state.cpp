@@ -16,6 +16,21 @@
 
 namespace wd::student {
 
+void CheckpointConfig::bind(OptionTable& t) {
+  t.bind("checkpoint.every", every,
+         "steps between checkpoints (weights, optimizer, RNG, step; 0 = only at the end and on SIGUSR1)")
+      .bind("checkpoint.keep", keep, "newest checkpoints to keep (0 = all)")
+      .bind("checkpoint.dir", dir, "checkpoint directory (empty: <run-dir>/checkpoints)")
+      .bind("resume", resume,
+            "auto: continue from the newest checkpoint that verifies (start fresh if none); PATH: "
+            "continue from that checkpoint; empty: start fresh");
+}
+
+void CheckpointConfig::validate(ConfigProblems& p) const {
+  p.check(every >= 0, "checkpoint.every(" + std::to_string(every) + ") must be >= 0");
+  p.check(keep >= 0, "checkpoint.keep(" + std::to_string(keep) + ") must be >= 0");
+}
+
 namespace {
 
 constexpr const char* kFormat = "wan-distill-train-state";

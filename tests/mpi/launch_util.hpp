@@ -1,0 +1,64 @@
+// Launching `wan-distill train` under mpirun from a one-process test, and reading what it wrote.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace wd::test {
+
+struct LaunchResult {
+  int code = -1;          ///< mpirun's exit status (-1: killed by a signal)
+  std::string output;     ///< stdout and stderr of every rank
+  double seconds = 0;     ///< wall time of the whole launch
+};
+
+/// Runs `wan-distill train <args>` on `ranks` ranks. mpirun's --timeout bounds a hang;
+/// `kill_grace_s` is how long mpirun lets the other ranks finish after one exits non-zero
+/// (long enough for the failure protocol, see launch/mpirun.sh).
+inline LaunchResult launch_train(int ranks, const std::string& args, int timeout_s = 240, int kill_grace_s = 3) {
+  const std::string cmd = std::string(WD_MPIEXEC) + " -n " + std::to_string(ranks) +
+                          " --oversubscribe --allow-run-as-root --bind-to none --timeout " + std::to_string(timeout_s) +
+                          " --mca odls_base_sigkill_timeout " + std::to_string(kill_grace_s) +
+                          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + WD_CLI + " train " + args + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = pipe ? ::pclose(pipe) : -1;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
+}
+
+/// A fresh directory under the system temp dir, unique to this process and `name`.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("wd-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+/// The JSON lines of a metrics.jsonl file.
+inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& file) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+/// How many times `needle` occurs in `text`.
+inline int count_of(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+}  // namespace wd::test

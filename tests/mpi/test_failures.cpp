@@ -1,0 +1,116 @@
+// Rank-synchronised failure handling, launched for real under mpirun (1 teacher + 2 students):
+// each fault of the matrix {oom, nan, throw, sigkill, sigterm} x {teacher, student} x {first
+// step, later step}, plus a hang, stops every rank within the deadline with the documented exit
+// code, and the reporting rank's diagnosis names the failed rank, the kind and the step.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+
+#include "launch_util.hpp"
+
+namespace wd {
+namespace {
+
+using test::count_of;
+using test::launch_train;
+
+constexpr int kRanks = 3;
+constexpr int kDeadline = 4;  // comm.timeout_s: how long a wait lets a silent peer go
+
+struct Case {
+  std::string kind;  ///< oom | nan | throw | sigkill | sigterm | hang
+  std::string role;  ///< teacher | student
+  int step;          ///< 1 (first) or 6 (later)
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  return info.param.kind + "_" + info.param.role + "_" + (info.param.step == 1 ? "first" : "later");
+}
+
+/// The exit code every rank documents for the kind, and the kind's name in the diagnosis.
+struct Expected {
+  int code;
+  std::string kind_name;
+};
+
+Expected expected(const std::string& kind) {
+  static const std::map<std::string, Expected> table{
+      {"oom", {4, "out of memory"}},  {"nan", {5, "NaN/Inf"}},
+      {"throw", {1, "error"}},        {"sigterm", {7, "interrupted"}},
+      {"sigkill", {6, "rank stopped answering"}}, {"hang", {6, "rank stopped answering"}}};
+  return table.at(kind);
+}
+
+class FailureMatrix : public testing::TestWithParam<Case> {};
+
+TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
+  const Case c = GetParam();
+  // Teacher 0 is world rank 0; student 1 is world rank 2 (world = teacher, student 0, student 1).
+  const int role_rank = c.role == "teacher" ? 0 : 1;
+  const int world_rank = c.role == "teacher" ? 0 : 2;
+  const bool silent = c.kind == "sigkill" || c.kind == "hang";
+  const auto dir = test::fresh_dir("fail-" + case_name({c, 0}));
+  const std::string args = "--run-dir " + dir.string() + " --train.steps 40 --comm.timeout_s " +
+                           std::to_string(kDeadline) + " --inject-fault " + c.kind + "@" + c.role + ":" +
+                           std::to_string(role_rank) + ":" + std::to_string(c.step);
+  // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
+  // plus the protocol to explain, so they get a longer grace there.
+  const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
+  const auto e = expected(c.kind);
+
+  // No hang: mpirun's own timeout (150 s) would have fired.
+  EXPECT_LT(r.seconds, 120) << r.output;
+  EXPECT_EQ(count_of(r.output, "mpirun has exited due to time-out"), 0) << r.output;
+
+  // One diagnosis, naming the failed rank, the kind and (when the rank could say) the step.
+  EXPECT_EQ(count_of(r.output, "wan-distill train stopped: diagnosis"), 1) << r.output;
+  const std::string cause = "cause:   rank " + std::to_string(world_rank) + " (" + c.role + ") " + e.kind_name;
+  EXPECT_EQ(count_of(r.output, cause), 1) << "expected '" << cause << "' in\n" << r.output;
+  if (!silent) {
+    EXPECT_EQ(count_of(r.output, cause + " at step " + std::to_string(c.step) + " "), 1) << r.output;
+  }
+  EXPECT_EQ(count_of(r.output, "memory by rank"), 1) << r.output;
+  EXPECT_GE(count_of(r.output, "what to change:"), 1) << r.output;
+
+  // Every rank that can still speak exits with the documented code; mpirun passes on the
+  // first non-zero status (a killed rank's is its signal).
+  const std::string exiting = "exiting with code " + std::to_string(e.code) + " (";
+  EXPECT_EQ(count_of(r.output, exiting), silent ? kRanks - 1 : kRanks) << r.output;
+  if (silent) {
+    EXPECT_NE(r.code, 0) << r.output;
+  } else {
+    EXPECT_EQ(r.code, e.code) << r.output;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "diagnosis.txt"));
+}
+
+std::vector<Case> matrix() {
+  std::vector<Case> cases;
+  for (const std::string kind : {"oom", "nan", "throw", "sigkill", "sigterm"}) {
+    for (const std::string role : {"teacher", "student"}) {
+      for (const int step : {1, 6}) cases.push_back({kind, role, step});
+    }
+  }
+  cases.push_back({"hang", "student", 6});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, FailureMatrix, testing::ValuesIn(matrix()), case_name);
+
+TEST(FailureDiagnosis, OutOfMemoryRemediesComeWithTheAdjustedCommand) {
+  const auto dir = test::fresh_dir("fail-remedy");
+  const auto r = launch_train(kRanks, "--run-dir " + dir.string() + " --train.steps 20 --train.batch_size 4 "
+                                      "--train.eval_samples 8 --comm.timeout_s 4 --inject-fault oom@student:0:2");
+  ASSERT_EQ(r.code, 4) << r.output;
+  EXPECT_EQ(count_of(r.output, "--student.checkpointing all recomputes"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "batch 4 -> 2 per student"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "wan-distill train --run-dir " + dir.string() +
+                                   " --train.steps 20 --train.batch_size 4 --train.eval_samples 8 --comm.timeout_s 4 "
+                                   "--inject-fault oom@student:0:2 --student.checkpointing all"),
+            1)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace wd
