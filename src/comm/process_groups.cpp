@@ -1,6 +1,8 @@
 // Layout arithmetic (roles, replicas, slots) and the communicators split for each group.
 #include "comm/process_groups.hpp"
 
+#include <exception>
+
 #include "comm/mpi_runtime.hpp"
 
 namespace wd::comm {
@@ -148,6 +150,10 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
 }
 
 ProcessGroups::~ProcessGroups() {
+  // Unwinding from a failure: a non-blocking collective abandoned on one of these
+  // communicators is still progressed by MPI, which would then touch a freed communicator.
+  // The process exits after the failure protocol, so leaving them is the safe choice.
+  if (std::uncaught_exceptions() > 0) return;
   free_comm(link_);
   free_comm(students_);
   free_comm(teachers_);

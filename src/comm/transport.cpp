@@ -600,6 +600,8 @@ GradientReducer::GradientReducer(MPI_Comm students, std::vector<torch::Tensor> p
   MPI_Group_free(&group);
   MPI_Group_free(&world);
   WD_CHECK_MPI(rc);
+  // A timeout names the others: this rank is evidently still here.
+  peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank), peers_.end());
 
   // Buckets follow parameter order, which is the same on every student, so bucket b holds the
   // same parameters everywhere and one all-reduce per bucket lines up across ranks.

@@ -30,7 +30,7 @@ const char* failure_kind_name(FailureKind kind) {
     case FailureKind::kData: return "data error";
     case FailureKind::kOutOfMemory: return "out of memory";
     case FailureKind::kNumerical: return "NaN/Inf";
-    case FailureKind::kPeerLost: return "rank stopped answering";
+    case FailureKind::kPeerLost: return "stopped answering";
     case FailureKind::kInterrupted: return "interrupted";
   }
   return "unknown";

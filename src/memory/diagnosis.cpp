@@ -212,9 +212,10 @@ std::string format_diagnosis(const DiagnosisInput& in) {
                       "rank", "role", "state", "step", "op", "RSS", "peak RSS", "teacher W", "student W",
                       "grads", "optimizer", "transient", "transport", "device alloc/reserved/free/total");
   for (const auto& r : in.ranks) {
-    std::string state = !r.answered ? "no answer"
-                        : r.own != FailureKind::kNone ? std::string("FAILED: ") + failure_kind_name(r.own)
-                                                      : "stopped";
+    std::string state = !r.answered                        ? "no answer"
+                        : r.own == FailureKind::kPeerLost  ? "timed out waiting"
+                        : r.own != FailureKind::kNone      ? std::string("FAILED: ") + failure_kind_name(r.own)
+                                                           : "stopped";
     if (!r.answered) {
       text += fmt::format("  {:>4}  {:<7}  {:<22}\n", r.rank, role_name(r.role), state);
       continue;

@@ -99,11 +99,9 @@ StudentStats run_student(StudentJob& job) {
   int group_size = 1;
   MPI_Comm_size(job.students, &group_size);
   for (std::int64_t step = first; step < last; ++step) {
-    if (job.health) {
-      job.health->at(step + 1, "train step");
-      job.health->check();
-    }
+    if (job.health) job.health->at(step + 1, "train step");
     if (job.faults) job.faults->at_step(step + 1, device);
+    if (job.health) job.health->check();
     const double lr = job.train.lr_at(step);
     for (auto& group : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);

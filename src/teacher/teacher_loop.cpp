@@ -95,11 +95,9 @@ TeacherStats run_teacher(TeacherJob& job) {
   const auto device = job.model->parameters().front().device();
   try {
     for (std::int64_t step = job.plan.first_step; step < job.plan.train_steps; ++step) {
-      if (job.health) {
-        job.health->at(step + 1, "teacher forward");
-        job.health->check();
-      }
+      if (job.health) job.health->at(step + 1, "teacher forward");
       if (job.faults) job.faults->at_step(step + 1, device);
+      if (job.health) job.health->check();
       for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
         const auto t = Clock::now();
         const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position

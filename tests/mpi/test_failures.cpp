@@ -38,7 +38,7 @@ Expected expected(const std::string& kind) {
   static const std::map<std::string, Expected> table{
       {"oom", {4, "out of memory"}},  {"nan", {5, "NaN/Inf"}},
       {"throw", {1, "error"}},        {"sigterm", {7, "interrupted"}},
-      {"sigkill", {6, "rank stopped answering"}}, {"hang", {6, "rank stopped answering"}}};
+      {"sigkill", {6, "stopped answering"}}, {"hang", {6, "stopped answering"}}};
   return table.at(kind);
 }
 
