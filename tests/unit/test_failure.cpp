@@ -1,0 +1,167 @@
+// Failure kinds and exit codes, fault specs, and the diagnosis: remedies computed from the
+// config and the memory numbers, and the adjusted command line.
+#include <gtest/gtest.h>
+
+#include <new>
+
+#include "core/errors.hpp"
+#include "core/failure.hpp"
+#include "core/fault_injection.hpp"
+#include "memory/diagnosis.hpp"
+#include "test_util.hpp"
+
+namespace wd {
+namespace {
+
+template <typename E>
+FailureKind kind_of(E error) {
+  try {
+    throw error;
+  } catch (...) {
+    return classify_failure(std::current_exception());
+  }
+}
+
+TEST(Failure, EachKindHasItsDocumentedExitCode) {
+  EXPECT_EQ(kind_of(ConfigError("x")), FailureKind::kConfig);
+  EXPECT_EQ(kind_of(DataError("f", "i", "x")), FailureKind::kData);
+  EXPECT_EQ(kind_of(std::bad_alloc()), FailureKind::kOutOfMemory);
+  EXPECT_EQ(kind_of(NumericalError("nan")), FailureKind::kNumerical);
+  EXPECT_EQ(kind_of(Error("x")), FailureKind::kError);
+  EXPECT_EQ(exit_code(FailureKind::kOutOfMemory), 4);
+  EXPECT_EQ(exit_code(FailureKind::kNumerical), 5);
+  EXPECT_EQ(exit_code(FailureKind::kPeerLost), 6);
+  EXPECT_EQ(exit_code(FailureKind::kInterrupted), 7);
+  EXPECT_EQ(kExitRequeue, 75);
+}
+
+TEST(Failure, LibTorchsCpuAllocatorFailureIsOutOfMemory) {
+  std::exception_ptr failure;
+  try {
+    auto t = torch::empty({std::int64_t{1} << 48}, torch::kUInt8);  // 256 TiB
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  ASSERT_TRUE(failure);
+  EXPECT_EQ(classify_failure(failure), FailureKind::kOutOfMemory) << failure_message(failure);
+}
+
+TEST(FaultSpec, ParsesTheDocumentedFormAndRejectsEverythingElse) {
+  const auto spec = FaultSpec::parse("oom@student:1:3");
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(spec->kind, FaultSpec::Kind::kOom);
+  EXPECT_EQ(spec->role, Role::kStudent);
+  EXPECT_EQ(spec->role_rank, 1);
+  EXPECT_EQ(spec->step, 3);
+  EXPECT_EQ(spec->describe(), "oom@student:1:3");
+  EXPECT_FALSE(FaultSpec::parse(""));
+  for (const char* bad : {"oom", "boom@student:0:1", "oom@pupil:0:1", "oom@student:x:1", "oom@student:0:0",
+                          "oom@student:0", "oom@student:-1:2"}) {
+    try {
+      FaultSpec::parse(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(test::contains(e.what(), std::string("inject-fault(") + bad + ")")) << e.what();
+      EXPECT_TRUE(test::contains(e.what(), "KIND@ROLE:RANK:STEP")) << e.what();
+    }
+  }
+}
+
+TEST(FaultInjector, FiresOnlyOnItsRankAndStep) {
+  const FaultInjector mine(FaultSpec::parse("throw@student:1:3"), Role::kStudent, 1);
+  const FaultInjector other(FaultSpec::parse("throw@student:1:3"), Role::kStudent, 0);
+  EXPECT_NO_THROW(mine.at_step(2, torch::kCPU));
+  EXPECT_NO_THROW(other.at_step(3, torch::kCPU));
+  EXPECT_THROW(mine.at_step(3, torch::kCPU), Error);
+  const FaultInjector oom(FaultSpec::parse("oom@teacher:0:1"), Role::kTeacher, 0);
+  try {
+    oom.at_step(1, torch::kCPU);
+    ADD_FAILURE() << "no allocation failure";
+  } catch (...) {
+    EXPECT_EQ(classify_failure(std::current_exception()), FailureKind::kOutOfMemory);
+  }
+  const FaultInjector nan(FaultSpec::parse("nan@student:0:4"), Role::kStudent, 0);
+  EXPECT_TRUE(nan.nan_due(4));
+  EXPECT_FALSE(nan.nan_due(3));
+}
+
+constexpr std::uint64_t kMiB = 1024 * 1024;
+
+memory::DiagnosisInput student_oom() {
+  memory::DiagnosisInput in;
+  in.kind = FailureKind::kOutOfMemory;
+  in.failed_rank = 3;
+  in.failed_role = Role::kStudent;
+  in.step = 12;
+  in.op = "train step";
+  in.message = "CUDA out of memory";
+  in.ranks.resize(4);
+  for (int r = 0; r < 4; ++r) {
+    auto& s = in.ranks[r];
+    s.rank = r;
+    s.role = r == 0 ? Role::kTeacher : Role::kStudent;
+    s.answered = true;
+    s.memory.rss_bytes = 1000 * kMiB;
+    s.memory.peak_rss_bytes = 1000 * kMiB;
+  }
+  // Rank 3: 1000 MiB now, 2500 MiB at its peak: 1500 MiB (60%) were the step's activations.
+  in.ranks[3].own = FailureKind::kOutOfMemory;
+  in.ranks[3].memory.peak_rss_bytes = 2500 * kMiB;
+  in.ranks[3].memory.model.weights_bytes = 400 * kMiB;
+  in.context.checkpointing = "off";
+  in.context.batch_size = 8;
+  in.context.grad_accum = 1;
+  in.context.args = {"--config", "job.ini", "--train.batch_size", "8"};
+  return in;
+}
+
+TEST(Diagnosis, OutOfMemoryRemediesUseTheRanksNumbers) {
+  const auto in = student_oom();
+  EXPECT_EQ(memory::transient_bytes(in.ranks[3].memory), 1500 * kMiB);
+  const auto remedies = memory::compute_remedies(in);
+  ASSERT_GE(remedies.size(), 3u);
+  EXPECT_TRUE(test::contains(remedies[0].text, "activations are 60% of rank 3 (student)'s peak")) << remedies[0].text;
+  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.checkpointing", "all"}}));
+  EXPECT_TRUE(test::contains(remedies[1].text, "batch 8 -> 4 per student frees about 750.00 MiB")) << remedies[1].text;
+  EXPECT_TRUE(test::contains(remedies[1].text, "--train.grad_accum 2 keeps the global batch")) << remedies[1].text;
+  EXPECT_TRUE(test::contains(remedies[2].text, "bf16-mixed")) << remedies[2].text;
+
+  const auto text = memory::format_diagnosis(in);
+  EXPECT_TRUE(test::contains(text, "cause:   rank 3 (student) out of memory at step 12 in train step")) << text;
+  EXPECT_TRUE(test::contains(text, "FAILED: out of memory")) << text;
+  EXPECT_TRUE(test::contains(text, "exit code 4 (out of memory) on every rank")) << text;
+  EXPECT_TRUE(test::contains(text, "wan-distill train --config job.ini --train.batch_size 8 --student.checkpointing all"))
+      << text;
+}
+
+TEST(Diagnosis, RemediesFollowTheConfig) {
+  auto in = student_oom();
+  in.context.checkpointing = "all";
+  in.context.batch_size = 1;
+  in.context.precision = "bf16-mixed";
+  const auto none = memory::compute_remedies(in);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_TRUE(test::contains(none[0].text, "no setting of this job frees memory")) << none[0].text;
+
+  in.failed_rank = 0;
+  in.failed_role = Role::kTeacher;
+  in.ranks[0].memory.teacher_weights_bytes = 2000 * kMiB;
+  in.context.teacher_dtype = "fp32";
+  const auto teacher = memory::compute_remedies(in);
+  EXPECT_TRUE(test::contains(teacher[0].text, "--teacher.dtype bf16 frees 1000.00 MiB")) << teacher[0].text;
+
+  in.kind = FailureKind::kNumerical;
+  in.failed_role = Role::kStudent;
+  in.context.lr = 2e-4;
+  const auto nan = memory::compute_remedies(in);
+  EXPECT_EQ(nan[0].changes.front(), (std::pair<std::string, std::string>{"train.lr", "0.0001"}));
+}
+
+TEST(Diagnosis, TheAdjustedCommandReplacesOrAppendsAndQuotes) {
+  EXPECT_EQ(memory::adjusted_command({"--train.lr=0.1", "--run-dir", "my runs"}, {{"train.lr", "0.05"}}),
+            "wan-distill train --train.lr=0.05 --run-dir 'my runs'");
+  EXPECT_EQ(memory::adjusted_command({}, {{"comm.timeout_s", "240"}}), "wan-distill train --comm.timeout_s 240");
+}
+
+}  // namespace
+}  // namespace wd
