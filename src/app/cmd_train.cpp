@@ -264,17 +264,32 @@ int run_train(const std::vector<std::string>& args) {
                              "is not in the data schema yet (t2v and ti2v teachers are supported)");
       const auto sc = cfg.student.model_config(tc);
       sc.validate("student config");
+      // Every combination of values that cannot work together, all named in one error.
+      ConfigProblems p;
       for (const auto& [s, t] : cfg.student.feature_pairs()) {
-        WD_CHECK_AS(ConfigError, s < sc.num_layers && t < tc.num_layers,
-                    "student.features(" << cfg.student.features << ") pairs student block " << s
-                                        << " with teacher block " << t << "; the student has "
-                                        << sc.num_layers << " blocks, the teacher " << tc.num_layers);
+        p.check(s < sc.num_layers && t < tc.num_layers,
+                "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
+                    " with teacher block " + std::to_string(t) + "; the student has " +
+                    std::to_string(sc.num_layers) + " blocks, the teacher " + std::to_string(tc.num_layers));
       }
-      WD_CHECK_AS(ConfigError, cfg.train.eval_samples % global_batch == 0,
-                  "train.eval_samples(" << cfg.train.eval_samples << ") must be a multiple of the global batch "
-                                        << global_batch << " (train.batch_size(" << cfg.train.batch_size
-                                        << ") x " << (broadcast ? layout.replicas : layout.student_ranks)
-                                        << (broadcast ? " replicas" : " students") << ")");
+      p.check(cfg.train.eval_samples % global_batch == 0,
+              "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+                  ") must be a multiple of the global batch " + std::to_string(global_batch) +
+                  " (train.batch_size(" + std::to_string(cfg.train.batch_size) + ") x " +
+                  std::to_string(broadcast ? layout.replicas : layout.student_ranks) +
+                  (broadcast ? " replicas" : " students") + ")");
+      if (const auto fault = FaultSpec::parse(cfg.inject_fault)) {
+        const int count = fault->role == Role::kTeacher ? layout.teacher_ranks : layout.student_ranks;
+        p.check(fault->role_rank < count && fault->step <= cfg.train.steps,
+                "inject-fault(" + cfg.inject_fault + ") needs RANK < " + std::to_string(count) + " " +
+                    role_name(fault->role) + " ranks and STEP <= train.steps(" + std::to_string(cfg.train.steps) + ")");
+      }
+      p.check(cfg.checkpoint.every <= cfg.train.steps,
+              "checkpoint.every(" + std::to_string(cfg.checkpoint.every) + ") exceeds train.steps(" +
+                  std::to_string(cfg.train.steps) + "): no checkpoint would be written before the end");
+      p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
+              "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
+      p.throw_if_any("train config");
       if (topo.role == Role::kTeacher) {
         data::DatasetExpectations expect;
         expect.latent_channels = tc.in_dim;

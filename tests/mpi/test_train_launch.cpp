@@ -183,6 +183,21 @@ TEST(Train, BadConfigStopsAllRanksWithOneClearError) {
       << r.output;
 }
 
+TEST(Train, EveryInvalidCombinationIsNamedInOneErrorBeforeTraining) {
+  const auto r = train(3, "--run-dir " + (run_dir() / "combos").string() +
+                              " --train.steps 10 --train.eval_samples 6 --student.features 9:9"
+                              " --inject-fault oom@student:5:1 --checkpoint.every 20 --resume /nonexistent/ckpt");
+  EXPECT_EQ(r.code, 2) << r.output;
+  for (const char* part : {"train.eval_samples(6) must be a multiple of the global batch 4",
+                           "student.features(9:9) pairs student block 9 with teacher block 9",
+                           "inject-fault(oom@student:5:1) needs RANK < 2 student ranks",
+                           "checkpoint.every(20) exceeds train.steps(10)",
+                           "resume(/nonexistent/ckpt) must be auto, empty, or an existing checkpoint directory"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "training started: " << r.output;
+}
+
 TEST(Train, BadDataSetStopsAllRanksBeforeTraining) {
   const auto bad = run_dir() / "not-hdf5.h5";
   fs::create_directories(run_dir());
