@@ -469,14 +469,16 @@ int run_train(const std::vector<std::string>& args) {
       }
     }
     transport.reset();
-    report_run_summary(cfg, summary, rank, mpi.size(), monitor);
     if (requeue) {
-      // Every rank passed the summary gather, so nobody needs anyone; a teacher's sends past
-      // the stop step are detached, which MPI_Finalize need not wait for.
+      // Nobody leaves before the checkpoint is written (an early non-zero exit makes mpirun
+      // stop the rest). A teacher may have abandoned a collective on the world communicator
+      // when the stop reached it, so the meeting point is the health channel's own.
+      health->barrier("requeue barrier", cfg.comm.timeout_s);
       spdlog::info("exiting with code {} (requeue: resume with --resume auto)", kExitRequeue);
       watchdog.reset();
       mpi.exit_without_finalize(kExitRequeue);
     }
+    report_run_summary(cfg, summary, rank, mpi.size(), monitor);
     return kExitOk;
   } catch (...) {
     if (health) {

@@ -281,6 +281,25 @@ std::optional<std::int64_t> HealthChannel::stop_after() noexcept {
   return stop_after_;
 }
 
+void HealthChannel::barrier(const char* op, double timeout_s) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  WD_CHECK_MPI(MPI_Ibarrier(comm_, &request));
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    int done = 0;
+    WD_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    poll();
+    mark(op);
+    if (Clock::now() >= end) {
+      throw TimeoutError("timeout after " + std::to_string(timeout_s) + "s in " + op + " on rank " +
+                             std::to_string(topo_.rank),
+                         op, step(), {});
+    }
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
 void HealthChannel::settle_sends(double timeout_s) noexcept {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   while (Clock::now() < deadline) {

@@ -147,6 +147,10 @@ class HealthChannel {
   void send_stop_after(std::int64_t step, const std::vector<int>& ranks) noexcept;
   /// The step after which training stops, once a stop_after message arrived.
   std::optional<std::int64_t> stop_after() noexcept;
+  /// Waits (at most timeout_s, then TimeoutError) until every rank called it. Used once, when
+  /// every rank stops for a requeue: the checkpoint is then written before anyone exits. It
+  /// runs on the channel's own communicator, which no abandoned collective can confuse.
+  void barrier(const char* op, double timeout_s);
 
   /// The failure protocol, run by every rank that caught a failure (after the stack unwound,
   /// with the notice of its own failure, or kind kNone when it stopped because of another's):

@@ -83,7 +83,11 @@ bool FaultInjector::due(std::int64_t step) const {
   return spec_ && spec_->role == role_ && spec_->role_rank == role_rank_ && spec_->step == step;
 }
 
-bool FaultInjector::nan_due(std::int64_t step) const { return due(step) && spec_->kind == FaultSpec::Kind::kNan; }
+bool FaultInjector::nan_due(std::int64_t step) const {
+  if (!due(step) || spec_->kind != FaultSpec::Kind::kNan) return false;
+  spdlog::warn("injecting fault {} (testing aid)", spec_->describe());
+  return true;
+}
 
 void FaultInjector::at_step(std::int64_t step, const c10::Device& device) const {
   if (!due(step) || spec_->kind == FaultSpec::Kind::kNan) return;

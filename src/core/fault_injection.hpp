@@ -38,7 +38,7 @@ class FaultInjector {
   /// At the start of training step `step` (1-based): oom, throw, hang, sigkill and sigterm
   /// faults due now happen here (oom allocates on `device`).
   void at_step(std::int64_t step, const c10::Device& device) const;
-  /// True when this rank's NaN fault is due at `step`.
+  /// True (and logged) when this rank's NaN fault is due at `step`; ask once per step.
   bool nan_due(std::int64_t step) const;
 
  private:
