@@ -24,7 +24,10 @@ stage() {
   summary+=("$name: $verdict, $((SECONDS - start)) s")
 }
 
-stage "ctest" ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 "$@"
+# Two tests at a time (CTEST_PARALLEL): most multi-rank tests spend their time waiting (deadlines,
+# mpirun's stop sequence), and every one has its own timeout.
+stage "ctest" ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 \
+  --parallel "${CTEST_PARALLEL:-2}" "$@"
 if [[ -z ${SKIP_ASAN:-} ]]; then stage "asan data tests" bash launch/asan.sh; fi
 if [[ -z ${SKIP_FUZZ:-} ]]; then stage "fuzz safetensors" bash launch/fuzz.sh "${FUZZ_SECONDS:-60}"; fi
 
