@@ -375,8 +375,8 @@ int run_train(const std::vector<std::string>& args) {
                                      static_cast<std::uint64_t>(topo.role == Role::kTeacher ? layout.students_per_replica() : 1);
     health.emplace(MPI_COMM_WORLD, topo);
     // A step may take up to the deadline; past twice that plus the failure protocol's own
-    // waits, the main thread is stuck where it cannot poll.
-    watchdog.emplace(*health, 2 * cfg.comm.timeout_s + 90, exit_code(FailureKind::kPeerLost));
+    // waits (the default limit), the main thread is stuck where it cannot poll.
+    watchdog.emplace(*health, cfg.comm.watchdog_limit(), exit_code(FailureKind::kPeerLost));
     const int role_rank = topo.role == Role::kTeacher ? rank : rank - layout.teacher_ranks;
     const FaultInjector faults(FaultSpec::parse(cfg.inject_fault), topo.role, role_rank);
     RankSummary summary;

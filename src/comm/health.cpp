@@ -407,11 +407,9 @@ std::optional<int> HealthChannel::wait_for_release(int reporter, double timeout_
     mark("failure protocol");
     std::this_thread::sleep_for(kPollPause);
   }
-  if (!cancel_pending({&request})) {
-    // The receive could not be cancelled: `value` lives on this stack frame, so leave now
-    // rather than return into memory MPI may still write.
-    return std::nullopt;
-  }
+  // No release in time: the reporter is gone. The caller exits at once; were the receive still
+  // pending after the cancel, nothing else of this process runs to be hurt by it.
+  static_cast<void>(cancel_pending({&request}));
   return std::nullopt;
 }
 

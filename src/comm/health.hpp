@@ -112,7 +112,7 @@ const FailureNotice* primary_failure(const std::vector<FailureNotice>& notices);
 /// The health channel of one job: a duplicate of the world communicator on which ranks post
 /// failure notices and control messages without blocking. Constructed once on every rank when
 /// training starts (collective: MPI_Comm_dup); while it lives it is the active channel that
-/// every deadline wait polls. Move-only owner of its communicator and requests.
+/// every deadline wait polls. Non-copyable owner of its communicator and requests.
 class HealthChannel {
  public:
   HealthChannel(MPI_Comm world, const Topology& topo);

@@ -512,8 +512,13 @@ void CommConfig::bind(OptionTable& table) {
           "scatter: each student receives its own slice of the teacher's batch | broadcast: every "
           "student of a replica receives the same batch")
       .bind("comm.bucket_mb", bucket_mb,
-            "size in MiB of a gradient all-reduce bucket (one MPI call per bucket)");
+            "size in MiB of a gradient all-reduce bucket (one MPI call per bucket)")
+      .bind("comm.watchdog_s", watchdog_s,
+            "seconds without progress after which a rank's watchdog ends it with exit code 6 (a "
+            "call stuck inside a library); 0 = 2 x comm.timeout_s + 90");
 }
+
+double CommConfig::watchdog_limit() const { return watchdog_s > 0 ? watchdog_s : 2 * timeout_s + 90; }
 
 void CommConfig::validate(ConfigProblems& problems) const {
   problems.check(prefetch_depth >= 1,
@@ -524,6 +529,9 @@ void CommConfig::validate(ConfigProblems& problems) const {
   // MPI counts are ints: a bucket holds at most 2^31-1 floats (8 GiB).
   problems.check(bucket_mb > 0 && bucket_mb <= 8192,
                  "comm.bucket_mb(" + num(bucket_mb) + ") must be > 0 and <= 8192");
+  problems.check(watchdog_s == 0 || watchdog_s > timeout_s,
+                 "comm.watchdog_s(" + num(watchdog_s) + ") must be 0 or longer than comm.timeout_s(" +
+                     num(timeout_s) + "): a rank that merely waits its deadline is not stuck");
 }
 
 std::uint64_t CommConfig::bucket_bytes() const {

@@ -20,7 +20,10 @@ struct CommConfig {
   double timeout_s = 120.0;        ///< deadline of every wait
   std::string mode = "scatter";    ///< scatter: each student its slice | broadcast: all the same
   double bucket_mb = 25.0;         ///< gradient all-reduce bucket size
+  double watchdog_s = 0;           ///< 0: 2 x timeout_s + 90
   void bind(OptionTable& table);
+  /// Seconds without progress after which the watchdog ends the rank.
+  double watchdog_limit() const;
   /// bucket_mb in bytes, for GradientReducer.
   std::uint64_t bucket_bytes() const;
   void validate(ConfigProblems& problems) const;

@@ -98,6 +98,18 @@ std::vector<Case> matrix() {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, FailureMatrix, testing::ValuesIn(matrix()), case_name);
 
+TEST(FailureWatchdog, EndsARankStuckWhereItCannotPoll) {
+  const auto dir = test::fresh_dir("fail-watchdog");
+  // The hung rank's watchdog (8 s) fires before mpirun's stop sequence reaches it (grace 12 s
+  // after the others leave at about 5 s).
+  const auto r = launch_train(kRanks, "--run-dir " + dir.string() + " --train.steps 40 --comm.timeout_s 4 "
+                                      "--comm.watchdog_s 8 --inject-fault hang@student:1:3",
+                              150, 12);
+  EXPECT_EQ(count_of(r.output, "[rank 2/3 student] [error] watchdog: no progress for"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "in train step at step 3"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "exiting with code 6 ("), 2) << r.output;  // the two that could wait
+}
+
 TEST(FailureDiagnosis, OutOfMemoryRemediesComeWithTheAdjustedCommand) {
   const auto dir = test::fresh_dir("fail-remedy");
   const auto r = launch_train(kRanks, "--run-dir " + dir.string() + " --train.steps 20 --train.batch_size 4 "
