@@ -47,36 +47,6 @@ void copy_text(char (&dst)[N], const std::string& text) {
   dst[n] = '\0';
 }
 
-std::string lost_text(const FailureNotice& n) {
-  std::string out;
-  for (const int r : n.lost_ranks()) out += (out.empty() ? "" : ",") + std::to_string(r);
-  return out;
-}
-
-/// Cancels what is still pending and waits a short grace; false when something is left in
-/// flight (its buffer must then stay alive).
-bool cancel_pending(std::vector<MPI_Request*> requests) noexcept {
-  for (MPI_Request* r : requests) {
-    if (*r == MPI_REQUEST_NULL) continue;
-    int done = 0;
-    MPI_Test(r, &done, MPI_STATUS_IGNORE);
-    if (!done && *r != MPI_REQUEST_NULL) MPI_Cancel(r);
-  }
-  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
-  for (;;) {
-    bool pending = false;
-    for (MPI_Request* r : requests) {
-      if (*r == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) *r = MPI_REQUEST_NULL;
-      pending = pending || *r != MPI_REQUEST_NULL;
-    }
-    if (!pending) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
 }  // namespace
 
 std::vector<int> FailureNotice::lost_ranks() const {
@@ -158,7 +128,7 @@ HealthChannel::~HealthChannel() {
   g_active = nullptr;
   std::vector<MPI_Request*> pending{&notice_req_, &control_req_};
   for (auto& o : outgoing_) pending.push_back(&o.request);
-  if (!cancel_pending(pending)) {
+  if (!cancel_and_settle(pending)) {
     // Something is still in flight: its buffers must outlive us, and freeing the communicator
     // under it is not allowed.
     for (auto& o : outgoing_) static_cast<void>(o.bytes.release());
@@ -379,7 +349,7 @@ FailureExchange HealthChannel::exchange_failure_reports(const FailureNotice& own
     }
     std::vector<MPI_Request*> pending;
     for (auto& r : requests) pending.push_back(&r);
-    if (!cancel_pending(pending)) static_cast<void>(incoming.release());  // MPI may still write there
+    if (!cancel_and_settle(pending)) static_cast<void>(incoming.release());  // MPI may still write there
   } catch (...) {
     // Never throws: the caller is already handling a failure.
   }
@@ -409,7 +379,7 @@ std::optional<int> HealthChannel::wait_for_release(int reporter, double timeout_
   }
   // No release in time: the reporter is gone. The caller exits at once; were the receive still
   // pending after the cancel, nothing else of this process runs to be hurt by it.
-  static_cast<void>(cancel_pending({&request}));
+  static_cast<void>(cancel_and_settle({&request}));
   return std::nullopt;
 }
 

@@ -166,6 +166,35 @@ void MpiRuntime::exit_without_finalize(int code) {
   std::_Exit(code);
 }
 
+bool cancel_and_settle(std::vector<MPI_Request*> requests) noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return true;
+  for (MPI_Request* r : requests) {
+    if (*r == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (!done && *r != MPI_REQUEST_NULL) MPI_Cancel(r);
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+  for (;;) {
+    bool pending = false;
+    for (MPI_Request* r : requests) {
+      if (*r == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) *r = MPI_REQUEST_NULL;
+      pending = pending || *r != MPI_REQUEST_NULL;
+    }
+    if (!pending) return true;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (MPI_Request* r : requests) {
+    if (*r != MPI_REQUEST_NULL) MPI_Request_free(r);
+  }
+  return false;
+}
+
 void keep_until_exit(const torch::Tensor& buffer) noexcept {
   try {
     static_cast<void>(new torch::Tensor(buffer));  // deliberately never freed

@@ -97,6 +97,12 @@ void wait_with_deadline(MPI_Request& request, const WaitInfo& info, std::chrono:
 void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& info,
                             std::chrono::duration<double> timeout, int my_rank);
 
+/// Cancels every pending request of `requests` and lets them settle for a short grace (200 ms);
+/// never throws or blocks longer. Returns false when some request could not be settled: it is
+/// then detached (MPI_Request_free; Open MPI cannot cancel a send nobody matches), and its
+/// buffer must outlive the process's use of MPI (keep_until_exit).
+bool cancel_and_settle(std::vector<MPI_Request*> requests) noexcept;
+
 /// Keeps `buffer` alive until the process exits. A request abandoned after a failure (an
 /// all-reduce a dead peer never joins) may still be written by MPI's progress engine, so its
 /// buffer must never be freed.

@@ -21,8 +21,6 @@ constexpr std::uint64_t kAlign = 64;
 constexpr std::uint64_t kMagic = 0x5744'4953'5449'4c31ULL;  // "WDISTIL1"
 // One tag for the whole stream: MPI's non-overtaking rule keeps the steps of one sender in order.
 constexpr int kTag = 7701;
-// How long a destructor lets cancelled requests settle before giving up on them.
-constexpr std::chrono::milliseconds kCancelGrace{200};
 
 /// Precedes every payload on the wire. 64 bytes, so the payload after it stays aligned.
 struct WireHeader {
@@ -74,48 +72,6 @@ int checked_count(std::uint64_t bytes, const char* what) {
       bytes <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()),
       what << " of " << bytes << " bytes exceeds MPI's int count; use a smaller batch per student");
   return static_cast<int>(bytes);
-}
-
-/// Cancels every pending request and lets them settle for a short grace; never throws or
-/// blocks for long. Returns false when some request is still in flight (its buffer must then
-/// outlive us: MPI may still read or write it).
-bool cancel_and_settle(std::vector<MPI_Request*> requests) noexcept {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return true;
-  for (MPI_Request* r : requests) {
-    if (*r == MPI_REQUEST_NULL) continue;
-    int done = 0;
-    MPI_Test(r, &done, MPI_STATUS_IGNORE);
-    if (!done && *r != MPI_REQUEST_NULL) MPI_Cancel(r);
-  }
-  const auto deadline = Clock::now() + kCancelGrace;
-  bool pending = true;
-  while (pending) {
-    pending = false;
-    for (MPI_Request* r : requests) {
-      if (*r == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) *r = MPI_REQUEST_NULL;
-      pending = pending || *r != MPI_REQUEST_NULL;
-    }
-    if (!pending) return true;
-    if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // Open MPI cannot cancel a send that a receiver never matches: detach the request instead.
-  for (MPI_Request* r : requests) {
-    if (*r != MPI_REQUEST_NULL) MPI_Request_free(r);
-  }
-  return false;
-}
-
-/// Keeps a buffer alive for the rest of the process: a detached request may still use it.
-void leak(const torch::Tensor& buffer) noexcept {
-  try {
-    static_cast<void>(new torch::Tensor(buffer));
-  } catch (...) {
-  }
 }
 
 /// Typed views of one message's tensors inside a byte buffer starting at `base`.
@@ -216,7 +172,7 @@ class MpiTeacherTransport final : public Transport {
       for (auto& r : slot.requests) pending.push_back(&r);
     }
     if (!cancel_and_settle(pending)) {
-      for (auto& slot : ring_) leak(slot.buffer);
+      for (auto& slot : ring_) keep_until_exit(slot.buffer);
     }
   }
 
@@ -485,7 +441,7 @@ class MpiStudentTransport final : public Transport {
     std::vector<MPI_Request*> pending;
     for (auto& slot : ring_) pending.push_back(&slot.request);
     if (!cancel_and_settle(pending)) {
-      for (auto& slot : ring_) leak(slot.buffer);
+      for (auto& slot : ring_) keep_until_exit(slot.buffer);
     }
     for (auto& slot : ring_) slot.state = State::kIdle;
   }
