@@ -2,6 +2,7 @@
 #include "model/wan_convert.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -221,6 +222,10 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
       [&input, &written_as_views](std::uint64_t) {
         for (const auto& name : written_as_views) input.release(name);
         written_as_views.clear();
+        // The shard's tensors are freed by now, but glibc keeps freed heap memory below its
+        // (self-raising, up to 32 MiB) mmap threshold: without a trim the resident set grows
+        // with every shard (measured: 920 MiB instead of 330 MiB for 50 MB shards).
+        ::malloc_trim(0);
       });
   progress.finish();
   staging.publish(exists);
