@@ -21,6 +21,7 @@ enum ExitCode : int {
 
 /// Each takes the words after the subcommand name and returns an exit code; errors propagate
 /// as wd::Error subclasses to main, which maps them to exit codes.
+int run_convert(const std::vector<std::string>& args);
 int run_forward(const std::vector<std::string>& args);
 int run_init_teacher(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);

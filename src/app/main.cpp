@@ -17,6 +17,8 @@ struct Command {
 
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table{
+      {"convert",
+       {wd::app::run_convert, "rewrite a DiT checkpoint in another dtype (bf16 for teachers)"}},
       {"forward", {wd::app::run_forward, "run the DiT on an inputs file (or random inputs)"}},
       {"init-teacher",
        {wd::app::run_init_teacher, "write a randomly initialised DiT in the official layout"}},

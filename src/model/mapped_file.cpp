@@ -92,4 +92,17 @@ void MappedFile::prefetch(std::size_t offset, std::size_t length) const noexcept
   (void)::madvise(data_ + start, length + (offset - start), MADV_WILLNEED);
 }
 
+void MappedFile::release(std::size_t offset, std::size_t length) const noexcept {
+  if (data_ == nullptr || offset >= size_ || length == 0) return;
+  if (length > size_ - offset) length = size_ - offset;
+  // Only whole pages inside the range are dropped: a page shared with a neighbouring tensor
+  // that is still in use stays. The mapping is never written, so nothing can be lost.
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  const std::size_t page = page_size > 0 ? static_cast<std::size_t>(page_size) : 4096;
+  const std::size_t start = (offset + page - 1) / page * page;
+  const std::size_t end = (offset + length) / page * page;
+  if (end <= start) return;
+  (void)::madvise(data_ + start, end - start, MADV_DONTNEED);
+}
+
 }  // namespace wd

@@ -30,6 +30,10 @@ class MappedFile {
 
   /// Hints the kernel that [offset, offset+length) will be read soon (madvise WILLNEED).
   void prefetch(std::size_t offset, std::size_t length) const noexcept;
+  /// Drops this process's pages of [offset, offset+length) (madvise DONTNEED): they leave the
+  /// resident set and stay in the page cache; a later read maps them again. Used by streaming
+  /// readers so that reading a whole checkpoint does not grow the resident set by its size.
+  void release(std::size_t offset, std::size_t length) const noexcept;
 
  private:
   MappedFile(std::string path, std::uint8_t* data, std::size_t size);

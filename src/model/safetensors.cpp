@@ -201,6 +201,11 @@ void SafetensorsFile::prefetch(const std::string& name) const {
   file_->prefetch(data_start_ + t.begin, t.nbytes());
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  file_->release(data_start_ + t.begin, t.nbytes());
+}
+
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata) {
   struct Planned {

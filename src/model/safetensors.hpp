@@ -54,6 +54,9 @@ class SafetensorsFile {
 
   /// Asks the kernel to read a tensor's pages ahead of use.
   void prefetch(const std::string& name) const;
+  /// Drops a tensor's pages from the resident set once it is no longer needed (see
+  /// MappedFile::release); views of it stay valid and read the file again if used.
+  void release(const std::string& name) const;
 
   /// The mapping the tensors view (to tell whether a tensor is zero-copy, or to prefetch).
   const MappedFile& mapping() const noexcept { return *file_; }

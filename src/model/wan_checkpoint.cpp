@@ -232,6 +232,18 @@ const TensorInfo& WanCheckpoint::info(const std::string& native_key) const {
   return files_[it->second.file].info(it->second.stored_name);
 }
 
+std::pair<std::string, std::string> WanCheckpoint::location(const std::string& native_key) const {
+  auto it = entries_.find(native_key);
+  if (it == entries_.end()) throw DataError(path_, native_key, "not in the checkpoint");
+  return {files_[it->second.file].path(), it->second.stored_name};
+}
+
+void WanCheckpoint::release(const std::string& native_key) const {
+  auto it = entries_.find(native_key);
+  if (it == entries_.end()) return;
+  files_[it->second.file].release(it->second.stored_name);
+}
+
 torch::Tensor WanCheckpoint::tensor(const std::string& native_key,
                                     std::optional<c10::ScalarType> dtype,
                                     const torch::Device& device) const {
@@ -247,21 +259,24 @@ WanDiT load_wan_dit(const WanCheckpoint& ck, std::optional<c10::ScalarType> dtyp
   ck.check();
   const auto specs = wan_param_specs(ck.config());
   const auto target = dtype ? *dtype : safetensors_to_scalar_type(ck.info(specs.front().name).dtype);
+  // Without a requested dtype each tensor keeps its own: the forward casts the fp32 islands
+  // (time MLP, modulation, LayerNorms, head) itself, so a mixed file needs no conversion.
+  const auto wanted = [&](const std::string& name) {
+    return dtype ? *dtype : safetensors_to_scalar_type(ck.info(name).dtype);
+  };
+  const auto converts = [&](const std::string& name) {
+    return ck.info(name).dtype != scalar_type_to_safetensors(wanted(name)) || !device.is_cpu();
+  };
   WanDiT model(ck.config(), WanInit::kEmpty, target);
   std::uint64_t converted = 0;
   for (const auto& spec : specs) {
-    if (ck.info(spec.name).dtype != scalar_type_to_safetensors(target) || !device.is_cpu()) {
-      converted += ck.info(spec.name).nbytes();
-    }
+    if (converts(spec.name)) converted += ck.info(spec.name).nbytes();
   }
   // Zero-copy binding is instant; only conversions and device copies read the weights.
   Progress progress("loading " + ck.path(), static_cast<double>(converted), "bytes");
   for (const auto& spec : specs) {
-    auto t = ck.tensor(spec.name, target, device);
-    const auto& info = ck.info(spec.name);
-    if (info.dtype != scalar_type_to_safetensors(target) || !device.is_cpu()) {
-      progress.advance(static_cast<double>(info.nbytes()));
-    }
+    auto t = ck.tensor(spec.name, wanted(spec.name), device);
+    if (converts(spec.name)) progress.advance(static_cast<double>(ck.info(spec.name).nbytes()));
     model->bind_parameter(spec.name, t);
   }
   progress.finish();

@@ -51,6 +51,11 @@ class WanCheckpoint {
   torch::Tensor tensor(const std::string& native_key,
                        std::optional<c10::ScalarType> dtype = std::nullopt,
                        const torch::Device& device = torch::kCPU) const;
+  /// The file a tensor is stored in and its name there (for error messages).
+  std::pair<std::string, std::string> location(const std::string& native_key) const;
+  /// Drops a tensor's mapped pages from the resident set (streaming readers, see
+  /// SafetensorsFile::release).
+  void release(const std::string& native_key) const;
 
  private:
   struct Entry {
@@ -72,7 +77,10 @@ class WanCheckpoint {
 
 /// Builds a frozen WanDiT over the checkpoint's tensors: weights kept as stored are zero-copy
 /// views of the mapping (nothing is read until used); others are converted to `dtype` on
-/// `device`, with progress logged for long loads. Throws wd::DataError listing every problem.
+/// `device`, with progress logged for long loads. Without `dtype` every tensor keeps its stored
+/// dtype, so a mixed file (bf16 with fp32 time/modulation/head/LayerNorm tensors, as `convert`
+/// writes) loads entirely zero-copy; the model's dtype is then patch_embedding's. Throws
+/// wd::DataError listing every problem.
 WanDiT load_wan_dit(const WanCheckpoint& checkpoint,
                     std::optional<c10::ScalarType> dtype = std::nullopt,
                     const torch::Device& device = torch::kCPU);

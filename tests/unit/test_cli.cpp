@@ -91,6 +91,58 @@ TEST(Cli, InitTeacherInspectForward) {
   fs::remove_all(dir);
 }
 
+TEST(Cli, ConvertInspectForwardAndRefusals) {
+  const auto dir = temp_dir("convert");
+  const auto out = (dir / "bf16").string();
+  const auto weights = kFixtures + "/wan-tiny-a/weights.safetensors";
+  auto r = run("convert --input " + weights + " --output " + out + " --dtype bf16 --shard-size 20KB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(out) / "diffusion_pytorch_model.safetensors.index.json"));
+
+  r = run("inspect " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("format:      native"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("BF16 x54"), std::string::npos) << r.output;  // 69 - 15 fp32 islands
+  EXPECT_NE(r.output.find("F32 x15"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("problems:    none"), std::string::npos) << r.output;
+
+  const auto result = (dir / "out.safetensors").string();
+  r = run("forward --weights " + out + " --inputs " + kFixtures + "/wan-tiny-a/inputs.safetensors --output " +
+          result);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto got = SafetensorsFile::open(result).tensor("out");
+  auto want = SafetensorsFile::open(kFixtures + "/wan-tiny-a/expected.safetensors").tensor("out");
+  EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-2);
+
+  // An existing output is kept unless --force; then it is replaced.
+  r = run("convert --input " + weights + " --output " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
+  r = run("convert --input " + weights + " --output " + out + " --force --dtype fp16 --keep-fp32 false");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("inspect " + out);
+  EXPECT_NE(r.output.find("dtypes:      F16 x69"), std::string::npos) << r.output;
+
+  // Usage errors name every bad value at once; bad input is exit 3 and names the file.
+  r = run("convert --input " + weights + " --output " + (dir / "x").string() +
+          " --dtype fp8 --layout sideways --shard-size lots");
+  EXPECT_EQ(r.code, 2) << r.output;
+  for (const char* part : {"dtype(fp8)", "sideways", "shard-size"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  r = run("convert --input " + weights + " --output " + (dir / "x").string() + " --layout diffusers");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("layout(diffusers) cannot be written"), std::string::npos) << r.output;
+  r = run("convert --input /nonexistent/ckpt --output " + (dir / "x").string());
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/ckpt"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "x"));
+  r = run("convert --output " + (dir / "x").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("input"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, BadInputGetsExitCodeAndNamesTheFile) {
   auto r = run("forward --weights /nonexistent/ckpt");
   EXPECT_EQ(r.code, 3) << r.output;
@@ -117,7 +169,7 @@ TEST(Cli, UsageErrorsAndHelp) {
   r = run("forward");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("weights"), std::string::npos) << r.output;
-  for (const char* cmd : {"forward", "init-teacher", "inspect"}) {
+  for (const char* cmd : {"convert", "forward", "init-teacher", "inspect"}) {
     r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("usage: wan-distill " + std::string(cmd)), std::string::npos);
@@ -125,6 +177,9 @@ TEST(Cli, UsageErrorsAndHelp) {
   r = run("init-teacher --help");
   EXPECT_NE(r.output.find("--shard-size arg (=2GB)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--dtype arg (=bf16)"), std::string::npos) << r.output;
+  r = run("convert --help");
+  EXPECT_NE(r.output.find("--shard-size arg (=5GB)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("native only"), std::string::npos) << r.output;
 }
 
 TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {

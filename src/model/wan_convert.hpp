@@ -1,0 +1,51 @@
+// convert_wan_checkpoint: rewrites a Wan DiT checkpoint in another dtype (and native key names),
+// one shard at a time, into a directory that appears atomically.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
+
+namespace wd {
+
+/// What `convert` writes. Only the native layout can be written: the project has no writer
+/// for the diffusers config.json (see docs/placement.md).
+struct ConvertOptions {
+  c10::ScalarType dtype = torch::kBFloat16;
+  /// Keep the fp32 islands of spec §6 in fp32 when they are stored in fp32 (see kept_in_fp32).
+  bool keep_fp32 = true;
+  std::uint64_t shard_bytes = 5'000'000'000;  ///< largest shard, like the official checkpoints
+  bool force = false;                          ///< replace an existing output
+};
+
+/// Files written and what went into them.
+struct ConvertResult {
+  ShardedWriteResult files;
+  std::size_t tensors = 0;
+  std::size_t kept_fp32 = 0;          ///< tensors left in fp32 by the precision rule
+  std::uint64_t kept_fp32_bytes = 0;
+  std::uint64_t input_bytes = 0;
+};
+
+/// Whether a native key is one of the parameters the official model only ever uses in fp32
+/// (spec §6): time_embedding.*, time_projection.*, blocks.N.modulation, head.modulation,
+/// head.head.* and the affine LayerNorm blocks.N.norm3.*.
+bool kept_in_fp32(const std::string& native_key);
+
+/// Converts every DiT tensor of `input` (checked against its config first) to `options.dtype`
+/// (fp32 islands excepted when `keep_fp32`), under native names, into `output`: config.json,
+/// `diffusion_pytorch_model[-0000k-of-0000n].safetensors` and, when sharded, the index. The files
+/// are written into a temporary sibling directory that is renamed to `output` when complete
+/// (swapped with the old one under `force`), so a failure leaves nothing behind. At most one
+/// shard's converted tensors are in memory, and the input's pages are dropped from the
+/// resident set once written. Throws wd::ConfigError when `output` exists without `force` or
+/// is the input; wd::DataError naming the file and tensor for bad input.
+ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
+                                     const ConvertOptions& options);
+
+}  // namespace wd
