@@ -79,6 +79,7 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
+MailProg=/bin/true
 JobRequeue=1
 ReturnToService=2
 KillWait=30

@@ -23,7 +23,7 @@ dump_logs() {
   echo "---- scontrol show job"
   scontrol show job 2>&1 | head -80
   local f
-  for f in "$CLUSTER_DIR"/jobs/*.out "$CLUSTER_DIR"/run*/logs/*/rank-*.log; do
+  for f in "$CLUSTER_DIR"/jobs/*.out "$CLUSTER_DIR"/run*/logs/*/rank-*.log "$CLUSTER_DIR"/run*/logs/*/1/rank.*/stderr; do
     [[ -f $f ]] || continue
     echo "---- $f (last 40 lines)"
     tail -n 40 "$f"
