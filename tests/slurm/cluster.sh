@@ -76,6 +76,8 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$d/log/jobcomp.txt
 MinJobAge=3600
 SchedulerType=sched/builtin
+# A pass every 2 s (default 60): a requeued job starts as soon as it is eligible again.
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
@@ -149,6 +151,16 @@ cluster_start() {
   _cluster_log "up in $d: ${#CLUSTER_NODES[@]} node(s) x $cpus CPUs ($(sinfo -h -o '%N %T' | tr '\n' ' '))"
 }
 
+# Whether any of the processes still runs (zombies, which nobody may reap here, do not count).
+_cluster_any_alive() {
+  local p state
+  for p in "$@"; do
+    state=$(ps -o stat= -p "$p" 2>/dev/null) || continue
+    [[ $state == Z* ]] || return 0
+  done
+  return 1
+}
+
 _cluster_all_idle() {
   [[ $(sinfo -h -N -t idle -o '%N' | sort -u | wc -l) -eq $1 ]]
 }
@@ -161,21 +173,21 @@ cluster_stop() {
   export SLURM_CONF=$d/slurm.conf
   # Jobs first, while the daemons can still deliver the signals.
   timeout 10 scancel --full --signal=KILL --state=RUNNING >/dev/null 2>&1 || true
-  local f pids=()
+  local f p daemons=() stepds=()
   for f in "$d"/run/slurmd-*.pid "$d/run/slurmctld.pid" "$d/munge/munged.pid"; do
-    [[ -f $f ]] && pids+=("$(cat "$f")")
+    [[ -f $f ]] && daemons+=("$(cat "$f")")
   done
-  # slurmstepd processes outlive a killed slurmd; they (and the job processes) are ours if
-  # their command line names our spool or config directory.
-  local p
-  for p in $(pgrep -f "slurmstepd.*" || true); do
-    if grep -qa "$d" "/proc/$p/environ" "/proc/$p/cmdline" 2>/dev/null; then pids+=("$p"); fi
+  # slurmstepd processes (one per job step) outlive their job for a while and ignore SIGTERM;
+  # they are ours if their environment names our directory (SLURM_CONF). The job is over.
+  for p in $(pgrep -f "slurmstepd" || true); do
+    if grep -qa "$d" "/proc/$p/environ" 2>/dev/null; then stepds+=("$p"); fi
   done
-  if ((${#pids[@]})); then
-    kill -TERM "${pids[@]}" 2>/dev/null || true
+  if ((${#stepds[@]})); then kill -KILL "${stepds[@]}" 2>/dev/null || true; fi
+  if ((${#daemons[@]})); then
+    kill -TERM "${daemons[@]}" 2>/dev/null || true
     local deadline=$((SECONDS + 10))
-    while ((SECONDS < deadline)) && kill -0 "${pids[@]}" 2>/dev/null; do sleep 0.2; done
-    kill -KILL "${pids[@]}" 2>/dev/null || true
+    while ((SECONDS < deadline)) && _cluster_any_alive "${daemons[@]}"; do sleep 0.2; done
+    kill -KILL "${daemons[@]}" 2>/dev/null || true
   fi
   if [[ -n ${KEEP_CLUSTER:-} ]]; then
     _cluster_log "stopped; files kept in $d"

@@ -14,6 +14,12 @@ slurm_test() {
   WD_BIN=$(realpath "$2")
   TEST_START=$SECONDS
   [[ -x $WD_BIN ]] || fail "no executable $WD_BIN"
+  # CTest reports exit code 77 as skipped (SKIP_RETURN_CODE): a machine without SLURM or root.
+  local tool
+  for tool in slurmctld slurmd munged mungekey sbatch; do
+    command -v "$tool" >/dev/null || { echo "slurm.$TEST_NAME: SKIP: $tool not installed (apt-get install slurm-wlm munge)"; exit 77; }
+  done
+  if [[ $(id -u) -ne 0 ]]; then echo "slurm.$TEST_NAME: SKIP: the private cluster needs root"; exit 77; fi
   echo "slurm.$TEST_NAME: start"
 }
 
