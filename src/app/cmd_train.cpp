@@ -460,6 +460,8 @@ int run_train(const std::vector<std::string>& args) {
     if (requeue) {
       // Every rank passed the summary gather, so nobody needs anyone; a teacher's sends past
       // the stop step are detached, which MPI_Finalize need not wait for.
+      // No rank exits before all are here: srun --kill-on-bad-exit would stop the others.
+      leave_together(rank, cfg.comm.timeout_s);
       spdlog::info("exiting with code {} (requeue: resume with --resume auto)", kExitRequeue);
       watchdog.reset();
       mpi.exit_without_finalize(kExitRequeue);

@@ -1,4 +1,5 @@
-// The rank placement table: one gather of fixed-size records to world rank 0.
+// The rank placement table (one gather of fixed-size records to world rank 0) and the common
+// exit of a requeue stop.
 #include "app/rank_placement.hpp"
 
 #include <mpi.h>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/mpi_runtime.hpp"
@@ -77,6 +79,23 @@ void log_rank_placement(const Topology& topo, double timeout_s) {
                          or_dash(p.slurm_procid), or_dash(p.slurm_nodeid), or_dash(p.slurm_localid));
   }
   spdlog::info("{}", table);
+}
+
+void leave_together(int rank, double timeout_s) {
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int done = 0;
+  while (true) {
+    WD_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::warn("rank {}: not every rank reached the requeue exit within {} s; leaving anyway", rank,
+                   timeout_s);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace wd::app
