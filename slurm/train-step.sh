@@ -83,7 +83,9 @@ while :; do
   rc=$?
   kill -0 "$step" 2>/dev/null || break
 done
-trap - USR1
+# Once the ranks have stopped, a late SIGUSR1 (the time-limit signal after a manual one) must
+# not kill this shell before it has requeued the job.
+trap '' USR1
 
 case $rc in
   0)
@@ -93,8 +95,12 @@ case $rc in
     say "ranks stopped with a checkpoint (exit $rc); requeueing, the next run resumes from it"
     # The job goes back to the queue (same id, SLURM_RESTART_COUNT + 1); this shell is ended
     # by SLURM shortly after.
-    scontrol requeue "$SLURM_JOB_ID"
-    sleep 60
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      sleep 60
+    else
+      say "the requeue was refused (--no-requeue, or JobRequeue=0 on this cluster); sbatch the" \
+          "template again: the next run resumes from the checkpoint"
+    fi
     ;;
   *)
     say "training stopped with exit code $rc (docs/failures.md)"

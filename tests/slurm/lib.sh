@@ -96,6 +96,17 @@ wait_for() {
   done
 }
 
+# rank_log RUN_DIR JOB RUN RANK LAUNCHER: the log file of one rank of one run (the templates'
+# layout: srun --output per rank, or Open MPI's --output-filename tree, where spdlog's lines
+# are in stderr).
+rank_log() {
+  if [[ $5 == mpirun ]]; then
+    echo "$1/logs/job-$2-run-$3/1/rank.$4/stderr"
+  else
+    echo "$1/logs/job-$2-run-$3/rank-$4.log"
+  fi
+}
+
 # The training step numbers logged in a metrics.jsonl, one per line, in file order.
 logged_steps() {
   grep '"loss"' "$1" | sed -n 's/.*"step":\([0-9]*\).*/\1/p'

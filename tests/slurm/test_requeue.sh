@@ -3,21 +3,22 @@
 # --signal=USR1 --batch, what --signal=B:USR1@T delivers before the time limit). The ranks must
 # stop after the same step with a checkpoint and exit 75, the template must requeue the job, and
 # the second run must resume from that checkpoint and complete: every step 1..STEPS trained and
-# logged exactly once. Usage: test_requeue.sh WD_BIN
+# logged exactly once. Usage: test_requeue.sh WD_BIN [srun|mpirun]
 source "$(dirname "$0")/lib.sh"
-slurm_test requeue "$1"
+launcher=${2:-srun}
+slurm_test "requeue${2:+_$2}" "$1"
 cluster_start 1 4 || fail "the cluster did not start"
 
 steps=200
 run=$CLUSTER_DIR/run
-job=$(EXTRA_ARGS="--train.steps $steps --train.log_every 1" submit slurm/train-1node.sbatch "$run" \
+job=$(LAUNCHER=$launcher EXTRA_ARGS="--train.steps $steps --train.log_every 1" submit slurm/train-1node.sbatch "$run" \
       --ntasks-per-node=3 --gpus-per-node=3) || fail "sbatch failed"
 wait_state "$job" 60 RUNNING
 metrics=$run/metrics.jsonl
 # Signal once training is under way (20 steps logged), well before it could finish.
 wait_for 90 "20 logged steps" bash -c "[[ \$(grep -c '\"loss\"' '$metrics' 2>/dev/null) -ge 20 ]]"
 scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch failed"
-echo "slurm.requeue: sent SIGUSR1 after step $(logged_steps "$metrics" | tail -1)"
+echo "slurm.$TEST_NAME: sent SIGUSR1 after step $(logged_steps "$metrics" | tail -1)"
 
 # The requeued job waits cred_expire (10 s in the test cluster) before it starts again.
 wait_state "$job" 240 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY
@@ -28,11 +29,14 @@ state=$(job_field "$job" JobState)
 out=$CLUSTER_DIR/jobs/$job.out
 grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$out" || fail "the batch shell did not forward SIGUSR1"
 grep -q "exit 75); requeueing" "$out" || fail "the first run did not end with the requeue code 75"
-first_log=$run/logs/job-$job-run-0/rank-1.log
-second_log=$run/logs/job-$job-run-1/rank-0.log
+first_log=$(rank_log "$run" "$job" 0 1 "$launcher")   # student 0 writes the checkpoints
+second_log=$(rank_log "$run" "$job" 1 0 "$launcher")
 stop=$(sed -n 's/.*checkpoint of step \([0-9]*\) written.*/\1/p' "$first_log" | tail -1)
 [[ -n $stop ]] || fail "the first run wrote no checkpoint"
-grep -q "exiting with code 75" "$first_log" || fail "student 0 of the first run did not exit with 75"
+for r in 0 1 2; do
+  grep -q "exiting with code 75" "$(rank_log "$run" "$job" 0 "$r" "$launcher")" ||
+    fail "rank $r of the first run did not exit with the requeue code 75"
+done
 grep -q "resuming from .*step-$(printf %08d "$stop") (step $stop)" "$second_log" ||
   fail "the second run did not resume from the checkpoint of step $stop"
 ((stop > 0 && stop < steps)) || fail "stopped at step $stop"
@@ -44,4 +48,4 @@ seq 1 "$steps" | cmp -s - "$CLUSTER_DIR/steps.txt" || {
   fail "logged steps are not 1..$steps once each ($(wc -l <"$CLUSTER_DIR/steps.txt") lines; repeated: ${dupes:-none})"
 }
 [[ -d $run/checkpoints/step-$(printf %08d "$steps") ]] || fail "no final checkpoint"
-pass "job $job: SIGUSR1 -> checkpoint at step $stop, exit 75, requeued, resumed, COMPLETED at step $steps; steps 1..$steps once each"
+pass "job $job ($launcher): SIGUSR1 -> checkpoint at step $stop, exit 75, requeued, resumed, COMPLETED at step $steps; steps 1..$steps once each"

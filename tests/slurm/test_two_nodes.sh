@@ -20,11 +20,7 @@ state=$(job_field "$job" JobState)
 [[ $(job_field "$job" NodeList) == "node[1-2]" ]] || fail "job ran on $(job_field "$job" NodeList)"
 
 # The placement table world rank 0 logged: rank, role, host, local, slurm-node, procid, nodeid.
-if [[ $launcher == srun ]]; then
-  log=$run/logs/job-$job-run-0/rank-0.log
-else
-  log=$run/logs/job-$job-run-0/1/rank.0/stderr  # spdlog writes to stderr
-fi
+log=$(rank_log "$run" "$job" 0 0 "$launcher")
 [[ -f $log ]] || fail "no rank 0 log at $log"
 table=$(sed -n '/rank placement/,/^\[/p' "$log" | grep -E '^ +[0-9]+ ')
 echo "$table"
