@@ -10,6 +10,8 @@ slurm_test "requeue${2:+_$2}" "$1"
 cluster_start 1 4 || fail "the cluster did not start"
 
 steps=200
+# mpirun idles 2 x its kill grace after the ranks exit 75 (slurm/train-step.sh): keep it short.
+export WD_KILL_GRACE=5
 run=$CLUSTER_DIR/run
 job=$(LAUNCHER=$launcher EXTRA_ARGS="--train.steps $steps --train.log_every 1" submit slurm/train-1node.sbatch "$run" \
       --ntasks-per-node=3 --gpus-per-node=3) || fail "sbatch failed"
