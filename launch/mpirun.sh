@@ -3,10 +3,12 @@
 # Usage: launch/mpirun.sh -np 3 build/src/app/wan-distill train [--config FILE] [--section.key v]
 set -euo pipefail
 flags=(--oversubscribe --bind-to none)
-# When one rank fails, mpirun stops the others after this many seconds (default 1): long
-# enough here for them to finish the failure protocol, so rank 0 prints its diagnosis and
-# every rank exits with the documented code (docs/failures.md).
-flags+=(--mca odls_base_sigkill_timeout "${WD_KILL_GRACE:-90}")
+# When one rank fails, mpirun stops the others after this many seconds (Open MPI's default: 1):
+# long enough here for them to finish the failure protocol, so one rank prints the diagnosis and
+# every rank exits with the documented code. mpirun then returns only after twice this grace;
+# to diagnose a rank that was killed outright, the grace must exceed comm.timeout_s + 15
+# (docs/failures.md).
+flags+=(--mca odls_base_sigkill_timeout "${WD_KILL_GRACE:-20}")
 # Open MPI refuses root unless told; containers and CI machines often run as root.
 if [[ $(id -u) -eq 0 ]]; then flags+=(--allow-run-as-root); fi
 # One BLAS/OpenMP thread per rank: LibTorch's intra-op threads are set by the program itself

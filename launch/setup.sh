@@ -13,6 +13,7 @@ PACKAGES=(
   libboost-program-options-dev   # options and config files
   libspdlog-dev nlohmann-json3-dev libgtest-dev
   clang libclang-rt-dev          # libFuzzer and its sanitizers (launch/fuzz.sh)
+  slurmctld slurmd slurm-client munge  # SLURM tests (tests/slurm: a private cluster here)
 )
 
 missing=()

@@ -10,6 +10,7 @@
 
 #include "app/commands.hpp"
 #include "app/failure_handler.hpp"
+#include "app/rank_placement.hpp"
 #include "comm/health.hpp"
 #include "core/fault_injection.hpp"
 #include "comm/mpi_runtime.hpp"
@@ -241,6 +242,7 @@ int run_train(const std::vector<std::string>& args) {
       spdlog::info("train: {} teacher rank(s), {} student rank(s), run dir {}", layout.teacher_ranks,
                    layout.student_ranks, cfg.run_dir);
     }
+    log_rank_placement(topo, cfg.comm.timeout_s);
 
     agreed("preparing the run directory", cfg, [&] {
       if (rank == 0) {

@@ -25,6 +25,7 @@ const std::map<std::string, Command>& commands() {
       {"inspect", {wd::app::run_inspect, "describe and validate a checkpoint"}},
       {"train", {wd::app::run_train, "distil a teacher into a student (run under mpirun)"}},
       {"make-dataset", {wd::app::run_make_dataset, "write a synthetic HDF5 data set"}},
+      {"layout", {wd::app::run_layout, "print which rank is teacher/student on which node and GPU"}},
   };
   return table;
 }

@@ -1,0 +1,84 @@
+// The rank placement table (one gather of fixed-size records to world rank 0) and the common
+// exit of a requeue stop.
+#include "app/rank_placement.hpp"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi_runtime.hpp"
+
+namespace wd::app {
+
+namespace {
+
+/// One rank's record; plain bytes so it travels as MPI_BYTE.
+struct Placement {
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  char slurm_node[64] = {};  ///< SLURMD_NODENAME
+  int role = 0;              ///< Role as int
+  int local_rank = 0;
+  int local_size = 1;
+  int slurm_procid = -1;     ///< SLURM_PROCID
+  int slurm_nodeid = -1;     ///< SLURM_NODEID
+  int slurm_localid = -1;    ///< SLURM_LOCALID
+};
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : -1;
+}
+
+std::string or_dash(int v) { return v < 0 ? "-" : std::to_string(v); }
+
+}  // namespace
+
+void log_rank_placement(const Topology& topo, double timeout_s) {
+  Placement mine;
+  int len = 0;
+  WD_CHECK_MPI(MPI_Get_processor_name(mine.host, &len));
+  if (const char* node = std::getenv("SLURMD_NODENAME")) {
+    std::strncpy(mine.slurm_node, node, sizeof(mine.slurm_node) - 1);
+  }
+  mine.role = static_cast<int>(topo.role);
+  mine.local_rank = topo.local_rank;
+  mine.local_size = topo.local_size;
+  mine.slurm_procid = env_int("SLURM_PROCID");
+  mine.slurm_nodeid = env_int("SLURM_NODEID");
+  mine.slurm_localid = env_int("SLURM_LOCALID");
+
+  std::vector<Placement> all(topo.rank == 0 ? topo.world_size : 0);
+  constexpr int kBytes = sizeof(Placement);
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Igather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, 0, MPI_COMM_WORLD, &req));
+  std::vector<int> peers;
+  if (topo.rank == 0) {
+    for (int r = 1; r < topo.world_size; ++r) peers.push_back(r);
+  } else {
+    peers.push_back(0);
+  }
+  comm::wait_with_deadline(req, {"gather rank placement", -1, sizeof(mine), peers},
+                           std::chrono::duration<double>(timeout_s), topo.rank);
+  if (topo.rank != 0) return;
+
+  const char* job = std::getenv("SLURM_JOB_ID");
+  std::string table = job ? fmt::format("rank placement (SLURM job {}; the ids are logged only, the layout comes from MPI):", job)
+                          : std::string("rank placement:");
+  table += fmt::format("\n  {:>4}  {:<7}  {:<16} {:>5}  {:<12} {:>6} {:>6} {:>7}", "rank", "role", "host", "local",
+                       "slurm-node", "procid", "nodeid", "localid");
+  for (int r = 0; r < topo.world_size; ++r) {
+    const auto& p = all[static_cast<std::size_t>(r)];
+    table += fmt::format("\n  {:>4}  {:<7}  {:<16} {:>5}  {:<12} {:>6} {:>6} {:>7}", r,
+                         role_name(static_cast<Role>(p.role)), p.host,
+                         fmt::format("{}/{}", p.local_rank, p.local_size), *p.slurm_node ? p.slurm_node : "-",
+                         or_dash(p.slurm_procid), or_dash(p.slurm_nodeid), or_dash(p.slurm_localid));
+  }
+  spdlog::info("{}", table);
+}
+
+}  // namespace wd::app

@@ -1,0 +1,100 @@
+// `wan-distill layout` end to end: the rank table for an allocation, teacher.ranks from a
+// config file or the command line, and exit code 2 naming the values of an invalid layout.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const std::string kCli = WD_CLI;
+const std::string kConfigs = WD_CONFIGS;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = kCli + " layout " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// The table rows as whitespace-separated words: rank node local device role replica slot.
+std::vector<std::vector<std::string>> rows(const std::string& output) {
+  std::vector<std::vector<std::string>> table;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.size() == 7 && std::isdigit(static_cast<unsigned char>(w[0][0]))) table.push_back(w);
+  }
+  return table;
+}
+
+TEST(LayoutCommand, PlacesRanksInBlocksTeachersFirst) {
+  const auto r = run("--nodes 2 --gpus-per-node 4 --teacher.ranks 2 --node-names gpu-a,gpu-b");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto t = rows(r.output);
+  ASSERT_EQ(t.size(), 8u) << r.output;
+  // rank node local device role replica slot: replica r serves students [r*3, (r+1)*3).
+  const std::vector<std::vector<std::string>> want{
+      {"0", "gpu-a", "0", "cuda:0", "teacher", "0", "-"}, {"1", "gpu-a", "1", "cuda:1", "teacher", "1", "-"},
+      {"2", "gpu-a", "2", "cuda:2", "student", "0", "0"}, {"3", "gpu-a", "3", "cuda:3", "student", "0", "1"},
+      {"4", "gpu-b", "0", "cuda:0", "student", "0", "2"}, {"5", "gpu-b", "1", "cuda:1", "student", "1", "0"},
+      {"6", "gpu-b", "2", "cuda:2", "student", "1", "1"}, {"7", "gpu-b", "3", "cuda:3", "student", "1", "2"}};
+  EXPECT_EQ(t, want) << r.output;
+  EXPECT_NE(r.output.find("8 ranks on 2 node(s) x 4 GPU(s): 2 teacher rank(s) in 2 replica(s), 6 student "
+                          "rank(s), 3 per replica"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("replica 1: teacher rank 1 on gpu-a streams to students 5-7 on gpu-b (across nodes"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LayoutCommand, ReadsTeacherRanksFromTheConfigAndTheFlagWins) {
+  auto r = run("--config " + kConfigs + "/wan22-t2v-a14b.ini --nodes 2 --gpus-per-node 8");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("16 ranks on 2 node(s) x 8 GPU(s): 4 teacher rank(s) in 4 replica(s), 12 student"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(rows(r.output).size(), 16u);
+
+  r = run("--config " + kConfigs + "/tiny.ini --nodes 1 --gpus-per-node 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("(within the node)"), std::string::npos) << r.output;
+
+  r = run("--config=" + kConfigs + "/wan22-t2v-a14b.ini --nodes 1 --gpus-per-node 4 --teacher.ranks 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 teacher rank(s) in 1 replica(s), 3 student rank(s)"), std::string::npos) << r.output;
+}
+
+TEST(LayoutCommand, InvalidLayoutsExitWithCode2NamingTheValues) {
+  auto r = run("--nodes 1 --gpus-per-node 4 --teacher.ranks 3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("world_size(4) - teacher.ranks(3) = 1 students is not divisible by 3"),
+            std::string::npos)
+      << r.output;
+
+  r = run("--nodes 2 --gpus-per-node 2 --node-names a");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("node-names lists 1 node(s) but nodes(2)"), std::string::npos) << r.output;
+
+  r = run("--nodes 1 --gpus-per-node 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("at least 1 student rank is needed"), std::string::npos) << r.output;
+}
+
+}  // namespace
