@@ -296,10 +296,14 @@ FailureExchange HealthChannel::exchange_failure_reports(const FailureNotice& own
     const auto collect = [&] {
       ex.notices = notices_;
       if (own.kind != FailureKind::kNone) ex.notices.push_back(own);
-      std::set<int> lost;
+      // A rank that posted a notice is alive, whatever a timeout elsewhere said of it: an
+      // all-reduce names every member it waited for, including one that was itself waiting
+      // on the rank that really went silent.
+      std::set<int> lost, alive{topo_.rank};
+      for (const auto& n : ex.notices) alive.insert(n.rank);
       for (const auto& n : ex.notices) {
         for (const int r : n.lost_ranks()) {
-          if (r != topo_.rank && r >= 0 && r < topo_.world_size) lost.insert(r);
+          if (!alive.count(r) && r >= 0 && r < topo_.world_size) lost.insert(r);
         }
       }
       ex.lost.assign(lost.begin(), lost.end());
