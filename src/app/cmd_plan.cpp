@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
 #include "app/run_config.hpp"
@@ -42,6 +43,34 @@ memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
   return s;
 }
 
+nlohmann::json rank_json(const memory::RankPlan& r) {
+  nlohmann::json items = nlohmann::json::array();
+  for (const auto& i : r.items) {
+    items.push_back({{"name", i.name}, {"device_bytes", i.device}, {"host_bytes", i.host}, {"note", i.note}});
+  }
+  return {{"device_bytes", r.device_total()}, {"host_bytes", r.host_total()}, {"items", items}};
+}
+
+/// The plan as JSON (for scripts and the accuracy test).
+nlohmann::json plan_json(const memory::Plan& plan) {
+  nlohmann::json placements = nlohmann::json::array();
+  for (const auto& pp : plan.placements) {
+    nlohmann::json j{{"placement", memory::placement_name(pp.placement)}, {"applicable", pp.applicable},
+                     {"fits", pp.fits}, {"why_not", pp.why_not}};
+    if (pp.applicable) {
+      j["teacher"] = rank_json(pp.teacher);
+      j["student"] = rank_json(pp.student);
+      j["student_activations_off_bytes"] = pp.student_activations_off;
+      j["student_activations_all_bytes"] = pp.student_activations_all;
+      j["host_per_node_bytes"] = pp.host_per_node;
+    }
+    placements.push_back(j);
+  }
+  return {{"placements", placements},
+          {"recommended", plan.recommended ? memory::placement_name(*plan.recommended) : ""},
+          {"reason", plan.reason}};
+}
+
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
 }  // namespace
@@ -53,7 +82,7 @@ int run_plan(const std::vector<std::string>& args) {
   std::string gpu_memory = "180GiB", host_memory = "2TiB", latent, preset;
   int gpus_per_node = 8, np = 0;
   std::int64_t experts = 1;
-  bool cpu = false;
+  bool cpu = false, json = false;
   OptionTable own("plan's own options");
   own.bind("gpu-memory", gpu_memory, "memory of one GPU")
       .bind("host-memory", host_memory, "host memory of one node")
@@ -65,11 +94,12 @@ int run_plan(const std::vector<std::string>& args) {
                               "(default for builtin:tiny: in_dim,3,16,16)")
       .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
                               "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
+      .bind("json", json, "print the plan as JSON instead of tables")
       .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2)");
   table.add(own);
   if (parse_options(args, table).help) {
     print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
-               "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME]",
+               "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME] [--json]",
                "Prints each rank's predicted memory (teacher weights, streaming buffers, activations,\n"
                "transport buffers, student weights, gradients, optimizer state, framework overhead)\n"
                "for every teacher placement (gpu, cpu, stream, shard), which fit the budgets, and\n"
@@ -195,6 +225,10 @@ int run_plan(const std::vector<std::string>& args) {
   in.gpus_per_node = gpus_per_node;
 
   const auto plan = memory::make_plan(in);
+  if (json) {
+    std::cout << plan_json(plan).dump(2) << "\n";
+    return kExitOk;
+  }
   std::cout << "teacher " << teacher_source << ": " << tc.summary() << ", " << cfg.teacher.dtype << ", "
             << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
             << "student: " << sc.summary() << ", " << cfg.student.precision << ", checkpointing "
