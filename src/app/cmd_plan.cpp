@@ -12,6 +12,7 @@
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
+#include "core/torch_compat.hpp"
 #include "data/dataset.hpp"
 #include "memory/planner.hpp"
 #include "model/safetensors.hpp"
@@ -220,6 +221,8 @@ int run_plan(const std::vector<std::string>& args) {
   in.student_ranks = layout.student_ranks;
   in.broadcast = broadcast;
   in.cpu_job = cpu;
+  // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
+  in.fused_attention = !cpu || compat::kHasFusedAttention;
   in.device_budget = gpu_bytes;
   in.host_budget = host_bytes;
   in.gpus_per_node = gpus_per_node;

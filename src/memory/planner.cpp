@@ -90,7 +90,8 @@ u64 student_block_activation_bytes(const PlanInput& in) {
   // GELU (2 x ffn_dim), the softmax outputs of self- and cross-attention (fp32), and the cross
   // attention's keys and values of the text.
   u64 bytes = N * D * (24 * kF32 + 8 * c + 2 * kF64) + 2 * N * F * c;
-  bytes += B * H * S * (S + L) * kF32;
+  // The softmax outputs; a fused kernel saves only its log-sum-exp per query row.
+  bytes += (in.fused_attention ? 2 * B * H * S : B * H * S * (S + L)) * kF32;
   bytes += 4 * B * L * D * c;
   return bytes;
 }
@@ -120,7 +121,7 @@ std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples
   // (normed input, q, k, v, RoPE's float64 temporaries, and the scores: the product in the
   // compute dtype, its fp32 copy, the fp32 softmax and its cast back) and the FFN.
   const u64 mod = N * D * 6 * kF32;
-  const u64 scores = B * H * S * S * (c == 4 ? 8 : 10);
+  const u64 scores = in.fused_attention ? B * H * S * kF32 : B * H * S * S * (c == 4 ? 8 : 10);
   const u64 attention = N * D * (3 * kF32 + c + 2 * kF64) + scores;
   const u64 ffn = N * D * kF32 + 2 * N * F * c;
   // Hidden states sent for feature distillation (fp32) and the output.

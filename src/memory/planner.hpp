@@ -48,6 +48,9 @@ struct PlanInput {
   int teacher_ranks = 1;                   ///< teacher.ranks
   int student_ranks = 2;
   bool broadcast = false;                  ///< comm.mode = broadcast
+  /// Fused scaled-dot-product attention (LibTorch 2.x, every CUDA build we target): no
+  /// [B,heads,S,S] scores in memory. Off: the reference attention of LibTorch 1.13.
+  bool fused_attention = true;
   bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
   std::uint64_t device_budget = 0;         ///< bytes of one GPU
   std::uint64_t host_budget = 0;           ///< bytes of host memory of one node

@@ -29,6 +29,7 @@ PlanInput small_job() {
   in.device_budget = 80 * kGiB;
   in.host_budget = 1024 * kGiB;
   in.gpus_per_node = 8;
+  in.fused_attention = false;  // the reference attention: scores in memory
   return in;
 }
 
@@ -48,6 +49,13 @@ TEST(Planner, StudentBlockActivationsFollowTheFormula) {
   auto mixed = in;
   mixed.student_bf16_mixed = true;  // linear outputs and the FFN hidden in bf16
   EXPECT_EQ(student_block_activation_bytes(mixed), 4u * 8 * 128 + 2 * 4 * 16 * 2 + 192 + 4 * 2 * 8 * 2);
+}
+
+TEST(Planner, FusedAttentionKeepsNoScores) {
+  auto in = small_job();
+  const auto reference = student_block_activation_bytes(in);
+  in.fused_attention = true;  // B·H·S·(S+L) softmax outputs become 2·B·H·S log-sum-exps
+  EXPECT_EQ(reference - student_block_activation_bytes(in), (1u * 2 * 4 * 6 - 2u * 1 * 2 * 4) * 4);
 }
 
 TEST(Planner, CheckpointingKeepsOnlyBlockInputsPlusOneBlock) {
