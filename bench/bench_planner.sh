@@ -22,7 +22,7 @@ mkdir -p "$work"
 # Teachers larger than the builtin tiny one, on the tiny preset's t2v shapes (16 latent
 # channels, text 16 x 64), so the builtin data set fits them all.
 make_teacher() {  # NAME DIM FFN HEADS LAYERS
-  local dir=$work/teacher-$1
+  local dir=$work/ckpt-$1  # not a job name: job directories are removed before each run
   if [[ ! -f $dir/config.json ]]; then
     "$bin" init-teacher --preset tiny --dim "$2" --ffn-dim "$3" --num-heads "$4" --num-layers "$5" \
       --dtype bf16 --output "$dir" --log.level warn >&2

@@ -198,8 +198,8 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   if (shard && P > 1) ring += 2 * n(samples) * n(in.tokens) * n(t.dim) * kF32;
   const bool teacher_on_device = cuda && p != Placement::kCpu;
   T.push_back(teacher_on_device ? item(kTransportBuffers, ring, 0) : item(kTransportBuffers, 0, ring));
-  T.push_back(item(kFrameworkOverhead, teacher_on_device ? kDeviceContextBytes : 0,
-                   p == Placement::kCpu && cuda ? kHostProcessBytes : host_overhead));
+  // A host-only teacher of a GPU job still loads the CUDA build's libraries, but opens no context.
+  T.push_back(item(kFrameworkOverhead, teacher_on_device ? kDeviceContextBytes : 0, host_overhead));
 
   // Student rank (on a GPU in a GPU job, on the host in a CPU job).
   auto& St = out.student.items;
