@@ -26,13 +26,14 @@ int run_forward(const std::vector<std::string>& args);
 int run_init_teacher(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_plan(const std::vector<std::string>& args);
 int run_make_dataset(const std::vector<std::string>& args);
 int run_layout(const std::vector<std::string>& args);
 
 /// Prints "usage: ...", a short description and the options table (with real defaults).
 void print_help(const std::string& usage, const std::string& about, const OptionTable& table);
 
-/// Parses "2GB", "512MB", "1GiB", "1000000" into bytes (decimal GB/MB/KB, binary GiB/MiB/KiB);
+/// Parses "2GB", "512MB", "1GiB", "1000000" into bytes (decimal TB/GB/MB/KB, binary TiB/GiB/MiB/KiB);
 /// throws wd::ConfigError naming `option` otherwise.
 std::uint64_t parse_size(const std::string& text, const std::string& option);
 

@@ -38,6 +38,7 @@ std::uint64_t parse_size(const std::string& text, const std::string& option) {
   if (unit == "KIB") scale = 1024.0;
   if (unit == "MIB") scale = 1024.0 * 1024;
   if (unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  if (unit == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
   if (pos == 0 || scale < 0 || value <= 0) {
     throw ConfigError(option + "(" + text + ") must be a size such as 2GB, 512MB, 1GiB or 1000000");
   }

@@ -23,6 +23,7 @@ const std::map<std::string, Command>& commands() {
       {"init-teacher",
        {wd::app::run_init_teacher, "write a randomly initialised DiT in the official layout"}},
       {"inspect", {wd::app::run_inspect, "describe and validate a checkpoint"}},
+      {"plan", {wd::app::run_plan, "predict each rank's memory per teacher placement (no MPI)"}},
       {"train", {wd::app::run_train, "distil a teacher into a student (run under mpirun)"}},
       {"make-dataset", {wd::app::run_make_dataset, "write a synthetic HDF5 data set"}},
       {"layout", {wd::app::run_layout, "print which rank is teacher/student on which node and GPU"}},

@@ -204,5 +204,25 @@ TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {
   fs::remove(file);
 }
 
+TEST(Cli, PlanPrintsEveryPlacementAndRecommendsOne) {
+  const std::string configs = WD_CONFIGS;
+  auto r = run("plan --help");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--gpu-memory arg (=180GiB)"), std::string::npos) << r.output;
+  r = run("plan --config " + configs + "/wan22-ti2v-5b.ini --preset wan22-ti2v-5b --latent 48,31,44,80");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* p : {"placement gpu", "placement cpu", "placement stream", "placement shard",
+                        "recommended: teacher.placement = gpu"}) {
+    EXPECT_NE(r.output.find(p), std::string::npos) << p << "\n" << r.output;
+  }
+  // The example's checkpoint is not on this machine: the error says how to plan without it.
+  r = run("plan --config " + configs + "/wan22-t2v-a14b.ini");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--preset NAME"), std::string::npos) << r.output;
+  r = run("plan --gpu-memory lots");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("gpu-memory(lots)"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace wd

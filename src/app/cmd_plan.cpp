@@ -1,0 +1,248 @@
+// `wan-distill plan`: each rank's predicted memory for every teacher placement, before anything
+// is loaded, from the same config file `train` reads.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "app/commands.hpp"
+#include "app/run_config.hpp"
+#include "comm/process_groups.hpp"
+#include "comm/stream_plan.hpp"
+#include "core/logging.hpp"
+#include "core/torch_compat.hpp"
+#include "data/dataset.hpp"
+#include "memory/planner.hpp"
+#include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "student/checkpointing.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A WanConfig reduced to what the planner needs; block and other parameters counted from the
+/// official parameter list.
+memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
+  memory::DitShape s;
+  s.dim = c.dim;
+  s.ffn_dim = c.ffn_dim;
+  s.num_heads = c.num_heads;
+  s.num_layers = c.num_layers;
+  s.freq_dim = c.freq_dim;
+  s.experts = experts;
+  std::int64_t block = 0, other = 0;
+  for (const auto& p : wan_param_specs(c)) {
+    (p.name.rfind("blocks.", 0) == 0 ? block : other) += p.numel();
+  }
+  s.block_params = c.num_layers > 0 ? block / c.num_layers : 0;
+  s.other_params = other;
+  return s;
+}
+
+nlohmann::json rank_json(const memory::RankPlan& r) {
+  nlohmann::json items = nlohmann::json::array();
+  for (const auto& i : r.items) {
+    items.push_back({{"name", i.name}, {"device_bytes", i.device}, {"host_bytes", i.host}, {"note", i.note}});
+  }
+  return {{"device_bytes", r.device_total()}, {"host_bytes", r.host_total()}, {"items", items}};
+}
+
+/// The plan as JSON (for scripts and the accuracy test).
+nlohmann::json plan_json(const memory::Plan& plan) {
+  nlohmann::json placements = nlohmann::json::array();
+  for (const auto& pp : plan.placements) {
+    nlohmann::json j{{"placement", memory::placement_name(pp.placement)}, {"applicable", pp.applicable},
+                     {"fits", pp.fits}, {"why_not", pp.why_not}};
+    if (pp.applicable) {
+      j["teacher"] = rank_json(pp.teacher);
+      j["student"] = rank_json(pp.student);
+      j["student_activations_off_bytes"] = pp.student_activations_off;
+      j["student_activations_all_bytes"] = pp.student_activations_all;
+      j["host_per_node_bytes"] = pp.host_per_node;
+    }
+    placements.push_back(j);
+  }
+  return {{"placements", placements},
+          {"recommended", plan.recommended ? memory::placement_name(*plan.recommended) : ""},
+          {"reason", plan.reason}};
+}
+
+std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args) {
+  RunConfig cfg;
+  OptionTable table("plan options (the same config file and keys as train)");
+  cfg.bind(table);
+  std::string gpu_memory = "180GiB", host_memory = "2TiB", latent, preset;
+  int gpus_per_node = 8, np = 0;
+  std::int64_t experts = 1;
+  bool cpu = false, json = false;
+  OptionTable own("plan's own options");
+  own.bind("gpu-memory", gpu_memory, "memory of one GPU")
+      .bind("host-memory", host_memory, "host memory of one node")
+      .bind("gpus-per-node", gpus_per_node, "GPUs (= ranks) per node")
+      .bind("np", np, "world ranks as given to mpirun; 0 = one node of --gpus-per-node ranks "
+                      "(with --cpu: teacher.ranks x 3, the tiny job's 1 teacher + 2 students)")
+      .bind("cpu", cpu, "a CPU job (the CPU build): every rank on one host, teacher.placement cpu")
+      .bind("latent", latent, "C,F,H,W of a latent when data.path does not exist yet "
+                              "(default for builtin:tiny: in_dim,3,16,16)")
+      .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
+                              "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
+      .bind("json", json, "print the plan as JSON instead of tables")
+      .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2)");
+  table.add(own);
+  if (parse_options(args, table).help) {
+    print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
+               "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME] [--json]",
+               "Prints each rank's predicted memory (teacher weights, streaming buffers, activations,\n"
+               "transport buffers, student weights, gradients, optimizer state, framework overhead)\n"
+               "for every teacher placement (gpu, cpu, stream, shard), which fit the budgets, and\n"
+               "recommends one. Nothing is loaded: the teacher's config.json and safetensors headers\n"
+               "and the data set's shapes are read when they exist (docs/placement.md).",
+               table);
+    return kExitOk;
+  }
+  cfg.validate();
+  const auto gpu_bytes = parse_size(gpu_memory, "gpu-memory");
+  const auto host_bytes = parse_size(host_memory, "host-memory");
+  ConfigProblems p;
+  p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
+  p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
+  p.check(experts >= 1, "experts(" + std::to_string(experts) + ") must be >= 1");
+  p.throw_if_any("plan");
+  init_logging(Topology::single_process(), cfg.log.level);
+
+  // The teacher's config: a preset, the checkpoint's config.json (headers only), or the
+  // builtin tiny preset.
+  WanConfig tc;
+  std::int64_t stored_bytes = elem_bytes(parse_dtype(cfg.teacher.dtype));
+  std::string teacher_source;
+  const bool builtin = cfg.teacher.checkpoint == kBuiltin;
+  if (!preset.empty()) {
+    tc = WanConfig::preset(preset);
+    teacher_source = "preset " + preset;
+  } else if (builtin) {
+    tc = WanConfig::preset("tiny");
+    stored_bytes = 2;  // the builtin teacher is written in bf16
+    teacher_source = "builtin:tiny";
+  } else if (fs::exists(cfg.teacher.checkpoint)) {
+    const auto ck = WanCheckpoint::open(cfg.teacher.checkpoint, cfg.teacher.model_config);
+    tc = ck.config();
+    const auto specs = wan_param_specs(tc);
+    stored_bytes = elem_bytes(safetensors_to_scalar_type(ck.info(specs.back().name).dtype));
+    teacher_source = cfg.teacher.checkpoint;
+  } else if (!cfg.teacher.model_config.empty()) {
+    tc = WanConfig::load(cfg.teacher.model_config);
+    teacher_source = cfg.teacher.model_config;
+  } else {
+    throw ConfigError("teacher.checkpoint(" + cfg.teacher.checkpoint +
+                      ") does not exist here; give --teacher.model_config FILE (its config.json) or "
+                      "--preset NAME to plan without it");
+  }
+  const auto sc = cfg.student.model_config(tc);
+  sc.validate("student config");
+
+  // The latent shape: from the data set when it exists, else --latent (builtin: the tiny shape).
+  std::array<std::int64_t, 4> lat{};
+  std::int64_t context_len = tc.text_len;
+  const std::string data_path = cfg.data_path();
+  if (latent.empty() && fs::exists(data_path)) {
+    data::DatasetExpectations expect;
+    expect.latent_channels = tc.in_dim;
+    expect.text_dim = tc.text_dim;
+    expect.text_len = tc.text_len;
+    expect.patch = tc.patch_size;
+    const auto info = data::validate_dataset(data_path, expect);
+    lat = info.latent_shape;
+    context_len = info.context_len;
+  } else if (!latent.empty()) {
+    const auto d = parse_dims(latent, 4, "latent");
+    lat = {d[0], d[1], d[2], d[3]};
+  } else if (cfg.data.path == kBuiltin) {
+    lat = {tc.in_dim, 3, 16, 16};
+  } else {
+    throw ConfigError("data.path(" + cfg.data.path + ") does not exist here; give the latent size with --latent C,F,H,W");
+  }
+  ConfigProblems shape;
+  for (int a = 0; a < 3; ++a) {
+    shape.check(lat[a + 1] % tc.patch_size[a] == 0,
+                "latent axis " + std::to_string(a + 1) + " (" + std::to_string(lat[a + 1]) +
+                    ") is not divisible by the patch size " + std::to_string(tc.patch_size[a]));
+  }
+  shape.throw_if_any("plan");
+
+  const int world = np > 0 ? np : (cpu ? cfg.teacher.ranks * 3 : gpus_per_node);
+  const auto layout = comm::Layout::make(world, cfg.teacher.ranks);
+  const bool broadcast = cfg.comm.mode == "broadcast";
+  const auto global_batch = cfg.train.batch_size * (broadcast ? layout.replicas : layout.student_ranks);
+
+  comm::StreamPlan stream;
+  stream.batch_per_student = cfg.train.batch_size;
+  stream.latent = lat;
+  stream.out_channels = tc.out_dim;
+  stream.context_len = context_len;
+  stream.text_dim = tc.text_dim;
+  stream.tokens = (lat[1] / tc.patch_size[0]) * (lat[2] / tc.patch_size[1]) * (lat[3] / tc.patch_size[2]);
+  stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
+  stream.teacher_dim = tc.dim;
+  const auto pairs = cfg.student.feature_pairs();
+  for (const auto& pr : pairs) stream.feature_blocks.push_back(pr.second);
+  std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
+  stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
+                              stream.feature_blocks.end());
+
+  memory::PlanInput in;
+  in.teacher = dit_shape(tc, experts);
+  in.student = dit_shape(sc, 1);
+  in.teacher_elem_bytes = elem_bytes(parse_dtype(cfg.teacher.dtype));
+  in.checkpoint_elem_bytes = stored_bytes;
+  in.student_bf16_mixed = cfg.student.precision == "bf16-mixed";
+  const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
+  for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;
+  // Channel projections (when the student's channels differ) and feature heads, fp32.
+  if (sc.in_dim != lat[0]) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
+  if (sc.out_dim != tc.out_dim) in.student_extra_params += sc.out_dim * tc.out_dim + tc.out_dim;
+  in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
+  in.batch = cfg.train.batch_size;
+  in.tokens = stream.tokens;
+  in.context_len = tc.text_len;  // the model pads every context to text_len
+  in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
+  in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
+  in.prefetch_depth = cfg.comm.prefetch_depth;
+  in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;
+  in.teacher_ranks = layout.teacher_ranks;
+  in.student_ranks = layout.student_ranks;
+  in.broadcast = broadcast;
+  in.cpu_job = cpu;
+  // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
+  in.fused_attention = !cpu || compat::kHasFusedAttention;
+  in.device_budget = gpu_bytes;
+  in.host_budget = host_bytes;
+  in.gpus_per_node = gpus_per_node;
+
+  const auto plan = memory::make_plan(in);
+  if (json) {
+    std::cout << plan_json(plan).dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "teacher " << teacher_source << ": " << tc.summary() << ", " << cfg.teacher.dtype << ", "
+            << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
+            << "student: " << sc.summary() << ", " << cfg.student.precision << ", checkpointing "
+            << cfg.student.checkpointing << "\n"
+            << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
+            << (cpu ? " on one host (CPU job)" : ", " + std::to_string(gpus_per_node) + " GPUs per node")
+            << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
+            << lat[2] << "x" << lat[3] << " = " << stream.tokens << " tokens; message "
+            << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
+            << memory::format_plan(in, plan);
+  return kExitOk;
+}
+
+}  // namespace wd::app

@@ -1,0 +1,82 @@
+// RunConfig: every section of a training job's configuration, shared by `train` and `plan`
+// so that both read the same config files with the same keys and defaults.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "comm/transport.hpp"
+#include "core/config.hpp"
+#include "core/fault_injection.hpp"
+#include "data/data_config.hpp"
+#include "data/noiser.hpp"
+#include "memory/memory_monitor.hpp"
+#include "student/student_config.hpp"
+#include "student/train_state.hpp"
+#include "teacher/teacher_config.hpp"
+
+namespace wd::app {
+
+/// The builtin tiny teacher / data set, generated into the run directory's cache.
+constexpr const char* kBuiltin = "builtin:tiny";
+
+/// Every section of the job's configuration, bound into one options table.
+struct RunConfig {
+  std::string run_dir = "runs/tiny";
+  teacher::TeacherConfig teacher;
+  student::StudentConfig student;
+  student::TrainConfig train;
+  data::DataConfig data;
+  data::NoiseConfig noise;
+  comm::CommConfig comm;
+  memory::MemoryConfig memory;
+  student::CheckpointConfig checkpoint;
+  LogConfig log;
+  RuntimeConfig runtime;
+  std::string inject_fault;
+
+  void bind(OptionTable& t) {
+    t.bind("run-dir", run_dir, "directory for metrics.jsonl, the student and the builtin cache");
+    t.bind("inject-fault", inject_fault,
+           "testing aid: KIND@ROLE:RANK:STEP makes rank RANK of ROLE (teacher|student) fail at "
+           "training step STEP with KIND = oom|nan|throw|hang|sigkill|sigterm|sigusr1 (docs/failures.md)");
+    teacher.bind(t);
+    student.bind(t);
+    train.bind(t);
+    data.bind(t);
+    noise.bind(t);
+    comm.bind(t);
+    memory.bind(t);
+    checkpoint.bind(t);
+    log.bind(t);
+    runtime.bind(t);
+  }
+  void validate() const {
+    ConfigProblems p;
+    p.check(!run_dir.empty(), "run-dir must not be empty");
+    teacher.validate(p);
+    student.validate(p);
+    train.validate(p);
+    data.validate(p);
+    noise.validate(p);
+    comm.validate(p);
+    memory.validate(p);
+    checkpoint.validate(p);
+    log.validate(p);
+    runtime.validate(p);
+    try {
+      FaultSpec::parse(inject_fault);
+    } catch (const ConfigError& e) {
+      p.check(false, e.what());
+    }
+    p.throw_if_any("train config");
+  }
+  std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }
+  std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }
+  std::string data_path() const { return data.path == kBuiltin ? cache("tiny-data.h5") : data.path; }
+  std::string checkpoint_root() const {
+    return checkpoint.dir.empty() ? (std::filesystem::path(run_dir) / "checkpoints").string() : checkpoint.dir;
+  }
+};
+
+}  // namespace wd::app

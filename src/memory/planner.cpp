@@ -1,0 +1,330 @@
+// The memory planner's formulas (derivations in docs/placement.md, "Memory planner").
+#include "memory/planner.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "core/logging.hpp"
+
+namespace wd::memory {
+
+namespace {
+
+using u64 = std::uint64_t;
+
+constexpr u64 kF32 = 4;  // fp32: norms, modulation, softmax and residual stream
+constexpr u64 kF64 = 8;  // RoPE rotates in float64
+/// During the backward the gradients of one block's activations and the allocator's retained
+/// blocks add this many times one block's saved activations on top of what is saved (measured
+/// on the CPU build: 1.6 and 1.7 for students of dim 256 and 512, bench/results/planner.md).
+constexpr double kBackwardTransient = 1.65;
+/// Open MPI's non-blocking all-reduce keeps a scratch copy of each bucket while it runs, so the
+/// MPI gradient all-reduce holds the gradients a third time (measured: the CPU students' peaks
+/// exceed the rest of the model by one gradient copy).
+constexpr bool kMpiAllreduceScratch = true;
+/// Stream placement: the block in use plus two prefetched ahead.
+constexpr u64 kStreamDeviceBlocks = 3;
+
+u64 n(std::int64_t v) { return static_cast<u64>(std::max<std::int64_t>(v, 0)); }
+
+u64 student_param_bytes(const PlanInput& in) {
+  return kF32 * (n(in.student.params()) + n(in.student_extra_params));
+}
+
+/// The per-replica batch a teacher forward runs.
+std::int64_t teacher_samples(const PlanInput& in, int replicas) {
+  const int spr = std::max(1, in.student_ranks / std::max(1, replicas));
+  return in.batch * (in.broadcast ? 1 : spr);
+}
+
+PlanItem item(const char* name, u64 device, u64 host, std::string note = "") {
+  return {name, device, host, std::move(note)};
+}
+
+}  // namespace
+
+std::string placement_name(Placement p) {
+  switch (p) {
+    case Placement::kGpu: return "gpu";
+    case Placement::kCpu: return "cpu";
+    case Placement::kStream: return "stream";
+    case Placement::kShard: return "shard";
+  }
+  return "?";
+}
+
+const std::vector<Placement>& all_placements() {
+  static const std::vector<Placement> all{Placement::kGpu, Placement::kCpu, Placement::kStream,
+                                          Placement::kShard};
+  return all;
+}
+
+u64 RankPlan::device_total() const {
+  u64 s = 0;
+  for (const auto& i : items) s += i.device;
+  return s;
+}
+
+u64 RankPlan::host_total() const {
+  u64 s = 0;
+  for (const auto& i : items) s += i.host;
+  return s;
+}
+
+const PlanItem& RankPlan::at(const std::string& name) const {
+  for (const auto& i : items) {
+    if (i.name == name) return i;
+  }
+  throw Error("the plan has no item '" + name + "'");
+}
+
+u64 student_block_activation_bytes(const PlanInput& in) {
+  const auto& s = in.student;
+  const u64 c = in.student_bf16_mixed ? 2 : 4;  // linear outputs, attention inputs
+  const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim), F = n(s.ffn_dim), H = n(s.num_heads);
+  const u64 B = n(in.batch), S = n(in.tokens), L = n(in.context_len);
+  // Saved for the backward, per token (docs/placement.md): fp32 elementwise work (modulation
+  // [B,S,6,D], norms, scale/shift, residuals: 24 x D), linear outputs in the compute dtype
+  // (8 x D), RoPE's float64 pairs of q and k (2 x D doubles), the FFN hidden before and after
+  // GELU (2 x ffn_dim), the softmax outputs of self- and cross-attention (fp32), and the cross
+  // attention's keys and values of the text.
+  u64 bytes = N * D * (24 * kF32 + 8 * c + 2 * kF64) + 2 * N * F * c;
+  // The softmax outputs; a fused kernel saves only its log-sum-exp per query row.
+  bytes += (in.fused_attention ? 2 * B * H * S : B * H * S * (S + L)) * kF32;
+  bytes += 4 * B * L * D * c;
+  return bytes;
+}
+
+std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpointed) {
+  const auto& s = in.student;
+  const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim);
+  const u64 layers = n(s.num_layers), k = std::min(n(checkpointed), layers);
+  const u64 block = student_block_activation_bytes(in);
+  // Embedding: per-token time embedding (freq_dim, then 10 x D of MLP and e0 [B,S,6,D]), the
+  // RoPE tables (cos, sin in float64) and the head; all fp32 (the official model's choice).
+  const u64 embed = N * (n(s.freq_dim) + 14 * D) * kF32 + N * n(s.head_dim()) * kF64;
+  // A checkpointed block keeps only its input; one block's internals exist again while it is
+  // recomputed in the backward.
+  const u64 kept = (layers - k) * block + k * N * D * kF32 + (k > 0 ? block : 0);
+  return embed + kept + static_cast<u64>(kBackwardTransient * static_cast<double>(block));
+}
+
+std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples) {
+  const auto& t = in.teacher;
+  const u64 c = n(in.teacher_elem_bytes);
+  const u64 B = n(samples), S = n(in.tokens), L = n(in.context_len);
+  const u64 N = B * S, D = n(t.dim), F = n(t.ffn_dim), H = n(t.num_heads);
+  // Held through the forward: residual x, e, e0 [B,S,6,D] (fp32), RoPE tables, text keys.
+  const u64 state = N * D * 8 * kF32 + N * n(t.head_dim()) * kF64 + B * L * D * c;
+  // One block at a time: modulation m [B,S,6,D] fp32, then the larger of self-attention
+  // (normed input, q, k, v, RoPE's float64 temporaries, and the scores: the product in the
+  // compute dtype, its fp32 copy, the fp32 softmax and its cast back) and the FFN.
+  const u64 mod = N * D * 6 * kF32;
+  const u64 scores = in.fused_attention ? B * H * S * kF32 : B * H * S * S * (c == 4 ? 8 : 10);
+  const u64 attention = N * D * (3 * kF32 + c + 2 * kF64) + scores;
+  const u64 ffn = N * D * kF32 + 2 * N * F * c;
+  // Hidden states sent for feature distillation (fp32) and the output.
+  const u64 features = n(in.feature_blocks) * N * D * kF32;
+  return state + mod + std::max(attention, ffn) + features;
+}
+
+namespace {
+
+PlacementPlan plan_placement(const PlanInput& in, Placement p) {
+  PlacementPlan out;
+  out.placement = p;
+  const bool cuda = !in.cpu_job;
+  if (in.cpu_job && p != Placement::kCpu) {
+    out.applicable = false;
+    out.why_not = "a CPU job has no device";
+    return out;
+  }
+  const auto& t = in.teacher;
+  const u64 e = n(in.teacher_elem_bytes);
+  const u64 block_bytes = n(t.experts) * n(t.block_params) * e;
+  const u64 weights = n(t.params()) * e;
+  const u64 converted = in.checkpoint_elem_bytes == in.teacher_elem_bytes
+                            ? 0
+                            : n(t.params()) * n(in.checkpoint_elem_bytes);
+  // Shard: the teacher ranks form one pipeline (P = teacher.ranks); otherwise each is a replica.
+  const bool shard = p == Placement::kShard;
+  const int P = shard ? in.teacher_ranks : 1;
+  const int replicas = shard ? 1 : in.teacher_ranks;
+  const std::int64_t samples = teacher_samples(in, replicas);
+  const int spr = in.student_ranks / std::max(1, replicas);
+  const u64 msg = n(in.message_bytes);
+
+  // Teacher rank.
+  auto& T = out.teacher.items;
+  const u64 host_overhead = cuda ? kHostCudaProcessBytes : kHostProcessBytes;
+  const u64 act = teacher_activation_bytes(in, samples);
+  u64 shared_page_cache = 0;  // per node, counted once however many ranks map it
+  switch (p) {
+    case Placement::kGpu:
+      T.push_back(item(kTeacherWeights, weights, converted, converted ? "host: checkpoint read for the dtype conversion" : ""));
+      T.push_back(item(kStreamingBuffers, 0, 0));
+      T.push_back(item(kTeacherActivations, act, 0));
+      break;
+    case Placement::kCpu:
+      // Zero-copy from the mapped checkpoint when the dtypes agree (page cache, shared by the
+      // node's teacher ranks); a conversion keeps a private copy next to the mapped file.
+      T.push_back(item(kTeacherWeights, 0, weights + converted,
+                       converted ? "converted copy + mapped checkpoint" : "mapped checkpoint, shared per node"));
+      if (!converted) shared_page_cache = weights;
+      T.push_back(item(kStreamingBuffers, 0, 0));
+      T.push_back(item(kTeacherActivations, 0, act));
+      break;
+    case Placement::kStream:
+      T.push_back(item(kTeacherWeights, 0, weights, "mapped read-only, shared per node"));
+      shared_page_cache = weights;
+      T.push_back(item(kStreamingBuffers, kStreamDeviceBlocks * block_bytes, block_bytes,
+                       "3 block buffers on the device, 1 pinned staging block"));
+      T.push_back(item(kTeacherActivations, act, 0));
+      break;
+    case Placement::kShard: {
+      const auto per_stage = (n(t.num_layers) + n(P) - 1) / n(P);
+      const u64 stage = (per_stage * n(t.block_params) + n(t.other_params)) * n(t.experts) * e;
+      T.push_back(item(kTeacherWeights, stage, 0,
+                       std::to_string(per_stage) + " of " + std::to_string(t.num_layers) + " blocks + embeddings/head"));
+      T.push_back(item(kStreamingBuffers, 0, 0));
+      T.push_back(item(kTeacherActivations, act, 0));
+      break;
+    }
+  }
+  // Send ring: prefetch_depth slots of one message per student of the replica (one in broadcast
+  // mode); a pipeline stage also receives and sends the hidden state [B,S,D] fp32.
+  u64 ring = n(in.prefetch_depth) * n(in.broadcast ? 1 : spr) * msg;
+  if (shard && P > 1) ring += 2 * n(samples) * n(in.tokens) * n(t.dim) * kF32;
+  const bool teacher_on_device = cuda && p != Placement::kCpu;
+  T.push_back(teacher_on_device ? item(kTransportBuffers, ring, 0) : item(kTransportBuffers, 0, ring));
+  // A host-only teacher of a GPU job still loads the CUDA build's libraries, but opens no context.
+  T.push_back(item(kFrameworkOverhead, teacher_on_device ? kDeviceContextBytes : 0, host_overhead));
+
+  // Student rank (on a GPU in a GPU job, on the host in a CPU job).
+  auto& St = out.student.items;
+  const u64 W = student_param_bytes(in);
+  const u64 half_copy = in.student_bf16_mixed ? W / 2 : 0;
+  const u64 scratch = !cuda && kMpiAllreduceScratch && in.student_ranks > 1 ? W : 0;
+  const u64 grads = W + W + scratch + half_copy;  // .grad, all-reduce buckets, MPI scratch, bf16 grads
+  const u64 s_ring = (n(in.prefetch_depth) + n(in.eval_messages)) * msg;
+  const u64 s_act = student_activation_bytes(in, in.checkpointed_blocks);
+  out.student_activations_all = student_activation_bytes(in, in.student.num_layers);
+  out.student_activations_off = student_activation_bytes(in, 0);
+  const auto place = [&](const char* name, u64 bytes, std::string note = "") {
+    St.push_back(cuda ? item(name, bytes, 0, std::move(note)) : item(name, 0, bytes, std::move(note)));
+  };
+  place(kTransportBuffers, s_ring, "receive ring + kept held-out batches");
+  place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
+  place(kGradients, grads, scratch ? "fp32 .grad + all-reduce buckets + MPI scratch" : "fp32 .grad + all-reduce buckets");
+  place(kOptimizerState, 2 * W, "AdamW exp_avg + exp_avg_sq (fp32)");
+  place(kStudentActivations, s_act);
+  St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
+
+  // Budgets: every rank's device, and the fullest node's host memory (the first node holds the
+  // teacher ranks, world ranks 0..T-1, then students).
+  const int world = in.teacher_ranks + in.student_ranks;
+  const int per_node = in.cpu_job ? world : std::max(1, in.gpus_per_node);
+  const int teachers_on_node = std::min(in.teacher_ranks, per_node);
+  const int students_on_node = std::min(in.student_ranks, per_node - teachers_on_node);
+  const u64 teacher_private_host = out.teacher.host_total() - shared_page_cache;
+  const u64 node0 = n(teachers_on_node) * teacher_private_host + (teachers_on_node > 0 ? shared_page_cache : 0) +
+                    n(students_on_node) * out.student.host_total();
+  const int students_left = in.student_ranks - students_on_node;
+  const u64 student_node = n(std::min(students_left, per_node)) * out.student.host_total();
+  out.host_per_node = std::max(node0, student_node);
+  std::vector<std::string> over;
+  if (cuda) {
+    if (out.teacher.device_total() > in.device_budget) over.push_back("teacher rank's device");
+    if (out.student.device_total() > in.device_budget) over.push_back("student rank's device");
+  }
+  if (out.host_per_node > in.host_budget) over.push_back("node's host memory");
+  if (shard && in.teacher_ranks < 2) over.push_back("shard needs teacher.ranks >= 2");
+  out.fits = over.empty();
+  for (std::size_t i = 0; i < over.size(); ++i) out.why_not += (i ? ", " : "exceeds: ") + over[i];
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanInput& in) {
+  Plan plan;
+  for (const auto p : all_placements()) plan.placements.push_back(plan_placement(in, p));
+  // Fastest first: all weights on the device; then a pipeline (no host traffic, but fewer
+  // replicas); then streaming (every block crosses PCIe every step); then host compute.
+  const Placement order[] = {Placement::kGpu, Placement::kShard, Placement::kStream, Placement::kCpu};
+  for (const auto p : order) {
+    const auto& pp = plan.placements[static_cast<std::size_t>(
+        std::find(all_placements().begin(), all_placements().end(), p) - all_placements().begin())];
+    if (pp.applicable && pp.fits) {
+      plan.recommended = p;
+      break;
+    }
+  }
+  if (!plan.recommended) {
+    plan.reason = "no placement fits: lower train.batch_size, set student.checkpointing = all, "
+                  "use student.precision = bf16-mixed, or add ranks";
+  } else if (*plan.recommended == Placement::kGpu) {
+    plan.reason = "the whole teacher fits on its GPU: no weight copies during the forward";
+  } else if (*plan.recommended == Placement::kShard) {
+    plan.reason = "the teacher does not fit on one GPU; split across the teacher ranks it does, "
+                  "with no host traffic";
+  } else if (*plan.recommended == Placement::kStream) {
+    plan.reason = "neither the whole teacher nor one shard fits on a GPU; blocks stream from host memory";
+  } else {
+    plan.reason = in.cpu_job ? "a CPU job" : "no device placement fits; the teacher computes on the host";
+  }
+  return plan;
+}
+
+std::string format_plan(const PlanInput& in, const Plan& plan) {
+  const auto b = [](u64 v) { return v ? format_bytes(static_cast<double>(v)) : std::string("-"); };
+  std::ostringstream os;
+  char line[256];
+  for (const auto& pp : plan.placements) {
+    os << "placement " << placement_name(pp.placement);
+    if (!pp.applicable) {
+      os << ": not applicable (" << pp.why_not << ")\n\n";
+      continue;
+    }
+    os << (pp.fits ? ": fits" : ": does not fit") << (pp.fits ? "" : " (" + pp.why_not + ")") << "\n";
+    std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "per rank", "teacher dev",
+                  "teacher host", "student dev", "student host");
+    os << line;
+    const char* names[] = {kTeacherWeights, kStreamingBuffers, kTeacherActivations, kTransportBuffers,
+                           kStudentWeights, kGradients, kOptimizerState, kStudentActivations,
+                           kFrameworkOverhead};
+    for (const char* name : names) {
+      PlanItem t{name}, s{name};
+      for (const auto& i : pp.teacher.items) if (i.name == name) t = i;
+      for (const auto& i : pp.student.items) if (i.name == name) s = i;
+      std::string label = name;
+      if (label == kStudentActivations) {
+        label += " (" + std::to_string(in.checkpointed_blocks) + "/" + std::to_string(in.student.num_layers) + " ckpt)";
+      }
+      std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", label.c_str(), b(t.device).c_str(),
+                    b(t.host).c_str(), b(s.device).c_str(), b(s.host).c_str());
+      os << line;
+    }
+    std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "total", b(pp.teacher.device_total()).c_str(),
+                  b(pp.teacher.host_total()).c_str(), b(pp.student.device_total()).c_str(),
+                  b(pp.student.host_total()).c_str());
+    os << line;
+    if (!in.cpu_job) {
+      std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "budget", b(in.device_budget).c_str(), "",
+                    b(in.device_budget).c_str(), "");
+      os << line;
+    }
+    os << "  student activations: checkpointing off " << b(pp.student_activations_off) << ", all "
+       << b(pp.student_activations_all) << "\n";
+    os << "  host memory of the fullest node: " << b(pp.host_per_node) << " of " << b(in.host_budget) << "\n\n";
+  }
+  if (plan.recommended) {
+    os << "recommended: teacher.placement = " << placement_name(*plan.recommended) << " (" << plan.reason << ")\n";
+  } else {
+    os << "recommended: none (" << plan.reason << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace wd::memory

@@ -1,0 +1,129 @@
+// Memory planner: predicts each rank's memory for every teacher placement from the model shapes,
+// the batch, the latent size and the dtypes, before anything is loaded (docs/placement.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace wd::memory {
+
+/// Where the frozen teacher's weights live and where it computes (teacher.placement).
+enum class Placement { kGpu, kCpu, kStream, kShard };
+std::string placement_name(Placement p);
+/// gpu, cpu, stream, shard: the table's order.
+const std::vector<Placement>& all_placements();
+
+/// What memory depends on in one DiT (a WanConfig reduced to numbers; the caller fills it).
+struct DitShape {
+  std::int64_t dim = 0;
+  std::int64_t ffn_dim = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t num_layers = 0;
+  std::int64_t freq_dim = 0;
+  std::int64_t block_params = 0;  ///< parameters of one block
+  std::int64_t other_params = 0;  ///< embeddings and head
+  std::int64_t experts = 1;       ///< MoE experts held together (Wan 2.2 A14B: 2)
+  std::int64_t head_dim() const { return dim / num_heads; }
+  std::int64_t params() const { return experts * (other_params + num_layers * block_params); }
+};
+
+/// Everything the prediction depends on. Bytes are per rank unless named otherwise.
+struct PlanInput {
+  DitShape teacher;
+  DitShape student;
+  std::int64_t teacher_elem_bytes = 2;     ///< teacher.dtype: bf16/fp16 2, fp32 4
+  std::int64_t checkpoint_elem_bytes = 2;  ///< as stored; another dtype is converted at load
+  bool student_bf16_mixed = false;         ///< student.precision = bf16-mixed
+  std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
+  std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)
+  std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)
+  std::int64_t tokens = 0;                 ///< tokens per sample: F/pt * H/ph * W/pw
+  std::int64_t context_len = 0;            ///< text rows after padding (the teacher's text_len)
+  std::int64_t feature_blocks = 0;         ///< teacher blocks whose hidden states are sent
+  std::int64_t message_bytes = 0;          ///< one student message on the wire (MessageSpec + header)
+  std::int64_t prefetch_depth = 2;         ///< comm.prefetch_depth
+  std::int64_t eval_messages = 0;          ///< held-out messages each student keeps a copy of
+  int teacher_ranks = 1;                   ///< teacher.ranks
+  int student_ranks = 2;
+  bool broadcast = false;                  ///< comm.mode = broadcast
+  /// Fused scaled-dot-product attention (LibTorch 2.x, every CUDA build we target): no
+  /// [B,heads,S,S] scores in memory. Off: the reference attention of LibTorch 1.13.
+  bool fused_attention = true;
+  bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
+  std::uint64_t device_budget = 0;         ///< bytes of one GPU
+  std::uint64_t host_budget = 0;           ///< bytes of host memory of one node
+  int gpus_per_node = 8;                   ///< ranks per node (one GPU each)
+};
+
+/// One category of one rank: bytes on its device and on the host.
+struct PlanItem {
+  std::string name;
+  std::uint64_t device = 0;
+  std::uint64_t host = 0;
+  std::string note;
+};
+
+/// One rank's predicted memory, category by category.
+struct RankPlan {
+  std::vector<PlanItem> items;
+  std::uint64_t device_total() const;
+  std::uint64_t host_total() const;
+  /// The item named `name` (throws wd::Error when absent).
+  const PlanItem& at(const std::string& name) const;
+};
+
+/// The prediction for one placement, and whether it fits the budgets.
+struct PlacementPlan {
+  Placement placement = Placement::kCpu;
+  bool applicable = true;
+  std::string why_not;   ///< when not applicable, or what does not fit
+  RankPlan teacher;      ///< the most loaded teacher rank
+  RankPlan student;      ///< one student rank
+  /// Student activations with every block checkpointed and with none (for the table).
+  std::uint64_t student_activations_all = 0;
+  std::uint64_t student_activations_off = 0;
+  std::uint64_t host_per_node = 0;  ///< the fullest node: its ranks plus shared page cache
+  bool fits = false;
+};
+
+struct Plan {
+  std::vector<PlacementPlan> placements;  ///< in all_placements() order
+  std::optional<Placement> recommended;
+  std::string reason;
+};
+
+/// Category names, in table order.
+inline constexpr const char* kTeacherWeights = "teacher weights";
+inline constexpr const char* kStreamingBuffers = "streaming buffers";
+inline constexpr const char* kTeacherActivations = "teacher activations";
+inline constexpr const char* kTransportBuffers = "transport buffers";
+inline constexpr const char* kStudentWeights = "student weights";
+inline constexpr const char* kGradients = "gradients";
+inline constexpr const char* kOptimizerState = "optimizer state";
+inline constexpr const char* kStudentActivations = "student activations";
+inline constexpr const char* kFrameworkOverhead = "framework overhead";
+
+/// Framework overhead of one process of this build on the host (LibTorch, Open MPI, HDF5 and
+/// the runtime's own buffers): 167 MiB measured at start-up + 25 MiB once running (docs/placement.md).
+inline constexpr std::uint64_t kHostProcessBytes = 192ull << 20;
+/// Host side of a CUDA process (CUDA LibTorch, driver, NCCL): an estimate, not yet measured.
+inline constexpr std::uint64_t kHostCudaProcessBytes = 2ull << 30;
+/// Device side of a CUDA process (context, cuBLAS workspaces, NCCL buffers): an estimate.
+inline constexpr std::uint64_t kDeviceContextBytes = 1ull << 30;
+
+/// Bytes one student block saves for its backward (its activations, autograd on).
+std::uint64_t student_block_activation_bytes(const PlanInput& in);
+/// Peak student activation bytes with `checkpointed` of its blocks recomputed in the backward.
+std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpointed);
+/// Peak bytes of one no-grad teacher forward of `samples` samples (state + one block's transients).
+std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples);
+
+/// The prediction for every placement and the recommended one.
+Plan make_plan(const PlanInput& in);
+
+/// "1.50 GiB"-style rendering of the plan as a table per placement, then the recommendation.
+std::string format_plan(const PlanInput& in, const Plan& plan);
+
+}  // namespace wd::memory

@@ -1,0 +1,181 @@
+// The memory planner: every category follows from its formula for small hand-checked shapes;
+// placements, budgets and the recommendation.
+#include <gtest/gtest.h>
+
+#include "memory/planner.hpp"
+
+namespace wd::memory {
+namespace {
+
+constexpr std::uint64_t kGiB = 1ull << 30;
+
+/// A small job whose numbers are easy to check by hand.
+PlanInput small_job() {
+  PlanInput in;
+  // Teacher: 10 blocks of 1000 params + 500 others, bf16.
+  in.teacher = {/*dim*/ 8, /*ffn*/ 16, /*heads*/ 2, /*layers*/ 10, /*freq*/ 4, 1000, 500, 1};
+  // Student: 2 blocks of 100 params + 50 others (250 params, 1000 bytes in fp32).
+  in.student = {8, 16, 2, 2, 4, 100, 50, 1};
+  in.teacher_elem_bytes = 2;
+  in.checkpoint_elem_bytes = 2;
+  in.batch = 1;
+  in.tokens = 4;
+  in.context_len = 2;
+  in.message_bytes = 1000;
+  in.prefetch_depth = 2;
+  in.eval_messages = 3;
+  in.teacher_ranks = 1;
+  in.student_ranks = 2;
+  in.device_budget = 80 * kGiB;
+  in.host_budget = 1024 * kGiB;
+  in.gpus_per_node = 8;
+  in.fused_attention = false;  // the reference attention: scores in memory
+  return in;
+}
+
+const PlacementPlan& placement(const Plan& plan, Placement p) {
+  for (const auto& pp : plan.placements) {
+    if (pp.placement == p) return pp;
+  }
+  throw std::runtime_error("missing placement");
+}
+
+TEST(Planner, StudentBlockActivationsFollowTheFormula) {
+  const auto in = small_job();
+  // N = 4 tokens, D = 8, F = 16, H = 2, S = 4, L = 2, fp32:
+  // N·D·(24·4 + 8·4 + 2·8) + 2·N·F·4 + B·H·S·(S+L)·4 + 4·B·L·D·4
+  const std::uint64_t expected = 4 * 8 * 144 + 2 * 4 * 16 * 4 + 1 * 2 * 4 * 6 * 4 + 4 * 1 * 2 * 8 * 4;
+  EXPECT_EQ(student_block_activation_bytes(in), expected);
+  auto mixed = in;
+  mixed.student_bf16_mixed = true;  // linear outputs and the FFN hidden in bf16
+  EXPECT_EQ(student_block_activation_bytes(mixed), 4u * 8 * 128 + 2 * 4 * 16 * 2 + 192 + 4 * 2 * 8 * 2);
+}
+
+TEST(Planner, FusedAttentionKeepsNoScores) {
+  auto in = small_job();
+  const auto reference = student_block_activation_bytes(in);
+  in.fused_attention = true;  // B·H·S·(S+L) softmax outputs become 2·B·H·S log-sum-exps
+  EXPECT_EQ(reference - student_block_activation_bytes(in), (1u * 2 * 4 * 6 - 2u * 1 * 2 * 4) * 4);
+}
+
+TEST(Planner, CheckpointingKeepsOnlyBlockInputsPlusOneBlock) {
+  auto in = small_job();
+  in.student.num_layers = 6;
+  const auto block = student_block_activation_bytes(in);
+  const auto off = student_activation_bytes(in, 0);
+  const auto all = student_activation_bytes(in, 6);
+  const auto every2 = student_activation_bytes(in, 3);
+  const std::uint64_t input = 4 * 8 * 4;  // N·D fp32 per checkpointed block
+  EXPECT_EQ(off - all, 6 * block - (6 * input + block));
+  EXPECT_EQ(off - every2, 3 * block - (3 * input + block));
+  EXPECT_LT(all, every2);
+}
+
+TEST(Planner, CpuJobStudentCategories) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.student_extra_params = 50;  // 300 params in all: W = 1200 bytes
+  const auto plan = make_plan(in);
+  const auto& cpu = placement(plan, Placement::kCpu);
+  ASSERT_TRUE(cpu.applicable);
+  const auto& s = cpu.student;
+  EXPECT_EQ(s.at(kStudentWeights).host, 1200u);
+  EXPECT_EQ(s.at(kGradients).host, 3 * 1200u);  // .grad + buckets + MPI scratch (2 students)
+  EXPECT_EQ(s.at(kOptimizerState).host, 2 * 1200u);
+  EXPECT_EQ(s.at(kTransportBuffers).host, (2 + 3) * 1000u);  // ring + kept held-out batches
+  EXPECT_EQ(s.at(kFrameworkOverhead).host, kHostProcessBytes);
+  EXPECT_EQ(s.device_total(), 0u);
+  EXPECT_EQ(s.host_total(), 1200u * 6 + 5000 + student_activation_bytes(in, 0) + kHostProcessBytes);
+  // One student: nothing to all-reduce with, so no MPI scratch.
+  in.student_ranks = 1;
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 2 * 1200u);
+  // bf16-mixed: a bf16 copy of the weights and transient bf16 grads.
+  in.student_bf16_mixed = true;
+  const auto mixed = make_plan(in);
+  const auto& m = placement(mixed, Placement::kCpu).student;
+  EXPECT_EQ(m.at(kStudentWeights).host, 1800u);
+  EXPECT_EQ(m.at(kGradients).host, 2 * 1200u + 600u);
+  // Only the cpu placement applies to a CPU job.
+  for (const auto p : {Placement::kGpu, Placement::kStream, Placement::kShard}) {
+    EXPECT_FALSE(placement(plan, p).applicable) << placement_name(p);
+  }
+  EXPECT_EQ(plan.recommended, Placement::kCpu);
+}
+
+TEST(Planner, TeacherWeightsAndTransportPerPlacement) {
+  auto in = small_job();
+  in.teacher_ranks = 2;
+  in.student_ranks = 6;  // 3 students per replica
+  const auto plan = make_plan(in);
+  const std::uint64_t weights = (10 * 1000 + 500) * 2;
+  EXPECT_EQ(placement(plan, Placement::kGpu).teacher.at(kTeacherWeights).device, weights);
+  EXPECT_EQ(placement(plan, Placement::kCpu).teacher.at(kTeacherWeights).host, weights);
+  const auto& stream = placement(plan, Placement::kStream).teacher;
+  EXPECT_EQ(stream.at(kTeacherWeights).device, 0u);
+  EXPECT_EQ(stream.at(kTeacherWeights).host, weights);
+  EXPECT_EQ(stream.at(kStreamingBuffers).device, 3 * 1000u * 2);
+  // Shard: the 2 teacher ranks form one pipeline, 5 blocks each (+ the embeddings and head).
+  const auto& shard = placement(plan, Placement::kShard).teacher;
+  EXPECT_EQ(shard.at(kTeacherWeights).device, (5 * 1000u + 500) * 2);
+  // Send ring: prefetch_depth x students of the replica x message.
+  EXPECT_EQ(placement(plan, Placement::kGpu).teacher.at(kTransportBuffers).device, 2 * 3 * 1000u);
+  // Shard has one replica of all 6 students, plus the hidden state in and out [B·6,S,D] fp32.
+  EXPECT_EQ(shard.at(kTransportBuffers).device, 2 * 6 * 1000u + 2 * 6 * 4 * 8 * 4);
+  // The teacher forward runs the replica's batch: 3 samples (6 for the single shard replica).
+  EXPECT_EQ(placement(plan, Placement::kGpu).teacher.at(kTeacherActivations).device, teacher_activation_bytes(in, 3));
+  EXPECT_EQ(shard.at(kTeacherActivations).device, teacher_activation_bytes(in, 6));
+  // Broadcast: one message per slot.
+  in.broadcast = true;
+  EXPECT_EQ(placement(make_plan(in), Placement::kGpu).teacher.at(kTransportBuffers).device, 2 * 1000u);
+}
+
+TEST(Planner, ConvertingTheCheckpointKeepsTheMappedFileToo) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.teacher_elem_bytes = 4;  // fp32 teacher from a bf16 checkpoint
+  const auto plan = make_plan(in);
+  const auto& t = placement(plan, Placement::kCpu).teacher;
+  EXPECT_EQ(t.at(kTeacherWeights).host, 10500u * 4 + 10500u * 2);
+}
+
+TEST(Planner, TeacherActivationsGrowWithTheSquareOfTheTokens) {
+  auto in = small_job();
+  const auto a1 = teacher_activation_bytes(in, 1);
+  in.tokens = 8;
+  const auto a2 = teacher_activation_bytes(in, 1);
+  // Scores B·H·S² x 10 bytes in bf16 dominate a long sequence: 2·(64 - 16)·10 more.
+  EXPECT_GE(a2, 2 * a1);
+  EXPECT_GT(teacher_activation_bytes(in, 2), a2);
+}
+
+TEST(Planner, RecommendsTheFastestPlacementThatFits) {
+  auto in = small_job();
+  in.teacher_ranks = 2;
+  in.student_ranks = 6;
+  auto plan = make_plan(in);
+  EXPECT_EQ(plan.recommended, Placement::kGpu);
+  // A teacher of 40 GiB in bf16 on 32 GiB GPUs: 2 shards of 20 GiB fit, the whole does not.
+  in.teacher.block_params = 2 * static_cast<std::int64_t>(kGiB);
+  in.teacher.other_params = 0;
+  in.device_budget = 32 * kGiB;
+  plan = make_plan(in);
+  EXPECT_FALSE(placement(plan, Placement::kGpu).fits);
+  EXPECT_TRUE(placement(plan, Placement::kShard).fits);
+  EXPECT_EQ(plan.recommended, Placement::kShard);
+  // With one teacher rank there is no pipeline: stream (3 blocks of 4 GiB on the device).
+  in.teacher_ranks = 1;
+  plan = make_plan(in);
+  EXPECT_FALSE(placement(plan, Placement::kShard).fits);
+  EXPECT_EQ(placement(plan, Placement::kStream).teacher.at(kStreamingBuffers).device, 3 * 4 * kGiB);
+  EXPECT_EQ(plan.recommended, Placement::kStream);
+  // Host memory too small for the mapped teacher: only device placements without host copies.
+  in.host_budget = 16 * kGiB;
+  plan = make_plan(in);
+  EXPECT_FALSE(placement(plan, Placement::kStream).fits);
+  EXPECT_FALSE(placement(plan, Placement::kCpu).fits);
+  EXPECT_FALSE(plan.recommended.has_value());
+  EXPECT_NE(format_plan(in, plan).find("recommended: none"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wd::memory
