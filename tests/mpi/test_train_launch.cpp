@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "launch_util.hpp"
 #include "model/wan_checkpoint.hpp"
 
 namespace wd {
@@ -19,28 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kFixtures = WD_FIXTURES;
-const std::string kCli = WD_CLI;
-const std::string kMpiexec = WD_MPIEXEC;
 const std::string kCurve = kFixtures + "/loss-curves/tiny-3rank-20steps.json";
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-/// Runs `wan-distill train` on `ranks` ranks; mpirun's own --timeout bounds a hang.
-Result train(int ranks, const std::string& args, int timeout_s = 240) {
-  const std::string cmd = kMpiexec + " -n " + std::to_string(ranks) +
-                          " --oversubscribe --allow-run-as-root --bind-to none --timeout " +
-                          std::to_string(timeout_s) + " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " +
-                          kCli + " train " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = pipe ? ::pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+/// Runs `wan-distill train` on `ranks` ranks (mpirun's --timeout bounds a hang).
+test::LaunchResult train(int ranks, const std::string& args) { return test::launch_train(ranks, args); }
 
 /// One run dir shared by the tests (the builtin teacher and data are generated once).
 const fs::path& run_dir() {
@@ -52,17 +35,10 @@ const fs::path& run_dir() {
   return dir;
 }
 
-std::vector<nlohmann::json> metrics(const fs::path& file) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 /// The held-out relative MSE before and after training, from the last evaluation line.
 std::pair<double, double> eval_before_after(const fs::path& dir) {
   std::pair<double, double> r{-1, -1};
-  for (const auto& m : metrics(dir / "metrics.jsonl")) {
+  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
     if (m.contains("rel_mse_before")) r = {m["rel_mse_before"].get<double>(), m["rel_mse"].get<double>()};
   }
   return r;
@@ -74,7 +50,7 @@ TEST(Train, TinyRunReproducesTheGoldenLossCurveAndSavesTheStudent) {
                               " --data.path builtin:tiny --train.steps 20 --train.log_every 1 --train.seed 7");
   ASSERT_EQ(r.code, 0) << r.output;
   std::vector<double> losses;
-  for (const auto& m : metrics(dir / "metrics.jsonl")) {
+  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
     if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
   }
   const auto [before, after] = eval_before_after(dir);
@@ -121,7 +97,7 @@ TEST(Train, MemoryIsSteadyOver200StepsAndReportedForEveryRank) {
   EXPECT_NE(r.output.find("[rank 0/3 teacher] [info] memory at step 200 (peaks since step 150)"),
             std::string::npos) << r.output;
   std::map<std::int64_t, nlohmann::json> reports;  // memory_step -> ranks
-  for (const auto& m : metrics(dir / "metrics.jsonl")) {
+  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
     if (m.contains("memory_step")) reports[m["memory_step"].get<std::int64_t>()] = m["ranks"];
   }
   ASSERT_EQ(reports.size(), 4u) << "reports at steps 50, 100, 150, 200";

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "model/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace wd {
 namespace {
@@ -17,21 +18,7 @@ namespace fs = std::filesystem;
 const std::string kFixtures = WD_FIXTURES;
 const std::string kCli = WD_CLI;
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = kCli + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+test::CommandResult run(const std::string& args) { return test::run_command(kCli + " " + args); }
 
 fs::path temp_dir(const std::string& name) {
   auto p = fs::temp_directory_path() / ("wd-cli-" + std::to_string(::getpid()) + "-" + name);

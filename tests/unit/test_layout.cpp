@@ -9,26 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "test_util.hpp"
+
 namespace {
 
 const std::string kCli = WD_CLI;
 const std::string kConfigs = WD_CONFIGS;
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = kCli + " layout " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+wd::test::CommandResult run(const std::string& args) { return wd::test::run_command(kCli + " layout " + args); }
 
 /// The table rows as whitespace-separated words: rank node local device role replica slot.
 std::vector<std::vector<std::string>> rows(const std::string& output) {

@@ -1,8 +1,13 @@
-// Helpers shared by the tests: a self-removing temporary directory and a substring check.
+// Helpers shared by the tests: a self-removing temporary directory, a substring check, and
+// running a command line with its output captured.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -38,6 +43,23 @@ class TempDir {
 
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+/// What a command printed (stdout and stderr together) and its exit status.
+struct CommandResult {
+  int code;
+  std::string output;
+};
+
+/// Runs a shell command line and captures its output and exit status (-1: killed by a signal).
+inline CommandResult run_command(const std::string& command) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = pipe ? ::pclose(pipe) : -1;
+  return {pipe && WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace wd::test
