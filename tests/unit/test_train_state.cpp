@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
 #include "student/train_state.hpp"
+#include "student_batches.hpp"
 #include "test_util.hpp"
 
 namespace wd::student {
@@ -32,22 +33,8 @@ WanConfig small(std::int64_t dim = 32) {
   return c;
 }
 
-/// A batch as the teacher sends it: 4 channels, hidden width 24, 8 tokens.
-comm::TensorDict batch(std::int64_t b, std::uint64_t seed) {
-  auto g = at::detail::createCPUGenerator(seed);
-  return {{"x_t", torch::randn({b, 4, 2, 4, 4}, g)},
-          {"t", torch::rand({b}, g) * 1000},
-          {"context", torch::randn({b, 5, 8}, g)},
-          {"context_lens", torch::full({b}, 5, torch::kLong)},
-          {"teacher_out", torch::randn({b, 4, 2, 4, 4}, g)},
-          {"feat.1", torch::randn({b, 8, 24}, g)}};
-}
-
-comm::TensorDict slice(const comm::TensorDict& d, std::int64_t lo, std::int64_t hi) {
-  comm::TensorDict out;
-  for (const auto& [k, v] : d) out[k] = v.slice(0, lo, hi);
-  return out;
-}
+using testing::batch;
+using testing::slice;
 
 const CheckpointPolicy kOff = CheckpointPolicy::parse("off");
 
