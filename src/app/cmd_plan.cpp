@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/plan_input.hpp"
 #include "app/run_config.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
@@ -24,25 +25,6 @@ namespace wd::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// A WanConfig reduced to what the planner needs; block and other parameters counted from the
-/// official parameter list.
-memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
-  memory::DitShape s;
-  s.dim = c.dim;
-  s.ffn_dim = c.ffn_dim;
-  s.num_heads = c.num_heads;
-  s.num_layers = c.num_layers;
-  s.freq_dim = c.freq_dim;
-  s.experts = experts;
-  std::int64_t block = 0, other = 0;
-  for (const auto& p : wan_param_specs(c)) {
-    (p.name.rfind("blocks.", 0) == 0 ? block : other) += p.numel();
-  }
-  s.block_params = c.num_layers > 0 ? block / c.num_layers : 0;
-  s.other_params = other;
-  return s;
-}
 
 nlohmann::json rank_json(const memory::RankPlan& r) {
   nlohmann::json items = nlohmann::json::array();
@@ -122,7 +104,7 @@ int run_plan(const std::vector<std::string>& args) {
   // The teacher's config: a preset, the checkpoint's config.json (headers only), or the
   // builtin tiny preset.
   WanConfig tc;
-  std::int64_t stored_bytes = elem_bytes(parse_dtype(cfg.teacher.dtype));
+  std::int64_t stored_bytes = cfg.teacher.dtype == "auto" ? 2 : elem_bytes(parse_dtype(cfg.teacher.dtype));
   std::string teacher_source;
   const bool builtin = cfg.teacher.checkpoint == kBuiltin;
   if (!preset.empty()) {
@@ -180,53 +162,18 @@ int run_plan(const std::vector<std::string>& args) {
 
   const int world = np > 0 ? np : (cpu ? cfg.teacher.ranks * 3 : gpus_per_node);
   const auto layout = comm::Layout::make(world, cfg.teacher.ranks);
-  const bool broadcast = cfg.comm.mode == "broadcast";
-  const auto global_batch = cfg.train.batch_size * (broadcast ? layout.replicas : layout.student_ranks);
-
-  comm::StreamPlan stream;
-  stream.batch_per_student = cfg.train.batch_size;
-  stream.latent = lat;
-  stream.out_channels = tc.out_dim;
-  stream.context_len = context_len;
-  stream.text_dim = tc.text_dim;
-  stream.tokens = (lat[1] / tc.patch_size[0]) * (lat[2] / tc.patch_size[1]) * (lat[3] / tc.patch_size[2]);
-  stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
-  stream.teacher_dim = tc.dim;
-  const auto pairs = cfg.student.feature_pairs();
-  for (const auto& pr : pairs) stream.feature_blocks.push_back(pr.second);
-  std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
-  stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
-                              stream.feature_blocks.end());
-
-  memory::PlanInput in;
-  in.teacher = dit_shape(tc, experts);
-  in.student = dit_shape(sc, 1);
-  in.teacher_elem_bytes = elem_bytes(parse_dtype(cfg.teacher.dtype));
-  in.checkpoint_elem_bytes = stored_bytes;
-  in.student_bf16_mixed = cfg.student.precision == "bf16-mixed";
-  const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
-  for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;
-  // Channel projections (when the student's channels differ) and feature heads, fp32.
-  if (sc.in_dim != lat[0]) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
-  if (sc.out_dim != tc.out_dim) in.student_extra_params += sc.out_dim * tc.out_dim + tc.out_dim;
-  in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
-  in.batch = cfg.train.batch_size;
-  in.tokens = stream.tokens;
-  in.context_len = tc.text_len;  // the model pads every context to text_len
-  in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
-  in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
-  in.prefetch_depth = cfg.comm.prefetch_depth;
-  in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;
-  in.teacher_ranks = layout.teacher_ranks;
-  in.student_ranks = layout.student_ranks;
-  in.broadcast = broadcast;
-  in.cpu_job = cpu;
-  // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
-  in.fused_attention = !cpu || compat::kHasFusedAttention;
-  in.device_budget = gpu_bytes;
-  in.host_budget = host_bytes;
-  in.gpus_per_node = gpus_per_node;
-
+  PlanContext ctx;
+  ctx.teacher = tc;
+  ctx.stored_elem_bytes = stored_bytes;
+  ctx.experts = experts;
+  ctx.latent = lat;
+  ctx.context_len = context_len;
+  ctx.world = world;
+  ctx.cpu_job = cpu;
+  ctx.gpu_bytes = gpu_bytes;
+  ctx.host_bytes = host_bytes;
+  ctx.gpus_per_node = gpus_per_node;
+  const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
   if (json) {
     std::cout << plan_json(plan).dump(2) << "\n";
@@ -239,7 +186,7 @@ int run_plan(const std::vector<std::string>& args) {
             << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
             << (cpu ? " on one host (CPU job)" : ", " + std::to_string(gpus_per_node) + " GPUs per node")
             << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
-            << lat[2] << "x" << lat[3] << " = " << stream.tokens << " tokens; message "
+            << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
             << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
             << memory::format_plan(in, plan);
   return kExitOk;

@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "app/commands.hpp"
 #include "app/failure_handler.hpp"
+#include "app/plan_input.hpp"
 #include "app/rank_placement.hpp"
 #include "app/run_config.hpp"
 #include "comm/health.hpp"
@@ -17,6 +19,9 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
+#include "core/torch_compat.hpp"
+#include "memory/planner.hpp"
+#include "model/safetensors.hpp"
 #include "data/data_config.hpp"
 #include "memory/memory_monitor.hpp"
 #include "student/student_loop.hpp"
@@ -25,7 +30,9 @@
 #include "student/train_state.hpp"
 #include "core/checkpoint_store.hpp"
 #include "teacher/teacher_config.hpp"
+#include "teacher/placement.hpp"
 #include "teacher/teacher_loop.hpp"
+#include "teacher/teacher_stage.hpp"
 
 namespace wd::app {
 
@@ -139,6 +146,72 @@ void set_threads(const RunConfig& cfg, int local_size) {
   spdlog::debug("{} intra-op thread(s)", threads);
 }
 
+/// MemTotal of /proc/meminfo (0 when unreadable).
+std::uint64_t host_memory_total() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+/// teacher.placement = auto: what the planner recommends for this job, with the memory the
+/// config gives or that is detected (rank 0 only; it reads the data set's shapes).
+memory::Placement choose_placement(const RunConfig& cfg, int world) {
+  if (!compat::cuda_available()) {
+    spdlog::info("teacher.placement auto: cpu (this LibTorch has no CUDA, so the teacher computes on the host)");
+    return memory::Placement::kCpu;
+  }
+  const auto ck = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config);
+  const auto& tc = ck.config();
+  data::DatasetExpectations expect;
+  expect.latent_channels = tc.in_dim;
+  expect.text_dim = tc.text_dim;
+  expect.text_len = tc.text_len;
+  expect.patch = tc.patch_size;
+  const auto info = data::validate_dataset(cfg.data_path(), expect);
+  PlanContext ctx;
+  ctx.teacher = tc;
+  ctx.stored_elem_bytes = static_cast<std::int64_t>(
+      c10::elementSize(safetensors_to_scalar_type(ck.info(wan_param_specs(tc).back().name).dtype)));
+  ctx.latent = info.latent_shape;
+  ctx.context_len = info.context_len;
+  ctx.world = world;
+  ctx.gpus_per_node = static_cast<int>(torch::cuda::device_count());
+  ctx.gpu_bytes = cfg.teacher.gpu_memory.empty()
+                      ? compat::device_memory(c10::Device(torch::kCUDA, 0)).total_bytes
+                      : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? host_memory_total()
+                                                   : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
+  const auto in = make_plan_input(cfg, ctx);
+  const auto plan = memory::make_plan(in);
+  WD_CHECK_AS(ConfigError, plan.recommended.has_value(),
+              "teacher.placement auto: no placement fits " << format_bytes(static_cast<double>(ctx.gpu_bytes))
+                                                           << " per GPU and " << format_bytes(static_cast<double>(ctx.host_bytes))
+                                                           << " per node: " << plan.reason
+                                                           << " (see `wan-distill plan` with the same config)");
+  spdlog::info("teacher.placement auto: {} ({}; planned with {} per GPU, {} per node)",
+               memory::placement_name(*plan.recommended), plan.reason,
+               format_bytes(static_cast<double>(ctx.gpu_bytes)), format_bytes(static_cast<double>(ctx.host_bytes)));
+  return *plan.recommended;
+}
+
+/// Bytes of one teacher block and of the head (what only the last stage holds), as stored.
+std::pair<std::vector<std::uint64_t>, std::uint64_t> block_bytes_of(const WanCheckpoint& ck) {
+  const auto& c = ck.config();
+  std::vector<std::uint64_t> blocks(static_cast<std::size_t>(c.num_layers), 0);
+  std::uint64_t head = 0;
+  for (const auto& spec : wan_param_specs(c)) {
+    const auto b = wan_block_of(spec.name);
+    if (b >= 0) blocks[static_cast<std::size_t>(b)] += ck.info(spec.name).nbytes();
+    if (spec.name.rfind("head.", 0) == 0) head += ck.info(spec.name).nbytes();
+  }
+  return {blocks, head};
+}
+
 }  // namespace
 
 int run_train(const std::vector<std::string>& args) {
@@ -174,15 +247,10 @@ int run_train(const std::vector<std::string>& args) {
   try {
     // Identical on every rank (same arguments): no communication needed to agree.
     cfg.validate();
-    const auto layout = comm::Layout::make(mpi.size(), cfg.teacher.ranks);
-    const auto topo = layout.topology(rank, mpi.local_rank(), mpi.local_size());
+    // Roles depend on teacher.ranks alone; the pipeline stages wait for the placement.
+    const auto topo = comm::Layout::make(mpi.size(), cfg.teacher.ranks).topology(rank, mpi.local_rank(), mpi.local_size());
     init_logging(topo, cfg.log.level);
     set_threads(cfg, mpi.local_size());
-    comm::ProcessGroups groups(layout, rank);
-    if (rank == 0) {
-      spdlog::info("train: {} teacher rank(s), {} student rank(s), run dir {}", layout.teacher_ranks,
-                   layout.student_ranks, cfg.run_dir);
-    }
     log_rank_placement(topo, cfg.comm.timeout_s);
 
     agreed("preparing the run directory", cfg, [&] {
@@ -191,6 +259,22 @@ int run_train(const std::vector<std::string>& args) {
         make_builtin_assets(cfg);
       }
     });
+    std::vector<std::int64_t> chosen{0};
+    agreed("choosing the teacher placement", cfg, [&] {
+      if (rank != 0) return;
+      const auto p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
+                                                     : teacher::parse_placement(cfg.teacher.placement);
+      chosen[0] = static_cast<std::int64_t>(p);
+    });
+    comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
+    const auto placement = static_cast<memory::Placement>(chosen[0]);
+    const auto layout = comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, placement));
+    comm::ProcessGroups groups(layout, rank);
+    if (rank == 0) {
+      spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), run dir {}",
+                   layout.teacher_ranks, layout.replicas, layout.stages, memory::placement_name(placement),
+                   layout.student_ranks, cfg.run_dir);
+    }
 
     // Every rank maps the teacher checkpoint (cheap) to learn its config; teachers check data.
     std::optional<WanCheckpoint> ck;
@@ -230,6 +314,16 @@ int run_train(const std::vector<std::string>& args) {
       p.check(cfg.checkpoint.every <= cfg.train.steps,
               "checkpoint.every(" + std::to_string(cfg.checkpoint.every) + ") exceeds train.steps(" +
                   std::to_string(cfg.train.steps) + "): no checkpoint would be written before the end");
+      p.check(layout.stages <= tc.num_layers,
+              "teacher.stages(" + std::to_string(layout.stages) + ") exceeds the teacher's " +
+                  std::to_string(tc.num_layers) + " blocks (each stage needs one at least)");
+      if (!cfg.teacher.shard_map.empty()) {
+        try {
+          teacher::stage_ranges(cfg.teacher, layout.stages, block_bytes_of(*ck).first, 0);
+        } catch (const ConfigError& e) {
+          p.check(false, e.what());
+        }
+      }
       p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
               "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
       p.throw_if_any("train config");
@@ -302,7 +396,11 @@ int run_train(const std::vector<std::string>& args) {
     plan.tokens = tokens_per_sample(tc, plan.latent);
     plan.teacher_dim = tc.dim;
     const auto train_samples = shape[5] - cfg.train.eval_samples;
-    auto transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
+    // Every student, and the last stage of each teacher replica, is on a teacher -> students link.
+    std::unique_ptr<comm::Transport> transport;
+    if (groups.link() != MPI_COMM_NULL) {
+      transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
+    }
 
     failure_setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing, cfg.student.precision,
                               cfg.train.batch_size, cfg.train.grad_accum, cfg.train.lr, cfg.train.grad_clip,
@@ -329,19 +427,48 @@ int run_train(const std::vector<std::string>& args) {
         cfg.memory, topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size()),
         rank == 0 ? (fs::path(cfg.run_dir) / "metrics.jsonl").string() : "");
     if (topo.role == Role::kTeacher) {
-      auto model = load_wan_dit(*ck, parse_dtype(cfg.teacher.dtype));
-      failure_memory.teacher_weights_bytes = memory::tensor_bytes(model->parameters());
-      device = model->parameters().front().device();
-      data::DatasetReader reader(*info);
+      const auto [block_bytes, head_bytes] = block_bytes_of(*ck);
+      const auto ranges = teacher::stage_ranges(cfg.teacher, layout.stages, block_bytes, head_bytes);
+      const int stage = layout.stage_of(rank);
+      teacher::StageLoad how;
+      how.placement = placement;
+      how.dtype = teacher_dtype(cfg);
+      how.device = teacher::teacher_device(cfg.teacher, placement, topo.local_rank);
+      how.blocks = ranges[static_cast<std::size_t>(stage)];
+      how.stream_ahead = cfg.teacher.stream_ahead;
+      how.timeout_s = cfg.comm.timeout_s;
+      if (layout.stages > 1) {
+        spdlog::info("teacher stage {}/{} of replica {}: blocks {}-{} on {}", stage + 1, layout.stages,
+                     layout.replica_of(rank), how.blocks.begin, how.blocks.end - 1, how.device.str());
+      }
+      std::vector<teacher::StageModel> experts;
+      experts.push_back(teacher::load_stage_model(*ck, how));
+      failure_memory.teacher_weights_bytes = teacher::stage_weight_bytes(experts.front());
+      device = how.device;
+      teacher::TeacherStage stage_model(std::move(experts), nullptr, how.blocks, plan.feature_blocks);
+      const auto per_stage_spec = [&](int s) {
+        return teacher::stage_message_spec(plan, per_replica,
+                                           teacher::TeacherStage::features_before(plan.feature_blocks,
+                                                                                  ranges[static_cast<std::size_t>(s)].end));
+      };
+      comm::StageTransports links;
+      if (layout.stages > 1) {
+        links = comm::make_mpi_stage_transports(groups, rank, per_stage_spec(std::max(0, stage - 1)),
+                                                per_stage_spec(stage), cfg.comm, 0, plan.end_step());
+      }
+      std::optional<data::DatasetReader> reader;
+      if (stage == 0) reader.emplace(*info);
       data::SampleSchedule schedule(train_samples, per_replica, layout.replicas, cfg.train.seed);
       data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
       data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
-      teacher::TeacherJob job{model, reader, schedule, noiser, eval_noiser, *transport, plan,
-                              layout.replica_of(rank), layout.replicas, layout.students_per_replica(),
-                              train_samples, broadcast};
+      teacher::TeacherJob job{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
+                              transport.get(), plan, layout.replica_of(rank), layout.replicas,
+                              layout.students_per_replica(), train_samples, broadcast};
       job.memory = &monitor;
       job.health = &*health;
       job.faults = &faults;
+      job.from_previous = links.from_previous.get();
+      job.to_next = links.to_next.get();
       const auto stats = teacher::run_teacher(job);
       requeue = stats.stopped_after >= 0;
       summary = {0, stats.seconds, stats.busy_seconds / stats.seconds,

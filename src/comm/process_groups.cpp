@@ -59,6 +59,12 @@ int Layout::replica_of(int world_rank) const {
   return (world_rank - teacher_ranks) / students_per_replica();
 }
 
+int Layout::stage_of(int world_rank) const {
+  WD_CHECK(role_of(world_rank) == Role::kTeacher,
+           "rank " << world_rank << " is a student, not a teacher stage");
+  return world_rank % stages;
+}
+
 int Layout::sender_of_replica(int replica) const {
   WD_CHECK(replica >= 0 && replica < replicas,
            "replica " << replica << " does not exist (" << replicas << " replicas)");
@@ -126,7 +132,7 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
                       ") but the job was started with " + std::to_string(world) + " ranks");
   }
   const bool teacher = layout.role_of(world_rank) == Role::kTeacher;
-  // Every split is collective over the world, so each rank makes all three calls in the same
+  // Every split is collective over the world, so each rank makes all four calls in the same
   // order; a failure half-way frees what was already made.
   try {
     teachers_ = split(teacher ? 0 : MPI_UNDEFINED, world_rank);
@@ -141,7 +147,9 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
       key = 0;
     }
     link_ = split(color, key);
+    pipeline_ = split(teacher ? replica : MPI_UNDEFINED, teacher ? layout.stage_of(world_rank) : 0);
   } catch (...) {
+    free_comm(pipeline_);
     free_comm(link_);
     free_comm(students_);
     free_comm(teachers_);
@@ -154,6 +162,7 @@ ProcessGroups::~ProcessGroups() {
   // communicators is still progressed by MPI, which would then touch a freed communicator.
   // The process exits after the failure protocol, so leaving them is the safe choice.
   if (std::uncaught_exceptions() > 0) return;
+  free_comm(pipeline_);
   free_comm(link_);
   free_comm(students_);
   free_comm(teachers_);

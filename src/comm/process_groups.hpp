@@ -14,7 +14,7 @@ namespace wd::comm {
 
 /// How the world is split (pure arithmetic, testable for any rank in one process).
 /// World ranks [0, T) are teachers, [T, T+S) students. With R teacher replicas of P = T/R
-/// pipeline stages (P = 1 until sharding exists), replica r owns teacher ranks [r·P, (r+1)·P)
+/// pipeline stages (P > 1 with teacher.placement = shard), replica r owns teacher ranks [r·P, (r+1)·P)
 /// and serves students [r·S/R, (r+1)·S/R) (student indices, i.e. world rank − T).
 struct Layout {
   int world_size = 0;
@@ -30,6 +30,8 @@ struct Layout {
   Role role_of(int world_rank) const;
   /// Replica of a teacher or student rank.
   int replica_of(int world_rank) const;
+  /// Pipeline stage of a teacher rank: 0 reads the data, P - 1 streams to the students.
+  int stage_of(int world_rank) const;
   /// World rank of the last pipeline stage of replica r (the one that sends to students).
   int sender_of_replica(int replica) const;
   /// World ranks of the students served by replica r, in order.
@@ -44,7 +46,8 @@ struct Layout {
 
 /// Communicators derived from MPI_COMM_WORLD by MPI_Comm_split; freed in the destructor.
 /// `teachers` is MPI_COMM_NULL on students and `students` on teachers; `link` joins a replica's
-/// sending teacher (link rank 0) with its students (link ranks 1..S/R, in slot order).
+/// sending teacher (link rank 0) with its students (link ranks 1..S/R, in slot order);
+/// `pipeline` joins the P stages of a replica (rank = stage) and is MPI_COMM_NULL on students.
 class ProcessGroups {
  public:
   ProcessGroups(const Layout& layout, int world_rank);
@@ -57,12 +60,14 @@ class ProcessGroups {
   MPI_Comm teachers() const { return teachers_; }
   MPI_Comm students() const { return students_; }
   MPI_Comm link() const { return link_; }  ///< MPI_COMM_NULL for non-sending teacher stages
+  MPI_Comm pipeline() const { return pipeline_; }
 
  private:
   Layout layout_;
   MPI_Comm teachers_ = MPI_COMM_NULL;
   MPI_Comm students_ = MPI_COMM_NULL;
   MPI_Comm link_ = MPI_COMM_NULL;
+  MPI_Comm pipeline_ = MPI_COMM_NULL;
 };
 
 }  // namespace wd::comm

@@ -100,11 +100,11 @@ void write_header(std::uint8_t* at, std::int64_t step, std::uint64_t payload, st
 
 /// Fields common to both ends of the link.
 struct LinkBase {
-  LinkBase(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
-           const CommConfig& config, std::int64_t first, std::int64_t end)
-      : layout(groups.layout()),
-        link(groups.link()),
+  LinkBase(MPI_Comm link_comm, int world_rank, const MessageSpec& spec, const CommConfig& config,
+           std::int64_t first, std::int64_t end, std::string peer_name)
+      : link(link_comm),
         rank(world_rank),
+        peer(std::move(peer_name)),
         spec(spec),
         offsets(spec.offsets()),
         payload(spec.bytes()),
@@ -122,9 +122,9 @@ struct LinkBase {
     return static_cast<std::size_t>((step - first_step) % static_cast<std::int64_t>(slots));
   }
 
-  Layout layout;
   MPI_Comm link;
   int rank;
+  std::string peer;  ///< "teacher rank 3" / "stage 1 (rank 1)": who the other end is, for errors
   MessageSpec spec;
   std::vector<std::uint64_t> offsets;
   std::uint64_t payload;
@@ -140,17 +140,19 @@ struct LinkBase {
 /// per student, in broadcast mode a single message sent to all of them.
 class MpiTeacherTransport final : public Transport {
  public:
-  MpiTeacherTransport(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
-                      const CommConfig& config, std::int64_t first, std::int64_t end)
-      : base_(groups, world_rank, spec, config, first, end),
-        broadcast_mode_(config.mode == "broadcast"),
-        students_(groups.layout().students_of_replica(groups.layout().replica_of(world_rank))),
+  /// Sends to `receivers` (world ranks), which are ranks `receiver_link_ranks` of `link`.
+  MpiTeacherTransport(MPI_Comm link, int world_rank, std::vector<int> receivers,
+                      std::vector<int> receiver_link_ranks, const MessageSpec& spec,
+                      const CommConfig& config, bool broadcast_mode, std::int64_t first,
+                      std::int64_t end)
+      : base_(link, world_rank, spec, config, first, end, "receivers"),
+        broadcast_mode_(broadcast_mode),
+        students_(std::move(receivers)),
+        link_ranks_(std::move(receiver_link_ranks)),
         next_step_(first) {
-    int link_size = 0;
-    WD_CHECK_MPI(MPI_Comm_size(base_.link, &link_size));
-    WD_CHECK(link_size == static_cast<int>(students_.size()) + 1,
-             "link of rank " << world_rank << " has " << link_size
-                             << " ranks, expected 1 teacher + " << students_.size() << " students");
+    WD_CHECK(students_.size() == link_ranks_.size() && !students_.empty(),
+             "rank " << world_rank << ": " << students_.size() << " receivers with "
+                     << link_ranks_.size() << " link ranks");
     const std::size_t messages = broadcast_mode_ ? 1 : students_.size();
     ring_.resize(base_.slots);
     for (auto& slot : ring_) {
@@ -181,9 +183,8 @@ class MpiTeacherTransport final : public Transport {
                                             << "comm.mode is broadcast; call broadcast() or set "
                                             << "comm.mode = scatter");
     WD_CHECK(per_student.size() == students_.size(),
-             "send(step " << step << ") got " << per_student.size() << " student messages; replica "
-                          << base_.layout.replica_of(base_.rank) << " serves " << students_.size()
-                          << " students");
+             "send(step " << step << ") got " << per_student.size() << " messages; rank "
+                          << base_.rank << " sends to " << students_.size() << " receivers");
     Slot& slot = acquire(step);
     for (std::size_t i = 0; i < students_.size(); ++i) {
       pack(slot, i, step, per_student[i], "student " + std::to_string(i));
@@ -295,7 +296,7 @@ class MpiTeacherTransport final : public Transport {
     auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
     for (std::size_t i = 0; i < students_.size(); ++i) {
       std::uint8_t* message = bytes + (shared ? 0 : i * base_.message_bytes);
-      WD_CHECK_MPI(MPI_Isend(message, count, MPI_BYTE, static_cast<int>(i) + 1, kTag, base_.link,
+      WD_CHECK_MPI(MPI_Isend(message, count, MPI_BYTE, link_ranks_[i], kTag, base_.link,
                              &slot.requests[i]));
     }
     ++next_step_;
@@ -303,7 +304,8 @@ class MpiTeacherTransport final : public Transport {
 
   LinkBase base_;
   bool broadcast_mode_;
-  std::vector<int> students_;  ///< world ranks, slot order (link rank = slot + 1)
+  std::vector<int> students_;    ///< world ranks of the receivers, in message order
+  std::vector<int> link_ranks_;  ///< their ranks in the link communicator
   std::vector<Slot> ring_;
   std::int64_t next_step_;
 };
@@ -313,10 +315,13 @@ class MpiTeacherTransport final : public Transport {
 /// delivers step s into the slot posted for s.
 class MpiStudentTransport final : public Transport {
  public:
-  MpiStudentTransport(const ProcessGroups& groups, int world_rank, const MessageSpec& spec,
-                      const CommConfig& config, std::int64_t first, std::int64_t end)
-      : base_(groups, world_rank, spec, config, first, end),
-        teacher_(groups.layout().sender_of_replica(groups.layout().replica_of(world_rank))),
+  /// Receives from world rank `sender`, which is rank `sender_link_rank` of `link`.
+  MpiStudentTransport(MPI_Comm link, int world_rank, int sender, int sender_link_rank,
+                      const MessageSpec& spec, const CommConfig& config, std::int64_t first,
+                      std::int64_t end)
+      : base_(link, world_rank, spec, config, first, end, "teacher rank " + std::to_string(sender)),
+        teacher_(sender),
+        sender_link_rank_(sender_link_rank),
         next_release_(first) {
     ring_.resize(base_.slots);
     for (auto& slot : ring_) {
@@ -411,7 +416,7 @@ class MpiStudentTransport final : public Transport {
   void post(std::int64_t step) {
     Slot& slot = ring_[base_.slot_of(step)];
     WD_CHECK_MPI(MPI_Irecv(slot.buffer.data_ptr(), static_cast<int>(base_.message_bytes), MPI_BYTE,
-                           0, kTag, base_.link, &slot.request));
+                           sender_link_rank_, kTag, base_.link, &slot.request));
     slot.state = State::kPosted;
     slot.posted_step = step;
   }
@@ -447,7 +452,8 @@ class MpiStudentTransport final : public Transport {
   }
 
   LinkBase base_;
-  int teacher_;  ///< world rank of the replica's sending teacher
+  int teacher_;           ///< world rank of the sender (a teacher, or the previous stage)
+  int sender_link_rank_;  ///< its rank in the link communicator
   std::vector<Slot> ring_;
   std::int64_t next_release_;
 };
@@ -540,12 +546,46 @@ std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int w
            "rank " << world_rank
                    << " has no link to students: only a replica's last teacher stage and "
                       "the students stream batches");
-  if (groups.layout().role_of(world_rank) == Role::kTeacher) {
-    return std::make_unique<MpiTeacherTransport>(groups, world_rank, spec, config, first_step,
-                                                 end_step);
+  const auto& layout = groups.layout();
+  const int replica = layout.replica_of(world_rank);
+  if (layout.role_of(world_rank) == Role::kTeacher) {
+    auto students = layout.students_of_replica(replica);
+    std::vector<int> link_ranks;  // link rank 0 is the teacher, students follow in slot order
+    for (std::size_t i = 0; i < students.size(); ++i) link_ranks.push_back(static_cast<int>(i) + 1);
+    return std::make_unique<MpiTeacherTransport>(groups.link(), world_rank, std::move(students),
+                                                 std::move(link_ranks), spec, config,
+                                                 config.mode == "broadcast", first_step, end_step);
   }
-  return std::make_unique<MpiStudentTransport>(groups, world_rank, spec, config, first_step,
-                                               end_step);
+  return std::make_unique<MpiStudentTransport>(groups.link(), world_rank,
+                                               layout.sender_of_replica(replica), 0, spec, config,
+                                               first_step, end_step);
+}
+
+StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world_rank,
+                                          const MessageSpec& from_previous,
+                                          const MessageSpec& to_next, const CommConfig& config,
+                                          std::int64_t first_step, std::int64_t end_step) {
+  ConfigProblems problems;
+  config.validate(problems);
+  problems.throw_if_any("comm config");
+  const auto& layout = groups.layout();
+  WD_CHECK(layout.role_of(world_rank) == Role::kTeacher && groups.pipeline() != MPI_COMM_NULL,
+           "rank " << world_rank << " is not a teacher pipeline stage");
+  const int stage = layout.stage_of(world_rank);
+  StageTransports out;
+  // Every stage of a replica is in one pipeline communicator, keyed by stage; stage k sends
+  // to k + 1 only, so one tag serves both directions (MPI matches on the source).
+  if (stage > 0) {
+    out.from_previous = std::make_unique<MpiStudentTransport>(
+        groups.pipeline(), world_rank, world_rank - 1, stage - 1, from_previous, config,
+        first_step, end_step);
+  }
+  if (stage + 1 < layout.stages) {
+    out.to_next = std::make_unique<MpiTeacherTransport>(
+        groups.pipeline(), world_rank, std::vector<int>{world_rank + 1}, std::vector<int>{stage + 1},
+        to_next, config, /*broadcast_mode=*/false, first_step, end_step);
+  }
+  return out;
 }
 
 GradientReducer::GradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,

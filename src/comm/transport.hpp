@@ -84,6 +84,20 @@ std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int w
                                               const MessageSpec& spec, const CommConfig& config,
                                               std::int64_t first_step, std::int64_t end_step);
 
+/// A pipeline stage's links to its neighbours in the replica (teacher.placement = shard): the
+/// previous stage's stream in (null on the first stage), the stream to the next stage out (null
+/// on the last). Same ring, headers, deadlines and health polling as the student stream.
+struct StageTransports {
+  std::unique_ptr<Transport> from_previous;  ///< recv/release
+  std::unique_ptr<Transport> to_next;        ///< send/flush
+};
+
+/// The stage links of teacher `world_rank` over `groups.pipeline()`.
+StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world_rank,
+                                          const MessageSpec& from_previous,
+                                          const MessageSpec& to_next, const CommConfig& config,
+                                          std::int64_t first_step, std::int64_t end_step);
+
 /// Averages gradients over the student group: grads are packed into fp32 buckets of at most
 /// bucket_bytes (allocated once), one MPI_Iallreduce per bucket, waited with deadline, then
 /// divided by the group size and copied back. Equal to a single process over the union of

@@ -26,6 +26,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -113,6 +114,18 @@ inline DeviceMemory device_memory(const c10::Device& device) {
   (void)device;
 #endif
   return m;
+}
+
+/// The cudaStream_t LibTorch computes on for `device` (its current stream), as void* so
+/// callers need no CUDA headers; nullptr (CUDA's legacy default stream, LibTorch's default)
+/// where this LibTorch has no CUDA.
+inline void* current_cuda_stream(const c10::Device& device) {
+#if WD_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;
+  return nullptr;
+#endif
 }
 
 /// Starts a new peak interval for `device` (no-op where device_memory is not available).

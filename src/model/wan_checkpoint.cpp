@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -254,10 +255,24 @@ torch::Tensor WanCheckpoint::tensor(const std::string& native_key,
   return file.tensor(it->second.stored_name, *dtype, device);
 }
 
+std::int64_t wan_block_of(const std::string& key) {
+  if (key.rfind("blocks.", 0) != 0) return -1;
+  return std::stoll(key.substr(7, key.find('.', 7) - 7));
+}
+
 WanDiT load_wan_dit(const WanCheckpoint& ck, std::optional<c10::ScalarType> dtype,
-                    const torch::Device& device) {
+                    const torch::Device& device,
+                    std::optional<std::pair<std::int64_t, std::int64_t>> blocks) {
   ck.check();
-  const auto specs = wan_param_specs(ck.config());
+  auto specs = wan_param_specs(ck.config());
+  if (blocks) {
+    specs.erase(std::remove_if(specs.begin(), specs.end(),
+                               [&](const ParamSpec& p) {
+                                 const auto b = wan_block_of(p.name);
+                                 return b >= 0 && (b < blocks->first || b >= blocks->second);
+                               }),
+                specs.end());
+  }
   const auto target = dtype ? *dtype : safetensors_to_scalar_type(ck.info(specs.front().name).dtype);
   // Without a requested dtype each tensor keeps its own: the forward casts the fp32 islands
   // (time MLP, modulation, LayerNorms, head) itself, so a mixed file needs no conversion.
@@ -281,9 +296,11 @@ WanDiT load_wan_dit(const WanCheckpoint& ck, std::optional<c10::ScalarType> dtyp
   }
   progress.finish();
   for (auto& p : model->parameters()) p.set_requires_grad(false);
-  spdlog::info("loaded {} ({} tensors, {} params, {} on {}, {} converted)", ck.path(), specs.size(),
-               wan_param_count(ck.config()), dtype_name(target), device.str(),
-               format_bytes(static_cast<double>(converted)));
+  std::int64_t params = 0;
+  for (const auto& spec : specs) params += spec.numel();
+  spdlog::info("loaded {} ({} tensors{}, {} params, {} on {}, {} converted)", ck.path(), specs.size(),
+               blocks ? " of blocks " + std::to_string(blocks->first) + "-" + std::to_string(blocks->second - 1) : "",
+               params, dtype_name(target), device.str(), format_bytes(static_cast<double>(converted)));
   return model;
 }
 

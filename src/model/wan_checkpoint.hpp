@@ -80,10 +80,15 @@ class WanCheckpoint {
 /// `device`, with progress logged for long loads. Without `dtype` every tensor keeps its stored
 /// dtype, so a mixed file (bf16 with fp32 time/modulation/head/LayerNorm tensors, as `convert`
 /// writes) loads entirely zero-copy; the model's dtype is then patch_embedding's. Throws
-/// wd::DataError listing every problem.
+/// wd::DataError listing every problem. With `blocks` = [begin, end) only those blocks are
+/// loaded (a pipeline stage); the others stay 0-element placeholders and must not be run.
 WanDiT load_wan_dit(const WanCheckpoint& checkpoint,
                     std::optional<c10::ScalarType> dtype = std::nullopt,
-                    const torch::Device& device = torch::kCPU);
+                    const torch::Device& device = torch::kCPU,
+                    std::optional<std::pair<std::int64_t, std::int64_t>> blocks = std::nullopt);
+
+/// The block index of a native key `blocks.<i>.…`, or -1 for the embeddings and the head.
+std::int64_t wan_block_of(const std::string& native_key);
 
 /// Writes a randomly initialised DiT in the official on-disk layout: config.json, then the
 /// tensors produced one shard at a time (never all in memory) into shards of at most

@@ -11,21 +11,60 @@ struct TeacherConfig {
   /// Checkpoint directory / .safetensors file, or `builtin:tiny` (generated into the run's cache).
   std::string checkpoint = "builtin:tiny";
   std::string model_config;     ///< config.json override (default: beside the checkpoint)
-  std::string dtype = "bf16";   ///< compute / weight dtype: bf16 | fp16 | fp32
+  std::string dtype = "bf16";   ///< compute / weight dtype: bf16 | fp16 | fp32 | auto (as stored)
   int ranks = 1;                ///< teacher ranks; the other ranks are students
+  /// Where the weights live and compute runs: gpu | cpu | stream | shard | auto (docs/placement.md).
+  std::string placement = "auto";
+  /// Pipeline stages per teacher replica for `shard`; 0 = the number of ranges in shard_map, or
+  /// teacher.ranks (one replica) without one.
+  int stages = 0;
+  /// Blocks of each stage, e.g. `0-13,14-27,28-39`; empty = balanced by parameter bytes.
+  std::string shard_map;
+  /// `stream`: blocks copied to the device ahead of the one computing (device buffers = ahead + 1).
+  int stream_ahead = 2;
+  /// `gpu` / `stream` / `shard` in a CUDA build: the device; empty = cuda:<local rank mod GPUs>.
+  std::string device;
+  /// `auto`: memory to plan with; empty = detected (cudaMemGetInfo, /proc/meminfo).
+  std::string gpu_memory;
+  std::string host_memory;
 
   void bind(OptionTable& t) {
     t.bind("teacher.checkpoint", checkpoint,
            "teacher checkpoint (directory or .safetensors), or builtin:tiny")
         .bind("teacher.model_config", model_config, "config.json override for the checkpoint")
-        .bind("teacher.dtype", dtype, "teacher weight and compute dtype: bf16 | fp16 | fp32")
-        .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)");
+        .bind("teacher.dtype", dtype,
+              "teacher weight and compute dtype: bf16 | fp16 | fp32 | auto (each tensor as stored, "
+              "so a `convert`ed file keeps its fp32 islands)")
+        .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
+        .bind("teacher.placement", placement,
+              "gpu (weights on the rank's GPU) | cpu (host) | stream (host-resident, blocks copied to "
+              "the device ahead of use) | shard (blocks split over teacher.stages ranks) | auto "
+              "(the planner picks the fastest that fits)")
+        .bind("teacher.stages", stages,
+              "shard: pipeline stages per replica; 0 = ranges in shard_map, else teacher.ranks")
+        .bind("teacher.shard_map", shard_map,
+              "shard: blocks per stage, e.g. 0-13,14-27,28-39; empty = balanced by parameter bytes")
+        .bind("teacher.stream_ahead", stream_ahead, "stream: blocks copied ahead of the computing one")
+        .bind("teacher.device", device, "device of gpu/stream/shard; empty = cuda:<local rank mod GPUs>")
+        .bind("teacher.gpu_memory", gpu_memory, "auto: GPU memory to plan with (e.g. 80GiB); empty = detect")
+        .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect");
   }
   void validate(ConfigProblems& p) const {
-    p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32",
-            "teacher.dtype(" + dtype + ") must be bf16, fp16 or fp32");
+    p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",
+            "teacher.dtype(" + dtype + ") must be bf16, fp16, fp32 or auto");
     p.check(ranks >= 1, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 1");
     p.check(!checkpoint.empty(), "teacher.checkpoint must not be empty");
+    p.check(placement == "gpu" || placement == "cpu" || placement == "stream" || placement == "shard" ||
+                placement == "auto",
+            "teacher.placement(" + placement + ") must be gpu, cpu, stream, shard or auto");
+    p.check(stages >= 0, "teacher.stages(" + std::to_string(stages) + ") must be >= 0");
+    p.check(stages <= 1 || placement == "shard" || placement == "auto",
+            "teacher.stages(" + std::to_string(stages) + ") > 1 needs teacher.placement = shard, not " +
+                placement);
+    p.check(shard_map.empty() || placement == "shard",
+            "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + placement);
+    p.check(stream_ahead >= 1 && stream_ahead <= 8,
+            "teacher.stream_ahead(" + std::to_string(stream_ahead) + ") must be in 1..8");
   }
 };
 

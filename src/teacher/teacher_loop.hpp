@@ -11,18 +11,20 @@
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "memory/memory_monitor.hpp"
-#include "model/wan_dit.hpp"
+#include "teacher/teacher_stage.hpp"
 
 namespace wd::teacher {
 
-/// Everything one teacher rank needs; owned by the caller.
+/// Everything one teacher rank needs; owned by the caller. A pipeline stage (teacher.placement =
+/// shard) that is not first receives its batches from `from_previous` instead of reading data;
+/// one that is not last sends to `to_next` instead of the students.
 struct TeacherJob {
-  WanDiT& model;
-  data::DatasetReader& reader;
+  TeacherStage& stage;
+  data::DatasetReader* reader;  ///< first stage only
   const data::SampleSchedule& schedule;   ///< training samples [0, train_samples)
   const data::FlowMatchingNoiser& noiser;
   const data::FlowMatchingNoiser& eval_noiser;
-  comm::Transport& transport;
+  comm::Transport* transport;  ///< to the students: last stage only
   const comm::StreamPlan& plan;
   int replica = 0;
   int replicas = 1;
@@ -34,11 +36,18 @@ struct TeacherJob {
   /// Polled at every step; null in single-process tests.
   comm::HealthChannel* health = nullptr;
   const FaultInjector* faults = nullptr;
+  comm::Transport* from_previous = nullptr;  ///< shard: the previous stage's stream
+  comm::Transport* to_next = nullptr;        ///< shard: the stream to the next stage
 };
+
+/// The message one pipeline stage sends the next for `samples` samples: the inputs, the
+/// hidden state after `stage_end` blocks, and the features of the blocks before it.
+comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t samples,
+                                     const std::vector<std::int64_t>& features);
 
 struct TeacherStats {
   double seconds = 0;       ///< wall time of the loop
-  double busy_seconds = 0;  ///< reading + noising + forward
+  double busy_seconds = 0;  ///< reading (or receiving) + noising + forward
   double wait_seconds = 0;  ///< blocked on the transport
   std::int64_t samples = 0;
   /// Set when the students stopped after this step for a requeue (SIGUSR1); -1 otherwise.

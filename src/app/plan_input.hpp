@@ -1,0 +1,36 @@
+// The planner's input from a run's config, shared by `plan` and by `train`'s teacher.placement = auto.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include "app/run_config.hpp"
+#include "memory/planner.hpp"
+#include "model/wan_config.hpp"
+
+namespace wd::app {
+
+/// What the config does not say: the teacher's shapes, the data's, the machine's.
+struct PlanContext {
+  WanConfig teacher;
+  std::int64_t stored_elem_bytes = 2;  ///< the checkpoint's dtype
+  std::int64_t experts = 1;
+  std::array<std::int64_t, 4> latent{};
+  std::int64_t context_len = 0;
+  int world = 0;                       ///< world ranks
+  bool cpu_job = false;
+  std::uint64_t gpu_bytes = 0;
+  std::uint64_t host_bytes = 0;
+  int gpus_per_node = 8;
+};
+
+/// teacher.dtype as a dtype; nullopt for `auto` (each tensor as stored).
+std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg);
+
+memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx);
+
+/// A WanConfig reduced to what the planner needs.
+memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts);
+
+}  // namespace wd::app

@@ -1,0 +1,103 @@
+// BlockStreamer: `teacher.placement = stream`. The weights stay in host memory (mapped from the
+// checkpoint); each block is copied into one of a few reused device buffers ahead of its use,
+// so the copy of block i+1 overlaps the compute of block i.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "model/wan_dit.hpp"
+
+namespace wd::teacher {
+
+/// Moves one block's tensors into a buffer slot, asynchronously. Slots are reused in turn:
+/// `start` into a slot is called only after `release` of the compute that read it.
+class CopyEngine {
+ public:
+  using Copies = std::vector<std::pair<torch::Tensor, torch::Tensor>>;  ///< (destination, source)
+  virtual ~CopyEngine() = default;
+  /// Starts copying every source into its destination (shapes equal; dtypes may differ).
+  virtual void start(std::size_t slot, Copies copies) = 0;
+  /// Returns once compute issued after it sees the slot's copy complete.
+  virtual void wait(std::size_t slot) = 0;
+  /// The compute that reads `slot` has been issued; the next copy into it must come after it.
+  virtual void release(std::size_t slot) = 0;
+};
+
+/// Host "device" (the CPU build): a worker thread copies while the caller computes. A wait
+/// longer than `timeout_s` throws.
+std::unique_ptr<CopyEngine> make_host_copy_engine(std::size_t slots, double timeout_s);
+/// CUDA device: a worker thread stages host data into pinned buffers (converting the dtype),
+/// copies them on a side stream, ordered against the compute stream with events. Throws
+/// wd::Error in builds without the CUDA toolkit.
+std::unique_ptr<CopyEngine> make_cuda_copy_engine(std::size_t slots, const c10::Device& device,
+                                                  double timeout_s);
+
+/// What the streamer did, in order (for tests and the benchmark).
+struct StreamEvent {
+  enum Kind { kCopyStarted, kComputeStarted, kComputeDone } kind;
+  std::int64_t block;
+  std::size_t slot;
+};
+
+class BlockStreamer {
+ public:
+  /// Streams blocks [begin, end) of `model`, whose block parameters are now bound to the host
+  /// tensors to stream from (e.g. views of the mapped checkpoint). Allocates `ahead + 1` slots
+  /// on `device`, each holding one block in `dtypes` (per block_parameters entry, in order).
+  BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end, int ahead,
+                const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
+                std::unique_ptr<CopyEngine> engine);
+  BlockStreamer(const BlockStreamer&) = delete;
+  BlockStreamer& operator=(const BlockStreamer&) = delete;
+
+  /// Before run_block(i): waits for block i's copy, binds the model's block i to its slot,
+  /// and starts the copies of the next `ahead` blocks (cyclically: the next forward starts
+  /// again at `begin`).
+  void before(std::int64_t block);
+  /// After run_block(i) was issued: its slot may be refilled once that compute is done.
+  void after(std::int64_t block);
+
+  /// Bytes of the device slots, of one block, and copied so far.
+  std::uint64_t buffer_bytes() const;
+  std::uint64_t block_bytes() const { return block_bytes_; }
+  std::uint64_t copied_bytes() const { return copied_bytes_; }
+  /// Seconds `before` spent waiting for copies (compute stalled on the copy).
+  double wait_seconds() const { return wait_seconds_; }
+  /// Turns on recording of StreamEvents.
+  void record(bool on) { recording_ = on; }
+  const std::vector<StreamEvent>& events() const { return events_; }
+
+ private:
+  struct Slot {
+    torch::Tensor storage;              ///< one flat byte buffer per slot
+    std::vector<torch::Tensor> views;   ///< block_parameters order
+    std::int64_t block = -1;            ///< the block copied (or being copied) into it
+    bool busy = false;                  ///< a queued copy or the computing block uses it
+  };
+  std::int64_t next_of(std::int64_t block) const { return block + 1 == end_ ? begin_ : block + 1; }
+  void issue(std::int64_t block);
+  void note(StreamEvent::Kind kind, std::int64_t block, std::size_t slot);
+
+  WanDiT model_;
+  std::int64_t begin_, end_;
+  int ahead_;
+  std::unique_ptr<CopyEngine> engine_;
+  std::vector<std::vector<torch::Tensor>> sources_;  ///< per block (index - begin): host tensors
+  std::vector<Slot> slots_;
+  std::vector<std::pair<std::int64_t, std::size_t>> queued_;  ///< copies started, in use order
+  std::int64_t last_issued_ = -1;
+  std::int64_t computing_ = -1;
+  std::size_t computing_slot_ = 0;
+  std::uint64_t block_bytes_ = 0;
+  std::uint64_t copied_bytes_ = 0;
+  double wait_seconds_ = 0;
+  bool recording_ = false;
+  std::vector<StreamEvent> events_;
+};
+
+}  // namespace wd::teacher

@@ -1,0 +1,134 @@
+// Shard maps, balanced stages and the teacher's device.
+#include "teacher/placement.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "core/torch_compat.hpp"
+
+namespace wd::teacher {
+
+memory::Placement parse_placement(const std::string& name) {
+  for (const auto p : memory::all_placements()) {
+    if (memory::placement_name(p) == name) return p;
+  }
+  throw ConfigError("teacher.placement(" + name + ") must be gpu, cpu, stream or shard here");
+}
+
+std::vector<BlockRange> parse_shard_map(const std::string& map, std::int64_t num_layers) {
+  const auto fail = [&](const std::string& why) {
+    throw ConfigError("teacher.shard_map(" + map + "): " + why + "; expected contiguous ranges "
+                      "covering blocks 0-" + std::to_string(num_layers - 1) + " such as 0-" +
+                      std::to_string(num_layers / 2 - 1) + "," + std::to_string(num_layers / 2) +
+                      "-" + std::to_string(num_layers - 1));
+  };
+  std::vector<BlockRange> ranges;
+  std::stringstream in(map);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    part.erase(std::remove(part.begin(), part.end(), ' '), part.end());
+    const auto dash = part.find('-');
+    std::int64_t lo = 0, hi = 0;
+    try {
+      std::size_t used = 0;
+      lo = std::stoll(part.substr(0, dash), &used);
+      if (used != dash && dash != std::string::npos) fail("'" + part + "' is not FIRST-LAST");
+      hi = dash == std::string::npos ? lo : std::stoll(part.substr(dash + 1), &used);
+      if (dash != std::string::npos && used != part.size() - dash - 1) fail("'" + part + "' is not FIRST-LAST");
+    } catch (const std::logic_error&) {
+      fail("'" + part + "' is not FIRST-LAST");
+    }
+    const std::int64_t expected = ranges.empty() ? 0 : ranges.back().end;
+    if (lo != expected) fail("range '" + part + "' starts at " + std::to_string(lo) + ", not " + std::to_string(expected));
+    if (hi < lo) fail("range '" + part + "' ends before it starts");
+    if (hi >= num_layers) fail("range '" + part + "' reaches past the last block " + std::to_string(num_layers - 1));
+    ranges.push_back({lo, hi + 1});
+  }
+  if (ranges.empty()) fail("no ranges");
+  if (ranges.back().end != num_layers) {
+    fail("blocks " + std::to_string(ranges.back().end) + "-" + std::to_string(num_layers - 1) + " are in no stage");
+  }
+  return ranges;
+}
+
+std::vector<BlockRange> balance_shards(const std::vector<std::uint64_t>& block_bytes,
+                                       std::uint64_t last_extra, int stages) {
+  const auto L = static_cast<std::int64_t>(block_bytes.size());
+  WD_CHECK_AS(ConfigError, stages >= 1 && stages <= L,
+              "teacher.stages(" << stages << ") must be in 1.." << L << " (one block per stage at least)");
+  std::vector<std::uint64_t> prefix(static_cast<std::size_t>(L) + 1, 0);
+  for (std::int64_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + block_bytes[static_cast<std::size_t>(i)];
+  const auto bytes = [&](std::int64_t a, std::int64_t b, bool last) {
+    return prefix[static_cast<std::size_t>(b)] - prefix[static_cast<std::size_t>(a)] + (last ? last_extra : 0);
+  };
+  // best[k][i]: the smallest possible largest stage when blocks [0, i) form stages 0..k-1.
+  constexpr auto kInf = std::numeric_limits<std::uint64_t>::max();
+  const auto P = static_cast<std::size_t>(stages);
+  std::vector<std::vector<std::uint64_t>> best(P + 1, std::vector<std::uint64_t>(static_cast<std::size_t>(L) + 1, kInf));
+  std::vector<std::vector<std::int64_t>> cut(P + 1, std::vector<std::int64_t>(static_cast<std::size_t>(L) + 1, 0));
+  best[0][0] = 0;
+  for (std::size_t k = 1; k <= P; ++k) {
+    const bool last = k == P;
+    for (std::int64_t i = static_cast<std::int64_t>(k); i <= L; ++i) {
+      // Scanning the cut from the right keeps earlier stages no smaller on ties.
+      for (std::int64_t j = i - 1; j >= static_cast<std::int64_t>(k) - 1; --j) {
+        if (best[k - 1][static_cast<std::size_t>(j)] == kInf) continue;
+        const auto cost = std::max(best[k - 1][static_cast<std::size_t>(j)], bytes(j, i, last));
+        if (cost < best[k][static_cast<std::size_t>(i)]) {
+          best[k][static_cast<std::size_t>(i)] = cost;
+          cut[k][static_cast<std::size_t>(i)] = j;
+        }
+      }
+    }
+  }
+  std::vector<BlockRange> ranges(P);
+  std::int64_t end = L;
+  for (std::size_t k = P; k >= 1; --k) {
+    const auto begin = cut[k][static_cast<std::size_t>(end)];
+    ranges[k - 1] = {begin, end};
+    end = begin;
+  }
+  return ranges;
+}
+
+int stages_for(const TeacherConfig& config, memory::Placement placement) {
+  if (placement != memory::Placement::kShard) return 1;
+  if (config.stages > 0) return config.stages;
+  if (!config.shard_map.empty()) {
+    return static_cast<int>(std::count(config.shard_map.begin(), config.shard_map.end(), ',')) + 1;
+  }
+  return config.ranks;
+}
+
+std::vector<BlockRange> stage_ranges(const TeacherConfig& config, int stages,
+                                     const std::vector<std::uint64_t>& block_bytes,
+                                     std::uint64_t last_extra) {
+  if (config.shard_map.empty()) return balance_shards(block_bytes, last_extra, stages);
+  auto ranges = parse_shard_map(config.shard_map, static_cast<std::int64_t>(block_bytes.size()));
+  WD_CHECK_AS(ConfigError, static_cast<int>(ranges.size()) == stages,
+              "teacher.shard_map(" << config.shard_map << ") has " << ranges.size()
+                                   << " ranges but teacher.stages is " << stages);
+  return ranges;
+}
+
+c10::Device teacher_device(const TeacherConfig& config, memory::Placement placement, int local_rank) {
+  if (placement == memory::Placement::kCpu) return torch::kCPU;
+  if (!config.device.empty()) {
+    const c10::Device device(config.device);
+    WD_CHECK_AS(ConfigError, device.is_cpu() || compat::cuda_available(),
+                "teacher.device(" << config.device << "): this LibTorch has no CUDA");
+    return device;
+  }
+  if (compat::cuda_available()) {
+    const auto count = static_cast<int>(torch::cuda::device_count());
+    return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count)};
+  }
+  WD_CHECK_AS(ConfigError, placement != memory::Placement::kGpu,
+              "teacher.placement(gpu) needs a CUDA build of LibTorch; this one is CPU-only "
+              "(use cpu, stream, shard or auto)");
+  return torch::kCPU;  // stream and shard with the host as their device
+}
+
+}  // namespace wd::teacher

@@ -1,0 +1,140 @@
+// A teacher rank's share of the forward: embeddings, its blocks, the head.
+#include "teacher/teacher_stage.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "core/errors.hpp"
+#include "core/logging.hpp"
+#include "memory/memory_report.hpp"
+
+namespace wd::teacher {
+
+StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
+  const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
+  if (how.placement != memory::Placement::kStream) {
+    return {load_wan_dit(ck, how.dtype, how.device, range), nullptr};
+  }
+  // Stream: every tensor first bound zero-copy to the mapping; the embeddings and head then go
+  // to the device for good, the blocks stay mapped and are copied slot by slot.
+  auto model = load_wan_dit(ck, std::nullopt, torch::kCPU, range);
+  torch::NoGradGuard no_grad;
+  for (const auto& spec : wan_param_specs(ck.config())) {
+    if (wan_block_of(spec.name) >= 0) continue;
+    model->bind_parameter(spec.name, ck.tensor(spec.name, how.dtype, how.device));
+  }
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& p : model->block_parameters(how.blocks.begin)) {
+    dtypes.push_back(how.dtype ? *how.dtype : p.scalar_type());
+  }
+  const auto slots = static_cast<std::size_t>(std::min<std::int64_t>(how.stream_ahead, how.blocks.size() - 1)) + 1;
+  auto engine = how.device.is_cuda() ? make_cuda_copy_engine(slots, how.device, how.timeout_s)
+                                     : make_host_copy_engine(slots, how.timeout_s);
+  auto streamer = std::make_unique<BlockStreamer>(model, how.blocks.begin, how.blocks.end, how.stream_ahead,
+                                                  how.device, dtypes, std::move(engine));
+  spdlog::info("stream: blocks {}-{} stay mapped on the host; {} buffers of {} on {}", how.blocks.begin,
+               how.blocks.end - 1, slots, format_bytes(static_cast<double>(streamer->block_bytes())),
+               how.device.str());
+  return {model, std::move(streamer)};
+}
+
+std::uint64_t stage_weight_bytes(const StageModel& m) {
+  if (!m.streamer) return memory::tensor_bytes(m.model->parameters());
+  std::uint64_t bytes = m.streamer->buffer_bytes();
+  for (const auto& item : m.model->named_parameters()) {
+    const auto& p = item.value();
+    if (wan_block_of(item.key()) < 0) bytes += static_cast<std::uint64_t>(p.numel() * p.element_size());
+  }
+  return bytes;
+}
+
+TeacherStage::TeacherStage(std::vector<StageModel> experts, Router router, BlockRange blocks,
+                           std::vector<std::int64_t> feature_blocks)
+    : experts_(std::move(experts)),
+      router_(std::move(router)),
+      blocks_(blocks),
+      feature_blocks_(std::move(feature_blocks)) {
+  WD_CHECK(!experts_.empty(), "a teacher stage needs a model");
+  WD_CHECK(experts_.size() == 1 || router_, "a teacher with " << experts_.size() << " experts needs a router");
+  num_layers_ = experts_.front().model->config().num_layers;
+  WD_CHECK(blocks_.begin >= 0 && blocks_.end > blocks_.begin && blocks_.end <= num_layers_,
+           "teacher stage blocks [" << blocks_.begin << ", " << blocks_.end << ") outside 0.." << num_layers_);
+}
+
+std::vector<std::int64_t> TeacherStage::features_before(const std::vector<std::int64_t>& features,
+                                                        std::int64_t end) {
+  std::vector<std::int64_t> out;
+  for (const auto j : features) {
+    if (j < end) out.push_back(j);
+  }
+  return out;
+}
+
+void TeacherStage::run_model(StageModel& m, StageBatch& b, const std::vector<std::int64_t>* samples,
+                             torch::Tensor& result, std::map<std::int64_t, torch::Tensor>& features) {
+  const auto pick = [&](const torch::Tensor& x) {
+    if (!samples) return x;
+    return x.index_select(0, torch::tensor(*samples, torch::TensorOptions().dtype(torch::kLong).device(x.device())));
+  };
+  auto& model = m.model;
+  // Every stage embeds its own copy of the inputs: the time projection and the embedded text
+  // are recomputed here rather than sent, which costs little next to a block and keeps the
+  // stage message to the inputs and one hidden state.
+  auto state = model->embed(WanInputs::batched(pick(b.x_t), pick(b.t), pick(b.context), pick(b.context_lens)));
+  if (!first()) {
+    WD_CHECK(b.hidden.defined(), "stage starting at block " << blocks_.begin << " got no hidden state");
+    // The residual stream is fp32 from block 0 on (spec §6), so the received copy is exact.
+    state.x = pick(b.hidden).to(state.x.device());
+  }
+  for (std::int64_t i = blocks_.begin; i < blocks_.end; ++i) {
+    if (m.streamer) m.streamer->before(i);
+    model->run_block(i, state);
+    if (m.streamer) m.streamer->after(i);
+    if (std::find(feature_blocks_.begin(), feature_blocks_.end(), i) != feature_blocks_.end()) {
+      features[i] = state.x.to(torch::kFloat);
+    }
+  }
+  result = last() ? torch::stack(model->unembed(state)) : state.x.to(torch::kFloat);
+}
+
+void TeacherStage::run(StageBatch& b) {
+  torch::NoGradGuard no_grad;
+  if (experts_.size() == 1) {
+    torch::Tensor result;
+    std::map<std::int64_t, torch::Tensor> features;
+    run_model(experts_.front(), b, nullptr, result, features);
+    // Results stay on the stage's device: the transport moves them (NCCL or a host copy).
+    for (auto& [j, h] : features) b.features[j] = h;
+    (last() ? b.out : b.hidden) = result;
+    return;
+  }
+  // Experts: each runs on its own samples; the results go back to their batch positions.
+  const auto routes = router_(b.t);
+  WD_CHECK(routes.size() == experts_.size(), "the router gave " << routes.size() << " routes for "
+                                                                << experts_.size() << " experts");
+  torch::Tensor merged;
+  std::map<std::int64_t, torch::Tensor> merged_features;
+  const auto B = b.x_t.size(0);
+  for (std::size_t e = 0; e < experts_.size(); ++e) {
+    if (routes[e].empty()) continue;
+    torch::Tensor result;
+    std::map<std::int64_t, torch::Tensor> features;
+    run_model(experts_[e], b, &routes[e], result, features);
+    const auto idx = torch::tensor(routes[e], torch::TensorOptions().dtype(torch::kLong).device(result.device()));
+    const auto place = [&](torch::Tensor& into, const torch::Tensor& p) {
+      if (!into.defined()) {
+        auto shape = p.sizes().vec();
+        shape[0] = B;
+        into = torch::zeros(shape, p.options());
+      }
+      into.index_copy_(0, idx, p);
+    };
+    place(merged, result);
+    for (auto& [j, h] : features) place(merged_features[j], h);
+  }
+  for (auto& [j, h] : merged_features) b.features[j] = h;
+  (last() ? b.out : b.hidden) = merged;
+}
+
+}  // namespace wd::teacher

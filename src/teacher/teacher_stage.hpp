@@ -1,0 +1,92 @@
+// TeacherStage: what one teacher rank computes for a batch: the whole DiT, or (shard) its
+// pipeline stage's blocks; with one model or the two experts of an A14B teacher.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/wan_checkpoint.hpp"
+#include "model/wan_dit.hpp"
+#include "teacher/block_streamer.hpp"
+#include "teacher/placement.hpp"
+
+namespace wd::teacher {
+
+/// One batch as it moves through the stages. Stage 0 fills the inputs; each stage replaces
+/// `hidden` with the residual stream after its last block and adds the features it holds; the
+/// last stage sets `out`.
+struct StageBatch {
+  torch::Tensor x_t;           ///< [B,C,F,H,W] fp32 noisy latents
+  torch::Tensor t;             ///< [B] or [B,S] fp32 model timesteps
+  torch::Tensor context;       ///< [B,L,text_dim] fp32
+  torch::Tensor context_lens;  ///< [B] int64
+  torch::Tensor hidden;        ///< [B,S,dim] fp32 after the previous stage; undefined on stage 0
+  std::map<std::int64_t, torch::Tensor> features;  ///< block -> [B,S,dim] fp32
+  torch::Tensor out;           ///< [B,out_dim,F,H,W] fp32, set by the last stage
+};
+
+/// One expert's model on this rank, with its streamer when the placement is `stream`.
+struct StageModel {
+  WanDiT model;
+  std::unique_ptr<BlockStreamer> streamer;  ///< null unless teacher.placement = stream
+};
+
+/// How one rank loads its model (one expert's, for an A14B teacher).
+struct StageLoad {
+  memory::Placement placement = memory::Placement::kCpu;
+  std::optional<c10::ScalarType> dtype;  ///< nullopt = each tensor as stored (teacher.dtype auto)
+  c10::Device device = torch::kCPU;
+  BlockRange blocks;                     ///< all blocks unless shard
+  int stream_ahead = 2;
+  double timeout_s = 120;                ///< deadline of a streamed block's copy
+};
+
+/// Loads the model for `how`: gpu/cpu/shard bind (or convert) only the blocks in `how.blocks`
+/// plus the embeddings and head on the device; stream keeps the blocks mapped on the host and
+/// builds the streamer. Frozen (no grad).
+StageModel load_stage_model(const WanCheckpoint& checkpoint, const StageLoad& how);
+
+/// Bytes this rank holds for the teacher: its parameters, or for stream the embeddings/head
+/// plus the device slots (the mapped blocks live in the page cache).
+std::uint64_t stage_weight_bytes(const StageModel& m);
+
+/// Sample indices per expert for timesteps `t` (one list per expert, in expert order).
+using Router = std::function<std::vector<std::vector<std::int64_t>>(const torch::Tensor& t)>;
+
+class TeacherStage {
+ public:
+  /// `experts` holds one model, or several with `router` choosing each sample's expert.
+  TeacherStage(std::vector<StageModel> experts, Router router, BlockRange blocks,
+               std::vector<std::int64_t> feature_blocks);
+
+  /// Runs this stage on `batch` (no grad): embeddings (stage 0) or the received hidden state,
+  /// blocks [begin, end), then the head when the stage ends at the last block.
+  void run(StageBatch& batch);
+
+  const BlockRange& blocks() const { return blocks_; }
+  bool first() const { return blocks_.begin == 0; }
+  bool last() const { return blocks_.end == num_layers_; }
+  const std::vector<StageModel>& experts() const { return experts_; }
+  /// Feature blocks whose hidden states leave this stage (held here or by earlier stages).
+  std::vector<std::int64_t> features_after() const { return features_before(feature_blocks_, blocks_.end); }
+  /// The feature blocks before block `end`.
+  static std::vector<std::int64_t> features_before(const std::vector<std::int64_t>& features, std::int64_t end);
+
+ private:
+  /// The whole forward of `samples` (all of the batch, or one expert's share) on one model.
+  void run_model(StageModel& m, StageBatch& batch, const std::vector<std::int64_t>* samples,
+                 torch::Tensor& result, std::map<std::int64_t, torch::Tensor>& features);
+
+  std::vector<StageModel> experts_;
+  Router router_;
+  BlockRange blocks_;
+  std::int64_t num_layers_;
+  std::vector<std::int64_t> feature_blocks_;
+};
+
+}  // namespace wd::teacher
