@@ -192,8 +192,9 @@ void BlockStreamer::before(std::int64_t block) {
   }
   computing_ = block;
   computing_slot_ = slot;
-  note(StreamEvent::kComputeStarted, block, slot);
+  // The next blocks' copies go out before this block computes, so they overlap it.
   while (static_cast<int>(queued_.size()) < ahead_) issue(next_of(last_issued_));
+  note(StreamEvent::kComputeStarted, block, slot);
 }
 
 void BlockStreamer::after(std::int64_t block) {

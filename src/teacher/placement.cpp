@@ -2,6 +2,7 @@
 #include "teacher/placement.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <sstream>
 
@@ -63,32 +64,45 @@ std::vector<BlockRange> balance_shards(const std::vector<std::uint64_t>& block_b
   const auto bytes = [&](std::int64_t a, std::int64_t b, bool last) {
     return prefix[static_cast<std::size_t>(b)] - prefix[static_cast<std::size_t>(a)] + (last ? last_extra : 0);
   };
-  // best[k][i]: the smallest possible largest stage when blocks [0, i) form stages 0..k-1.
+  // best[k][i]: the smallest possible largest stage when blocks [i, L) form the last k stages.
   constexpr auto kInf = std::numeric_limits<std::uint64_t>::max();
   const auto P = static_cast<std::size_t>(stages);
-  std::vector<std::vector<std::uint64_t>> best(P + 1, std::vector<std::uint64_t>(static_cast<std::size_t>(L) + 1, kInf));
-  std::vector<std::vector<std::int64_t>> cut(P + 1, std::vector<std::int64_t>(static_cast<std::size_t>(L) + 1, 0));
-  best[0][0] = 0;
+  const auto Lz = static_cast<std::size_t>(L);
+  std::vector<std::vector<std::uint64_t>> best(P + 1, std::vector<std::uint64_t>(Lz + 1, kInf));
+  best[0][Lz] = 0;
   for (std::size_t k = 1; k <= P; ++k) {
-    const bool last = k == P;
-    for (std::int64_t i = static_cast<std::int64_t>(k); i <= L; ++i) {
-      // Scanning the cut from the right keeps earlier stages no smaller on ties.
-      for (std::int64_t j = i - 1; j >= static_cast<std::int64_t>(k) - 1; --j) {
-        if (best[k - 1][static_cast<std::size_t>(j)] == kInf) continue;
-        const auto cost = std::max(best[k - 1][static_cast<std::size_t>(j)], bytes(j, i, last));
-        if (cost < best[k][static_cast<std::size_t>(i)]) {
-          best[k][static_cast<std::size_t>(i)] = cost;
-          cut[k][static_cast<std::size_t>(i)] = j;
-        }
+    for (std::int64_t i = L - static_cast<std::int64_t>(k); i >= 0; --i) {
+      for (std::int64_t j = i + 1; j <= L - static_cast<std::int64_t>(k) + 1; ++j) {
+        const auto rest = best[k - 1][static_cast<std::size_t>(j)];
+        if (rest == kInf || (k == 1 && j != L)) continue;
+        const auto cost = std::max(rest, bytes(i, j, k == 1));
+        best[k][static_cast<std::size_t>(i)] = std::min(best[k][static_cast<std::size_t>(i)], cost);
       }
     }
   }
-  std::vector<BlockRange> ranges(P);
-  std::int64_t end = L;
+  // Of the splits reaching the optimum, the most even: each stage takes the share of what is
+  // left closest to an equal one, among the cuts that keep the rest within the optimum.
+  const auto limit = best[P][0];
+  std::vector<BlockRange> ranges;
+  std::int64_t begin = 0;
   for (std::size_t k = P; k >= 1; --k) {
-    const auto begin = cut[k][static_cast<std::size_t>(end)];
-    ranges[k - 1] = {begin, end};
-    end = begin;
+    if (k == 1) {
+      ranges.push_back({begin, L});
+      break;
+    }
+    const double target = static_cast<double>(bytes(begin, L, true)) / static_cast<double>(k);
+    std::int64_t pick = -1;
+    double pick_gap = 0;
+    for (std::int64_t end = begin + 1; end <= L - static_cast<std::int64_t>(k) + 1; ++end) {
+      if (bytes(begin, end, false) > limit || best[k - 1][static_cast<std::size_t>(end)] > limit) continue;
+      const double gap = std::abs(static_cast<double>(bytes(begin, end, false)) - target);
+      if (pick < 0 || gap <= pick_gap) {  // on a tie the larger stage, so earlier stages lead
+        pick = end;
+        pick_gap = gap;
+      }
+    }
+    ranges.push_back({begin, pick});
+    begin = pick;
   }
   return ranges;
 }

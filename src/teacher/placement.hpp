@@ -31,7 +31,7 @@ std::vector<BlockRange> parse_shard_map(const std::string& map, std::int64_t num
 
 /// Splits the blocks into `stages` contiguous ranges minimising the largest stage's bytes.
 /// `last_extra` is what only the last stage holds (the head); every stage holds the embeddings,
-/// so they do not move the split. Ties keep earlier stages no smaller than later ones.
+/// so they do not move the split. Among the optimal splits, the most even one.
 std::vector<BlockRange> balance_shards(const std::vector<std::uint64_t>& block_bytes,
                                        std::uint64_t last_extra, int stages);
 
