@@ -247,8 +247,10 @@ int run_train(const std::vector<std::string>& args) {
   try {
     // Identical on every rank (same arguments): no communication needed to agree.
     cfg.validate();
-    // Roles depend on teacher.ranks alone; the pipeline stages wait for the placement.
-    const auto topo = comm::Layout::make(mpi.size(), cfg.teacher.ranks).topology(rank, mpi.local_rank(), mpi.local_size());
+    // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
+    // single replica is always a valid split, so it serves until then).
+    const auto topo = comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks))
+                          .topology(rank, mpi.local_rank(), mpi.local_size());
     init_logging(topo, cfg.log.level);
     set_threads(cfg, mpi.local_size());
     log_rank_placement(topo, cfg.comm.timeout_s);

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/errors.hpp"
@@ -38,6 +39,19 @@ std::string head_name(std::int64_t s, std::int64_t t) {
   return "feature_" + std::to_string(s) + "_" + std::to_string(t);
 }
 
+/// A feature head with LibTorch's default Linear ranges (U(±1/sqrt(in))) drawn from its own
+/// seeded generator: every student rank and every run starts from the same head, whatever
+/// else used the global generator before.
+torch::nn::Linear seeded_linear(std::int64_t in, std::int64_t out, std::uint64_t seed) {
+  torch::nn::Linear layer(torch::nn::LinearOptions(in, out));
+  auto gen = at::detail::createCPUGenerator(seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  torch::NoGradGuard no_grad;
+  layer->weight.copy_(torch::rand({out, in}, gen).mul_(2 * bound).sub_(bound));
+  layer->bias.copy_(torch::rand({out}, gen).mul_(2 * bound).sub_(bound));
+  return layer;
+}
+
 }  // namespace
 
 StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
@@ -52,7 +66,8 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
   for (const auto& [s, t] : setup_.feature_pairs) {
     WD_CHECK_AS(ConfigError, s >= 0 && s < c.num_layers,
                 "student.features names student block " << s << "; the student has blocks 0.." << c.num_layers - 1);
-    heads_->update({{head_name(s, t), torch::nn::Linear(c.dim, setup_.teacher_dim).ptr()}});
+    const auto seed = setup_.seed + 16 + static_cast<std::uint64_t>(s) * 1009 + static_cast<std::uint64_t>(t);
+    heads_->update({{head_name(s, t), seeded_linear(c.dim, setup_.teacher_dim, seed).ptr()}});
   }
   for (const auto& p : model_->named_parameters()) {
     trainable_.push_back(p.value());
