@@ -120,6 +120,9 @@ TEST(WanExpertsBoundary, DefaultsExplicitValuesAndRefusals) {
   TempDir t2v("wd-experts");
   write_pair(t2v, tiny("t2v"));
   EXPECT_EQ(WanExperts::open(t2v.str(), 0.5).route(torch::tensor({499.9f, 500.f})), routes({0}, {1}));
+  // A boundary between integers shows the truncation: 875.9 is the sampler's 875 < 875.5.
+  const auto half = WanExperts::open(t2v.str(), 0.8755);
+  EXPECT_EQ(half.route(torch::tensor({875.9f, 876.f, 875.5f})), routes({0, 2}, {1}));
   for (const double bad : {0.0, 1.0, -0.1, 875.0}) {
     const auto m = error_of([&] { WanExperts::open(t2v.str(), bad); });
     EXPECT_TRUE(contains(m, "must lie in (0, 1)")) << bad << ": " << m;
