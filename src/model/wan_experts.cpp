@@ -71,7 +71,8 @@ void check_same_architecture(const WanConfig& low, const std::string& low_path,
   cmp("eps", low.eps, high.eps);
   if (diffs.empty()) return;
   std::string msg = "the experts must share one architecture, but " + low_path + " and " +
-                    high_path + " differ in " + std::to_string(diffs.size()) + " field(s) (low vs high):";
+                    high_path + " differ in " + std::to_string(diffs.size()) +
+                    " field(s) (low vs high):";
   for (const auto& d : diffs) msg += "\n  - " + d;
   throw DataError(low_path, "", msg);
 }
@@ -91,16 +92,17 @@ WanExperts WanExperts::open(const std::string& path, std::optional<double> bound
     return from_checkpoints(std::move(one), boundary, path);
   }
   if (!config_path.empty()) {
-    throw ConfigError("model_config(" + config_path + ") cannot be used with the two-expert folder " +
-                      path + ": each expert reads its own " + kLowDir + "/config.json and " +
-                      kHighDir + "/config.json");
+    throw ConfigError(
+        "model_config(" + config_path + ") cannot be used with the two-expert folder " + path +
+        ": each expert reads its own " + kLowDir + "/config.json and " + kHighDir + "/config.json");
   }
   const fs::path p(path);
   for (const char* sub : {kLowDir, kHighDir}) {
     if (!fs::is_directory(p / sub)) {
-      throw DataError(path, sub, std::string("is missing: a two-expert (A14B) checkpoint needs both ") +
-                                     kLowDir + "/ and " + kHighDir + "/ (found only " +
-                                     (std::string(sub) == kLowDir ? kHighDir : kLowDir) + "/)");
+      throw DataError(path, sub,
+                      std::string("is missing: a two-expert (A14B) checkpoint needs both ") +
+                          kLowDir + "/ and " + kHighDir + "/ (found only " +
+                          (std::string(sub) == kLowDir ? kHighDir : kLowDir) + "/)");
     }
   }
   std::vector<WanCheckpoint> both;
@@ -126,8 +128,9 @@ WanExperts WanExperts::from_checkpoints(std::vector<WanCheckpoint> experts,
                             out.experts_[kHigh].config(), out.experts_[kHigh].config_path());
     const auto fallback = default_expert_boundary(type);
     if (!boundary && !fallback) {
-      throw ConfigError("boundary of the two-expert checkpoint " + path + " is not set: model_type(" +
-                        type + ") has no Wan 2.2 default (t2v 0.875, i2v 0.9); set the boundary "
+      throw ConfigError("boundary of the two-expert checkpoint " + path +
+                        " is not set: model_type(" + type +
+                        ") has no Wan 2.2 default (t2v 0.875, i2v 0.9); set the boundary "
                         "explicitly (0 < boundary < 1)");
     }
     out.boundary_ = boundary ? *boundary : *fallback;
@@ -153,8 +156,9 @@ std::size_t WanExperts::expert_for(double t) const {
 }
 
 std::vector<std::vector<std::int64_t>> WanExperts::route(const torch::Tensor& t) const {
-  WD_CHECK_AS(ConfigError, t.defined() && (t.dim() == 1 || t.dim() == 2),
-              "routing needs t as [B] or [B,S], got " << (t.defined() ? format_shape(t.sizes()) : "none"));
+  WD_CHECK_AS(
+      ConfigError, t.defined() && (t.dim() == 1 || t.dim() == 2),
+      "routing needs t as [B] or [B,S], got " << (t.defined() ? format_shape(t.sizes()) : "none"));
   const auto B = t.size(0);
   std::vector<std::vector<std::int64_t>> out(size());
   if (!two_experts()) {
@@ -163,13 +167,18 @@ std::vector<std::vector<std::int64_t>> WanExperts::route(const torch::Tensor& t)
   }
   auto tt = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
   if (tt.dim() == 2) {
-    WD_CHECK_AS(ConfigError, tt.size(1) >= 1, "per-token t " << format_shape(t.sizes()) << " has no tokens");
+    WD_CHECK_AS(ConfigError, tt.size(1) >= 1,
+                "per-token t " << format_shape(t.sizes()) << " has no tokens");
     const auto varies = (tt != tt.select(1, 0).unsqueeze(1)).any(1);
     for (std::int64_t b = 0; b < B; ++b) {
-      WD_CHECK_AS(ConfigError, !varies[b].item<bool>(),
-                  "sample " << b << " has per-token timesteps that vary across its tokens; the "
-                  "two-expert teacher " << path_ << " routes whole samples by one timestep (the A14B "
-                  "pipelines pass one t per sample, per-token t is TI2V-5B's, a dense model)");
+      WD_CHECK_AS(
+          ConfigError, !varies[b].item<bool>(),
+          "sample " << b
+                    << " has per-token timesteps that vary across its tokens; the "
+                       "two-expert teacher "
+                    << path_
+                    << " routes whole samples by one timestep (the A14B "
+                       "pipelines pass one t per sample, per-token t is TI2V-5B's, a dense model)");
     }
     tt = tt.select(1, 0).contiguous();
   }
@@ -217,7 +226,8 @@ void check_partition(const std::vector<std::vector<std::int64_t>>& routes, std::
   for (std::size_t e = 0; e < routes.size(); ++e) {
     for (const auto i : routes[e]) {
       WD_CHECK(i >= 0 && i < batch, "expert " << e << " route " << format_indices(routes[e])
-                                              << " names sample " << i << " of a batch of " << batch);
+                                              << " names sample " << i << " of a batch of "
+                                              << batch);
       WD_CHECK(++seen[static_cast<std::size_t>(i)] == 1,
                "sample " << i << " is routed to more than one expert");
     }
@@ -229,9 +239,9 @@ void check_partition(const std::vector<std::vector<std::int64_t>>& routes, std::
 
 }  // namespace
 
-std::vector<torch::Tensor> merge_expert_outputs(const std::vector<std::vector<std::int64_t>>& routes,
-                                                const std::vector<std::vector<torch::Tensor>>& outputs,
-                                                std::int64_t batch) {
+std::vector<torch::Tensor> merge_expert_outputs(
+    const std::vector<std::vector<std::int64_t>>& routes,
+    const std::vector<std::vector<torch::Tensor>>& outputs, std::int64_t batch) {
   WD_CHECK(routes.size() == outputs.size(),
            routes.size() << " routes but outputs of " << outputs.size() << " experts");
   check_partition(routes, batch);
@@ -256,23 +266,26 @@ torch::Tensor merge_expert_batches(const std::vector<std::vector<std::int64_t>>&
   for (std::size_t e = 0; e < routes.size(); ++e) {
     if (routes[e].empty()) continue;
     const auto& o = outputs[e];
-    WD_CHECK(o.defined() && o.dim() >= 1 && o.size(0) == static_cast<std::int64_t>(routes[e].size()),
-             "expert " << e << " output " << (o.defined() ? format_shape(o.sizes()) : "none")
-                       << " does not have its " << routes[e].size() << " samples as rows");
+    WD_CHECK(
+        o.defined() && o.dim() >= 1 && o.size(0) == static_cast<std::int64_t>(routes[e].size()),
+        "expert " << e << " output " << (o.defined() ? format_shape(o.sizes()) : "none")
+                  << " does not have its " << routes[e].size() << " samples as rows");
     if (!merged.defined()) {
       auto shape = o.sizes().vec();
       shape[0] = batch;
       merged = torch::empty(shape, o.options());
     }
     WD_CHECK(o.sizes().slice(1) == merged.sizes().slice(1) && o.dtype() == merged.dtype(),
-             "expert " << e << " output " << format_shape(o.sizes()) << " differs in shape or dtype "
+             "expert " << e << " output " << format_shape(o.sizes())
+                       << " differs in shape or dtype "
                        << "from the other expert's " << format_shape(merged.sizes()));
     merged.index_copy_(0, torch::tensor(routes[e], torch::kLong).to(o.device()), o);
   }
   return merged;
 }
 
-std::vector<WanDiT> load_wan_experts(const WanExperts& experts, std::optional<c10::ScalarType> dtype,
+std::vector<WanDiT> load_wan_experts(const WanExperts& experts,
+                                     std::optional<c10::ScalarType> dtype,
                                      const torch::Device& device) {
   std::vector<WanDiT> models;
   for (const auto& ck : experts.experts()) models.push_back(load_wan_dit(ck, dtype, device));
@@ -281,8 +294,8 @@ std::vector<WanDiT> load_wan_experts(const WanExperts& experts, std::optional<c1
 
 std::vector<torch::Tensor> experts_forward(std::vector<WanDiT>& models, const WanExperts& experts,
                                            const WanInputs& inputs) {
-  WD_CHECK(models.size() == experts.size(),
-           models.size() << " models for the " << experts.size() << " experts of " << experts.path());
+  WD_CHECK(models.size() == experts.size(), models.size() << " models for the " << experts.size()
+                                                          << " experts of " << experts.path());
   const auto routes = experts.route(inputs.t);
   std::vector<std::vector<torch::Tensor>> outputs(models.size());
   for (std::size_t e = 0; e < models.size(); ++e) {
@@ -297,8 +310,8 @@ ExpertsWriteResult write_random_wan_experts(const std::string& dir, const WanCon
                                             std::uint64_t seed, KeyLayout layout) {
   const fs::path p(dir);
   ExpertsWriteResult r;
-  r.low = write_random_wan_checkpoint((p / WanExperts::kLowDir).string(), config, dtype, shard_bytes,
-                                      seed, layout);
+  r.low = write_random_wan_checkpoint((p / WanExperts::kLowDir).string(), config, dtype,
+                                      shard_bytes, seed, layout);
   r.high = write_random_wan_checkpoint((p / WanExperts::kHighDir).string(), config, dtype,
                                        shard_bytes, seed + 1, layout);
   return r;

@@ -88,9 +88,9 @@ WanInputs select_samples(const WanInputs& inputs, const std::vector<std::int64_t
 
 /// Puts per-expert outputs back into batch order: outputs[e][j] is sample routes[e][j].
 /// Throws unless the routes cover 0..batch-1 exactly once and each output list matches its route.
-std::vector<torch::Tensor> merge_expert_outputs(const std::vector<std::vector<std::int64_t>>& routes,
-                                                const std::vector<std::vector<torch::Tensor>>& outputs,
-                                                std::int64_t batch);
+std::vector<torch::Tensor> merge_expert_outputs(
+    const std::vector<std::vector<std::int64_t>>& routes,
+    const std::vector<std::vector<torch::Tensor>>& outputs, std::int64_t batch);
 /// The same for batched tensors: outputs[e] is [routes[e].size(), ...]; returns [batch, ...].
 /// An expert with no samples may pass an undefined tensor.
 torch::Tensor merge_expert_batches(const std::vector<std::vector<std::int64_t>>& routes,

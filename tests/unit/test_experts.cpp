@@ -119,7 +119,8 @@ TEST(WanExpertsBoundary, DefaultsExplicitValuesAndRefusals) {
   // An explicit boundary overrides the t2v default; it must lie strictly inside (0, 1).
   TempDir t2v("wd-experts");
   write_pair(t2v, tiny("t2v"));
-  EXPECT_EQ(WanExperts::open(t2v.str(), 0.5).route(torch::tensor({499.9f, 500.f})), routes({0}, {1}));
+  EXPECT_EQ(WanExperts::open(t2v.str(), 0.5).route(torch::tensor({499.9f, 500.f})),
+            routes({0}, {1}));
   // A boundary between integers shows the truncation: 875.9 is the sampler's 875 < 875.5.
   const auto half = WanExperts::open(t2v.str(), 0.8755);
   EXPECT_EQ(half.route(torch::tensor({875.9f, 876.f, 875.5f})), routes({0, 2}, {1}));
@@ -164,9 +165,8 @@ TEST(WanExpertsOpen, MissingSubfolderAndOneExpertOpenedWhole) {
   EXPECT_EQ(WanExperts::open(dir.str(WanExperts::kHighDir)).size(), 1u);
   // A config override makes no sense for two configs.
   write_random_wan_checkpoint(dir.str(WanExperts::kLowDir), tiny(), torch::kFloat, 1ULL << 30, 2);
-  const auto cfg_msg = error_of([&] {
-    WanExperts::open(dir.str(), std::nullopt, dir.str("low_noise_model/config.json"));
-  });
+  const auto cfg_msg = error_of(
+      [&] { WanExperts::open(dir.str(), std::nullopt, dir.str("low_noise_model/config.json")); });
   EXPECT_TRUE(contains(cfg_msg, "cannot be used with the two-expert folder")) << cfg_msg;
 }
 
@@ -231,30 +231,40 @@ TEST(WanExpertsForward, SelectSamplesKeepsSeqLenAndTimestepRows) {
   EXPECT_TRUE(torch::equal(sub.t, torch::tensor({{3.f, 3.f}, {1.f, 1.f}})));
   in.seq_len = 20;
   EXPECT_EQ(select_samples(in, {0}, {1, 2, 2}).seq_len, 20);
-  EXPECT_TRUE(contains(error_of([&] { select_samples(in, {3}, {1, 2, 2}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         select_samples(in, {3}, {1, 2, 2});
+                       }),
                        "sample index 3 is outside the batch of 3"));
 }
 
 TEST(WanExpertsForward, MergePutsOutputsBackInBatchOrder) {
-  const auto merged = merge_expert_batches(routes({1, 3}, {0, 2}),
-                                           {torch::tensor({{10.f}, {30.f}}), torch::tensor({{0.f}, {20.f}})}, 4);
+  const auto merged = merge_expert_batches(
+      routes({1, 3}, {0, 2}), {torch::tensor({{10.f}, {30.f}}), torch::tensor({{0.f}, {20.f}})}, 4);
   EXPECT_TRUE(torch::equal(merged, torch::tensor({{0.f}, {10.f}, {20.f}, {30.f}})));
   // An expert without samples may give nothing.
-  EXPECT_TRUE(torch::equal(merge_expert_batches(routes({}, {0, 1}), {torch::Tensor(), torch::tensor({5.f, 6.f})}, 2),
-                           torch::tensor({5.f, 6.f})));
-  const auto list = merge_expert_outputs(routes({2}, {0, 1}),
-                                         {{torch::tensor(2.f)}, {torch::tensor(0.f), torch::tensor(1.f)}}, 3);
+  EXPECT_TRUE(torch::equal(
+      merge_expert_batches(routes({}, {0, 1}), {torch::Tensor(), torch::tensor({5.f, 6.f})}, 2),
+      torch::tensor({5.f, 6.f})));
+  const auto list = merge_expert_outputs(
+      routes({2}, {0, 1}), {{torch::tensor(2.f)}, {torch::tensor(0.f), torch::tensor(1.f)}}, 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(list[i].item<float>(), static_cast<float>(i));
-  EXPECT_TRUE(contains(error_of([] { merge_expert_outputs(routes({0, 1}, {1}), {{torch::tensor(0.f), torch::tensor(1.f)}, {torch::tensor(2.f)}}, 2); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         merge_expert_outputs(
+                             routes({0, 1}, {1}),
+                             {{torch::tensor(0.f), torch::tensor(1.f)}, {torch::tensor(2.f)}}, 2);
+                       }),
                        "sample 1 is routed to more than one expert"));
-  EXPECT_TRUE(contains(error_of([] { merge_expert_outputs(routes({0}, {}), {{torch::tensor(0.f)}, {}}, 2); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         merge_expert_outputs(routes({0}, {}), {{torch::tensor(0.f)}, {}}, 2);
+                       }),
                        "sample 1 is routed to no expert"));
 }
 
 TEST(WanExpertsCli, InitTeacherWritesTwoExpertsThatOpenAndInspect) {
   TempDir dir("wd-experts");
   const auto out = dir.str("a14b");
-  auto r = test::run_command(kCli + " init-teacher --preset tiny --experts 2 --dtype fp32 --seed 7 --output " + out);
+  auto r = test::run_command(
+      kCli + " init-teacher --preset tiny --experts 2 --dtype fp32 --seed 7 --output " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ex = WanExperts::open(out);
   ASSERT_TRUE(ex.two_experts());
@@ -275,7 +285,8 @@ TEST(WanExpertsCli, InitTeacherWritesTwoExpertsThatOpenAndInspect) {
   EXPECT_TRUE(contains(r.output, "experts:     2 (low_noise_model, high_noise_model)")) << r.output;
   EXPECT_TRUE(contains(r.output, "boundary 0.875 (default of t2v)")) << r.output;
   EXPECT_TRUE(contains(r.output, "architecture: shared")) << r.output;
-  EXPECT_TRUE(contains(r.output, "  config:      " + out + "/high_noise_model/config.json")) << r.output;
+  EXPECT_TRUE(contains(r.output, "  config:      " + out + "/high_noise_model/config.json"))
+      << r.output;
 
   r = test::run_command(kCli + " plan --cpu --teacher.checkpoint " + out);
   EXPECT_EQ(r.code, 0) << r.output;
