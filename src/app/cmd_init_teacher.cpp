@@ -1,4 +1,5 @@
-// `wan-distill init-teacher`: writes a randomly initialised DiT in the official on-disk layout.
+// `wan-distill init-teacher`: writes a randomly initialised DiT (or an A14B pair of experts) in
+// the official on-disk layout.
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include "app/commands.hpp"
 #include "core/logging.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
 
 namespace wd::app {
 
@@ -20,6 +22,7 @@ struct InitTeacherConfig {
   std::string dtype = "bf16";
   std::string layout = "native";
   std::uint64_t seed = 0;
+  int experts = 1;
   bool overwrite = false;
   // Overrides of the preset; 0 / empty keeps the preset's value.
   std::string model_type;
@@ -35,7 +38,9 @@ struct InitTeacherConfig {
         .bind("shard-size", shard_size, "largest shard file, e.g. 2GB, 512MB, 5GiB")
         .bind("dtype", dtype, "tensor dtype on disk: fp32 | bf16 | fp16")
         .bind("layout", layout, "key names: native (official Wan) | diffusers")
-        .bind("seed", seed, "seed of the random initialisation")
+        .bind("seed", seed, "seed of the random initialisation (the high-noise expert uses seed+1)")
+        .bind("experts", experts, "1: one DiT in --output; 2: the A14B layout, low_noise_model/ and "
+                                  "high_noise_model/ with different weights")
         .bind("overwrite", overwrite, "replace an existing checkpoint in --output")
         .bind("model-type", model_type, "override: t2v | i2v | ti2v")
         .bind("dim", dim, "override: hidden size (0 = preset's)")
@@ -80,12 +85,15 @@ int run_init_teacher(const std::vector<std::string>& args) {
     print_help("wan-distill init-teacher --output DIR [--preset NAME] [overrides] [options]",
                "Writes a randomly initialised Wan DiT (config.json, safetensors shards and index)\n"
                "in the official layout, one tensor at a time, so even the 14B presets never sit\n"
-               "in memory.",
+               "in memory. --experts 2 writes the Wan 2.2 A14B layout: low_noise_model/ and\n"
+               "high_noise_model/, each a complete checkpoint with its own config.json.",
                table);
     return kExitOk;
   }
   ConfigProblems problems;
   cfg.log.validate(problems);
+  problems.check(cfg.experts == 1 || cfg.experts == 2,
+                 "experts(" + std::to_string(cfg.experts) + ") must be 1 or 2");
   problems.throw_if_any("init-teacher");
   init_logging(Topology::single_process(), cfg.log.level);
   const auto dtype = parse_dtype(cfg.dtype);
@@ -94,19 +102,32 @@ int run_init_teacher(const std::vector<std::string>& args) {
   const auto config = cfg.model_config();
 
   const fs::path dir(cfg.output);
-  if (fs::exists(dir / "config.json") && !cfg.overwrite) {
+  const bool two = cfg.experts == 2;
+  if ((fs::exists(dir / "config.json") || WanExperts::is_two_expert_dir(cfg.output)) && !cfg.overwrite) {
     throw ConfigError("output(" + cfg.output +
                       ") already holds a checkpoint; pass --overwrite to replace it");
   }
-  const auto bytes = static_cast<std::uint64_t>(wan_param_count(config)) * c10::elementSize(dtype);
+  const auto bytes = static_cast<std::uint64_t>(wan_param_count(config)) * c10::elementSize(dtype) *
+                     static_cast<std::uint64_t>(cfg.experts);
   fs::create_directories(dir);
   const auto space = fs::space(dir);
   if (space.available < bytes) {
     throw Error("output(" + cfg.output + ") has " + format_bytes(space.available) +
                 " free, the checkpoint needs " + format_bytes(bytes));
   }
-  spdlog::info("init-teacher: {} ({} params, {} as {}) -> {}", config.summary(),
-               wan_param_count(config), format_bytes(bytes), dtype_name(dtype), cfg.output);
+  spdlog::info("init-teacher: {}{} ({} params, {} as {}) -> {}", two ? "2 experts of " : "",
+               config.summary(), wan_param_count(config), format_bytes(bytes), dtype_name(dtype),
+               cfg.output);
+  if (two) {
+    if (!default_expert_boundary(config.model_type)) {
+      spdlog::warn("model_type {} has no Wan 2.2 boundary; opening {} as a teacher needs an explicit "
+                   "boundary", config.model_type, cfg.output);
+    }
+    const auto r = write_random_wan_experts(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);
+    spdlog::info("wrote {}/ ({} file(s)) and {}/ ({} file(s)) to {}", WanExperts::kLowDir,
+                 r.low.shard_files.size(), WanExperts::kHighDir, r.high.shard_files.size(), cfg.output);
+    return kExitOk;
+  }
   const auto result = write_random_wan_checkpoint(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);
   spdlog::info("wrote config.json, {} safetensors file(s){} to {}", result.shard_files.size(),
                result.index_file.empty() ? "" : " and " + result.index_file, cfg.output);

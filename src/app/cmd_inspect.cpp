@@ -1,11 +1,54 @@
-// `wan-distill inspect`: describes a checkpoint and lists every problem found in it.
+// `wan-distill inspect`: describes a checkpoint (or both experts of an A14B folder) and lists
+// every problem found in it.
+#include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "app/commands.hpp"
 #include "core/logging.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
 
 namespace wd::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Prints one checkpoint's report, each line led by `indent`; returns its problem count.
+std::size_t print_checkpoint(const WanCheckpoint& ck, const std::string& indent) {
+  std::ostringstream os;
+  const auto& c = ck.config();
+  os << "path:        " << ck.path() << "\n"
+     << "format:      " << layout_name(ck.layout())
+     << (ck.prefixed() ? " (keys prefixed with model.diffusion_model.)" : "") << "\n"
+     << "config:      " << ck.config_path() << "\n"
+     << "model:       " << c.summary() << "\n"
+     << "files:       " << ck.files().size() << "\n";
+  for (const auto& f : ck.files()) {
+    os << "  " << f.path() << " (" << f.tensors().size() << " tensors, "
+       << format_bytes(static_cast<double>(f.data_bytes())) << ")\n";
+  }
+  os << "tensors:     " << ck.tensor_count() << " (config expects "
+     << wan_param_specs(c).size() << ")\n"
+     << "parameters:  " << wan_param_count(c) << "\n"
+     << "bytes:       " << ck.total_bytes() << " ("
+     << format_bytes(static_cast<double>(ck.total_bytes())) << ")\n"
+     << "dtypes:     ";
+  for (const auto& [dtype, stat] : ck.dtype_summary()) {
+    os << " " << dtype << " x" << stat.first << " ("
+       << format_bytes(static_cast<double>(stat.second)) << ")";
+  }
+  os << "\n";
+  const auto list = ck.problems();
+  os << "problems:    " << (list.empty() ? "none" : std::to_string(list.size())) << "\n";
+  for (const auto& p : list) os << "  - " << p << "\n";
+  std::istringstream lines(os.str());
+  for (std::string line; std::getline(lines, line);) std::cout << indent << line << "\n";
+  return list.size();
+}
+
+}  // namespace
 
 int run_inspect(const std::vector<std::string>& args) {
   std::string model_config;
@@ -19,7 +62,8 @@ int run_inspect(const std::vector<std::string>& args) {
     print_help("wan-distill inspect PATH [--model-config FILE]",
                "Describes a checkpoint (directory with an index, directory with one file, or one\n"
                ".safetensors file): layout, config, tensors, parameters, dtypes, bytes, and every\n"
-               "problem found. Exit code 3 when there is any problem.",
+               "problem found. A two-expert (A14B) folder gets both experts' reports and a check\n"
+               "that they share one architecture. Exit code 3 when there is any problem.",
                table);
     return kExitOk;
   }
@@ -31,33 +75,48 @@ int run_inspect(const std::vector<std::string>& args) {
   problems.throw_if_any("inspect");
   init_logging(Topology::single_process(), log.level);
 
-  const auto ck = WanCheckpoint::open(parsed.positional[0], model_config);
-  const auto& c = ck.config();
-  std::cout << "path:        " << ck.path() << "\n"
-            << "format:      " << layout_name(ck.layout())
-            << (ck.prefixed() ? " (keys prefixed with model.diffusion_model.)" : "") << "\n"
-            << "config:      " << ck.config_path() << "\n"
-            << "model:       " << c.summary() << "\n"
-            << "files:       " << ck.files().size() << "\n";
-  for (const auto& f : ck.files()) {
-    std::cout << "  " << f.path() << " (" << f.tensors().size() << " tensors, "
-              << format_bytes(static_cast<double>(f.data_bytes())) << ")\n";
+  const auto& path = parsed.positional[0];
+  if (!WanExperts::is_two_expert_dir(path)) {
+    const auto found = print_checkpoint(WanCheckpoint::open(path, model_config), "");
+    return found == 0 ? kExitOk : kExitDataError;
   }
-  std::cout << "tensors:     " << ck.tensor_count() << " (config expects "
-            << wan_param_specs(c).size() << ")\n"
-            << "parameters:  " << wan_param_count(c) << "\n"
-            << "bytes:       " << ck.total_bytes() << " ("
-            << format_bytes(static_cast<double>(ck.total_bytes())) << ")\n"
-            << "dtypes:     ";
-  for (const auto& [dtype, stat] : ck.dtype_summary()) {
-    std::cout << " " << dtype << " x" << stat.first << " ("
-              << format_bytes(static_cast<double>(stat.second)) << ")";
+  // A two-expert (A14B) folder: each expert's report, then whether they share one architecture.
+  if (!model_config.empty()) {
+    throw ConfigError("--model-config cannot be used with the two-expert folder " + path +
+                      ": each expert has its own config.json");
   }
-  std::cout << "\n";
-  const auto list = ck.problems();
-  std::cout << "problems:    " << (list.empty() ? "none" : std::to_string(list.size())) << "\n";
-  for (const auto& p : list) std::cout << "  - " << p << "\n";
-  return list.empty() ? kExitOk : kExitDataError;
+  const fs::path dir(path);
+  std::vector<WanCheckpoint> experts;
+  for (const char* sub : {WanExperts::kLowDir, WanExperts::kHighDir}) {
+    if (!fs::is_directory(dir / sub)) {
+      throw DataError(path, sub, "is missing: a two-expert checkpoint needs low_noise_model/ and "
+                                 "high_noise_model/");
+    }
+    experts.push_back(WanCheckpoint::open((dir / sub).string()));
+  }
+  const auto boundary = default_expert_boundary(experts[0].config().model_type);
+  std::cout << "path:        " << path << "\n"
+            << "experts:     2 (" << WanExperts::kLowDir << ", " << WanExperts::kHighDir
+            << "), high-noise expert for t >= boundary*1000, boundary ";
+  if (boundary) {
+    std::cout << *boundary << " (default of " << experts[0].config().model_type << ")\n";
+  } else {
+    std::cout << "not set (model_type " << experts[0].config().model_type << " has no default)\n";
+  }
+  std::size_t problems_found = 0;
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    std::cout << (i == 0 ? WanExperts::kLowDir : WanExperts::kHighDir) << ":\n";
+    problems_found += print_checkpoint(experts[i], "  ");
+  }
+  try {
+    check_same_architecture(experts[0].config(), experts[0].config_path(), experts[1].config(),
+                            experts[1].config_path());
+    std::cout << "architecture: shared\n";
+  } catch (const DataError& e) {
+    std::cout << "architecture: " << e.what() << "\n";
+    ++problems_found;
+  }
+  return problems_found == 0 ? kExitOk : kExitDataError;
 }
 
 }  // namespace wd::app

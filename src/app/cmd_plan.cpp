@@ -18,6 +18,7 @@
 #include "memory/planner.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
 #include "student/checkpointing.hpp"
 
 namespace wd::app {
@@ -64,7 +65,7 @@ int run_plan(const std::vector<std::string>& args) {
   cfg.bind(table);
   std::string gpu_memory = "180GiB", host_memory = "2TiB", latent, preset;
   int gpus_per_node = 8, np = 0;
-  std::int64_t experts = 1;
+  std::int64_t experts = 0;
   bool cpu = false, json = false;
   OptionTable own("plan's own options");
   own.bind("gpu-memory", gpu_memory, "memory of one GPU")
@@ -78,7 +79,8 @@ int run_plan(const std::vector<std::string>& args) {
       .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
                               "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
       .bind("json", json, "print the plan as JSON instead of tables")
-      .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2)");
+      .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
+                                "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
   table.add(own);
   if (parse_options(args, table).help) {
     print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
@@ -97,7 +99,7 @@ int run_plan(const std::vector<std::string>& args) {
   ConfigProblems p;
   p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
   p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
-  p.check(experts >= 1, "experts(" + std::to_string(experts) + ") must be >= 1");
+  p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
   p.throw_if_any("plan");
   init_logging(Topology::single_process(), cfg.log.level);
 
@@ -115,7 +117,16 @@ int run_plan(const std::vector<std::string>& args) {
     stored_bytes = 2;  // the builtin teacher is written in bf16
     teacher_source = "builtin:tiny";
   } else if (fs::exists(cfg.teacher.checkpoint)) {
-    const auto ck = WanCheckpoint::open(cfg.teacher.checkpoint, cfg.teacher.model_config);
+    // A two-expert (A14B) folder: both experts' headers, one architecture, two sets of weights.
+    const bool two = WanExperts::is_two_expert_dir(cfg.teacher.checkpoint);
+    const fs::path dir(cfg.teacher.checkpoint);
+    const auto ck = two ? WanCheckpoint::open((dir / WanExperts::kLowDir).string())
+                        : WanCheckpoint::open(cfg.teacher.checkpoint, cfg.teacher.model_config);
+    if (two) {
+      const auto high = WanCheckpoint::open((dir / WanExperts::kHighDir).string());
+      check_same_architecture(ck.config(), ck.config_path(), high.config(), high.config_path());
+      if (experts == 0) experts = 2;
+    }
     tc = ck.config();
     const auto specs = wan_param_specs(tc);
     stored_bytes = elem_bytes(safetensors_to_scalar_type(ck.info(specs.back().name).dtype));
@@ -128,6 +139,7 @@ int run_plan(const std::vector<std::string>& args) {
                       ") does not exist here; give --teacher.model_config FILE (its config.json) or "
                       "--preset NAME to plan without it");
   }
+  if (experts == 0) experts = 1;
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
 
@@ -179,7 +191,8 @@ int run_plan(const std::vector<std::string>& args) {
     std::cout << plan_json(plan).dump(2) << "\n";
     return kExitOk;
   }
-  std::cout << "teacher " << teacher_source << ": " << tc.summary() << ", " << cfg.teacher.dtype << ", "
+  std::cout << "teacher " << teacher_source << ": " << (experts > 1 ? std::to_string(experts) + " experts of " : "")
+            << tc.summary() << ", " << cfg.teacher.dtype << ", "
             << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
             << "student: " << sc.summary() << ", " << cfg.student.precision << ", checkpointing "
             << cfg.student.checkpointing << "\n"

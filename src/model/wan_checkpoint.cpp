@@ -64,9 +64,12 @@ WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& co
   fs::path dir = fs::is_directory(p) ? p : p.parent_path();
   if (dir.empty()) dir = ".";
   if (fs::is_directory(p)) {
-    if (!fs::exists(p / kIndexName) && fs::is_directory(p / "high_noise_model")) {
-      throw DataError(path, "", "is a two-expert (A14B) checkpoint: pass high_noise_model/ or "
-                                "low_noise_model/ (one expert) instead");
+    if (!fs::exists(p / kIndexName) &&
+        (fs::is_directory(p / "high_noise_model") || fs::is_directory(p / "low_noise_model"))) {
+      // WanCheckpoint is one expert; the pair, its boundary and routing live in WanExperts.
+      throw DataError(path, "", "is a two-expert (A14B) checkpoint: open it with WanExperts (as "
+                                "teacher.checkpoint it is accepted whole), or pass "
+                                "high_noise_model/ or low_noise_model/ for one expert");
     }
     if (fs::exists(p / kIndexName)) {
       const auto index_path = (p / kIndexName).string();
