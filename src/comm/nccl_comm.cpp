@@ -147,19 +147,20 @@ NcclComm::NcclComm(MPI_Comm comm, int device, double timeout_s)
 
   // Every rank checks its GPU first and all agree on the verdict, so a rank without one stops
   // the others at once instead of leaving them to time out waiting for the unique id.
+  // Rank 0's unique id is made inside the same agreement, so its failure is reported too.
+  ncclUniqueId id{};
   std::exception_ptr problem;
   try {
     const int count = require_cuda_devices();
     WD_CHECK_AS(ConfigError, device >= 0 && device < count,
                 "NCCL transport: CUDA device " << device << " requested on rank " << world_rank_
                                                << ", which sees " << count << " device(s)");
+    if (rank_ == 0) WD_CHECK_NCCL(ncclGetUniqueId(&id));
   } catch (...) {
     problem = std::current_exception();
   }
   agree_on_startup("NCCL communicator set-up", problem, comm, timeout_s);
 
-  ncclUniqueId id{};
-  if (rank_ == 0) WD_CHECK_NCCL(ncclGetUniqueId(&id));
   static_assert(sizeof(ncclUniqueId) % sizeof(std::int64_t) == 0, "the id travels as int64s");
   std::vector<std::int64_t> words(sizeof(ncclUniqueId) / sizeof(std::int64_t));
   std::memcpy(words.data(), &id, sizeof id);

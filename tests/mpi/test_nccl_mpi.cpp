@@ -12,6 +12,8 @@
 
 #include "comm/mpi_runtime.hpp"
 #include "comm/nccl_comm.hpp"
+#include "comm/process_groups.hpp"
+#include "comm/transport_factory.hpp"
 
 namespace wd::comm {
 namespace {
@@ -110,11 +112,12 @@ class NcclGpu : public ::testing::Test {
 };
 
 TEST_F(NcclGpu, SelfSendRecvInOneGroup) {
-  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
-  ASSERT_EQ(comm.size(), 1);
+  // Streams and buffers before the communicator: it is destroyed first (nccl_comm.hpp).
   CudaStream stream(device_);
   CudaEvent done(device_);
   DeviceBuffer src(device_, kCount * 4), dst(device_, kCount * 4);
+  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
+  ASSERT_EQ(comm.size(), 1);
   src.upload(pattern(7, kCount));
   dst.upload(std::vector<std::int32_t>(kCount, -1));
   comm.group_start();  // a send to oneself completes only fused with its receive
@@ -128,10 +131,10 @@ TEST_F(NcclGpu, SelfSendRecvInOneGroup) {
 
 TEST_F(NcclGpu, BroadcastFromRankZero) {
   need_gpu_per_rank();
-  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
-  ASSERT_EQ(comm.size(), world_size());
   CudaStream stream(device_);
   DeviceBuffer buf(device_, kCount * 4);
+  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
+  ASSERT_EQ(comm.size(), world_size());
   buf.upload(world_rank() == 0 ? pattern(3, kCount) : std::vector<std::int32_t>(kCount, 0));
   comm.broadcast(buf.get(), buf.get(), kCount * 4, 0, stream.get());
   comm.wait(stream.get(), WaitInfo{"broadcast", 3, kCount * 4, {}}, std::chrono::seconds(30));
@@ -142,8 +145,6 @@ TEST_F(NcclGpu, BroadcastFromRankZero) {
 /// slot must hold the step it was posted for (NCCL matches a pair's sends in issue order).
 TEST_F(NcclGpu, StepsArriveInOrder) {
   const bool pair = world_size() == 2 && gpus_ >= 2;
-  NcclComm comm(pair ? MPI_COMM_WORLD : MPI_COMM_SELF, device_, kTimeout);
-  const int sender = 0, receiver = comm.size() - 1;
   CudaStream stream(device_);
   constexpr int kSlots = 2, kSteps = 6;
   std::vector<std::unique_ptr<DeviceBuffer>> slots, sources;
@@ -156,6 +157,8 @@ TEST_F(NcclGpu, StepsArriveInOrder) {
     sources.push_back(std::make_unique<DeviceBuffer>(device_, kCount * 4));
     sources.back()->upload(pattern(s, kCount));
   }
+  NcclComm comm(pair ? MPI_COMM_WORLD : MPI_COMM_SELF, device_, kTimeout);
+  const int sender = 0, receiver = comm.size() - 1;
   int failures = 0;
   for (int s = 0; s < kSteps; ++s) {
     const int slot = s % kSlots;
@@ -183,9 +186,9 @@ TEST_F(NcclGpu, StepsArriveInOrder) {
 /// A host function holding the stream stands in for a peer that never arrives, so this runs on
 /// one rank too.
 TEST_F(NcclGpu, TimeoutAbortsTheCommunicator) {
-  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
   CudaStream stream(device_);
   CudaEvent after(device_);
+  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
   static std::atomic<bool> release{false};
   release = false;
   WD_CHECK_CUDA(cudaLaunchHostFunc(
@@ -221,9 +224,9 @@ TEST_F(NcclGpu, TimeoutAbortsTheCommunicator) {
 TEST_F(NcclGpu, MissingPeerTimesOut) {
   if (world_size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
   need_gpu_per_rank();
-  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
   CudaStream stream(device_);
   DeviceBuffer buf(device_, kCount * 4);
+  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
   if (comm.rank() == 1) {
     comm.recv(buf.get(), kCount * 4, 0, stream.get());
     EXPECT_THROW(comm.wait(stream.get(), WaitInfo{"recv batch", 5, kCount * 4, {0}},
@@ -232,6 +235,53 @@ TEST_F(NcclGpu, MissingPeerTimesOut) {
     EXPECT_TRUE(comm.aborted());
   }
   MPI_Barrier(MPI_COMM_WORLD);  // rank 0 stays away until rank 1 has given up
+}
+
+/// The NCCL transport end to end on 1 teacher + 1 student, one GPU each: steps through a ring of
+/// two slots, in scatter and broadcast mode, arrive with the values sent (dtype converted).
+TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
+  if (!nccl_transport_built()) GTEST_SKIP() << "this build has no NCCL transport (CPU LibTorch)";
+  if (world_size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
+  need_gpu_per_rank();
+  const int rank = world_rank();
+  const auto layout = Layout::make(2, 1);
+  ProcessGroups groups(layout, rank);
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  const MessageSpec spec{{{"x", torch::kFloat, {3, 4}}, {"out", torch::kBFloat16, {5}}}};
+  const auto message = [&](std::int64_t step) {
+    TensorDict d;
+    d["x"] = torch::arange(12, torch::kFloat).view({3, 4}).to(device) + static_cast<double>(step) * 100;
+    d["out"] = torch::full({5}, static_cast<double>(step), torch::kDouble).to(device);
+    return d;
+  };
+  for (const std::string mode : {"scatter", "broadcast"}) {
+    SCOPED_TRACE(mode);
+    CommConfig config;
+    config.mode = mode;
+    config.prefetch_depth = 2;
+    config.timeout_s = 60;
+    auto transport = make_transport(groups, rank, spec, config, 0, 6, device);
+    if (layout.role_of(rank) == Role::kTeacher) {
+      for (std::int64_t s = 0; s < 6; ++s) {
+        if (mode == "scatter") {
+          transport->send(s, {message(s)});
+        } else {
+          transport->broadcast(s, message(s));
+        }
+      }
+      transport->flush();
+    } else {
+      for (std::int64_t s = 0; s < 6; ++s) {
+        const Message& m = transport->recv(s);
+        EXPECT_EQ(m.step, s);
+        EXPECT_TRUE(m.at("x").is_cuda());
+        EXPECT_TRUE(torch::equal(m.at("x").cpu(), message(s).at("x").cpu())) << "step " << s;
+        EXPECT_TRUE(torch::equal(m.at("out").cpu(), message(s).at("out").to(torch::kBFloat16).cpu()))
+            << "step " << s;
+        transport->release(s);
+      }
+    }
+  }
 }
 
 }  // namespace
