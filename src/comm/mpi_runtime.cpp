@@ -7,86 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <thread>
-
-#include "comm/health.hpp"
 
 namespace wd::comm {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// World rank of this process, or -1 when MPI is not (or no longer) usable.
-int current_world_rank() {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized) return -1;
-  int rank = -1;
-  if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS) return -1;
-  return rank;
-}
-
-std::string format_seconds(double s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "(none named)";
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i) out += ",";
-    out += std::to_string(ranks[i]);
-  }
-  return out;
-}
-
-[[noreturn]] void throw_timeout(const WaitInfo& info, std::chrono::duration<double> timeout,
-                                int my_rank, const std::vector<int>& peers) {
-  throw TimeoutError("timeout after " + format_seconds(timeout.count()) + "s waiting for " +
-                         info.op + " of step " + std::to_string(info.step) + " (" +
-                         std::to_string(info.bytes) + " bytes) on rank " + std::to_string(my_rank) +
-                         "; waited for rank(s) " + join_ranks(peers),
-                     info.op, info.step, peers);
-}
-
-/// Polls the health channel (when one is active) and marks this rank as busy in `op`; throws
-/// PeerFailure or Interrupted.
-void watch_health(const char* op) {
-  if (HealthChannel* health = HealthChannel::active()) {
-    health->mark(op);
-    health->check();
-  }
-}
-
-/// Polling cadence shared by both waits: a short spin keeps latency low when the peer is about
-/// to deliver; after that the sleep doubles up to 1 ms so a waiting rank leaves the core to the
-/// ranks that are computing (several ranks share few cores on a laptop or a CI runner).
-class Backoff {
- public:
-  explicit Backoff(std::chrono::duration<double> timeout)
-      : start_(Clock::now()),
-        deadline_(start_ + std::chrono::duration_cast<Clock::duration>(timeout)) {}
-  bool expired() const { return Clock::now() >= deadline_; }
-  void pause() {
-    if (Clock::now() - start_ < kSpin) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, kMaxSleep);
-  }
-
- private:
-  static constexpr std::chrono::microseconds kSpin{50};
-  static constexpr std::chrono::microseconds kMaxSleep{1000};
-  Clock::time_point start_, deadline_;
-  std::chrono::microseconds sleep_{2};
-};
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-// MpiRuntime (RAII owner of MPI_Init/Finalize), the WD_CHECK_MPI macro, and deadline waits.
+// MpiRuntime (RAII owner of MPI_Init/Finalize) and the MPI deadline waits.
 #pragma once
 
 #include <mpi.h>
@@ -9,24 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi_check.hpp"
+#include "comm/wait.hpp"
 #include "core/errors.hpp"
 #include "core/topology.hpp"
-
-namespace wd::comm {
-
-/// Formats a failed MPI call: "<call> failed: <MPI error string> (rank R, at file:line)".
-std::string mpi_error_message(int code, const char* call, const char* file, int line);
-
-}  // namespace wd::comm
-
-/// Throws wd::MpiError naming the call, MPI's error string, the rank and file:line.
-#define WD_CHECK_MPI(call)                                                                     \
-  do {                                                                                         \
-    const int wd_mpi_rc_ = (call);                                                             \
-    if (wd_mpi_rc_ != MPI_SUCCESS) {                                                           \
-      throw ::wd::MpiError(::wd::comm::mpi_error_message(wd_mpi_rc_, #call, __FILE__, __LINE__)); \
-    }                                                                                          \
-  } while (0)
 
 namespace wd::comm {
 
@@ -56,34 +42,6 @@ class MpiRuntime {
  private:
   bool owner_ = true;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-};
-
-/// What a wait is for, so a timeout message can name it.
-struct WaitInfo {
-  const char* op;         ///< "recv batch", "send batch", "allreduce grads", ...
-  std::int64_t step;      ///< training step (or sequence number)
-  std::uint64_t bytes;    ///< payload size
-  std::vector<int> peers; ///< world ranks waited for
-  /// peers[i] is the peer of requests[i] (wait_all_with_deadline): a timeout then names only
-  /// the peers whose requests are still pending.
-  bool peer_per_request = false;
-};
-
-/// Raised when a wait passes its deadline; the message names op, step, bytes, this rank and
-/// the peers. `missing()` are the peers that did not answer: the failure handler reports them
-/// as the ranks that stopped answering.
-class TimeoutError : public MpiError {
- public:
-  TimeoutError(const std::string& what, std::string op, std::int64_t step, std::vector<int> missing)
-      : MpiError(what), op_(std::move(op)), step_(step), missing_(std::move(missing)) {}
-  const std::string& op() const noexcept { return op_; }
-  std::int64_t step() const noexcept { return step_; }
-  const std::vector<int>& missing() const noexcept { return missing_; }
-
- private:
-  std::string op_;
-  std::int64_t step_;
-  std::vector<int> missing_;
 };
 
 /// Polls MPI_Test on `request` until it completes or `timeout` passes (then throws

@@ -1,0 +1,24 @@
+// The WD_CHECK_MPI macro and its message formatter. Torch-free, for the NCCL layer too.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "core/errors.hpp"
+
+namespace wd::comm {
+
+/// Formats a failed MPI call: "<call> failed: <MPI error string> (rank R, at file:line)".
+std::string mpi_error_message(int code, const char* call, const char* file, int line);
+
+}  // namespace wd::comm
+
+/// Throws wd::MpiError naming the call, MPI's error string, the rank and file:line.
+#define WD_CHECK_MPI(call)                                                                     \
+  do {                                                                                         \
+    const int wd_mpi_rc_ = (call);                                                             \
+    if (wd_mpi_rc_ != MPI_SUCCESS) {                                                           \
+      throw ::wd::MpiError(::wd::comm::mpi_error_message(wd_mpi_rc_, #call, __FILE__, __LINE__)); \
+    }                                                                                          \
+  } while (0)

@@ -1,0 +1,40 @@
+// NcclGradientReducer: the student group's gradient average over NCCL, for CUDA parameters.
+// The header is NCCL-free (the communicator hides behind a pointer); the implementation is
+// compiled only with a CUDA LibTorch and NCCL (WD_HAVE_NCCL_TRANSPORT).
+#pragma once
+
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace wd::comm {
+
+/// Same semantics as GradientReducer (transport.hpp): gradients are packed into fp32 buckets of
+/// at most bucket_bytes, allocated once on the parameters' device; one ncclAllReduce per bucket
+/// (all in one NCCL group) on a dedicated stream that waits, by event, for the packing on
+/// torch's current stream; a host wait with deadline (polling the health channel and NCCL's
+/// asynchronous error); then the average is copied back into .grad (a missing grad counts as
+/// zeros and is created). Collective over `students` when made.
+class NcclGradientReducer {
+ public:
+  NcclGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
+                      std::uint64_t bucket_bytes, double timeout_s, int world_rank,
+                      const c10::Device& device);
+  ~NcclGradientReducer();
+  NcclGradientReducer(const NcclGradientReducer&) = delete;
+  NcclGradientReducer& operator=(const NcclGradientReducer&) = delete;
+
+  /// Averages the .grad of every parameter over the student group.
+  void average(std::int64_t step);
+  std::size_t bucket_count() const;
+  double wait_seconds() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wd::comm

@@ -1,0 +1,71 @@
+// What every deadline wait shares, MPI or NCCL: the wait's description, the timeout error, the
+// polling backoff and the health-channel poll. Torch-free, so the NCCL layer can use it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+
+namespace wd::comm {
+
+/// What a wait is for, so a timeout message can name it.
+struct WaitInfo {
+  const char* op;         ///< "recv batch", "send batch", "allreduce grads", ...
+  std::int64_t step;      ///< training step (or sequence number)
+  std::uint64_t bytes;    ///< payload size
+  std::vector<int> peers; ///< world ranks waited for
+  /// peers[i] is the peer of requests[i] (wait_all_with_deadline): a timeout then names only
+  /// the peers whose requests are still pending.
+  bool peer_per_request = false;
+};
+
+/// Raised when a wait passes its deadline; the message names op, step, bytes, this rank and
+/// the peers. `missing()` are the peers that did not answer: the failure handler reports them
+/// as the ranks that stopped answering.
+class TimeoutError : public MpiError {
+ public:
+  TimeoutError(const std::string& what, std::string op, std::int64_t step, std::vector<int> missing)
+      : MpiError(what), op_(std::move(op)), step_(step), missing_(std::move(missing)) {}
+  const std::string& op() const noexcept { return op_; }
+  std::int64_t step() const noexcept { return step_; }
+  const std::vector<int>& missing() const noexcept { return missing_; }
+
+ private:
+  std::string op_;
+  std::int64_t step_;
+  std::vector<int> missing_;
+};
+
+/// Throws the TimeoutError of `info`: "timeout after Ts waiting for <op> of step S (B bytes) on
+/// rank R; waited for rank(s) a,b".
+[[noreturn]] void throw_timeout(const WaitInfo& info, std::chrono::duration<double> timeout,
+                                int my_rank, const std::vector<int>& peers);
+
+/// Polls the health channel (when one is active) and marks this rank as busy in `op`; throws
+/// PeerFailure or Interrupted. Every polling wait calls it once per poll.
+void watch_health(const char* op);
+
+/// World rank of this process, or -1 when MPI is not (or no longer) usable; for messages.
+int current_world_rank() noexcept;
+
+/// Polling cadence shared by every wait: a short spin keeps latency low when the peer is about
+/// to deliver; after that the sleep doubles up to 1 ms so a waiting rank leaves the core to the
+/// ranks that are computing (several ranks share few cores on a laptop or a CI runner).
+class Backoff {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit Backoff(std::chrono::duration<double> timeout);
+  bool expired() const { return Clock::now() >= deadline_; }
+  /// Seconds since the wait began.
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  void pause();
+
+ private:
+  Clock::time_point start_, deadline_;
+  std::chrono::microseconds sleep_{2};
+};
+
+}  // namespace wd::comm
