@@ -3,7 +3,11 @@
 # default and a larger CPU teacher, and prints markdown tables (bench/train_report.py) from each
 # run's summary.json and metrics.jsonl.
 #
-#   bench/bench_train.sh [tiny|large|all]
+#   bench/bench_train.sh [tiny|large|placement|all]
+#
+# `placement` runs the large teacher with one student rank three ways: teacher.placement cpu on
+# one teacher rank, shard over 2 teacher ranks (2 pipeline stages), and stream (host buffers
+# filled ahead by the copy thread), for throughput and per-rank peak RSS.
 #
 # Environment:
 #   WD_BIN      the wan-distill binary (default: build/src/app/wan-distill)
@@ -24,9 +28,9 @@ tiny_steps=${TINY_STEPS:-200}
 large_steps=${LARGE_STEPS:-60}
 
 case "$which" in
-  tiny | large | all) ;;
+  tiny | large | placement | all) ;;
   *)
-    echo "usage: bench/bench_train.sh [tiny|large|all]" >&2
+    echo "usage: bench/bench_train.sh [tiny|large|placement|all]" >&2
     exit 2
     ;;
 esac
@@ -68,7 +72,7 @@ run_job() {
   # metrics.jsonl is appended to by the job: start from an empty one. cache/ (the builtin tiny
   # teacher and data) is kept.
   rm -rf "$dir/metrics.jsonl" "$dir/summary.json" "$dir/student"
-  local cmd=(bash "$repo/launch/mpirun.sh" -np "$np" "$bin" train --run-dir "$dir" "$@")
+  local cmd=(bash "$repo/launch/mpirun.sh" -np "${JOB_NP:-$np}" "$bin" train --run-dir "$dir" "$@")
   commands+=("${cmd[*]}")
   local load_before start end
   load_before=$(cut -d' ' -f1 /proc/loadavg)
@@ -96,6 +100,19 @@ if [[ $which == large || $which == all ]]; then
     --teacher.checkpoint "$large_teacher" --data.path "$large_data" \
     --student.dim 128 --student.num_heads 4 --student.num_layers 2 --student.ffn_dim 256 \
     --train.steps "$large_steps" --train.log_every 5
+fi
+
+if [[ $which == placement ]]; then
+  make_large_assets
+  large=(--teacher.checkpoint "$large_teacher" --data.path "$large_data"
+    --student.dim 128 --student.num_heads 4 --student.num_layers 2 --student.ffn_dim 256
+    --train.steps "$large_steps" --train.log_every 5 --train.eval_samples 8)
+  JOB_NP=2 run_job place-cpu "d512, placement cpu, 1 teacher rank" "dim 128, 1 student" \
+    "${large[@]}" --teacher.placement cpu
+  JOB_NP=3 run_job place-shard "d512, placement shard, 2 stages (blocks 0-3, 4-7)" "dim 128, 1 student" \
+    "${large[@]}" --teacher.placement shard --teacher.ranks 2
+  JOB_NP=2 run_job place-stream "d512, placement stream (host as device), ahead 2" "dim 128, 1 student" \
+    "${large[@]}" --teacher.placement stream
 fi
 
 python3 "$repo/bench/train_report.py" "${dirs[@]}"

@@ -12,12 +12,14 @@
 #include "app/commands.hpp"
 #include "app/failure_handler.hpp"
 #include "app/plan_input.hpp"
+#include "model/wan_experts.hpp"
 #include "app/rank_placement.hpp"
 #include "app/run_config.hpp"
 #include "comm/health.hpp"
 #include "core/fault_injection.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/startup.hpp"
+#include "comm/transport_factory.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "memory/planner.hpp"
@@ -158,6 +160,12 @@ std::uint64_t host_memory_total() {
   return 0;
 }
 
+/// The teacher: one checkpoint, or the two experts of an A14B folder (spec §10).
+WanExperts open_teacher(const RunConfig& cfg) {
+  const auto boundary = cfg.teacher.boundary > 0 ? std::optional<double>(cfg.teacher.boundary) : std::nullopt;
+  return WanExperts::open(cfg.teacher_path(), boundary, cfg.teacher.model_config);
+}
+
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the
 /// config gives or that is detected (rank 0 only; it reads the data set's shapes).
 memory::Placement choose_placement(const RunConfig& cfg, int world) {
@@ -165,7 +173,8 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
     spdlog::info("teacher.placement auto: cpu (this LibTorch has no CUDA, so the teacher computes on the host)");
     return memory::Placement::kCpu;
   }
-  const auto ck = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config);
+  const auto experts = open_teacher(cfg);
+  const auto& ck = experts.expert(0);
   const auto& tc = ck.config();
   data::DatasetExpectations expect;
   expect.latent_channels = tc.in_dim;
@@ -177,6 +186,7 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   ctx.teacher = tc;
   ctx.stored_elem_bytes = static_cast<std::int64_t>(
       c10::elementSize(safetensors_to_scalar_type(ck.info(wan_param_specs(tc).back().name).dtype)));
+  ctx.experts = static_cast<std::int64_t>(experts.size());
   ctx.latent = info.latent_shape;
   ctx.context_len = info.context_len;
   ctx.world = world;
@@ -279,14 +289,21 @@ int run_train(const std::vector<std::string>& args) {
     }
 
     // Every rank maps the teacher checkpoint (cheap) to learn its config; teachers check data.
-    std::optional<WanCheckpoint> ck;
+    std::optional<WanExperts> experts;
+    const WanCheckpoint* ck = nullptr;  // the first expert (the only one of a dense teacher)
     std::optional<data::DatasetInfo> info;
     const bool broadcast = cfg.comm.mode == "broadcast";
     const auto per_replica = cfg.train.batch_size * (broadcast ? 1 : layout.students_per_replica());
     const auto global_batch = per_replica * layout.replicas;
     agreed("checking the teacher, student and data set", cfg, [&] {
-      ck = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config);
-      ck->check();
+      experts = open_teacher(cfg);
+      for (const auto& e : experts->experts()) e.check();
+      ck = &experts->expert(0);
+      if (rank == 0 && experts->two_experts()) {
+        spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {})", experts->path(),
+                     experts->expert_name(WanExperts::kHigh), experts->boundary_timestep(),
+                     experts->expert_name(WanExperts::kLow), experts->boundary());
+      }
       const auto& tc = ck->config();
       WD_CHECK_AS(ConfigError, tc.model_type != "i2v",
                   "teacher " << cfg.teacher_path() << " is an i2v model; its image conditioning "
@@ -401,7 +418,9 @@ int run_train(const std::vector<std::string>& args) {
     // Every student, and the last stage of each teacher replica, is on a teacher -> students link.
     std::unique_ptr<comm::Transport> transport;
     if (groups.link() != MPI_COMM_NULL) {
-      transport = comm::make_mpi_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step());
+      // Students train on the host (no student GPU placement yet), so the link carries host
+      // tensors over MPI; a CUDA teacher's output is brought to the host by the transport.
+      transport = comm::make_transport(groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step(), torch::kCPU);
     }
 
     failure_setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing, cfg.student.precision,
@@ -409,7 +428,8 @@ int run_train(const std::vector<std::string>& args) {
                               cfg.comm.timeout_s,
                               cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()
                                   ? "checkpoints in " + cfg.checkpoint_root() : "",
-                              args};
+                              args, memory::placement_name(placement), layout.teacher_ranks,
+                              layout.stages, cfg.teacher.stream_ahead};
     failure_setup.timeout_s = cfg.comm.timeout_s;
     failure_setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
     failure_setup.teacher_ranks = layout.teacher_ranks;
@@ -443,11 +463,17 @@ int run_train(const std::vector<std::string>& args) {
         spdlog::info("teacher stage {}/{} of replica {}: blocks {}-{} on {}", stage + 1, layout.stages,
                      layout.replica_of(rank), how.blocks.begin, how.blocks.end - 1, how.device.str());
       }
-      std::vector<teacher::StageModel> experts;
-      experts.push_back(teacher::load_stage_model(*ck, how));
-      failure_memory.teacher_weights_bytes = teacher::stage_weight_bytes(experts.front());
+      std::vector<teacher::StageModel> models;
+      for (const auto& e : experts->experts()) {
+        models.push_back(teacher::load_stage_model(e, how));
+        failure_memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
+      }
       device = how.device;
-      teacher::TeacherStage stage_model(std::move(experts), nullptr, how.blocks, plan.feature_blocks);
+      teacher::Router router;
+      if (experts->two_experts()) {
+        router = [&experts](const torch::Tensor& t) { return experts->route(t); };
+      }
+      teacher::TeacherStage stage_model(std::move(models), router, how.blocks, plan.feature_blocks);
       const auto per_stage_spec = [&](int s) {
         return teacher::stage_message_spec(plan, per_replica,
                                            teacher::TeacherStage::features_before(plan.feature_blocks,

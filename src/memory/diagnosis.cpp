@@ -71,6 +71,27 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  bytes(weights), bytes(weights / 2)),
                      {{"teacher.dtype", "bf16"}}});
     }
+    // Where the weights live: fewer of them on the rank that ran out.
+    if (ctx.teacher_placement == "gpu") {
+      out.push_back({fmt::format("{} holds all {} of teacher weights on its GPU: --teacher.placement stream keeps "
+                                 "them in host memory and holds {} blocks on the device",
+                                 who, bytes(weights), ctx.stream_ahead + 1),
+                     {{"teacher.placement", "stream"}}});
+    }
+    if (ctx.teacher_placement == "stream" && ctx.stream_ahead > 1) {
+      out.push_back({fmt::format("--teacher.stream_ahead 1 keeps 2 block buffers on {} instead of {}", who,
+                                 ctx.stream_ahead + 1),
+                     {{"teacher.stream_ahead", "1"}}});
+    }
+    if (ctx.teacher_ranks > ctx.teacher_stages && ctx.teacher_placement != "stream") {
+      out.push_back({fmt::format("--teacher.placement shard --teacher.stages {} splits the blocks over all {} teacher "
+                                 "ranks: about {} of weights per rank instead of {}",
+                                 ctx.teacher_ranks, ctx.teacher_ranks,
+                                 bytes(weights * static_cast<std::uint64_t>(ctx.teacher_stages) /
+                                       static_cast<std::uint64_t>(ctx.teacher_ranks)),
+                                 bytes(weights)),
+                     {{"teacher.placement", "shard"}, {"teacher.stages", std::to_string(ctx.teacher_ranks)}}});
+    }
     if (ctx.batch_size > 1) {
       const auto half = ctx.batch_size / 2;
       const auto accum = ctx.grad_accum * (ctx.batch_size / half);

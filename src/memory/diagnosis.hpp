@@ -36,6 +36,10 @@ struct RemedyContext {
   double timeout_s = 120;
   std::string resume_hint;                   ///< e.g. the newest checkpoint; empty when none
   std::vector<std::string> args;             ///< the words after `wan-distill train`
+  std::string teacher_placement = "cpu";     ///< as resolved (never auto)
+  int teacher_ranks = 1;
+  int teacher_stages = 1;
+  int stream_ahead = 2;
 };
 
 /// Everything the diagnosis reports.

@@ -130,7 +130,7 @@ WanExperts WanExperts::from_checkpoints(std::vector<WanCheckpoint> experts,
     if (!boundary && !fallback) {
       throw ConfigError("boundary of the two-expert checkpoint " + path +
                         " is not set: model_type(" + type +
-                        ") has no Wan 2.2 default (t2v 0.875, i2v 0.9); set the boundary "
+                        ") has no Wan 2.2 default (t2v 0.875, i2v 0.9); set teacher.boundary "
                         "explicitly (0 < boundary < 1)");
     }
     out.boundary_ = boundary ? *boundary : *fallback;

@@ -27,6 +27,9 @@ struct TeacherConfig {
   /// `auto`: memory to plan with; empty = detected (cudaMemGetInfo, /proc/meminfo).
   std::string gpu_memory;
   std::string host_memory;
+  /// A14B two-expert teacher: the high-noise expert serves t >= boundary·1000; 0 = the
+  /// model_type's default (t2v 0.875, i2v 0.9).
+  double boundary = 0;
 
   void bind(OptionTable& t) {
     t.bind("teacher.checkpoint", checkpoint,
@@ -47,7 +50,10 @@ struct TeacherConfig {
         .bind("teacher.stream_ahead", stream_ahead, "stream: blocks copied ahead of the computing one")
         .bind("teacher.device", device, "device of gpu/stream/shard; empty = cuda:<local rank mod GPUs>")
         .bind("teacher.gpu_memory", gpu_memory, "auto: GPU memory to plan with (e.g. 80GiB); empty = detect")
-        .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect");
+        .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect")
+        .bind("teacher.boundary", boundary,
+              "two-expert (A14B) teacher: high-noise expert for t >= boundary*1000; 0 = the model's "
+              "default (t2v 0.875, i2v 0.9)");
   }
   void validate(ConfigProblems& p) const {
     p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",
@@ -63,6 +69,8 @@ struct TeacherConfig {
                 placement);
     p.check(shard_map.empty() || placement == "shard",
             "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + placement);
+    p.check(boundary == 0 || (boundary > 0 && boundary < 1),
+            "teacher.boundary(" + std::to_string(boundary) + ") must be 0 (the default) or in (0, 1)");
     p.check(stream_ahead >= 1 && stream_ahead <= 8,
             "teacher.stream_ahead(" + std::to_string(stream_ahead) + ") must be in 1..8");
   }

@@ -1,8 +1,10 @@
 // teacher.placement launched for real under mpirun: shard (pipeline stages on separate ranks,
 // one or two replicas) and stream give the same training as the resident teacher, bit for bit;
-// bad shard maps stop every rank before training; a failing stage stops the whole job.
+// a two-expert teacher routes per sample and shards alike; bad shard maps stop every rank
+// before training; a failing stage stops the whole job.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -107,6 +109,34 @@ TEST(Placement, StreamTrainsExactlyLikeTheResidentTeacher) {
                                            " --teacher.placement stream --teacher.stream_ahead 1");
   ASSERT_EQ(r.code, 0) << r.output;
   expect_same_training(ref, dir);
+}
+
+TEST(Placement, TwoExpertTeacherRoutesBySampleAndShardsAlike) {
+  reference(1);  // makes the shared data set
+  const auto experts = root() / "experts";
+  const std::string make = std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --dtype bf16 --seed 3 --output " +
+                           experts.string() + " --log.level warn";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  const auto data = " --data.path " + (root() / "cpu" / "cache" / "tiny-data.h5").string();
+  const auto pair = root() / "moe-cpu";
+  const auto r = test::launch_train(3, "--run-dir " + pair.string() + " --teacher.checkpoint " + experts.string() +
+                                           data + kCommon + " --teacher.placement cpu --log.level info");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("two experts, high_noise_model for t >= 875 and low_noise_model below"), std::string::npos)
+      << r.output;
+  // The same pair split over two stages: bit for bit the same training.
+  const auto sharded = root() / "moe-shard";
+  const auto s = test::launch_train(4, "--run-dir " + sharded.string() + " --teacher.checkpoint " + experts.string() +
+                                           data + kCommon + " --teacher.placement shard --teacher.ranks 2");
+  ASSERT_EQ(s.code, 0) << s.output;
+  expect_same_training(pair, sharded);
+  // The low-noise expert alone teaches differently: the high-noise one served some samples.
+  const auto low = root() / "moe-low-only";
+  const auto l = test::launch_train(3, "--run-dir " + low.string() + " --teacher.checkpoint " +
+                                           (experts / "low_noise_model").string() + data + kCommon +
+                                           " --teacher.placement cpu");
+  ASSERT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(losses(pair), losses(low));
 }
 
 TEST(Placement, BadShardMapStopsEveryRankBeforeTraining) {

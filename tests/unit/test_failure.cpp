@@ -150,6 +150,23 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
   const auto teacher = memory::compute_remedies(in);
   EXPECT_TRUE(test::contains(teacher[0].text, "--teacher.dtype bf16 frees 1000.00 MiB")) << teacher[0].text;
 
+  // Placements: a GPU-resident teacher is offered streaming, two replicas a 2-stage shard.
+  in.context.teacher_dtype = "bf16";
+  in.context.teacher_placement = "gpu";
+  in.context.teacher_ranks = 2;
+  const auto placed = memory::compute_remedies(in);
+  ASSERT_GE(placed.size(), 2u);
+  EXPECT_TRUE(test::contains(placed[0].text, "--teacher.placement stream keeps them in host memory and holds 3 blocks"))
+      << placed[0].text;
+  EXPECT_EQ(placed[0].changes, (std::vector<std::pair<std::string, std::string>>{{"teacher.placement", "stream"}}));
+  EXPECT_TRUE(test::contains(placed[1].text, "about 1000.00 MiB of weights per rank instead of 1.95 GiB"))
+      << placed[1].text;
+  EXPECT_EQ(placed[1].changes, (std::vector<std::pair<std::string, std::string>>{{"teacher.placement", "shard"},
+                                                                                  {"teacher.stages", "2"}}));
+  in.context.teacher_placement = "stream";
+  EXPECT_EQ(memory::compute_remedies(in)[0].changes,
+            (std::vector<std::pair<std::string, std::string>>{{"teacher.stream_ahead", "1"}}));
+
   in.kind = FailureKind::kNumerical;
   in.failed_role = Role::kStudent;
   in.context.lr = 2e-4;
