@@ -276,6 +276,9 @@ int run_train(const std::vector<std::string>& args) {
       if (rank != 0) return;
       const auto p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
                                                      : teacher::parse_placement(cfg.teacher.placement);
+      // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
+      // job here, before anything is loaded.
+      static_cast<void>(teacher::teacher_device(cfg.teacher, p, 0));
       chosen[0] = static_cast<std::int64_t>(p);
     });
     comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");

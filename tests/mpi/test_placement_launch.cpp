@@ -139,6 +139,19 @@ TEST(Placement, TwoExpertTeacherRoutesBySampleAndShardsAlike) {
   EXPECT_NE(losses(pair), losses(low));
 }
 
+TEST(Placement, ShardedJobStopsForARequeueAndResumesExactly) {
+  const auto& ref = reference(1);
+  const auto dir = root() / "shard-requeue";
+  const auto args = "--run-dir " + dir.string() + cache_args() + kCommon +
+                    " --teacher.placement shard --teacher.ranks 2";
+  // SIGUSR1 on a student: every stage and student stops after the same step, with a checkpoint.
+  const auto stop = test::launch_train(4, args + " --inject-fault sigusr1@student:0:5", 120, 8);
+  ASSERT_EQ(stop.code, 75) << stop.output;
+  const auto resumed = test::launch_train(4, args + " --resume auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  expect_same_training(ref, dir);
+}
+
 TEST(Placement, BadShardMapStopsEveryRankBeforeTraining) {
   const auto dir = root() / "bad-map";
   const auto r = test::launch_train(4, "--run-dir " + dir.string() + cache_args() + kCommon +
@@ -147,6 +160,17 @@ TEST(Placement, BadShardMapStopsEveryRankBeforeTraining) {
   EXPECT_NE(r.output.find("teacher.shard_map(0-1,3-3): range '3-3' starts at 3, not 2"), std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir / "metrics.jsonl") && !losses(dir).empty()) << "training started";
+}
+
+TEST(Placement, GpuPlacementWithoutCudaIsRefusedBeforeTraining) {
+  const auto dir = root() / "gpu";
+  const auto r = test::launch_train(3, "--run-dir " + dir.string() + cache_args() + kCommon + " --teacher.placement gpu");
+  if (r.output.find("this LibTorch has no CUDA") == std::string::npos && r.code == 0) {
+    GTEST_SKIP() << "this build has CUDA";
+  }
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("teacher.placement(gpu) needs a CUDA build of LibTorch"), std::string::npos) << r.output;
+  EXPECT_EQ(test::count_of(r.output, "needs a CUDA build"), 1) << "one rank explains:\n" << r.output;
 }
 
 TEST(Placement, TooManyStagesForTheBlocksIsAConfigError) {
