@@ -37,6 +37,14 @@ endif()
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND)
   set(WD_CUDA_SUMMARY "${CUDAToolkit_VERSION} (${CUDAToolkit_BIN_DIR})")
+  # The CUDA runtime our own CUDA code links. A CUDA LibTorch loads the shared cudart: one
+  # runtime per process, so use the same one. Without it, the static runtime keeps the CPU
+  # build free of a libcudart.so dependency.
+  if(WD_TORCH_HAS_CUDA)
+    set(WD_CUDART CUDA::cudart)
+  else()
+    set(WD_CUDART CUDA::cudart_static)
+  endif()
 else()
   set(WD_CUDA_SUMMARY "not found")
 endif()

@@ -1,9 +1,11 @@
-// The WD_CHECK_MPI macro and its message formatter. Torch-free, for the NCCL layer too.
+// The WD_CHECK_MPI macro, its message formatter, and the world ranks of a communicator.
+// Torch-free, for the NCCL layer too.
 #pragma once
 
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "core/errors.hpp"
 
@@ -11,6 +13,9 @@ namespace wd::comm {
 
 /// Formats a failed MPI call: "<call> failed: <MPI error string> (rank R, at file:line)".
 std::string mpi_error_message(int code, const char* call, const char* file, int line);
+
+/// World ranks of the members of `comm`, in communicator order.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 
 }  // namespace wd::comm
 

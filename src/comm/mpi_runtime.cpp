@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <thread>
 
 namespace wd::comm {
@@ -26,11 +25,22 @@ std::string mpi_error_message(int code, const char* call, const char* file, int 
   } else {
     reason = "MPI error code " + std::to_string(code);
   }
-  const int rank = current_world_rank();
-  const char* base = std::strrchr(file, '/');
-  return std::string(call) + " failed: " + reason + " (rank " +
-         (rank >= 0 ? std::to_string(rank) : std::string("?")) + ", at " +
-         (base ? base + 1 : file) + ":" + std::to_string(line) + ")";
+  return std::string(call) + " failed: " + reason + " " + call_site(file, line);
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 0;
+  WD_CHECK_MPI(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  WD_CHECK_MPI(MPI_Comm_group(comm, &group));
+  WD_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> local(static_cast<std::size_t>(size)), out(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) local[static_cast<std::size_t>(i)] = i;
+  const int rc = MPI_Group_translate_ranks(group, size, local.data(), world, out.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  WD_CHECK_MPI(rc);
+  return out;
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {

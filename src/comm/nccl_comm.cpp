@@ -24,25 +24,6 @@ std::string rank_text() {
   return rank >= 0 ? std::to_string(rank) : std::string("?");
 }
 
-std::string location(const char* file, int line) {
-  const char* base = std::strrchr(file, '/');
-  return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
-}
-
-/// World ranks of the members of `comm`, in communicator order.
-std::vector<int> world_ranks_of(MPI_Comm comm, int size) {
-  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  WD_CHECK_MPI(MPI_Comm_group(comm, &group));
-  WD_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
-  std::vector<int> local(static_cast<std::size_t>(size)), out(static_cast<std::size_t>(size));
-  for (int i = 0; i < size; ++i) local[static_cast<std::size_t>(i)] = i;
-  const int rc = MPI_Group_translate_ranks(group, size, local.data(), world, out.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
-  WD_CHECK_MPI(rc);
-  return out;
-}
-
 }  // namespace
 
 std::string nccl_error_message(ncclResult_t rc, const char* call, const char* file, int line,
@@ -51,12 +32,7 @@ std::string nccl_error_message(ncclResult_t rc, const char* call, const char* fi
   // The last error carries NCCL's own detail ("Cuda failure 'out of memory'", a socket error).
   const char* last = ncclGetLastError(comm);
   if (last && *last) text += std::string(" [") + last + "]";
-  return text + " (rank " + rank_text() + ", at " + location(file, line) + ")";
-}
-
-std::string cuda_error_message(cudaError_t rc, const char* call, const char* file, int line) {
-  return std::string(call) + " failed: " + cudaGetErrorString(rc) + " (" + cudaGetErrorName(rc) +
-         ") (rank " + rank_text() + ", at " + location(file, line) + ")";
+  return text + " " + call_site(file, line);
 }
 
 int visible_cuda_devices() noexcept {
@@ -143,7 +119,7 @@ NcclComm::NcclComm(MPI_Comm comm, int device, double timeout_s)
                                                                << " from MPI_COMM_NULL");
   WD_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
   WD_CHECK_MPI(MPI_Comm_size(comm, &size_));
-  world_ranks_ = world_ranks_of(comm, size_);
+  world_ranks_ = world_ranks_of(comm);
 
   // Every rank checks its GPU first and all agree on the verdict, so a rank without one stops
   // the others at once instead of leaving them to time out waiting for the unique id.

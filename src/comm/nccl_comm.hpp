@@ -1,5 +1,5 @@
 // NcclComm (RAII NCCL communicator made over MPI), CudaStream and CudaEvent owners, the
-// WD_CHECK_NCCL / WD_CHECK_CUDA macros and the NCCL deadline wait. Torch-free: compiled whenever
+// WD_CHECK_NCCL macro (WD_CHECK_CUDA is in cuda_check.hpp) and the NCCL deadline wait. Torch-free: compiled whenever
 // the CUDA toolkit and NCCL are found (WD_HAVE_NCCL), whatever LibTorch was built with.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/cuda_check.hpp"
 #include "comm/wait.hpp"
 #include "core/errors.hpp"
 
@@ -22,9 +23,6 @@ namespace wd::comm {
 /// (rank R, at file:line)". `comm` may be null.
 std::string nccl_error_message(ncclResult_t rc, const char* call, const char* file, int line,
                                ncclComm_t comm = nullptr);
-/// Formats a failed CUDA runtime call: "<call> failed: <cudaGetErrorString> (<name>) (rank R,
-/// at file:line)".
-std::string cuda_error_message(cudaError_t rc, const char* call, const char* file, int line);
 
 }  // namespace wd::comm
 
@@ -38,15 +36,6 @@ std::string cuda_error_message(cudaError_t rc, const char* call, const char* fil
     }                                                                                           \
   } while (0)
 
-/// Throws wd::CudaError naming the call, CUDA's error string, the rank and file:line.
-#define WD_CHECK_CUDA(call)                                                                     \
-  do {                                                                                          \
-    const cudaError_t wd_cuda_rc_ = (call);                                                     \
-    if (wd_cuda_rc_ != cudaSuccess) {                                                           \
-      throw ::wd::CudaError(                                                                    \
-          ::wd::comm::cuda_error_message(wd_cuda_rc_, #call, __FILE__, __LINE__));              \
-    }                                                                                           \
-  } while (0)
 
 namespace wd::comm {
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 
+#include "comm/grad_buckets.hpp"
 #include "comm/nccl_comm.hpp"
 
 namespace wd::comm {
@@ -17,11 +18,6 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 struct NcclGradientReducer::Impl {
-  struct Bucket {
-    std::vector<std::size_t> params;  ///< indices into params
-    torch::Tensor flat;               ///< fp32, on the device
-  };
-
   Impl(MPI_Comm students, std::vector<torch::Tensor> parameters, std::uint64_t bucket_bytes,
        double timeout_s, int world_rank, const c10::Device& device)
       : params(std::move(parameters)),
@@ -36,33 +32,15 @@ struct NcclGradientReducer::Impl {
     WD_CHECK_AS(ConfigError, device.is_cuda(),
                 "NcclGradientReducer averages CUDA gradients; rank " << world_rank << " has "
                                                                      << device.str());
-    // Buckets follow parameter order, the same on every student, so bucket b lines up.
-    Bucket current;
-    std::uint64_t current_bytes = 0;
-    std::int64_t current_numel = 0;
-    const auto options = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index);
-    auto close = [&] {
-      if (current.params.empty()) return;
-      current.flat = torch::zeros({current_numel}, options);
-      buckets.push_back(std::move(current));
-      current = Bucket{};
-      current_bytes = 0;
-      current_numel = 0;
-    };
     for (std::size_t i = 0; i < params.size(); ++i) {
       WD_CHECK(params[i].defined(), "parameter " << i << " given to the gradient reducer is undefined");
       WD_CHECK(params[i].device() == torch::Device(torch::kCUDA, index),
                "parameter " << i << " is on " << params[i].device().str()
                             << "; the NCCL reducer of rank " << world_rank << " works on cuda:"
                             << static_cast<int>(index));
-      const std::int64_t numel = params[i].numel();
-      const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * sizeof(float);
-      if (!current.params.empty() && current_bytes + bytes > bucket_bytes) close();
-      current.params.push_back(i);
-      current_bytes += bytes;
-      current_numel += numel;
     }
-    close();
+    buckets = make_grad_buckets(params, bucket_bytes,
+                                torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index));
     comm.emplace(students, index, timeout_s);
     group_size = comm->size();
     for (int r = 0; r < comm->size(); ++r) {
@@ -75,25 +53,14 @@ struct NcclGradientReducer::Impl {
     const c10::cuda::CUDAGuard guard(index);
     const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(index).stream();
     std::uint64_t total_bytes = 0;
-    for (Bucket& bucket : buckets) {
-      std::int64_t offset = 0;
-      for (const std::size_t i : bucket.params) {
-        const torch::Tensor& p = params[i];
-        auto slice = bucket.flat.narrow(0, offset, p.numel());
-        const torch::Tensor& grad = p.grad();
-        if (grad.defined()) {
-          slice.copy_(grad.reshape({-1}));
-        } else {
-          slice.zero_();
-        }
-        offset += p.numel();
-      }
+    for (GradBucket& bucket : buckets) {
+      pack_grads(params, bucket);
       total_bytes += static_cast<std::uint64_t>(bucket.flat.numel()) * sizeof(float);
     }
     packed.record(compute);
     packed.block(stream.get());
     comm->group_start();
-    for (Bucket& bucket : buckets) {
+    for (GradBucket& bucket : buckets) {
       comm->all_reduce_sum(bucket.flat.data_ptr<float>(),
                            static_cast<std::size_t>(bucket.flat.numel()), stream.get());
     }
@@ -108,21 +75,7 @@ struct NcclGradientReducer::Impl {
     }
     waited += std::chrono::duration<double>(Clock::now() - begin).count();
     done.block(compute);
-    for (Bucket& bucket : buckets) {
-      bucket.flat.div_(static_cast<double>(group_size));
-      std::int64_t offset = 0;
-      for (const std::size_t i : bucket.params) {
-        torch::Tensor& p = params[i];
-        const auto slice = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        torch::Tensor& grad = p.mutable_grad();
-        if (grad.defined()) {
-          grad.copy_(slice);
-        } else {
-          grad = slice.to(p.options(), /*non_blocking=*/false, /*copy=*/true);
-        }
-        offset += p.numel();
-      }
-    }
+    for (GradBucket& bucket : buckets) unpack_grads(params, bucket, group_size);
   }
 
   std::vector<torch::Tensor> params;
@@ -136,7 +89,7 @@ struct NcclGradientReducer::Impl {
   CudaStream stream;
   CudaEvent packed;  ///< on the compute stream, after the buckets are filled
   CudaEvent done;    ///< on the comm stream, after the all-reduce
-  std::vector<Bucket> buckets;
+  std::vector<GradBucket> buckets;
   std::optional<NcclComm> comm;
   double waited = 0;
 };

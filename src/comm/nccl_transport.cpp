@@ -21,25 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string names_of(const TensorDict& dict) {
-  std::string out;
-  for (const auto& [name, tensor] : dict) out += (out.empty() ? "" : ", ") + name;
-  return out.empty() ? "(none)" : out;
-}
-
-/// FNV-1a over names, dtypes and shapes: teacher and student compare it before NCCL starts,
-/// because NCCL has no header to catch a size mismatch (it would hang or corrupt instead).
-std::int64_t spec_hash(const MessageSpec& spec) {
-  std::string text;
-  for (const auto& t : spec.tensors)
-    text += t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + format_shape(t.shape) + ";";
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return static_cast<std::int64_t>(h >> 1);
-}
+/// The spec's hash as the signed integer broadcast_ints carries. NCCL has no header to catch a
+/// size mismatch (it would hang or corrupt instead), so the ends compare it before NCCL starts.
+std::int64_t spec_hash(const MessageSpec& spec) { return static_cast<std::int64_t>(spec.hash() >> 1); }
 
 /// Typed views of one message inside a flat uint8 device buffer. The views share the buffer's
 /// storage, so they keep it alive; 64-byte aligned offsets make the dtype reinterpretation valid.
@@ -72,8 +56,7 @@ struct LinkSetup {
         timeout(config.timeout_s),
         first_step(first),
         end_step(end),
-        slots(static_cast<std::size_t>(std::max<std::int64_t>(
-            1, std::min<std::int64_t>(config.prefetch_depth, end - first)))),
+        slots(ring_slots(config.prefetch_depth, first, end)),
         options(torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index)) {
     WD_CHECK(end >= first, "transport steps [" << first << ", " << end << ") are empty backwards");
     WD_CHECK(groups.link() != MPI_COMM_NULL,
@@ -236,23 +219,9 @@ class NcclTeacherTransport final : public Transport {
             const std::string& who) {
     torch::NoGradGuard no_grad;
     const c10::cuda::CUDAGuard guard(s_.index);
-    for (const auto& [name, tensor] : dict) {
-      const bool known = std::any_of(s_.spec.tensors.begin(), s_.spec.tensors.end(),
-                                     [&](const TensorSpec& t) { return t.name == name; });
-      WD_CHECK(known, "message for " << who << " of step " << step << " has tensor '" << name
-                                     << "', which the message spec lacks");
-    }
+    check_message(s_.spec, dict, step, who);
     for (std::size_t i = 0; i < s_.spec.tensors.size(); ++i) {
-      const auto& t = s_.spec.tensors[i];
-      const auto it = dict.find(t.name);
-      WD_CHECK(it != dict.end(), "message for " << who << " of step " << step << " lacks tensor '"
-                                                << t.name << "' (it has: " << names_of(dict) << ")");
-      WD_CHECK(it->second.defined(),
-               "tensor '" << t.name << "' for " << who << " of step " << step << " is undefined");
-      WD_CHECK(it->second.sizes() == c10::IntArrayRef(t.shape),
-               "tensor '" << t.name << "' for " << who << " of step " << step << ": expected shape "
-                          << format_shape(t.shape) << ", got " << format_shape(it->second.sizes()));
-      slot.views[message][i].copy_(it->second, /*non_blocking=*/true);
+      slot.views[message][i].copy_(dict.at(s_.spec.tensors[i].name), /*non_blocking=*/true);
     }
   }
 

@@ -52,21 +52,6 @@ std::string names_of(const MessageSpec& spec) {
   return out.empty() ? "(none)" : out;
 }
 
-/// FNV-1a over a textual description of the spec.
-std::uint64_t spec_hash(const MessageSpec& spec) {
-  std::string text;
-  for (const auto& t : spec.tensors) {
-    text +=
-        t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + format_shape(t.shape) + ";";
-  }
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 int checked_count(std::uint64_t bytes, const char* what) {
   WD_CHECK(
       bytes <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()),
@@ -109,12 +94,11 @@ struct LinkBase {
         offsets(spec.offsets()),
         payload(spec.bytes()),
         message_bytes(sizeof(WireHeader) + payload),
-        hash(spec_hash(spec)),
+        hash(spec.hash()),
         timeout(config.timeout_s),
         first_step(first),
         end_step(end),
-        slots(static_cast<std::size_t>(std::max<std::int64_t>(
-            1, std::min<std::int64_t>(config.prefetch_depth, end - first)))) {
+        slots(ring_slots(config.prefetch_depth, first, end)) {
     WD_CHECK(end >= first, "transport steps [" << first << ", " << end << ") are empty backwards");
     checked_count(message_bytes, "a batch message");
   }
@@ -264,26 +248,10 @@ class MpiTeacherTransport final : public Transport {
   void pack(Slot& slot, std::size_t message, std::int64_t step, const TensorDict& dict,
             const std::string& who) {
     torch::NoGradGuard no_grad;
-    for (const auto& [name, tensor] : dict) {
-      const bool known = std::any_of(base_.spec.tensors.begin(), base_.spec.tensors.end(),
-                                     [&](const TensorSpec& t) { return t.name == name; });
-      WD_CHECK(known, "message for " << who << " of step " << step << " has tensor '" << name
-                                     << "', which the message spec lacks (spec: "
-                                     << names_of(base_.spec) << ")");
-    }
+    check_message(base_.spec, dict, step, who);
     for (std::size_t i = 0; i < base_.spec.tensors.size(); ++i) {
-      const auto& t = base_.spec.tensors[i];
-      const auto it = dict.find(t.name);
-      WD_CHECK(it != dict.end(), "message for " << who << " of step " << step << " lacks tensor '"
-                                                << t.name << "' (it has: " << names_of(dict)
-                                                << ")");
-      WD_CHECK(it->second.defined(),
-               "tensor '" << t.name << "' for " << who << " of step " << step << " is undefined");
-      WD_CHECK(it->second.sizes() == c10::IntArrayRef(t.shape),
-               "tensor '" << t.name << "' for " << who << " of step " << step << ": expected shape "
-                          << format_shape(t.shape) << ", got " << format_shape(it->second.sizes()));
       // copy_ converts to the spec dtype and brings device tensors to the host.
-      slot.views[message][i].copy_(it->second);
+      slot.views[message][i].copy_(dict.at(base_.spec.tensors[i].name));
     }
     write_header(slot.buffer.data_ptr<std::uint8_t>() + message * base_.message_bytes, step,
                  base_.payload, base_.hash);
@@ -527,6 +495,41 @@ std::uint64_t MessageSpec::bytes() const {
   return total;
 }
 
+std::uint64_t MessageSpec::hash() const {
+  std::string text;
+  for (const auto& t : tensors) {
+    text += t.name + ":" + std::to_string(static_cast<int>(t.dtype)) + ":" + format_shape(t.shape) + ";";
+  }
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+void check_message(const MessageSpec& spec, const TensorDict& dict, std::int64_t step, const std::string& who) {
+  for (const auto& [name, tensor] : dict) {
+    const bool known = std::any_of(spec.tensors.begin(), spec.tensors.end(),
+                                   [&](const TensorSpec& t) { return t.name == name; });
+    WD_CHECK(known, "message for " << who << " of step " << step << " has tensor '" << name
+                                   << "', which the message spec lacks (spec: " << names_of(spec) << ")");
+  }
+  for (const auto& t : spec.tensors) {
+    const auto it = dict.find(t.name);
+    WD_CHECK(it != dict.end(), "message for " << who << " of step " << step << " lacks tensor '" << t.name
+                                              << "' (it has: " << names_of(dict) << ")");
+    WD_CHECK(it->second.defined(), "tensor '" << t.name << "' for " << who << " of step " << step << " is undefined");
+    WD_CHECK(it->second.sizes() == c10::IntArrayRef(t.shape),
+             "tensor '" << t.name << "' for " << who << " of step " << step << ": expected shape "
+                        << format_shape(t.shape) << ", got " << format_shape(it->second.sizes()));
+  }
+}
+
+std::size_t ring_slots(int prefetch_depth, std::int64_t first, std::int64_t end) {
+  return static_cast<std::size_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(prefetch_depth, end - first)));
+}
+
 const torch::Tensor& Message::at(const std::string& name) const {
   const auto it = tensors.find(name);
   if (it == tensors.end()) {
@@ -594,44 +597,14 @@ GradientReducer::GradientReducer(MPI_Comm students, std::vector<torch::Tensor> p
   WD_CHECK(comm_ != MPI_COMM_NULL,
            "gradient reduction runs in the student group; rank " << world_rank << " is not in it");
   WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
-  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  WD_CHECK_MPI(MPI_Comm_group(comm_, &group));
-  WD_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
-  std::vector<int> local(static_cast<std::size_t>(group_size_));
-  for (int i = 0; i < group_size_; ++i) local[static_cast<std::size_t>(i)] = i;
-  peers_.resize(local.size());
-  const int rc = MPI_Group_translate_ranks(group, group_size_, local.data(), world, peers_.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
-  WD_CHECK_MPI(rc);
+  peers_ = world_ranks_of(comm_);
   // A timeout names the others: this rank is evidently still here.
   peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank), peers_.end());
 
-  // Buckets follow parameter order, which is the same on every student, so bucket b holds the
-  // same parameters everywhere and one all-reduce per bucket lines up across ranks.
-  Bucket current;
-  std::uint64_t current_bytes = 0;
-  std::int64_t current_numel = 0;
-  auto close = [&] {
-    if (current.params.empty()) return;
-    checked_count(static_cast<std::uint64_t>(current_numel), "a gradient bucket's element count");
-    current.flat = torch::zeros({current_numel}, torch::kFloat);
-    buckets_.push_back(std::move(current));
-    current = Bucket{};
-    current_bytes = 0;
-    current_numel = 0;
-  };
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    WD_CHECK(params_[i].defined(),
-             "parameter " << i << " given to the gradient reducer is undefined");
-    const std::int64_t numel = params_[i].numel();
-    const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * sizeof(float);
-    if (!current.params.empty() && current_bytes + bytes > bucket_bytes) close();
-    current.params.push_back(i);
-    current_bytes += bytes;
-    current_numel += numel;
+  buckets_ = make_grad_buckets(params_, bucket_bytes, torch::kFloat);
+  for (const auto& bucket : buckets_) {
+    checked_count(static_cast<std::uint64_t>(bucket.flat.numel()), "a gradient bucket's element count");
   }
-  close();
 }
 
 void GradientReducer::average(std::int64_t step) {
@@ -640,19 +613,8 @@ void GradientReducer::average(std::int64_t step) {
   std::uint64_t total_bytes = 0;
   // Each bucket's all-reduce starts as soon as it is packed, overlapping the next bucket's copy.
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    std::int64_t offset = 0;
-    for (const std::size_t i : bucket.params) {
-      const torch::Tensor& p = params_[i];
-      auto slice = bucket.flat.narrow(0, offset, p.numel());
-      const torch::Tensor& grad = p.grad();
-      if (grad.defined()) {
-        slice.copy_(grad.reshape({-1}));
-      } else {
-        slice.zero_();
-      }
-      offset += p.numel();
-    }
+    GradBucket& bucket = buckets_[b];
+    pack_grads(params_, bucket);
     total_bytes += static_cast<std::uint64_t>(bucket.flat.numel()) * sizeof(float);
     WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket.flat.data_ptr<float>(),
                                 static_cast<int>(bucket.flat.numel()), MPI_FLOAT, MPI_SUM, comm_,
@@ -665,26 +627,12 @@ void GradientReducer::average(std::int64_t step) {
   } catch (...) {
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
     // The all-reduce is abandoned, not finished: MPI may still write into the buckets.
-    for (const Bucket& bucket : buckets_) keep_until_exit(bucket.flat);
+    for (const GradBucket& bucket : buckets_) keep_until_exit(bucket.flat);
     throw;
   }
   wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 
-  for (Bucket& bucket : buckets_) {
-    bucket.flat.div_(static_cast<double>(group_size_));
-    std::int64_t offset = 0;
-    for (const std::size_t i : bucket.params) {
-      torch::Tensor& p = params_[i];
-      const auto slice = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
-      torch::Tensor& grad = p.mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(slice);
-      } else {
-        grad = slice.to(p.options(), /*non_blocking=*/false, /*copy=*/true);
-      }
-      offset += p.numel();
-    }
-  }
+  for (GradBucket& bucket : buckets_) unpack_grads(params_, bucket, group_size_);
 }
 
 }  // namespace wd::comm

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/grad_buckets.hpp"
 #include "comm/process_groups.hpp"
 #include "core/config.hpp"
 
@@ -46,10 +47,19 @@ struct MessageSpec {
   std::uint64_t bytes() const;
   /// Byte offset of each tensor within the payload, in `tensors` order.
   std::vector<std::uint64_t> offsets() const;
+  /// FNV-1a over names, dtypes and shapes: the two ends of a stream compare it to catch drift.
+  std::uint64_t hash() const;
 };
 
 /// Named tensors of one message.
 using TensorDict = std::map<std::string, torch::Tensor>;
+
+/// Throws wd::Error unless `dict` holds exactly the spec's tensors, each defined and of the
+/// spec's shape; the message names `who` it is for and the step.
+void check_message(const MessageSpec& spec, const TensorDict& dict, std::int64_t step, const std::string& who);
+
+/// Slots of a stream's ring: comm.prefetch_depth, at least one, at most the steps [first, end).
+std::size_t ring_slots(int prefetch_depth, std::int64_t first, std::int64_t end);
 
 /// A received message: tensors view a ring slot and stay valid until `release(step)`.
 struct Message {
@@ -112,13 +122,9 @@ class GradientReducer {
   double wait_seconds() const { return wait_seconds_; }
 
  private:
-  struct Bucket {
-    std::vector<std::size_t> params;  ///< indices into params_
-    torch::Tensor flat;               ///< fp32 buffer
-  };
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
-  std::vector<Bucket> buckets_;
+  std::vector<GradBucket> buckets_;
   std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages
   int group_size_ = 1;
   double timeout_s_;

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -58,6 +59,13 @@ int current_world_rank() noexcept {
   int rank = -1;
   if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS) return -1;
   return rank;
+}
+
+std::string call_site(const char* file, int line) {
+  const int rank = current_world_rank();
+  const char* base = std::strrchr(file, '/');
+  return "(rank " + (rank >= 0 ? std::to_string(rank) : std::string("?")) + ", at " + (base ? base + 1 : file) +
+         ":" + std::to_string(line) + ")";
 }
 
 Backoff::Backoff(std::chrono::duration<double> timeout)

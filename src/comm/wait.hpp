@@ -51,6 +51,10 @@ void watch_health(const char* op);
 /// World rank of this process, or -1 when MPI is not (or no longer) usable; for messages.
 int current_world_rank() noexcept;
 
+/// "(rank R, at file.cpp:line)": where a failed MPI, NCCL or CUDA call was made (R is "?"
+/// outside MPI), the tail of every WD_CHECK_* message.
+std::string call_site(const char* file, int line);
+
 /// Polling cadence shared by every wait: a short spin keeps latency low when the peer is about
 /// to deliver; after that the sleep doubles up to 1 ms so a waiting rank leaves the core to the
 /// ranks that are computing (several ranks share few cores on a laptop or a CI runner).

@@ -1,0 +1,66 @@
+// Packing gradients into fp32 buckets and back.
+#include "comm/grad_buckets.hpp"
+
+#include "core/errors.hpp"
+
+namespace wd::comm {
+
+std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
+                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options) {
+  std::vector<GradBucket> buckets;
+  GradBucket current;
+  std::uint64_t current_bytes = 0;
+  std::int64_t current_numel = 0;
+  const auto close = [&] {
+    if (current.params.empty()) return;
+    current.flat = torch::zeros({current_numel}, options);
+    buckets.push_back(std::move(current));
+    current = GradBucket{};
+    current_bytes = 0;
+    current_numel = 0;
+  };
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    WD_CHECK(params[i].defined(), "parameter " << i << " given to the gradient reducer is undefined");
+    const std::int64_t numel = params[i].numel();
+    const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * sizeof(float);
+    if (!current.params.empty() && current_bytes + bytes > bucket_bytes) close();
+    current.params.push_back(i);
+    current_bytes += bytes;
+    current_numel += numel;
+  }
+  close();
+  return buckets;
+}
+
+void pack_grads(const std::vector<torch::Tensor>& params, GradBucket& bucket) {
+  std::int64_t offset = 0;
+  for (const std::size_t i : bucket.params) {
+    const torch::Tensor& p = params[i];
+    auto slice = bucket.flat.narrow(0, offset, p.numel());
+    const torch::Tensor& grad = p.grad();
+    if (grad.defined()) {
+      slice.copy_(grad.reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    offset += p.numel();
+  }
+}
+
+void unpack_grads(std::vector<torch::Tensor>& params, GradBucket& bucket, int group_size) {
+  bucket.flat.div_(static_cast<double>(group_size));
+  std::int64_t offset = 0;
+  for (const std::size_t i : bucket.params) {
+    torch::Tensor& p = params[i];
+    const auto slice = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+    torch::Tensor& grad = p.mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(slice);
+    } else {
+      grad = slice.to(p.options(), /*non_blocking=*/false, /*copy=*/true);
+    }
+    offset += p.numel();
+  }
+}
+
+}  // namespace wd::comm

@@ -1,0 +1,32 @@
+// Gradient buckets: the fp32 buffers a gradient all-reduce works on, shared by the MPI and the
+// NCCL reducers so both pack, average and unpack alike.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace wd::comm {
+
+/// Consecutive parameters (indices into the reducer's list) and their flattened fp32 grads.
+struct GradBucket {
+  std::vector<std::size_t> params;
+  torch::Tensor flat;
+};
+
+/// Splits `params` in order into buckets of at most `bucket_bytes` of fp32 (a larger parameter
+/// gets a bucket of its own), each allocated once with `options`. Parameter order is the same
+/// on every student, so bucket b holds the same parameters everywhere and one all-reduce per
+/// bucket lines up across ranks. Throws wd::Error for an undefined parameter.
+std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
+                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options);
+
+/// Copies the bucket's parameters' grads into `bucket.flat` (a missing grad counts as zeros).
+void pack_grads(const std::vector<torch::Tensor>& params, GradBucket& bucket);
+
+/// Divides the summed bucket by `group_size` and copies it back into the grads (creating them
+/// where missing).
+void unpack_grads(std::vector<torch::Tensor>& params, GradBucket& bucket, int group_size);
+
+}  // namespace wd::comm
