@@ -1,14 +1,11 @@
-// The block streamer and its host copy engine (the CPU build's stand-in for the device).
+// The block streamer, its host copy engine (the CPU build's stand-in for the device) and the
+// worker thread both copy engines run on.
 #include "teacher/block_streamer.hpp"
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
 
 #include "core/errors.hpp"
+#include "teacher/copy_worker.hpp"
 
 namespace wd::teacher {
 
@@ -18,86 +15,83 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::uint64_t kAlign = 256;  // slot views start on cache-line and DMA-friendly offsets
 
-/// One worker thread runs the copies in the order they were started; `wait` blocks on the slot.
+/// The host as the device: the worker thread copies while the caller computes.
 class HostCopyEngine final : public CopyEngine {
  public:
-  HostCopyEngine(std::size_t slots, double timeout_s) : done_(slots, true), timeout_(timeout_s) {
-    worker_ = std::thread([this] { run(); });
-  }
-  ~HostCopyEngine() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    worker_.join();
-  }
+  HostCopyEngine(std::size_t slots, double timeout_s)
+      : worker_(slots, timeout_s, "the copy of a block",
+                [](std::size_t, Copies& copies) {
+                  // Grad mode is per thread; the copies never need autograd.
+                  torch::NoGradGuard no_grad;
+                  for (auto& [dst, src] : copies) dst.copy_(src);
+                }) {}
 
-  void start(std::size_t slot, Copies copies) override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      WD_CHECK(done_.at(slot), "stream: a copy into slot " << slot << " started before the last one finished");
-      done_[slot] = false;
-      jobs_.push_back({slot, std::move(copies)});
-    }
-    changed_.notify_all();
-  }
-
-  void wait(std::size_t slot) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const bool ready = changed_.wait_for(lock, timeout_, [&] { return done_.at(slot) || failure_; });
-    if (failure_) std::rethrow_exception(failure_);
-    WD_CHECK(ready, "stream: the copy of a block into buffer " << slot << " did not finish within "
-                                                              << timeout_.count() << " s (comm.timeout_s); "
-                                                              << "is the checkpoint on a stalled disk?");
-  }
-
+  void start(std::size_t slot, Copies copies) override { worker_.start(slot, std::move(copies)); }
+  void wait(std::size_t slot) override { worker_.wait(slot); }
   void release(std::size_t) override {}  // host compute is synchronous: done when issued
 
  private:
-  struct Job {
-    std::size_t slot;
-    Copies copies;
-  };
-
-  void run() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping with nothing queued
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      std::exception_ptr failure;
-      try {
-        // Grad mode is per thread; the copies never need autograd.
-        torch::NoGradGuard no_grad;
-        for (auto& [dst, src] : job.copies) dst.copy_(src);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_[job.slot] = true;
-        if (failure && !failure_) failure_ = failure;
-      }
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<Job> jobs_;
-  std::vector<bool> done_;
-  std::exception_ptr failure_;
-  std::chrono::duration<double> timeout_;
-  bool stopping_ = false;
-  std::thread worker_;
+  CopyWorker worker_;
 };
 
 }  // namespace
+
+CopyWorker::CopyWorker(std::size_t slots, double timeout_s, std::string what, Run run)
+    : run_(std::move(run)), what_(std::move(what)), timeout_(timeout_s), done_(slots, true) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CopyWorker::~CopyWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void CopyWorker::start(std::size_t slot, CopyEngine::Copies copies) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WD_CHECK(done_.at(slot), "stream: a copy into slot " << slot << " started before the last one finished");
+    done_[slot] = false;
+    jobs_.push_back({slot, std::move(copies)});
+  }
+  changed_.notify_all();
+}
+
+void CopyWorker::wait(std::size_t slot) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool ready = changed_.wait_for(lock, timeout_, [&] { return done_.at(slot) || failure_; });
+  if (failure_) std::rethrow_exception(failure_);
+  WD_CHECK(ready, "stream: " << what_ << " into buffer " << slot << " did not finish within "
+                             << timeout_.count() << " s (comm.timeout_s); is the checkpoint on a stalled disk?");
+}
+
+void CopyWorker::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping with nothing queued
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    std::exception_ptr failure;
+    try {
+      run_(job.slot, job.copies);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_[job.slot] = true;
+      if (failure && !failure_) failure_ = failure;
+    }
+    changed_.notify_all();
+  }
+}
 
 std::unique_ptr<CopyEngine> make_host_copy_engine(std::size_t slots, double timeout_s) {
   return std::make_unique<HostCopyEngine>(slots, timeout_s);
@@ -109,8 +103,7 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
     : model_(std::move(model)), begin_(begin), end_(end), engine_(std::move(engine)) {
   WD_CHECK(begin >= 0 && end > begin && end <= model_->config().num_layers,
            "stream: blocks [" << begin << ", " << end << ") outside the model's " << model_->config().num_layers);
-  // More copies ahead than other blocks would copy the computing block a second time.
-  ahead_ = static_cast<int>(std::min<std::int64_t>(ahead, end - begin - 1));
+  ahead_ = static_cast<int>(slots_for(ahead, end - begin)) - 1;
   for (std::int64_t b = begin; b < end; ++b) {
     std::vector<torch::Tensor> sources;
     // detach: a handle on today's storage, kept when the parameter is rebound to a slot.
@@ -144,6 +137,10 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
                                             torch::TensorOptions().dtype(dtypes[k]).device(device)));
     }
   }
+}
+
+std::size_t BlockStreamer::slots_for(int ahead, std::int64_t blocks) {
+  return static_cast<std::size_t>(std::min<std::int64_t>(ahead, blocks - 1)) + 1;
 }
 
 std::uint64_t BlockStreamer::buffer_bytes() const { return block_bytes_ * slots_.size(); }

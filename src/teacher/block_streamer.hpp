@@ -53,6 +53,10 @@ class BlockStreamer {
                 const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
                 std::unique_ptr<CopyEngine> engine);
   BlockStreamer(const BlockStreamer&) = delete;
+  /// The buffers a streamer of `blocks` blocks holds for `ahead`: ahead + 1, but never more
+  /// than the blocks (copying ahead more blocks than there are others would copy the
+  /// computing block a second time). The copy engine needs as many slots.
+  static std::size_t slots_for(int ahead, std::int64_t blocks);
   BlockStreamer& operator=(const BlockStreamer&) = delete;
 
   /// Before run_block(i): waits for block i's copy, binds the model's block i to its slot,

@@ -94,14 +94,17 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
 void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int64_t>& idx,
                  std::int64_t noise_step, const data::FlowMatchingNoiser& noiser, bool poison,
                  TeacherStats& stats) {
-  const auto t = Clock::now();
   if (job.stage.first()) {
+    const auto t = Clock::now();
     process(job, step, read_batch(job, idx, noise_step, noiser), poison);
+    stats.busy_seconds += since(t);
   } else {
-    process(job, step, receive_batch(job, step), poison);
+    auto batch = receive_batch(job, step);  // waiting on the previous stage, not busy
+    const auto t = Clock::now();
+    process(job, step, std::move(batch), poison);
+    stats.busy_seconds += since(t);
     job.from_previous->release(step);
   }
-  stats.busy_seconds += since(t);
 }
 
 }  // namespace
@@ -169,8 +172,6 @@ TeacherStats run_teacher(TeacherJob& job) {
   stats.seconds = since(t0);
   stats.wait_seconds = (job.stage.last() ? job.transport : job.to_next)->wait_seconds() +
                        (job.from_previous ? job.from_previous->wait_seconds() : 0.0);
-  // A later stage's receive waits are inside busy time; report them as waiting.
-  if (job.from_previous) stats.busy_seconds -= job.from_previous->wait_seconds();
   spdlog::info("teacher done: {} samples in {:.1f} s, busy {:.0f}%, waiting {:.0f}%", stats.samples,
                stats.seconds, 100 * stats.busy_seconds / stats.seconds, 100 * stats.wait_seconds / stats.seconds);
   return stats;

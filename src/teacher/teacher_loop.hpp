@@ -47,7 +47,7 @@ comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t 
 
 struct TeacherStats {
   double seconds = 0;       ///< wall time of the loop
-  double busy_seconds = 0;  ///< reading (or receiving) + noising + forward
+  double busy_seconds = 0;  ///< reading + noising (first stage) + forward
   double wait_seconds = 0;  ///< blocked on the transport
   std::int64_t samples = 0;
   /// Set when the students stopped after this step for a requeue (SIGUSR1); -1 otherwise.

@@ -28,7 +28,7 @@ StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
   for (const auto& p : model->block_parameters(how.blocks.begin)) {
     dtypes.push_back(how.dtype ? *how.dtype : p.scalar_type());
   }
-  const auto slots = static_cast<std::size_t>(std::min<std::int64_t>(how.stream_ahead, how.blocks.size() - 1)) + 1;
+  const auto slots = BlockStreamer::slots_for(how.stream_ahead, how.blocks.size());
   auto engine = how.device.is_cuda() ? make_cuda_copy_engine(slots, how.device, how.timeout_s)
                                      : make_host_copy_engine(slots, how.timeout_s);
   auto streamer = std::make_unique<BlockStreamer>(model, how.blocks.begin, how.blocks.end, how.stream_ahead,
