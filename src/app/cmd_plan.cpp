@@ -118,18 +118,10 @@ int run_plan(const std::vector<std::string>& args) {
     teacher_source = "builtin:tiny";
   } else if (fs::exists(cfg.teacher.checkpoint)) {
     // A two-expert (A14B) folder: both experts' headers, one architecture, two sets of weights.
-    const bool two = WanExperts::is_two_expert_dir(cfg.teacher.checkpoint);
-    const fs::path dir(cfg.teacher.checkpoint);
-    const auto ck = two ? WanCheckpoint::open((dir / WanExperts::kLowDir).string())
-                        : WanCheckpoint::open(cfg.teacher.checkpoint, cfg.teacher.model_config);
-    if (two) {
-      const auto high = WanCheckpoint::open((dir / WanExperts::kHighDir).string());
-      check_same_architecture(ck.config(), ck.config_path(), high.config(), high.config_path());
-      if (experts == 0) experts = 2;
-    }
-    tc = ck.config();
-    const auto specs = wan_param_specs(tc);
-    stored_bytes = elem_bytes(safetensors_to_scalar_type(ck.info(specs.back().name).dtype));
+    const auto teacher = open_teacher(cfg);
+    if (experts == 0) experts = static_cast<std::int64_t>(teacher.size());
+    tc = teacher.config();
+    stored_bytes = stored_elem_bytes(teacher.expert(0));
     teacher_source = cfg.teacher.checkpoint;
   } else if (!cfg.teacher.model_config.empty()) {
     tc = WanConfig::load(cfg.teacher.model_config);
@@ -148,12 +140,7 @@ int run_plan(const std::vector<std::string>& args) {
   std::int64_t context_len = tc.text_len;
   const std::string data_path = cfg.data_path();
   if (latent.empty() && fs::exists(data_path)) {
-    data::DatasetExpectations expect;
-    expect.latent_channels = tc.in_dim;
-    expect.text_dim = tc.text_dim;
-    expect.text_len = tc.text_len;
-    expect.patch = tc.patch_size;
-    const auto info = data::validate_dataset(data_path, expect);
+    const auto info = data::validate_dataset(data_path, dataset_expectations(tc));
     lat = info.latent_shape;
     context_len = info.context_len;
   } else if (!latent.empty()) {

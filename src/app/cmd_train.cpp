@@ -160,12 +160,6 @@ std::uint64_t host_memory_total() {
   return 0;
 }
 
-/// The teacher: one checkpoint, or the two experts of an A14B folder (spec §10).
-WanExperts open_teacher(const RunConfig& cfg) {
-  const auto boundary = cfg.teacher.boundary > 0 ? std::optional<double>(cfg.teacher.boundary) : std::nullopt;
-  return WanExperts::open(cfg.teacher_path(), boundary, cfg.teacher.model_config);
-}
-
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the
 /// config gives or that is detected (rank 0 only; it reads the data set's shapes).
 memory::Placement choose_placement(const RunConfig& cfg, int world) {
@@ -176,16 +170,10 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   const auto experts = open_teacher(cfg);
   const auto& ck = experts.expert(0);
   const auto& tc = ck.config();
-  data::DatasetExpectations expect;
-  expect.latent_channels = tc.in_dim;
-  expect.text_dim = tc.text_dim;
-  expect.text_len = tc.text_len;
-  expect.patch = tc.patch_size;
-  const auto info = data::validate_dataset(cfg.data_path(), expect);
+  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
   PlanContext ctx;
   ctx.teacher = tc;
-  ctx.stored_elem_bytes = static_cast<std::int64_t>(
-      c10::elementSize(safetensors_to_scalar_type(ck.info(wan_param_specs(tc).back().name).dtype)));
+  ctx.stored_elem_bytes = stored_elem_bytes(ck);
   ctx.experts = static_cast<std::int64_t>(experts.size());
   ctx.latent = info.latent_shape;
   ctx.context_len = info.context_len;
@@ -350,12 +338,7 @@ int run_train(const std::vector<std::string>& args) {
               "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
       p.throw_if_any("train config");
       if (topo.role == Role::kTeacher) {
-        data::DatasetExpectations expect;
-        expect.latent_channels = tc.in_dim;
-        expect.text_dim = tc.text_dim;
-        expect.text_len = tc.text_len;
-        expect.patch = tc.patch_size;
-        info = data::validate_dataset(cfg.data_path(), expect);
+        info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
         WD_CHECK_DATA(info->samples > cfg.train.eval_samples, info->path, "/latents",
                       "has " << info->samples << " samples; train.eval_samples(" << cfg.train.eval_samples
                              << ") leaves none for training");

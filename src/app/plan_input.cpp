@@ -6,6 +6,7 @@
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/torch_compat.hpp"
+#include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "student/checkpointing.hpp"
 
@@ -16,6 +17,24 @@ namespace {
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
 }  // namespace
+
+WanExperts open_teacher(const RunConfig& cfg) {
+  const auto boundary = cfg.teacher.boundary > 0 ? std::optional<double>(cfg.teacher.boundary) : std::nullopt;
+  return WanExperts::open(cfg.teacher_path(), boundary, cfg.teacher.model_config);
+}
+
+std::int64_t stored_elem_bytes(const WanCheckpoint& ck) {
+  return elem_bytes(safetensors_to_scalar_type(ck.info(wan_param_specs(ck.config()).back().name).dtype));
+}
+
+data::DatasetExpectations dataset_expectations(const WanConfig& tc) {
+  data::DatasetExpectations expect;
+  expect.latent_channels = tc.in_dim;
+  expect.text_dim = tc.text_dim;
+  expect.text_len = tc.text_len;
+  expect.patch = tc.patch_size;
+  return expect;
+}
 
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg) {
   if (cfg.teacher.dtype == "auto") return std::nullopt;

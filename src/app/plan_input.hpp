@@ -1,4 +1,5 @@
-// The planner's input from a run's config, shared by `plan` and by `train`'s teacher.placement = auto.
+// What `plan` and `train` both derive from a run's config: the teacher on disk, what the data
+// set must hold for it, and the planner's input (train's teacher.placement = auto).
 #pragma once
 
 #include <array>
@@ -6,8 +7,10 @@
 #include <optional>
 
 #include "app/run_config.hpp"
+#include "data/dataset.hpp"
 #include "memory/planner.hpp"
 #include "model/wan_config.hpp"
+#include "model/wan_experts.hpp"
 
 namespace wd::app {
 
@@ -24,6 +27,17 @@ struct PlanContext {
   std::uint64_t host_bytes = 0;
   int gpus_per_node = 8;
 };
+
+/// The teacher: one checkpoint, or the two experts of an A14B folder (spec §10), with
+/// teacher.boundary (0 = the model_type's default) and teacher.model_config.
+WanExperts open_teacher(const RunConfig& cfg);
+
+/// Bytes per element of a checkpoint as stored (of its last tensor, a block weight).
+std::int64_t stored_elem_bytes(const WanCheckpoint& ck);
+
+/// What the data set must hold for teacher `tc`: its latent channels, text size, and latent
+/// sizes divisible by its patch.
+data::DatasetExpectations dataset_expectations(const WanConfig& tc);
 
 /// teacher.dtype as a dtype; nullopt for `auto` (each tensor as stored).
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg);
