@@ -9,21 +9,13 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/transport.hpp"
+#include "mpi_test_util.hpp"
 
 namespace wd::comm {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using test::world_rank;
+using test::world_size;
 
 /// Every layout of this world with one or two single-stage teacher replicas
 /// (3 ranks: 1T+2S; 4 ranks: 1T+3S and 2T+2S).

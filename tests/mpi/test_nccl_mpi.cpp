@@ -14,21 +14,13 @@
 #include "comm/nccl_comm.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/transport_factory.hpp"
+#include "mpi_test_util.hpp"
 
 namespace wd::comm {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using test::world_rank;
+using test::world_size;
 
 /// Every rank's GPU count is reduced to the minimum, so all ranks skip or run together.
 int min_gpus() {

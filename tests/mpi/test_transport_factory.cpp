@@ -7,15 +7,12 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/transport_factory.hpp"
+#include "mpi_test_util.hpp"
 
 namespace wd::comm {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using test::world_rank;
 
 MessageSpec spec() { return MessageSpec{{{"x", torch::kFloat, {3, 4}}, {"t", torch::kInt, {2}}}}; }
 
