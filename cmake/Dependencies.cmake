@@ -2,7 +2,22 @@
 # nlohmann_json (and GTest for tests). Optional: the CUDA toolkit and NCCL, used only when the
 # Torch found was built with CUDA.
 
+# TorchConfig finds its libraries with find_library(... PATHS <torch>/lib), and PATHS come after
+# the system folders: with Debian's libtorch installed as well, a pip wheel's config would pick
+# /usr/lib's libtorch.so. Putting the wheel's lib/ on CMAKE_LIBRARY_PATH puts it first.
+foreach(_wd_config_dir ${CMAKE_PREFIX_PATH} ${Torch_DIR}/..)
+  if(EXISTS "${_wd_config_dir}/Torch/TorchConfig.cmake")
+    get_filename_component(_wd_torch_lib "${_wd_config_dir}/../../lib" ABSOLUTE)
+    list(PREPEND CMAKE_LIBRARY_PATH "${_wd_torch_lib}")
+  endif()
+endforeach()
 find_package(Torch REQUIRED)
+get_filename_component(_wd_torch_prefix "${Torch_DIR}/../../.." ABSOLUTE)
+if(NOT TORCH_LIBRARY MATCHES "^${_wd_torch_prefix}/")
+  message(FATAL_ERROR "Torch's config in ${Torch_DIR} found the library ${TORCH_LIBRARY}, which "
+    "belongs to another LibTorch; expected one under ${_wd_torch_prefix}/lib. Clear the build "
+    "folder's CMakeCache.txt, or set TORCH_LIBRARY.")
+endif()
 # TorchConfig appends its flags to CMAKE_CXX_FLAGS globally; we link the imported `torch`
 # target instead, which carries the same flags as usage requirements.
 string(REPLACE "${TORCH_CXX_FLAGS}" "" CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS}")
@@ -49,23 +64,46 @@ else()
   set(WD_CUDA_SUMMARY "not found")
 endif()
 
-find_path(WD_NCCL_INCLUDE_DIR nccl.h
-  HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-find_library(WD_NCCL_LIBRARY nccl
-  HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-if(WD_NCCL_INCLUDE_DIR AND WD_NCCL_LIBRARY)
-  set(WD_NCCL_FOUND ON)
-  # NCCL ships no CMake config: wrap it once as an imported target.
-  add_library(wd::nccl UNKNOWN IMPORTED)
-  set_target_properties(wd::nccl PROPERTIES
-    IMPORTED_LOCATION "${WD_NCCL_LIBRARY}"
-    INTERFACE_INCLUDE_DIRECTORIES "${WD_NCCL_INCLUDE_DIR}")
-  if(WD_TORCH_HAS_CUDA)
-    set(WD_NCCL_SUMMARY "${WD_NCCL_LIBRARY} (used)")
+# NCCL: a CUDA LibTorch from a pip wheel loads the wheel's libnccl.so.2 (nvidia/nccl/lib beside
+# torch/), so that copy comes first: one NCCL per process. The wheels ship only the versioned
+# name, hence `libnccl.so.2` among the names. Then NCCL_ROOT and the CUDA toolkit.
+option(WD_NCCL "Build the NCCL transport and gradient reducer (required with a CUDA LibTorch)" ON)
+set(WD_NCCL_FOUND OFF)
+set(WD_NCCL_SUMMARY "off (-DWD_NCCL=OFF)")
+if(WD_NCCL)
+  # Torch_DIR is <site-packages>/torch/share/cmake/Torch for a wheel.
+  get_filename_component(_wd_site_packages "${Torch_DIR}/../../../.." ABSOLUTE)
+  set(_wd_wheel_nccl "${_wd_site_packages}/nvidia/nccl")
+  find_path(WD_NCCL_INCLUDE_DIR nccl.h
+    HINTS ${_wd_wheel_nccl}/include ${NCCL_ROOT}/include $ENV{NCCL_ROOT}/include
+          ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(WD_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+    HINTS ${_wd_wheel_nccl}/lib ${NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib
+          ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(WD_NCCL_INCLUDE_DIR AND WD_NCCL_LIBRARY)
+    set(WD_NCCL_FOUND ON)
+    # NCCL ships no CMake config: wrap it once as an imported target.
+    add_library(wd::nccl UNKNOWN IMPORTED)
+    set_target_properties(wd::nccl PROPERTIES
+      IMPORTED_LOCATION "${WD_NCCL_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${WD_NCCL_INCLUDE_DIR}")
+    if(WD_NCCL_LIBRARY MATCHES "^${_wd_wheel_nccl}/")
+      set(_wd_nccl_origin "from the torch wheel")
+    else()
+      set(_wd_nccl_origin "from the CUDA toolkit or NCCL_ROOT")
+    endif()
+    if(WD_TORCH_HAS_CUDA)
+      set(WD_NCCL_SUMMARY "${WD_NCCL_LIBRARY} (${_wd_nccl_origin}; NCCL transport and reducer built)")
+    else()
+      set(WD_NCCL_SUMMARY "${WD_NCCL_LIBRARY} (${_wd_nccl_origin}; Torch is CPU-only, so only NcclComm and its tests)")
+    endif()
+  elseif(WD_TORCH_HAS_CUDA)
+    message(FATAL_ERROR
+      "Torch ${Torch_VERSION} has CUDA, but NCCL was not found (nccl.h: ${WD_NCCL_INCLUDE_DIR}, "
+      "library: ${WD_NCCL_LIBRARY}). Looked in ${_wd_wheel_nccl} (the nvidia-nccl wheel), "
+      "NCCL_ROOT and the CUDA toolkit. Install the wheel (pip install -r launch/requirements.txt), "
+      "set NCCL_ROOT, or configure with -DWD_NCCL=OFF to build without the GPU transport.")
   else()
-    set(WD_NCCL_SUMMARY "${WD_NCCL_LIBRARY} (found; Torch is CPU-only, so GPU transport is off)")
+    set(WD_NCCL_SUMMARY "not found")
   endif()
-else()
-  set(WD_NCCL_FOUND OFF)
-  set(WD_NCCL_SUMMARY "not found")
 endif()

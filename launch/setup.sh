@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages wan-distill needs (only those missing) and builds it in build/.
-# Usage: bash launch/setup.sh            (BUILD_DIR, BUILD_TYPE and JOBS may be set)
+# Installs what wan-distill needs (missing Debian 12 packages; the pinned PyPI packages in an
+# ignored .venv/) and builds it: build/ against Debian's LibTorch 1.13 (CPU), and for `cuda` or
+# `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel.
+# Usage: bash launch/setup.sh [cpu|cuda|all]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
+#        BUILD_TYPE, JOBS, CUDA_ARCHS may be set; WD_CCACHE=0 builds without ccache)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+which=${1:-cpu}
+case $which in cpu | cuda | all) ;; *) echo "setup: unknown build '$which' (cpu, cuda or all)" >&2; exit 2 ;; esac
 
 PACKAGES=(
-  build-essential cmake git
+  build-essential cmake git ninja-build ccache
   libtorch-dev                   # LibTorch 1.13 (CPU)
   libopenblas0-pthread           # fast BLAS behind libtorch (the reference BLAS is ~10x slower)
   libopenmpi-dev openmpi-bin     # MPI ranks
@@ -14,6 +19,7 @@ PACKAGES=(
   libspdlog-dev nlohmann-json3-dev libgtest-dev
   clang libclang-rt-dev          # libFuzzer and its sanitizers (launch/fuzz.sh)
   slurmctld slurmd slurm-client munge  # SLURM tests (tests/slurm: a private cluster here)
+  python3 python3-venv           # .venv/ for the pinned PyPI packages (launch/requirements.txt)
 )
 
 missing=()
@@ -28,6 +34,37 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
 fi
 
-BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}"
-cmake --build "$BUILD_DIR" -j"${JOBS:-$(nproc)}"
+# ccache keeps the object files of earlier builds (both trees); the PCH needs these settings
+# for its hits (ccache's manual, "Precompiled headers").
+launcher=()
+if [[ ${WD_CCACHE:-1} != 0 ]] && command -v ccache >/dev/null; then
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  export CCACHE_BASEDIR=$PWD  # paths relative to the checkout: a fresh clone hits as well
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+jobs=${JOBS:-$(nproc)}
+
+if [[ $which == cpu || $which == all ]]; then
+  BUILD_DIR=${BUILD_DIR:-build}
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${launcher[@]}"
+  cmake --build "$BUILD_DIR" -j"$jobs"
+fi
+
+if [[ $which == cuda || $which == all ]]; then
+  # The venv is reused while launch/requirements.txt is unchanged.
+  stamp=.venv/.requirements
+  if ! cmp -s launch/requirements.txt "$stamp" 2>/dev/null; then
+    echo "setup: installing launch/requirements.txt into .venv/"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r launch/requirements.txt
+    cp launch/requirements.txt "$stamp"
+  fi
+  torch_prefix=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  CUDA_BUILD_DIR=${CUDA_BUILD_DIR:-build-cuda}
+  # nvcc must match the wheel's CUDA (13.0): /usr/local/cuda is where the toolkit installs.
+  if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+  cmake -S . -B "$CUDA_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100}" \
+    "${launcher[@]}"
+  cmake --build "$CUDA_BUILD_DIR" -j"$jobs"
+fi

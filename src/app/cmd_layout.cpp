@@ -7,27 +7,49 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "comm/backend_choice.hpp"
 #include "comm/process_groups.hpp"
+#include "core/topology.hpp"
 
 namespace wd::app {
 
 namespace {
 
 /// The allocation the job will get; ranks are placed in blocks (srun --distribution=block,
-/// mpirun --map-by ppr:G:node), one per GPU, so rank r runs on node r / G with GPU r % G.
+/// mpirun --map-by ppr:N:node), by default one per GPU, so rank r runs on node r / N as
+/// node-local rank r % N, on GPU (r % N) mod G (train's rule, gpu_of_local_rank).
 struct AllocationConfig {
   int nodes = 1;
   int gpus_per_node = 8;
+  int ranks_per_node = 0;  ///< 0: gpus_per_node
   std::string node_names;  ///< comma-separated; empty: node0, node1, ...
-  int teacher_ranks = 0;   ///< 0: teacher.ranks from the config file (default 1)
+  // The train keys that decide devices and links; 0 / empty: the value in --config.
+  int teacher_ranks = 0;
+  std::string teacher_placement;
+  std::string student_device;
+  std::string comm_backend;
 
   void bind(OptionTable& t) {
     t.bind("nodes", nodes, "nodes in the allocation (sbatch --nodes)")
-        .bind("gpus-per-node", gpus_per_node, "GPUs per node = ranks per node (one rank per GPU)")
+        .bind("gpus-per-node", gpus_per_node, "GPUs per node")
+        .bind("ranks-per-node", ranks_per_node,
+              "ranks per node (0: one per GPU); more ranks than GPUs share GPUs, as train does")
         .bind("node-names", node_names,
               "node names, comma-separated (e.g. from scontrol show hostnames); default node0,node1,...")
-        .bind("teacher.ranks", teacher_ranks, "teacher ranks (0: the value in --config, default 1)");
+        .bind("teacher.ranks", teacher_ranks, "teacher ranks (0: the value in --config, default 1)")
+        .bind("teacher.placement", teacher_placement,
+              "as in train (empty: the value in --config, default auto); cpu puts teachers on the host")
+        .bind("student.device", student_device, "as in train (empty: the value in --config, default auto)")
+        .bind("comm.backend", comm_backend, "as in train (empty: the value in --config, default auto)");
   }
+};
+
+/// The train keys of a config file that the layout depends on (defaults where absent).
+struct TrainKeys {
+  int teacher_ranks = 1;
+  std::string teacher_placement = "auto";
+  std::string student_device = "auto";
+  std::string comm_backend = "auto";
 };
 
 std::vector<std::string> split_names(const std::string& text) {
@@ -39,14 +61,18 @@ std::vector<std::string> split_names(const std::string& text) {
   return names;
 }
 
-/// teacher.ranks from a train config file. Only that key matters here; the file's other keys
+/// The layout's keys from a train config file. Only these matter here; the file's other keys
 /// belong to `train`, which checks them.
-int teacher_ranks_in(const std::string& file) {
+TrainKeys train_keys_in(const std::string& file) {
+  TrainKeys keys;
+  if (file.empty()) return keys;
   std::ifstream in(file);
   if (!in) throw ConfigError("config file " + file + ": cannot be opened");
-  int ranks = 1;
   po::options_description only;
-  only.add_options()("teacher.ranks", po::value<int>(&ranks));
+  only.add_options()("teacher.ranks", po::value<int>(&keys.teacher_ranks))(
+      "teacher.placement", po::value<std::string>(&keys.teacher_placement))(
+      "student.device", po::value<std::string>(&keys.student_device))(
+      "comm.backend", po::value<std::string>(&keys.comm_backend));
   po::variables_map vm;
   try {
     po::store(po::parse_config_file(in, only, /*allow_unregistered=*/true), vm);
@@ -54,7 +80,7 @@ int teacher_ranks_in(const std::string& file) {
   } catch (const po::error& e) {
     throw ConfigError("config file " + file + ": " + e.what());
   }
-  return ranks;
+  return keys;
 }
 
 /// "2-8" or "5" for a sorted run of ranks.
@@ -98,33 +124,49 @@ int run_layout(const std::vector<std::string>& args) {
   const auto config_file = take_config(rest);
   const auto parsed = parse_options(rest, table);
   if (parsed.help) {
-    print_help("wan-distill layout [--config FILE] --nodes N --gpus-per-node G [--teacher.ranks T]",
+    print_help("wan-distill layout [--config FILE] --nodes N --gpus-per-node G [--ranks-per-node R]\n"
+               "                   [--teacher.ranks T] [--student.device D] [--comm.backend B]",
                "Prints the rank layout `train` will use on an allocation of N nodes x G GPUs: for\n"
-               "every world rank its node, local rank and GPU, its role and its teacher replica.\n"
-               "Ranks are placed in blocks, one per GPU (as slurm/*.sbatch and launch/mpirun.sh\n"
-               "start them). Needs no MPI; exit code 2 when the layout is invalid.",
+               "every world rank its node, local rank and device, its role and its teacher replica,\n"
+               "then which library (NCCL or MPI) carries each teacher -> student link and the\n"
+               "gradient all-reduce, and why. Ranks are placed in blocks, one per GPU unless\n"
+               "--ranks-per-node says otherwise (as slurm/*.sbatch and launch/mpirun.sh start them).\n"
+               "Needs no MPI; exit code 2 when the layout is invalid.",
                table);
     return kExitOk;
   }
   // The command line wins over the file, as in `train`.
-  const int teachers = alloc.teacher_ranks > 0 ? alloc.teacher_ranks
-                       : config_file.empty()   ? 1
-                                               : teacher_ranks_in(config_file);
+  auto keys = train_keys_in(config_file);
+  if (alloc.teacher_ranks > 0) keys.teacher_ranks = alloc.teacher_ranks;
+  if (!alloc.teacher_placement.empty()) keys.teacher_placement = alloc.teacher_placement;
+  if (!alloc.student_device.empty()) keys.student_device = alloc.student_device;
+  if (!alloc.comm_backend.empty()) keys.comm_backend = alloc.comm_backend;
+  const int per_node = alloc.ranks_per_node > 0 ? alloc.ranks_per_node : alloc.gpus_per_node;
   auto names = split_names(alloc.node_names);
   ConfigProblems problems;
   problems.check(alloc.nodes >= 1, "nodes(" + std::to_string(alloc.nodes) + ") must be >= 1");
   problems.check(alloc.gpus_per_node >= 1,
                  "gpus-per-node(" + std::to_string(alloc.gpus_per_node) + ") must be >= 1");
+  problems.check(alloc.ranks_per_node >= 0,
+                 "ranks-per-node(" + std::to_string(alloc.ranks_per_node) + ") must be >= 0");
   problems.check(names.empty() || static_cast<int>(names.size()) == alloc.nodes,
                  "node-names lists " + std::to_string(names.size()) + " node(s) but nodes(" +
                      std::to_string(alloc.nodes) + ")");
+  problems.check(keys.student_device == "auto" || keys.student_device == "cpu" || keys.student_device == "cuda",
+                 "student.device(" + keys.student_device + ") must be auto, cpu or cuda");
   problems.throw_if_any("layout");
   if (names.empty()) {
     for (int n = 0; n < alloc.nodes; ++n) names.push_back("node" + std::to_string(n));
   }
-  const int world = alloc.nodes * alloc.gpus_per_node;
-  const auto layout = comm::Layout::make(world, teachers);
-  const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(rank / alloc.gpus_per_node)]; };
+  const int world = alloc.nodes * per_node;
+  const auto layout = comm::Layout::make(world, keys.teacher_ranks);
+  const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(rank / per_node)]; };
+  // Each rank's device as train resolves it on a node with these GPUs.
+  const auto device_of = [&](int rank) {
+    const bool teacher = layout.role_of(rank) == Role::kTeacher;
+    const bool host = teacher ? keys.teacher_placement == "cpu" : keys.student_device == "cpu";
+    return comm::RankDevice{rank, node_of(rank), host ? -1 : gpu_of_local_rank(rank % per_node, alloc.gpus_per_node)};
+  };
 
   std::cout << "layout: " << world << " ranks on " << alloc.nodes << " node(s) x " << alloc.gpus_per_node
             << " GPU(s): " << layout.teacher_ranks << " teacher rank(s) in " << layout.replicas
@@ -134,23 +176,38 @@ int run_layout(const std::vector<std::string>& args) {
               "replica", "slot");
   for (int r = 0; r < world; ++r) {
     const bool teacher = layout.role_of(r) == Role::kTeacher;
-    const int local = r % alloc.gpus_per_node;
-    std::printf("  %4d  %-16s %5d  cuda:%-2d  %-7s  %7d  %4s\n", r, node_of(r).c_str(), local, local,
+    const auto d = device_of(r);
+    const std::string device = d.cuda_index < 0 ? "host" : "cuda:" + std::to_string(d.cuda_index);
+    std::printf("  %4d  %-16s %5d  %-7s  %-7s  %7d  %4s\n", r, node_of(r).c_str(), r % per_node, device.c_str(),
                 teacher ? "teacher" : "student", layout.replica_of(r),
                 teacher ? "-" : std::to_string(layout.student_slot(r)).c_str());
   }
-  // Where each replica's batches travel: within a node (NVLink / shared memory) or across.
+  if (per_node > alloc.gpus_per_node) {
+    std::cout << "note: " << per_node << " ranks per node on " << alloc.gpus_per_node
+              << " GPU(s): ranks share GPUs (train warns); links between ranks on one GPU use MPI\n";
+  }
+  // Where each replica's batches travel, and over which library (train's rule, choose_backend).
   for (int rep = 0; rep < layout.replicas; ++rep) {
     const int sender = layout.sender_of_replica(rep);
     const auto students = layout.students_of_replica(rep);
     std::set<std::string> student_nodes;
-    for (int s : students) student_nodes.insert(node_of(s));
+    std::vector<comm::RankDevice> ends{device_of(sender)};
+    for (int s : students) {
+      student_nodes.insert(node_of(s));
+      ends.push_back(device_of(s));
+    }
     const bool local = student_nodes.size() == 1 && *student_nodes.begin() == node_of(sender);
+    const auto choice = comm::choose_backend(keys.comm_backend, ends, comm::nccl_built(),
+                                             "the link of replica " + std::to_string(rep));
     std::cout << "replica " << rep << ": teacher rank " << sender << " on " << node_of(sender)
               << " streams to students " << rank_range(students) << " on " << join(student_nodes)
               << (local ? " (within the node)" : " (across nodes: batches travel over the network)")
-              << "\n";
+              << " over " << comm::backend_name(choice.backend) << " (" << choice.reason << ")\n";
   }
+  std::vector<comm::RankDevice> students;
+  for (int r = layout.teacher_ranks; r < world; ++r) students.push_back(device_of(r));
+  const auto reduce = comm::choose_backend(keys.comm_backend, students, comm::nccl_built(), "the gradient all-reduce");
+  std::cout << "gradient all-reduce over " << comm::backend_name(reduce.backend) << " (" << reduce.reason << ")\n";
   return kExitOk;
 }
 

@@ -9,6 +9,7 @@
 
 #include "app/commands.hpp"
 #include "app/plan_input.hpp"
+#include "teacher/placement.hpp"
 #include "app/run_config.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
@@ -132,8 +133,9 @@ int run_plan(const std::vector<std::string>& args) {
                       "--preset NAME to plan without it");
   }
   if (experts == 0) experts = 1;
+  // The same checks `train` makes once it knows the teacher.
+  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, memory::Placement::kShard));
   const auto sc = cfg.student.model_config(tc);
-  sc.validate("student config");
 
   // The latent shape: from the data set when it exists, else --latent (builtin: the tiny shape).
   std::array<std::int64_t, 4> lat{};

@@ -9,6 +9,7 @@
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "student/checkpointing.hpp"
+#include "teacher/placement.hpp"
 
 namespace wd::app {
 
@@ -36,6 +37,52 @@ data::DatasetExpectations dataset_expectations(const WanConfig& tc) {
   return expect;
 }
 
+void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages) {
+  WD_CHECK_AS(ConfigError, tc.model_type != "i2v",
+              "teacher " << cfg.teacher_path() << " is an i2v model; its image conditioning "
+                         "is not in the data schema yet (t2v and ti2v teachers are supported)");
+  const auto sc = cfg.student.model_config(tc);
+  sc.validate("student config");
+  // Every combination of values that cannot work together, all named in one error.
+  ConfigProblems p;
+  for (const auto& [s, t] : cfg.student.feature_pairs()) {
+    p.check(s < sc.num_layers && t < tc.num_layers,
+            "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
+                " with teacher block " + std::to_string(t) + "; the student has " +
+                std::to_string(sc.num_layers) + " blocks, the teacher " + std::to_string(tc.num_layers));
+  }
+  p.check(cfg.checkpoint.every <= cfg.train.steps,
+          "checkpoint.every(" + std::to_string(cfg.checkpoint.every) + ") exceeds train.steps(" +
+              std::to_string(cfg.train.steps) + "): no checkpoint would be written before the end");
+  p.check(stages <= tc.num_layers,
+          "teacher.stages(" + std::to_string(stages) + ") exceeds the teacher's " +
+              std::to_string(tc.num_layers) + " blocks (each stage needs one at least)");
+  if (!cfg.teacher.shard_map.empty()) {
+    try {
+      teacher::parse_shard_map(cfg.teacher.shard_map, tc.num_layers);
+    } catch (const ConfigError& e) {
+      p.check(false, e.what());
+    }
+  }
+  p.throw_if_any("train config");
+}
+
+std::pair<std::vector<std::uint64_t>, std::uint64_t> teacher_block_bytes(const WanCheckpoint& ck) {
+  const auto& c = ck.config();
+  std::vector<std::uint64_t> blocks(static_cast<std::size_t>(c.num_layers), 0);
+  std::uint64_t head = 0;
+  for (const auto& spec : wan_param_specs(c)) {
+    const auto b = wan_block_of(spec.name);
+    if (b >= 0) blocks[static_cast<std::size_t>(b)] += ck.info(spec.name).nbytes();
+    if (spec.name.rfind("head.", 0) == 0) head += ck.info(spec.name).nbytes();
+  }
+  return {blocks, head};
+}
+
+std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t, 4>& latent) {
+  return (latent[1] / c.patch_size[0]) * (latent[2] / c.patch_size[1]) * (latent[3] / c.patch_size[2]);
+}
+
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg) {
   if (cfg.teacher.dtype == "auto") return std::nullopt;
   return parse_dtype(cfg.teacher.dtype);
@@ -58,6 +105,25 @@ memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
   return s;
 }
 
+comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
+                                 const std::array<std::int64_t, 4>& latent, std::int64_t context_len) {
+  comm::StreamPlan stream;
+  stream.batch_per_student = cfg.train.batch_size;
+  stream.micro_batches = cfg.train.grad_accum;
+  stream.latent = latent;
+  stream.out_channels = tc.out_dim;
+  stream.context_len = context_len;
+  stream.text_dim = tc.text_dim;
+  stream.tokens = tokens_per_sample(tc, latent);
+  stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
+  stream.teacher_dim = tc.dim;
+  for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);
+  std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
+  stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
+                              stream.feature_blocks.end());
+  return stream;
+}
+
 memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto& tc = ctx.teacher;
   const auto& lat = ctx.latent;
@@ -66,20 +132,8 @@ memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) 
   const bool broadcast = cfg.comm.mode == "broadcast";
   const auto global_batch = cfg.train.batch_size * (broadcast ? layout.replicas : layout.student_ranks);
 
-  comm::StreamPlan stream;
-  stream.batch_per_student = cfg.train.batch_size;
-  stream.latent = lat;
-  stream.out_channels = tc.out_dim;
-  stream.context_len = ctx.context_len;
-  stream.text_dim = tc.text_dim;
-  stream.tokens = (lat[1] / tc.patch_size[0]) * (lat[2] / tc.patch_size[1]) * (lat[3] / tc.patch_size[2]);
-  stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
-  stream.teacher_dim = tc.dim;
+  const auto stream = stream_plan_for(cfg, tc, lat, ctx.context_len);
   const auto pairs = cfg.student.feature_pairs();
-  for (const auto& pr : pairs) stream.feature_blocks.push_back(pr.second);
-  std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
-  stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
-                              stream.feature_blocks.end());
 
   memory::PlanInput in;
   in.teacher = dit_shape(tc, ctx.experts);

@@ -5,8 +5,11 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "app/run_config.hpp"
+#include "comm/stream_plan.hpp"
 #include "data/dataset.hpp"
 #include "memory/planner.hpp"
 #include "model/wan_config.hpp"
@@ -38,6 +41,23 @@ std::int64_t stored_elem_bytes(const WanCheckpoint& ck);
 /// What the data set must hold for teacher `tc`: its latent channels, text size, and latent
 /// sizes divisible by its patch.
 data::DatasetExpectations dataset_expectations(const WanConfig& tc);
+
+/// The checks `plan` and `train` share once the teacher's config is known: a supported model
+/// type, the student config, student.features against both models' blocks, `stages` against the
+/// teacher's blocks, teacher.shard_map, checkpoint.every against train.steps. Throws one
+/// ConfigError naming every problem.
+void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages);
+
+/// Bytes of each teacher block and of the head (what only a last stage holds), as stored.
+std::pair<std::vector<std::uint64_t>, std::uint64_t> teacher_block_bytes(const WanCheckpoint& ck);
+
+/// Tokens of one latent sample: its frames, height and width over the patch size.
+std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t, 4>& latent);
+
+/// The message geometry of a run (batch, latent, context, channels, feature blocks): what
+/// every transport step carries. `train` adds the steps to stream.
+comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
+                                 const std::array<std::int64_t, 4>& latent, std::int64_t context_len);
 
 /// teacher.dtype as a dtype; nullopt for `auto` (each tensor as stored).
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg);

@@ -106,4 +106,13 @@ void NcclGradientReducer::average(std::int64_t step) { impl_->average(step); }
 std::size_t NcclGradientReducer::bucket_count() const { return impl_->buckets.size(); }
 double NcclGradientReducer::wait_seconds() const { return impl_->waited; }
 
+std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm students,
+                                                            std::vector<torch::Tensor> params,
+                                                            std::uint64_t bucket_bytes,
+                                                            double timeout_s, int world_rank,
+                                                            const c10::Device& device) {
+  return std::make_unique<NcclGradientReducer>(students, std::move(params), bucket_bytes,
+                                               timeout_s, world_rank, device);
+}
+
 }  // namespace wd::comm

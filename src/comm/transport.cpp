@@ -74,6 +74,12 @@ std::vector<torch::Tensor> make_views(const MessageSpec& spec,
   return views;
 }
 
+/// Ring buffers in host memory; page-locked (`pinned`) when a CUDA device copies in or out of
+/// them, so those copies are DMA transfers that can overlap compute.
+torch::TensorOptions host_buffer_options(bool pinned) {
+  return torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned);
+}
+
 void write_header(std::uint8_t* at, std::int64_t step, std::uint64_t payload, std::uint64_t hash) {
   WireHeader h{};
   h.magic = kMagic;
@@ -128,7 +134,7 @@ class MpiTeacherTransport final : public Transport {
   MpiTeacherTransport(MPI_Comm link, int world_rank, std::vector<int> receivers,
                       std::vector<int> receiver_link_ranks, const MessageSpec& spec,
                       const CommConfig& config, bool broadcast_mode, std::int64_t first,
-                      std::int64_t end)
+                      std::int64_t end, bool pinned = false)
       : base_(link, world_rank, spec, config, first, end, "receivers"),
         broadcast_mode_(broadcast_mode),
         students_(std::move(receivers)),
@@ -140,8 +146,8 @@ class MpiTeacherTransport final : public Transport {
     const std::size_t messages = broadcast_mode_ ? 1 : students_.size();
     ring_.resize(base_.slots);
     for (auto& slot : ring_) {
-      slot.buffer =
-          torch::empty({static_cast<std::int64_t>(messages * base_.message_bytes)}, torch::kUInt8);
+      slot.buffer = torch::empty({static_cast<std::int64_t>(messages * base_.message_bytes)},
+                                 host_buffer_options(pinned));
       auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
       for (std::size_t m = 0; m < messages; ++m) {
         slot.views.push_back(make_views(base_.spec, base_.offsets,
@@ -286,14 +292,15 @@ class MpiStudentTransport final : public Transport {
   /// Receives from world rank `sender`, which is rank `sender_link_rank` of `link`.
   MpiStudentTransport(MPI_Comm link, int world_rank, int sender, int sender_link_rank,
                       const MessageSpec& spec, const CommConfig& config, std::int64_t first,
-                      std::int64_t end)
+                      std::int64_t end, bool pinned = false)
       : base_(link, world_rank, spec, config, first, end, "teacher rank " + std::to_string(sender)),
         teacher_(sender),
         sender_link_rank_(sender_link_rank),
         next_release_(first) {
     ring_.resize(base_.slots);
     for (auto& slot : ring_) {
-      slot.buffer = torch::empty({static_cast<std::int64_t>(base_.message_bytes)}, torch::kUInt8);
+      slot.buffer = torch::empty({static_cast<std::int64_t>(base_.message_bytes)},
+                                 host_buffer_options(pinned));
       const auto views =
           make_views(base_.spec, base_.offsets,
                      slot.buffer.data_ptr<std::uint8_t>() + sizeof(WireHeader), slot.buffer);
@@ -445,7 +452,12 @@ void CommConfig::bind(OptionTable& table) {
             "size in MiB of a gradient all-reduce bucket (one MPI call per bucket)")
       .bind("comm.watchdog_s", watchdog_s,
             "seconds without progress after which a rank's watchdog ends it with exit code 6 (a "
-            "call stuck inside a library); 0 = 2 x comm.timeout_s + 90");
+            "call stuck inside a library); 0 = 2 x comm.timeout_s + 90")
+      .bind("comm.backend", backend,
+            "auto | mpi | nccl: what carries teacher outputs and the students' gradient all-reduce. "
+            "auto: NCCL where every rank of the link (or student group) holds CUDA tensors on a "
+            "GPU of its own, MPI (pinned host staging) otherwise; nccl where it cannot work is an "
+            "error naming the ranks and GPUs");
 }
 
 double CommConfig::watchdog_limit() const { return watchdog_s > 0 ? watchdog_s : 2 * timeout_s + 90; }
@@ -456,6 +468,8 @@ void CommConfig::validate(ConfigProblems& problems) const {
   problems.check(timeout_s > 0, "comm.timeout_s(" + num(timeout_s) + ") must be > 0");
   problems.check(mode == "scatter" || mode == "broadcast",
                  "comm.mode(" + mode + ") must be scatter or broadcast");
+  problems.check(backend == "auto" || backend == "mpi" || backend == "nccl",
+                 "comm.backend(" + backend + ") must be auto, mpi or nccl");
   // MPI counts are ints: a bucket holds at most 2^31-1 floats (8 GiB).
   problems.check(bucket_mb > 0 && bucket_mb <= 8192,
                  "comm.bucket_mb(" + num(bucket_mb) + ") must be > 0 and <= 8192");
@@ -541,7 +555,8 @@ const torch::Tensor& Message::at(const std::string& name) const {
 
 std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
                                               const MessageSpec& spec, const CommConfig& config,
-                                              std::int64_t first_step, std::int64_t end_step) {
+                                              std::int64_t first_step, std::int64_t end_step,
+                                              bool pinned) {
   ConfigProblems problems;
   config.validate(problems);
   problems.throw_if_any("comm config");
@@ -557,11 +572,12 @@ std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int w
     for (std::size_t i = 0; i < students.size(); ++i) link_ranks.push_back(static_cast<int>(i) + 1);
     return std::make_unique<MpiTeacherTransport>(groups.link(), world_rank, std::move(students),
                                                  std::move(link_ranks), spec, config,
-                                                 config.mode == "broadcast", first_step, end_step);
+                                                 config.mode == "broadcast", first_step, end_step,
+                                                 pinned);
   }
   return std::make_unique<MpiStudentTransport>(groups.link(), world_rank,
                                                layout.sender_of_replica(replica), 0, spec, config,
-                                               first_step, end_step);
+                                               first_step, end_step, pinned);
 }
 
 StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world_rank,
@@ -589,50 +605,6 @@ StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world
         to_next, config, /*broadcast_mode=*/false, first_step, end_step);
   }
   return out;
-}
-
-GradientReducer::GradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
-                                 std::uint64_t bucket_bytes, double timeout_s, int world_rank)
-    : comm_(students), params_(std::move(params)), timeout_s_(timeout_s), world_rank_(world_rank) {
-  WD_CHECK(comm_ != MPI_COMM_NULL,
-           "gradient reduction runs in the student group; rank " << world_rank << " is not in it");
-  WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
-  peers_ = world_ranks_of(comm_);
-  // A timeout names the others: this rank is evidently still here.
-  peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank), peers_.end());
-
-  buckets_ = make_grad_buckets(params_, bucket_bytes, torch::kFloat);
-  for (const auto& bucket : buckets_) {
-    checked_count(static_cast<std::uint64_t>(bucket.flat.numel()), "a gradient bucket's element count");
-  }
-}
-
-void GradientReducer::average(std::int64_t step) {
-  torch::NoGradGuard no_grad;
-  std::vector<MPI_Request> requests(buckets_.size(), MPI_REQUEST_NULL);
-  std::uint64_t total_bytes = 0;
-  // Each bucket's all-reduce starts as soon as it is packed, overlapping the next bucket's copy.
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    GradBucket& bucket = buckets_[b];
-    pack_grads(params_, bucket);
-    total_bytes += static_cast<std::uint64_t>(bucket.flat.numel()) * sizeof(float);
-    WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, bucket.flat.data_ptr<float>(),
-                                static_cast<int>(bucket.flat.numel()), MPI_FLOAT, MPI_SUM, comm_,
-                                &requests[b]));
-  }
-  const auto start = Clock::now();
-  try {
-    wait_all_with_deadline(requests, WaitInfo{"allreduce grads", step, total_bytes, peers_},
-                           std::chrono::duration<double>(timeout_s_), world_rank_);
-  } catch (...) {
-    wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
-    // The all-reduce is abandoned, not finished: MPI may still write into the buckets.
-    for (const GradBucket& bucket : buckets_) keep_until_exit(bucket.flat);
-    throw;
-  }
-  wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
-
-  for (GradBucket& bucket : buckets_) unpack_grads(params_, bucket, group_size_);
 }
 
 }  // namespace wd::comm

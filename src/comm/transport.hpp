@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/grad_buckets.hpp"
 #include "comm/process_groups.hpp"
 #include "core/config.hpp"
 
@@ -22,6 +21,7 @@ struct CommConfig {
   std::string mode = "scatter";    ///< scatter: each student its slice | broadcast: all the same
   double bucket_mb = 25.0;         ///< gradient all-reduce bucket size
   double watchdog_s = 0;           ///< 0: 2 x timeout_s + 90
+  std::string backend = "auto";    ///< auto | mpi | nccl (backend_choice.hpp)
   void bind(OptionTable& table);
   /// Seconds without progress after which the watchdog ends the rank.
   double watchdog_limit() const;
@@ -89,10 +89,12 @@ class Transport {
 };
 
 /// The MPI implementation over `groups.link()` (host tensors). Steps [first_step, end_step)
-/// are streamed; a student cancels its outstanding receives when destroyed early.
+/// are streamed; a student cancels its outstanding receives when destroyed early. `pinned`
+/// page-locks the ring buffers (only in a CUDA build: a CUDA device copies to or from them).
 std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
                                               const MessageSpec& spec, const CommConfig& config,
-                                              std::int64_t first_step, std::int64_t end_step);
+                                              std::int64_t first_step, std::int64_t end_step,
+                                              bool pinned = false);
 
 /// A pipeline stage's links to its neighbours in the replica (teacher.placement = shard): the
 /// previous stage's stream in (null on the first stage), the stream to the next stage out (null
@@ -107,29 +109,5 @@ StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world
                                           const MessageSpec& from_previous,
                                           const MessageSpec& to_next, const CommConfig& config,
                                           std::int64_t first_step, std::int64_t end_step);
-
-/// Averages gradients over the student group: grads are packed into fp32 buckets of at most
-/// bucket_bytes (allocated once), one MPI_Iallreduce per bucket, waited with deadline, then
-/// divided by the group size and copied back. Equal to a single process over the union of
-/// the batches.
-class GradientReducer {
- public:
-  GradientReducer(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
-                  double timeout_s, int world_rank);
-  /// Averages the .grad of every parameter (a missing grad counts as zeros).
-  void average(std::int64_t step);
-  std::size_t bucket_count() const { return buckets_.size(); }
-  double wait_seconds() const { return wait_seconds_; }
-
- private:
-  MPI_Comm comm_;
-  std::vector<torch::Tensor> params_;
-  std::vector<GradBucket> buckets_;
-  std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages
-  int group_size_ = 1;
-  double timeout_s_;
-  int world_rank_;
-  double wait_seconds_ = 0;
-};
 
 }  // namespace wd::comm

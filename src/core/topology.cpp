@@ -13,6 +13,8 @@ const char* role_name(Role role) {
   return "unknown";
 }
 
+int gpu_of_local_rank(int local_rank, int gpus) { return gpus > 0 ? local_rank % gpus : 0; }
+
 Topology Topology::single_process(Role role) {
   Topology t;
   t.role = role;

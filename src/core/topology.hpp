@@ -10,6 +10,10 @@ enum class Role { kTeacher, kStudent };
 
 const char* role_name(Role role);
 
+/// The GPU of node-local rank `local_rank` on a node with `gpus` GPUs: ranks take the GPUs in
+/// order and wrap round, so ranks share a GPU only when the node has more ranks than GPUs.
+int gpu_of_local_rank(int local_rank, int gpus);
+
 /// Rank and role as plain values (never globals), so per-rank logic can be tested for several
 /// ranks side by side in one process.
 struct Topology {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -88,6 +89,19 @@ struct DeviceMemory {
   std::uint64_t total_bytes = 0;
 };
 
+/// Initialises LibTorch's CUDA state (devices, the caching allocator) once; a no-op after that
+/// and in builds without CUDA. The allocator's statistics throw before it ("did you call
+/// init?"), so everything that asks them calls this first.
+inline void init_cuda() {
+#if WD_TORCH_CUDA
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
+#endif
+#endif
+}
+
 /// Memory statistics of `device`; `available` is false unless it is a CUDA device of a CUDA
 /// build. Only query a device this process already uses: the allocator of an untouched device
 /// is not initialised, and cudaMemGetInfo would create a context on it.
@@ -95,6 +109,7 @@ inline DeviceMemory device_memory(const c10::Device& device) {
   DeviceMemory m;
 #if WD_TORCH_CUDA
   if (!device.is_cuda()) return m;
+  init_cuda();
   const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
   // Index 0 of every StatArray is StatType::AGGREGATE (all pools) in 1.13 and in 2.x, where
   // StatType moved namespaces; the index keeps this line valid in both.
@@ -128,10 +143,21 @@ inline void* current_cuda_stream(const c10::Device& device) {
 #endif
 }
 
+/// Waits until the work queued on `device`'s current stream has finished (no-op for the host,
+/// where every kernel has finished when it returns).
+inline void synchronize_device(const c10::Device& device) {
+#if WD_TORCH_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#else
+  (void)device;
+#endif
+}
+
 /// Starts a new peak interval for `device` (no-op where device_memory is not available).
 inline void reset_device_peak(const c10::Device& device) {
 #if WD_TORCH_CUDA
   if (!device.is_cuda()) return;
+  init_cuda();
   c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
                                                                      : c10::cuda::current_device());
 #else
@@ -190,12 +216,15 @@ using OptimizerStateKey =
     std::decay_t<decltype(std::declval<const torch::optim::Optimizer&>().state())>::key_type;
 
 /// The key under which an optimizer keeps the state of parameter `p` (what its step() uses):
-/// 1.13 prints the TensorImpl address with c10::guts::to_string. (A template only so that the
-/// branch of the other version is never compiled.)
+/// 1.13 streams the TensorImpl address into a string (c10::guts::to_string, which PyTorch 2.2
+/// removed, so it is spelled out here: the same `ostream << pointer`). (A template only so that
+/// the branch of the other version is never compiled.)
 template <typename Key = OptimizerStateKey>
 Key optimizer_state_key(const torch::Tensor& p) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream address;
+    address << p.unsafeGetTensorImpl();
+    return address.str();
   } else {
     return static_cast<Key>(static_cast<void*>(p.unsafeGetTensorImpl()));
   }

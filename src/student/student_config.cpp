@@ -30,6 +30,11 @@ void StudentConfig::bind(OptionTable& t) {
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
+      .bind("student.device", device,
+            "auto | cpu | cuda: where each student trains. auto: a GPU when this build has CUDA "
+            "and the rank sees one, else the host. A rank uses GPU <node-local rank mod GPUs on "
+            "the node>, so ranks share a GPU (with a warning) only when a node has fewer GPUs "
+            "than ranks")
       .bind("student.projection", projection,
             "trained | frozen: channel projections used when in/out channels differ from the teacher's")
       .bind("student.features", features,
@@ -62,6 +67,8 @@ void StudentConfig::validate(ConfigProblems& p) const {
   }
   p.check(precision == "fp32" || precision == "bf16-mixed",
           "student.precision(" + precision + ") must be fp32 or bf16-mixed");
+  p.check(device == "auto" || device == "cpu" || device == "cuda",
+          "student.device(" + device + ") must be auto, cpu or cuda");
   p.check(projection == "trained" || projection == "frozen",
           "student.projection(" + projection + ") must be trained or frozen");
   bool features_ok = true;

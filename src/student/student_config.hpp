@@ -26,6 +26,8 @@ struct StudentConfig {
   std::string checkpointing = "off";
   /// fp32 | bf16-mixed (bf16 compute, fp32 master weights and optimizer state)
   std::string precision = "fp32";
+  /// auto | cpu | cuda (student_device.hpp)
+  std::string device = "auto";
   /// trained | frozen: the channel projections used when in/out channels differ from the teacher's
   std::string projection = "trained";
   /// feature distillation pairs "s:t,s:t" (student block s matched to teacher block t); empty = off

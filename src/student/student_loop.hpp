@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/gradient_reducer.hpp"
 #include "comm/health.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/fault_injection.hpp"

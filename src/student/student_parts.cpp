@@ -69,6 +69,10 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
     const auto seed = setup_.seed + 16 + static_cast<std::uint64_t>(s) * 1009 + static_cast<std::uint64_t>(t);
     heads_->update({{head_name(s, t), seeded_linear(c.dim, setup_.teacher_dim, seed).ptr()}});
   }
+  // Initialised on the host (a seeded CPU generator gives every device the same start), moved
+  // once; parameters keep their identity, so nothing below sees a host tensor.
+  model_->to(setup_.device);
+  heads_->to(setup_.device);
   for (const auto& p : model_->named_parameters()) {
     trainable_.push_back(p.value());
     trainable_names_.push_back(p.key());
@@ -89,6 +93,7 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
       auto copy = p.value().detach().to(torch::kBFloat16);
       compute_->bind_parameter(p.key(), copy);
     }
+    compute_->to(setup_.device);  // its buffers (the parameters are device copies already)
     for (const auto& p : compute_->named_parameters()) {
       master_compute_.emplace_back(model_->named_parameters()[p.key()], p.value());
     }
@@ -119,7 +124,7 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"));
   losses.output = loss.item<double>();
   if (!setup_.feature_pairs.empty()) {
-    torch::Tensor feature_loss = torch::zeros({}, torch::kFloat);
+    torch::Tensor feature_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(setup_.device));
     for (const auto& [s, t] : setup_.feature_pairs) {
       auto mapped = heads_[head_name(s, t)]->as<torch::nn::Linear>()->forward(hidden[s].to(torch::kFloat));
       feature_loss = feature_loss + distill_loss(mapped, batch.at("feat." + std::to_string(t)));

@@ -27,6 +27,7 @@ struct PartsSetup {
   bool train_projections = true;  ///< student.projection = trained | frozen
   bool mixed_bf16 = false;        ///< student.precision = bf16-mixed
   std::uint64_t seed = 0;
+  c10::Device device = torch::kCPU;  ///< where every part lives and trains (student.device)
 };
 
 /// Losses of one micro-batch (unscaled).
@@ -41,6 +42,8 @@ class StudentParts {
   /// Takes the fp32 student (the master weights); builds the projections when the student's
   /// channels differ from the teacher's (semi-orthogonal init: never zeros), one linear head
   /// per feature pair, and for bf16-mixed a bf16 copy of the DiT used for forward/backward.
+  /// Everything is initialised on the host (the same values on every device) and then moved
+  /// to setup.device once; batches must arrive on that device.
   StudentParts(WanDiT model, const PartsSetup& setup);
 
   /// Forward + loss + backward of `scale`·loss for one received batch; gradients accumulate

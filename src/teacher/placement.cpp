@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/topology.hpp"
 #include "core/torch_compat.hpp"
 
 namespace wd::teacher {
@@ -137,11 +138,13 @@ c10::Device teacher_device(const TeacherConfig& config, memory::Placement placem
   }
   if (compat::cuda_available()) {
     const auto count = static_cast<int>(torch::cuda::device_count());
-    return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count)};
+    return {torch::kCUDA, static_cast<c10::DeviceIndex>(gpu_of_local_rank(local_rank, count))};
   }
   WD_CHECK_AS(ConfigError, placement != memory::Placement::kGpu,
-              "teacher.placement(gpu) needs a CUDA build of LibTorch; this one is CPU-only "
-              "(use cpu, stream, shard or auto)");
+              "teacher.placement(gpu) needs a GPU: "
+                  << (compat::kHasCuda ? "this rank sees none (CUDA_VISIBLE_DEVICES, the driver)"
+                                       : "this build's LibTorch has no CUDA")
+                  << " (use cpu, stream, shard or auto)");
   return torch::kCPU;  // stream and shard with the host as their device
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 #include <thread>
 
+#include "comm/gradient_reducer.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/transport.hpp"
@@ -510,7 +511,7 @@ TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
     auto params = model->parameters();
     params.push_back(unused);
     // 192-byte weight alone; bias + 96-byte weight fill 128 bytes; last bias + unused: 3 buckets.
-    GradientReducer reducer(g.students(), params, /*bucket_bytes=*/128, /*timeout_s=*/30, rank);
+    MpiGradientReducer reducer(g.students(), params, /*bucket_bytes=*/128, /*timeout_s=*/30, rank);
     EXPECT_EQ(reducer.bucket_count(), 3u);
 
     const std::int64_t me = rank - l.teacher_ranks;
@@ -533,6 +534,29 @@ TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
       EXPECT_EQ(unused.grad().abs().sum().item<double>(), 0.0);
     }
     EXPECT_GE(reducer.wait_seconds(), 0.0);
+  }
+}
+
+// make_gradient_reducer: host parameters get the MPI reducer under auto; nccl is refused on
+// every student alike, naming a rank that holds host tensors.
+TEST(GradientReducer, FactoryChoosesMpiForHostParametersAndRefusesNccl) {
+  const int rank = world_rank();
+  const auto l = Layout::make(test::world_size(), 1);
+  ProcessGroups g(l, rank);
+  if (l.role_of(rank) == Role::kTeacher) return;
+  auto model = tiny_model();
+  auto reducer = make_gradient_reducer(g.students(), model->parameters(), 1 << 20, 30, rank,
+                                       c10::Device(c10::kCPU), "auto");
+  EXPECT_STREQ(reducer->backend(), "mpi");
+  try {
+    make_gradient_reducer(g.students(), model->parameters(), 1 << 20, 30, rank,
+                          c10::Device(c10::kCPU), "nccl");
+    ADD_FAILURE() << "comm.backend nccl was accepted for host parameters";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("comm.backend(nccl) cannot carry the gradient all-reduce"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds host tensors"), std::string::npos) << e.what();
   }
 }
 

@@ -232,7 +232,7 @@ TEST_F(NcclGpu, MissingPeerTimesOut) {
 /// The NCCL transport end to end on 1 teacher + 1 student, one GPU each: steps through a ring of
 /// two slots, in scatter and broadcast mode, arrive with the values sent (dtype converted).
 TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
-  if (!nccl_transport_built()) GTEST_SKIP() << "this build has no NCCL transport (CPU LibTorch)";
+  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL transport (CPU LibTorch)";
   if (world_size() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
   need_gpu_per_rank();
   const int rank = world_rank();

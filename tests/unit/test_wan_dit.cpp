@@ -247,6 +247,26 @@ TEST(Compat, AttentionEqualsReferenceInFp32) {
   EXPECT_LE(max_abs_diff(compat::attention(q, k, v), compat::attention_reference(q, k, v)), 1e-6);
 }
 
+// The padded keys of a shorter sample must not reach its output at all: with the fused kernel
+// (LibTorch 2.x) as with the reference formula, any values there leave the result bit-equal,
+// and a fully masked-out tail equals attention over the unpadded keys alone.
+TEST(Compat, MaskedKeysHaveNoInfluence) {
+  SCOPED_TRACE(std::string("fused attention: ") + (compat::kHasFusedAttention ? "yes" : "no"));
+  torch::manual_seed(3);
+  auto q = torch::randn({2, 3, 5, 8}), k = torch::randn({2, 3, 7, 8}), v = torch::randn({2, 3, 7, 8});
+  auto mask = torch::ones({2, 1, 1, 7}, torch::kBool);
+  mask[1].slice(-1, 4, 7).fill_(false);
+  const auto out = compat::attention(q, k, v, mask);
+  auto k2 = k.clone(), v2 = v.clone();
+  k2[1].slice(1, 4, 7).fill_(1e4);
+  v2[1].slice(1, 4, 7).fill_(-1e4);
+  EXPECT_TRUE(torch::equal(compat::attention(q, k2, v2, mask), out));
+  const auto unpadded = compat::attention(q[1].unsqueeze(0), k[1].slice(1, 0, 4).unsqueeze(0),
+                                          v[1].slice(1, 0, 4).unsqueeze(0));
+  EXPECT_LE(max_abs_diff(out[1].unsqueeze(0), unpadded), 1e-6);
+  EXPECT_LE(max_abs_diff(out[0], compat::attention(q, k, v)[0]), 1e-6) << "the unmasked sample";
+}
+
 TEST(WanConfigTest, PresetParameterCountsMatchTheOfficialModels) {
   EXPECT_EQ(wan_param_count(WanConfig::preset("wan22-ti2v-5b")), 4'999'787'712);
   EXPECT_EQ(wan_param_count(WanConfig::preset("wan22-t2v-a14b")), 14'288'491'584);

@@ -1,0 +1,97 @@
+// The `train` job's wiring: what every rank agrees on before its role starts (prepare_train),
+// then each role's set-up and run (run_teacher_rank, run_student_rank).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/run_config.hpp"
+#include "comm/health.hpp"
+#include "comm/mpi_runtime.hpp"
+#include "comm/process_groups.hpp"
+#include "comm/stream_plan.hpp"
+#include "core/checkpoint_store.hpp"
+#include "core/fault_injection.hpp"
+#include "core/topology.hpp"
+#include "data/dataset.hpp"
+#include "memory/memory_monitor.hpp"
+#include "memory/memory_report.hpp"
+#include "memory/planner.hpp"
+#include "model/wan_experts.hpp"
+
+namespace wd::app {
+
+/// What every rank knows once start-up is agreed. The same on every rank except where noted.
+struct TrainJob {
+  RunConfig cfg;
+  std::vector<std::string> args;  ///< the command line (the diagnosis adjusts it)
+  std::string config_ini;         ///< the effective config, saved with every checkpoint
+  Topology topo;
+  memory::Placement placement = memory::Placement::kCpu;
+  comm::Layout layout;
+  std::optional<comm::ProcessGroups> groups;
+  std::optional<WanExperts> experts;
+  std::optional<data::DatasetInfo> info;  ///< teacher ranks only
+  comm::StreamPlan plan;
+  std::int64_t per_replica = 0;    ///< samples a replica computes per transport step
+  std::int64_t train_samples = 0;  ///< samples before the held-out ones
+  bool broadcast = false;          ///< comm.mode broadcast
+  std::string resume_path;         ///< the checkpoint to resume from; empty: step 0
+  std::optional<CheckpointStore> store;  ///< the first student rank only (it writes)
+
+  const WanCheckpoint& teacher() const { return experts->expert(0); }
+  int world_rank() const { return topo.rank; }
+};
+
+/// What the failure handler reports about this rank after the stack unwound: filled in by the
+/// role as it sets up and trains.
+struct RankMemory {
+  c10::Device device = torch::kCPU;
+  std::uint64_t teacher_weights_bytes = 0;
+  std::uint64_t transport_bytes = 0;
+  memory::ModelMemory model;  ///< the student's own tensors, updated every step
+};
+
+/// The services every role uses, alive from the start of training to the failure handler.
+struct RoleServices {
+  comm::HealthChannel& health;
+  memory::MemoryMonitor& monitor;
+  const FaultInjector& faults;
+  RankMemory& memory;
+};
+
+/// What each rank reports at the end of a run (gathered as doubles).
+struct RankSummary {
+  double role = 0;  ///< 0 teacher, 1 student
+  double seconds = 0;
+  double busy_fraction = 0;  ///< teacher: reading + noising + forward
+  double wait_fraction = 0;  ///< blocked in the transport
+  double samples = 0;
+  double peak_rss = 0;
+};
+
+/// How a role ended.
+struct RoleResult {
+  RankSummary summary;
+  bool requeue = false;  ///< stopped after SIGUSR1 with a checkpoint written
+};
+
+/// Every start-up stage of `train` for `job` (cfg, args and config_ini set), each agreed by all
+/// ranks (all go on, or all stop with the first rank's error): validation, logging and threads,
+/// the run directory and the builtin assets, the teacher placement, the teacher and data
+/// checks, the data shapes, the resume point and the stream plan.
+void prepare_train(TrainJob& job, comm::MpiRuntime& mpi);
+
+/// A teacher rank: its device, its link to the students (the last stage of a replica), its
+/// stage of the model, its stage links, then the teacher loop.
+RoleResult run_teacher_rank(TrainJob& job, RoleServices& services);
+
+/// A student rank: its device, its link to its teacher, the student parts on the device, the
+/// gradient reducer, then the student loop; the first student saves the student at the end.
+RoleResult run_student_rank(TrainJob& job, RoleServices& services);
+
+}  // namespace wd::app

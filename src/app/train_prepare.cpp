@@ -1,0 +1,255 @@
+// prepare_train: the start-up stages every rank of `train` agrees on before its role starts.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <thread>
+
+#include "app/commands.hpp"
+#include "app/plan_input.hpp"
+#include "app/rank_placement.hpp"
+#include "app/train_job.hpp"
+#include "comm/startup.hpp"
+#include "core/logging.hpp"
+#include "core/torch_compat.hpp"
+#include "data/data_config.hpp"
+#include "model/safetensors.hpp"
+#include "student/student_device.hpp"
+#include "teacher/placement.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr std::uint64_t kBuiltinSeed = 20251122;
+
+/// Runs `stage` and makes every rank agree on its outcome (all throw, or none).
+template <typename F>
+void agreed(const std::string& stage, const RunConfig& cfg, F&& stage_fn) {
+  std::exception_ptr failure;
+  try {
+    // A stop signal during start-up ends the stage on this rank, and so the job on all.
+    if (const int signal = comm::stop_signal()) throw comm::Interrupted(signal);
+    stage_fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::agree_on_startup(stage, failure, MPI_COMM_WORLD, cfg.comm.timeout_s);
+}
+
+/// Generates the builtin:tiny teacher and data set when missing (world rank 0 only).
+void make_builtin_assets(const RunConfig& cfg) {
+  if (cfg.teacher.checkpoint == kBuiltin && !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
+    spdlog::info("generating the builtin tiny teacher in {}", cfg.teacher_path());
+    write_random_wan_checkpoint(cfg.teacher_path(), WanConfig::preset("tiny"), torch::kBFloat16,
+                                2'000'000'000ULL, kBuiltinSeed);
+  }
+  if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
+    const auto tc = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config).config();
+    data::SyntheticDatasetSpec spec;
+    spec.output = cfg.data_path();
+    spec.samples = cfg.data.builtin_samples;
+    spec.latent = {tc.in_dim, 3, 16, 16};
+    spec.text_len = tc.text_len;
+    spec.text_dim = tc.text_dim;
+    spec.seed = kBuiltinSeed;
+    spdlog::info("generating the builtin tiny data set {}", spec.output);
+    data::write_synthetic_dataset(spec);
+  }
+}
+
+void set_threads(const RunConfig& cfg, int local_size) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : std::max(1, hw / local_size);
+  torch::set_num_threads(threads);
+  spdlog::debug("{} intra-op thread(s)", threads);
+}
+
+/// MemTotal of /proc/meminfo (0 when unreadable).
+std::uint64_t host_memory_total() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+/// teacher.placement = auto: what the planner recommends for this job, with the memory the
+/// config gives or that is detected (rank 0 only; it reads the data set's shapes).
+memory::Placement choose_placement(const RunConfig& cfg, int world) {
+  if (!compat::cuda_available()) {
+    spdlog::info("teacher.placement auto: cpu (no CUDA device is usable here, so the teacher computes on the host)");
+    return memory::Placement::kCpu;
+  }
+  const auto experts = open_teacher(cfg);
+  const auto& ck = experts.expert(0);
+  const auto& tc = ck.config();
+  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
+  PlanContext ctx;
+  ctx.teacher = tc;
+  ctx.stored_elem_bytes = stored_elem_bytes(ck);
+  ctx.experts = static_cast<std::int64_t>(experts.size());
+  ctx.latent = info.latent_shape;
+  ctx.context_len = info.context_len;
+  ctx.world = world;
+  ctx.gpus_per_node = static_cast<int>(torch::cuda::device_count());
+  // device_memory initialises LibTorch's CUDA state first: the allocator cannot be asked before.
+  ctx.gpu_bytes = cfg.teacher.gpu_memory.empty()
+                      ? compat::device_memory(c10::Device(torch::kCUDA, 0)).total_bytes
+                      : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? host_memory_total()
+                                                   : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
+  const auto in = make_plan_input(cfg, ctx);
+  const auto plan = memory::make_plan(in);
+  WD_CHECK_AS(ConfigError, plan.recommended.has_value(),
+              "teacher.placement auto: no placement fits " << format_bytes(static_cast<double>(ctx.gpu_bytes))
+                                                           << " per GPU and " << format_bytes(static_cast<double>(ctx.host_bytes))
+                                                           << " per node: " << plan.reason
+                                                           << " (see `wan-distill plan` with the same config)");
+  spdlog::info("teacher.placement auto: {} ({}; planned with {} per GPU, {} per node)",
+               memory::placement_name(*plan.recommended), plan.reason,
+               format_bytes(static_cast<double>(ctx.gpu_bytes)), format_bytes(static_cast<double>(ctx.host_bytes)));
+  return *plan.recommended;
+}
+
+/// The checks that need the layout: the held-out set against the global batch, and the fault
+/// injection's rank and step.
+void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std::int64_t global_batch,
+                          bool broadcast) {
+  ConfigProblems p;
+  p.check(cfg.train.eval_samples % global_batch == 0,
+          "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+              ") must be a multiple of the global batch " + std::to_string(global_batch) +
+              " (train.batch_size(" + std::to_string(cfg.train.batch_size) + ") x " +
+              std::to_string(broadcast ? layout.replicas : layout.student_ranks) +
+              (broadcast ? " replicas" : " students") + ")");
+  if (const auto fault = FaultSpec::parse(cfg.inject_fault)) {
+    const int count = fault->role == Role::kTeacher ? layout.teacher_ranks : layout.student_ranks;
+    p.check(fault->role_rank < count && fault->step <= cfg.train.steps,
+            "inject-fault(" + cfg.inject_fault + ") needs RANK < " + std::to_string(count) + " " +
+                role_name(fault->role) + " ranks and STEP <= train.steps(" + std::to_string(cfg.train.steps) + ")");
+  }
+  p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
+          "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
+  p.throw_if_any("train config");
+}
+
+/// The step training resumes at (the first student looks; it alone opens the store, since
+/// opening one clears what crashed saves left), and the checkpoint's path.
+void find_resume_point(TrainJob& job) {
+  const auto& cfg = job.cfg;
+  const int leader = job.layout.teacher_ranks;
+  std::vector<std::int64_t> resume_step{0};
+  agreed("finding the checkpoint to resume from", cfg, [&] {
+    if (job.world_rank() != leader) return;
+    job.store.emplace(cfg.checkpoint_root(), static_cast<std::size_t>(cfg.checkpoint.keep));
+    if (cfg.checkpoint.resume == "auto") {
+      if (const auto entry = job.store->latest_good()) {
+        resume_step[0] = entry->step;
+      } else {
+        spdlog::info("resume auto: no good checkpoint in {}; starting at step 0", job.store->root());
+      }
+    } else if (!cfg.checkpoint.resume.empty()) {
+      resume_step[0] = CheckpointStore::verify(cfg.checkpoint.resume).step;
+    }
+    WD_CHECK_AS(ConfigError, resume_step[0] < cfg.train.steps,
+                "the checkpoint to resume from is at step " << resume_step[0] << "; train.steps("
+                                                            << cfg.train.steps << ") leaves nothing to train");
+  });
+  comm::broadcast_ints(resume_step, leader, MPI_COMM_WORLD, cfg.comm.timeout_s, "resume step");
+  job.plan.first_step = resume_step[0];
+  if (resume_step[0] == 0) return;
+  job.resume_path = cfg.checkpoint.resume == "auto"
+                        ? (fs::path(cfg.checkpoint_root()) / CheckpointStore::dir_name(resume_step[0])).string()
+                        : cfg.checkpoint.resume;
+  if (job.world_rank() == 0) spdlog::info("resuming from {} (step {})", job.resume_path, resume_step[0]);
+}
+
+}  // namespace
+
+void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
+  const auto& cfg = job.cfg;
+  const int rank = mpi.rank();
+  // Identical on every rank (same arguments): no communication needed to agree.
+  cfg.validate();
+  // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
+  // single replica is always a valid split, so it serves until then).
+  job.topo = comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks))
+                 .topology(rank, mpi.local_rank(), mpi.local_size());
+  init_logging(job.topo, cfg.log.level);
+  set_threads(cfg, mpi.local_size());
+  log_rank_placement(job.topo, cfg.comm.timeout_s);
+
+  agreed("preparing the run directory", cfg, [&] {
+    if (rank != 0) return;
+    fs::create_directories(fs::path(cfg.run_dir) / "cache");
+    make_builtin_assets(cfg);
+  });
+  std::vector<std::int64_t> chosen{0};
+  agreed("choosing the teacher placement", cfg, [&] {
+    if (rank != 0) return;
+    const auto p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
+                                                   : teacher::parse_placement(cfg.teacher.placement);
+    // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
+    // job here, before anything is loaded.
+    static_cast<void>(teacher::teacher_device(cfg.teacher, p, 0));
+    chosen[0] = static_cast<std::int64_t>(p);
+  });
+  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
+  job.placement = static_cast<memory::Placement>(chosen[0]);
+  job.layout = comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, job.placement));
+  const auto& layout = job.layout;
+  job.groups.emplace(layout, rank);
+  if (rank == 0) {
+    spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), run dir {}",
+                 layout.teacher_ranks, layout.replicas, layout.stages, memory::placement_name(job.placement),
+                 layout.student_ranks, cfg.run_dir);
+  }
+
+  // Every rank maps the teacher checkpoint (cheap) to learn its config; teachers check data.
+  job.broadcast = cfg.comm.mode == "broadcast";
+  job.per_replica = cfg.train.batch_size * (job.broadcast ? 1 : layout.students_per_replica());
+  const auto global_batch = job.per_replica * layout.replicas;
+  agreed("checking the teacher, student and data set", cfg, [&] {
+    job.experts = open_teacher(cfg);
+    for (const auto& e : job.experts->experts()) e.check();
+    if (rank == 0 && job.experts->two_experts()) {
+      const auto& ex = *job.experts;
+      spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {})", ex.path(),
+                   ex.expert_name(WanExperts::kHigh), ex.boundary_timestep(),
+                   ex.expert_name(WanExperts::kLow), ex.boundary());
+    }
+    const auto& tc = job.teacher().config();
+    validate_with_teacher(cfg, tc, layout.stages);
+    validate_with_layout(cfg, layout, global_batch, job.broadcast);
+    // A student.device this rank cannot use stops the job here, before anything is loaded.
+    if (job.topo.role == Role::kStudent) static_cast<void>(student::student_device(cfg.student.device, job.topo.local_rank));
+    if (job.topo.role == Role::kTeacher) {
+      job.info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
+      WD_CHECK_DATA(job.info->samples > cfg.train.eval_samples, job.info->path, "/latents",
+                    "has " << job.info->samples << " samples; train.eval_samples(" << cfg.train.eval_samples
+                           << ") leaves none for training");
+    }
+  });
+
+  // World rank 0 (a teacher) tells everyone the data shapes.
+  std::vector<std::int64_t> shape(6, 0);
+  if (rank == 0) {
+    const auto& lat = job.info->latent_shape;
+    shape = {lat[0], lat[1], lat[2], lat[3], job.info->context_len, job.info->samples};
+  }
+  comm::broadcast_ints(shape, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape");
+  job.plan = stream_plan_for(cfg, job.teacher().config(), {shape[0], shape[1], shape[2], shape[3]}, shape[4]);
+  job.plan.eval_messages = cfg.train.eval_samples / global_batch;
+  job.plan.train_steps = cfg.train.steps;
+  job.train_samples = shape[5] - cfg.train.eval_samples;
+  find_resume_point(job);
+}
+
+}  // namespace wd::app

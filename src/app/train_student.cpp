@@ -1,0 +1,117 @@
+// run_student_rank: a student rank's wiring (device, link, parts, gradient reducer) and its loop.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "app/train_job.hpp"
+#include "comm/gradient_reducer.hpp"
+#include "comm/transport_factory.hpp"
+#include "core/torch_compat.hpp"
+#include "student/student_device.hpp"
+#include "student/student_loop.hpp"
+#include "student/student_model.hpp"
+#include "student/student_parts.hpp"
+#include "student/train_state.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Warns when this rank's GPU is shared with other ranks of the node (more ranks than GPUs).
+void warn_if_gpu_shared(const Topology& topo, const c10::Device& device) {
+  if (!device.is_cuda()) return;
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  if (topo.local_size <= gpus) return;
+  spdlog::warn("{} ranks on this node share {} GPU(s): this rank's {} is shared, so its links to "
+               "ranks on the same GPU go over MPI (NCCL refuses two ranks on one GPU)",
+               topo.local_size, gpus, device.str());
+}
+
+}  // namespace
+
+RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  const auto& layout = job.layout;
+  const auto& plan = job.plan;
+  const int rank = job.world_rank();
+  const auto device = student::student_device(cfg.student.device, job.topo.local_rank);
+  services.memory.device = device;
+  warn_if_gpu_shared(job.topo, device);
+  if (rank == layout.teacher_ranks) {
+    spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
+                 cfg.student.device);
+  }
+  // Link first, gradient group second, on every student: NCCL communicators are created in one
+  // order everywhere (docs/transport.md).
+  auto transport = comm::make_transport(*job.groups, rank, plan.message_spec(), cfg.comm, 0,
+                                        plan.end_step(), device);
+  services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+
+  const auto& tc = job.teacher().config();
+  student::PartsSetup setup;
+  setup.teacher_in_channels = plan.latent[0];
+  setup.teacher_out_channels = plan.out_channels;
+  setup.teacher_dim = tc.dim;
+  setup.feature_pairs = cfg.student.feature_pairs();
+  setup.feature_weight = cfg.student.feature_weight;
+  setup.train_projections = cfg.student.projection == "trained";
+  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
+  setup.seed = cfg.train.seed;
+  setup.device = device;
+  // Everything the student trains is created here, once, on its device; the loop creates nothing.
+  student::StudentParts parts(
+      student::build_student(cfg.student.model_config(tc), cfg.student, job.teacher(), cfg.train.seed), setup);
+  services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
+  auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
+                                             cfg.comm.timeout_s, rank, device, cfg.comm.backend);
+  int group_rank = 0;
+  WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
+  std::vector<int> peers;
+  for (int r = layout.teacher_ranks; r < layout.world_size; ++r) {
+    if (r != rank) peers.push_back(r);
+  }
+  student::StudentJob loop{parts, *transport, *reducer, plan, cfg.train, job.groups->students(),
+                           cfg.comm.timeout_s, rank, peers, group_rank == 0,
+                           (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
+                           student::CheckpointPolicy::parse(cfg.student.checkpointing)};
+  loop.memory = &services.monitor;
+  loop.health = &services.health;
+  loop.faults = &services.faults;
+  for (int r = 0; r < layout.teacher_ranks; ++r) loop.teachers.push_back(r);
+  loop.tracked_memory = &services.memory.model;
+  loop.checkpoint_every = cfg.checkpoint.every;
+  if (!job.resume_path.empty()) {
+    loop.restore = [&](torch::optim::AdamW& optimizer) {
+      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
+      WD_CHECK_DATA(cursor.step == plan.first_step, job.resume_path, "trainer.json",
+                    "step " << cursor.step << " differs from the manifest's step " << plan.first_step);
+    };
+  }
+  loop.save = [&](std::int64_t step, torch::optim::AdamW& optimizer) {
+    if (!job.store) return;  // the first student writes; every replica holds the same state
+    const auto path = job.store->save(step, [&](const std::string& dir) {
+      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini);
+    });
+    spdlog::info("checkpoint of step {} written to {}", step, path);
+  };
+  const auto stats = student::run_student(loop);
+  RoleResult result;
+  result.requeue = stats.stopped_after >= 0;
+  result.summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
+                    static_cast<double>((plan.train_steps - plan.first_step) * plan.micro_batches *
+                                        plan.batch_per_student),
+                    0};
+  if (group_rank == 0 && !result.requeue) {
+    const auto dir = (fs::path(cfg.run_dir) / "student").string();
+    parts.save(dir);
+    spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
+                 "{:.1f} s, waiting for batches {:.0f}%",
+                 dir, wan_param_count(parts.model()->config()), stats.first_eval_rel_mse,
+                 stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
+  }
+  return result;
+}
+
+}  // namespace wd::app

@@ -1,0 +1,87 @@
+// run_teacher_rank: a teacher rank's wiring (device, link, stage model, stage links) and its loop.
+#include <spdlog/spdlog.h>
+
+#include "app/plan_input.hpp"
+#include "app/train_job.hpp"
+#include "comm/transport_factory.hpp"
+#include "data/noiser.hpp"
+#include "data/sample_schedule.hpp"
+#include "teacher/placement.hpp"
+#include "teacher/teacher_loop.hpp"
+#include "teacher/teacher_stage.hpp"
+
+namespace wd::app {
+
+RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  const auto& layout = job.layout;
+  const int rank = job.world_rank();
+  const auto [block_bytes, head_bytes] = teacher_block_bytes(job.teacher());
+  const auto ranges = teacher::stage_ranges(cfg.teacher, layout.stages, block_bytes, head_bytes);
+  const int stage = layout.stage_of(rank);
+  teacher::StageLoad how;
+  how.placement = job.placement;
+  how.dtype = teacher_dtype(cfg);
+  how.device = teacher::teacher_device(cfg.teacher, job.placement, job.topo.local_rank);
+  how.blocks = ranges[static_cast<std::size_t>(stage)];
+  how.stream_ahead = cfg.teacher.stream_ahead;
+  how.timeout_s = cfg.comm.timeout_s;
+  services.memory.device = how.device;
+  if (layout.stages > 1) {
+    spdlog::info("teacher stage {}/{} of replica {}: blocks {}-{} on {}", stage + 1, layout.stages,
+                 layout.replica_of(rank), how.blocks.begin, how.blocks.end - 1, how.device.str());
+  }
+  // The last stage of a replica streams to its students; the students set up the other end
+  // (same collective) in run_student_rank.
+  std::unique_ptr<comm::Transport> transport;
+  if (job.groups->link() != MPI_COMM_NULL) {
+    transport = comm::make_transport(*job.groups, rank, job.plan.message_spec(), cfg.comm, 0,
+                                     job.plan.end_step(), how.device);
+    services.memory.transport_bytes = job.plan.message_spec().bytes() *
+                                      static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
+                                      static_cast<std::uint64_t>(layout.students_per_replica());
+  }
+
+  std::vector<teacher::StageModel> models;
+  for (const auto& e : job.experts->experts()) {
+    models.push_back(teacher::load_stage_model(e, how));
+    services.memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
+  }
+  teacher::Router router;
+  if (job.experts->two_experts()) {
+    router = [&job](const torch::Tensor& t) { return job.experts->route(t); };
+  }
+  teacher::TeacherStage stage_model(std::move(models), router, how.blocks, job.plan.feature_blocks);
+  const auto per_stage_spec = [&](int s) {
+    return teacher::stage_message_spec(
+        job.plan, job.per_replica,
+        teacher::TeacherStage::features_before(job.plan.feature_blocks, ranges[static_cast<std::size_t>(s)].end));
+  };
+  comm::StageTransports links;
+  if (layout.stages > 1) {
+    links = comm::make_mpi_stage_transports(*job.groups, rank, per_stage_spec(std::max(0, stage - 1)),
+                                            per_stage_spec(stage), cfg.comm, 0, job.plan.end_step());
+  }
+
+  std::optional<data::DatasetReader> reader;
+  if (stage == 0) reader.emplace(*job.info);
+  data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
+  data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
+  data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
+  teacher::TeacherJob loop{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
+                           transport.get(), job.plan, layout.replica_of(rank), layout.replicas,
+                           layout.students_per_replica(), job.train_samples, job.broadcast};
+  loop.memory = &services.monitor;
+  loop.health = &services.health;
+  loop.faults = &services.faults;
+  loop.from_previous = links.from_previous.get();
+  loop.to_next = links.to_next.get();
+  const auto stats = teacher::run_teacher(loop);
+  RoleResult result;
+  result.requeue = stats.stopped_after >= 0;
+  result.summary = {0, stats.seconds, stats.busy_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
+                    static_cast<double>(stats.samples), 0};
+  return result;
+}
+
+}  // namespace wd::app

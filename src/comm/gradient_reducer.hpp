@@ -1,0 +1,68 @@
+// GradientReducer: the student group's gradient average, one interface over MPI (host buffers)
+// and NCCL (CUDA buffers), chosen once at start-up by make_gradient_reducer.
+#pragma once
+
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend_choice.hpp"
+#include "comm/grad_buckets.hpp"
+
+namespace wd::comm {
+
+/// Averages the .grad of a fixed list of parameters over the student group. Gradients are
+/// packed into fp32 buckets of at most bucket_bytes (allocated once), reduced, divided by the
+/// group size and copied back; equal to one process over the union of the batches. A missing
+/// grad counts as zeros (and is created).
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  /// Averages every parameter's .grad; waits with deadline (naming the missing peers).
+  virtual void average(std::int64_t step) = 0;
+  virtual std::size_t bucket_count() const = 0;
+  /// Seconds spent waiting for the reduction so far.
+  virtual double wait_seconds() const = 0;
+  /// "mpi" or "nccl", for the log.
+  virtual const char* backend() const = 0;
+};
+
+/// Over MPI: one MPI_Iallreduce per bucket. The buckets live on the host (pinned when the
+/// parameters are on a CUDA device, so the device -> host copies are DMA transfers).
+class MpiGradientReducer final : public GradientReducer {
+ public:
+  MpiGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
+                     std::uint64_t bucket_bytes, double timeout_s, int world_rank);
+  void average(std::int64_t step) override;
+  std::size_t bucket_count() const override { return buckets_.size(); }
+  double wait_seconds() const override { return wait_seconds_; }
+  const char* backend() const override { return "mpi"; }
+
+ private:
+  MPI_Comm comm_;
+  std::vector<torch::Tensor> params_;
+  std::vector<GradBucket> buckets_;
+  std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages
+  int group_size_ = 1;
+  double timeout_s_;
+  int world_rank_;
+  double wait_seconds_ = 0;
+};
+
+/// The reducer for `params` on `device` over `students`: NCCL when every student's parameters
+/// are on a distinct CUDA device and the build has NCCL (or `backend` says nccl), MPI
+/// otherwise. Collective over `students` (the students agree on the choice from the same
+/// gathered facts); logs the choice and its reason once per group. Throws ConfigError when
+/// `backend` asks for NCCL where it cannot work.
+std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
+                                                       std::vector<torch::Tensor> params,
+                                                       std::uint64_t bucket_bytes,
+                                                       double timeout_s, int world_rank,
+                                                       const c10::Device& device,
+                                                       const std::string& backend);
+
+}  // namespace wd::comm
