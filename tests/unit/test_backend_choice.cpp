@@ -39,9 +39,10 @@ TEST(BackendChoice, AHostRankMeansMpiAndNcclNamesIt) {
   const auto automatic = choose_backend("auto", ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   EXPECT_EQ(automatic.reason, "rank 0 (host on a) holds host tensors");
-  EXPECT_EQ(nccl_error(ends),
-            "comm.backend(nccl) cannot carry the link: rank 0 (host on a) holds host tensors; "
-            "use comm.backend auto or mpi");
+  EXPECT_EQ(nccl_error(ends).rfind("comm.backend(nccl) cannot carry the link: rank 0 (host on a) holds "
+                                   "host tensors; use comm.backend auto or mpi",
+                                   0),
+            0u);
 }
 
 TEST(BackendChoice, TwoRanksOnOneGpuMeansMpiAndNcclNamesBoth) {

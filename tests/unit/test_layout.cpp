@@ -85,4 +85,31 @@ TEST(LayoutCommand, InvalidLayoutsExitWithCode2NamingTheValues) {
   EXPECT_NE(r.output.find("at least 1 student rank is needed"), std::string::npos) << r.output;
 }
 
+// More ranks than GPUs: ranks wrap round the GPUs (train's rule), the sharing is noted, and a
+// link with two ranks on one GPU goes over MPI; student.device cpu puts students on the host,
+// and comm.backend nccl for such a link is refused with exit 2 naming the rank.
+TEST(LayoutCommand, SharedGpusAndHostStudentsChooseMpi) {
+  auto r = run("--nodes 1 --gpus-per-node 2 --ranks-per-node 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<std::vector<std::string>> want{{"0", "node0", "0", "cuda:0", "teacher", "0", "-"},
+                                                   {"1", "node0", "1", "cuda:1", "student", "0", "0"},
+                                                   {"2", "node0", "2", "cuda:0", "student", "0", "1"}};
+  EXPECT_EQ(rows(r.output), want) << r.output;
+  EXPECT_NE(r.output.find("3 ranks per node on 2 GPU(s): ranks share GPUs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("over mpi (rank 0 (cuda:0 on node0) and rank 2 (cuda:0 on node0) share one GPU"),
+            std::string::npos)
+      << r.output;
+
+  r = run("--nodes 1 --gpus-per-node 4 --student.device cpu");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(rows(r.output)[1][3], "host") << r.output;
+  EXPECT_NE(r.output.find("over mpi (rank 1 (host on node0) holds host tensors)"), std::string::npos) << r.output;
+
+  r = run("--nodes 1 --gpus-per-node 4 --student.device cpu --comm.backend nccl");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("comm.backend(nccl) cannot carry the link of replica 0: rank 1 (host on node0)"),
+            std::string::npos)
+      << r.output;
+}
+
 }  // namespace
