@@ -30,6 +30,8 @@ struct ForwardBenchConfig {
   int height = 32;
   int width = 32;
   std::uint64_t seed = 0;
+  std::string device = "cpu";
+  double peak_tflops = 0;  ///< the device's dense peak for the MFU column; 0: no MFU
   LogConfig log;
 
   ForwardBenchConfig() { log.level = "warn"; }
@@ -41,10 +43,16 @@ struct ForwardBenchConfig {
         .bind("batches", batches, "comma list of batch sizes")
         .bind("runs", runs, "timed forwards per point (median reported)")
         .bind("warmup", warmup, "untimed forwards before the timed ones")
-        .bind("frames", frames, "latent frames F of each sample [16,F,H,W]")
+        .bind("frames", frames, "latent frames F of each sample [C,F,H,W] (C: the model's in_dim)")
         .bind("height", height, "latent height H")
         .bind("width", width, "latent width W")
-        .bind("seed", seed, "seed of the random weights and inputs");
+        .bind("seed", seed, "seed of the random weights and inputs")
+        .bind("device", device,
+              "cpu | cuda | cuda:N: where the model and inputs live; every timed forward ends "
+              "with a device synchronisation")
+        .bind("peak-tflops", peak_tflops,
+              "the device's dense peak TFLOP/s in the benchmarked dtype, for the MFU column "
+              "(e.g. 989 for an H100 SXM in bf16); 0 leaves MFU out");
     log.bind(t);
   }
   void validate() const {
@@ -56,6 +64,13 @@ struct ForwardBenchConfig {
                 "), width(" + std::to_string(width) + ") must be >= 1, 2, 2");
     p.check(!split_list(sizes).empty(), "sizes(" + sizes + ") must name at least one size");
     p.check(!split_list(dtypes).empty(), "dtypes(" + dtypes + ") must name at least one dtype");
+    p.check(peak_tflops >= 0, "peak-tflops must be >= 0");
+    try {
+      const c10::Device d(device);
+      p.check(d.is_cpu() || compat::cuda_available(), "device(" + device + "): no usable CUDA device here");
+    } catch (const c10::Error&) {
+      p.check(false, "device(" + device + ") must be cpu, cuda or cuda:N");
+    }
     log.validate(p);
     p.throw_if_any("bench_forward");
   }
@@ -111,14 +126,14 @@ struct Inputs {
   WanInputs view() const { return WanInputs{x, {}, t, context, 0}; }
 };
 
-Inputs make_inputs(const WanConfig& c, const ForwardBenchConfig& cfg, int batch) {
+Inputs make_inputs(const WanConfig& c, const ForwardBenchConfig& cfg, int batch, const c10::Device& device) {
   Inputs in;
   for (int b = 0; b < batch; ++b) {
-    in.x.push_back(torch::randn({c.in_dim, cfg.frames, cfg.height, cfg.width}));
-    in.context.push_back(torch::randn({c.text_len, c.text_dim}));
+    in.x.push_back(torch::randn({c.in_dim, cfg.frames, cfg.height, cfg.width}).to(device));
+    in.context.push_back(torch::randn({c.text_len, c.text_dim}).to(device));
   }
   // Spread timesteps so a batch is not one sample repeated.
-  in.t = torch::linspace(300, 700, batch);
+  in.t = torch::linspace(300, 700, batch).to(device);
   return in;
 }
 
@@ -143,15 +158,16 @@ int run(const std::vector<std::string>& args) {
 
   std::printf("## bench_forward\n\n");
   std::printf("- LibTorch %s; BLAS: %s\n", compat::torch_version(), blas.describe().c_str());
-  std::printf("- latent per sample [16, %d, %d, %d]; warm-up %d, then median of %d forwards\n",
-              cfg.frames, cfg.height, cfg.width, cfg.warmup, cfg.runs);
+  const c10::Device device(cfg.device);
+  std::printf("- device %s; latent per sample [C, %d, %d, %d]; warm-up %d, then median of %d forwards\n",
+              device.str().c_str(), cfg.frames, cfg.height, cfg.width, cfg.warmup, cfg.runs);
   for (const auto& [name, c] : sizes) {
     std::printf("- %s: %s, %.1f M parameters\n", name.c_str(), c.summary().c_str(),
                 static_cast<double>(wan_param_count(c)) / 1e6);
   }
   std::printf("\n| size | weights | threads | batch | tokens | ms/forward | min ms | tokens/s "
-              "| GFLOP/forward | GFLOP/s |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "| GFLOP/forward | GFLOP/s | MFU |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
 
   for (const auto& [name, c] : sizes) {
@@ -159,27 +175,32 @@ int run(const std::vector<std::string>& args) {
     const double S = static_cast<double>((cfg.frames / p[0]) * (cfg.height / p[1]) * (cfg.width / p[2]));
     for (const auto dtype : dtypes) {
       WanDiT model(c, WanInit::kRandom, dtype, cfg.seed);
+      model->to(device);
       model->eval();
       for (const int threads : thread_counts) {
         torch::set_num_threads(threads);
         blas.set_threads(threads);
         for (const int batch : batch_sizes) {
           torch::manual_seed(cfg.seed);
-          const auto in = make_inputs(c, cfg, batch);
+          const auto in = make_inputs(c, cfg, batch, device);
           for (int i = 0; i < cfg.warmup; ++i) model->forward(in.view());
+          compat::synchronize_device(device);
           std::vector<double> secs;
           for (int i = 0; i < cfg.runs; ++i) {
             const auto start = Clock::now();
             const auto out = model->forward(in.view());
+            compat::synchronize_device(device);  // a CUDA forward returns before it has run
             secs.push_back(seconds_since(start));
             WD_CHECK(out.front().isfinite().all().item<bool>(),
                      name << " " << dtype_name(dtype) << ": forward produced non-finite values");
           }
           const double med = median(secs), tokens = S * batch;
           const double gflop = forward_flops(c, S, batch) / 1e9;
-          std::printf("| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f |\n",
+          char mfu[32] = "-";
+          if (cfg.peak_tflops > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100 * gflop / med / (cfg.peak_tflops * 1e3));
+          std::printf("| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %s |\n",
                       name.c_str(), dtype_name(dtype), threads, batch, tokens, med * 1e3,
-                      min_of(secs) * 1e3, tokens / med, gflop, gflop / med);
+                      min_of(secs) * 1e3, tokens / med, gflop, gflop / med, mfu);
           std::fflush(stdout);
         }
       }

@@ -12,6 +12,13 @@ foreach(_wd_config_dir ${CMAKE_PREFIX_PATH} ${Torch_DIR}/..)
   endif()
 endforeach()
 find_package(Torch REQUIRED)
+# The pip wheels' libtorch.so exports std::filesystem functions of its own (64 symbols, built
+# with an older libstdc++), and a program that lists libtorch before libstdc++ among its needed
+# libraries binds std::filesystem::remove_all & co. to them: they crash. Naming libstdc++ first
+# on every link line puts it first in that list, so ours win.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2 AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  add_link_options(-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state)
+endif()
 get_filename_component(_wd_torch_prefix "${Torch_DIR}/../../.." ABSOLUTE)
 if(NOT TORCH_LIBRARY MATCHES "^${_wd_torch_prefix}/")
   message(FATAL_ERROR "Torch's config in ${Torch_DIR} found the library ${TORCH_LIBRARY}, which "
@@ -32,6 +39,22 @@ find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
+
+# A pip LibTorch 2.x ships its own fmt (12.x) in <torch>/include/fmt, which comes before
+# /usr/include on every compile line; Debian's spdlog 1.10 is built against Debian's fmt 9 and
+# does not compile with fmt 10 or later. A folder holding only a link to spdlog's own fmt
+# headers, put first on every include path (directory-level, so ahead of the imported torch
+# target's), keeps spdlog and our code on that fmt; the LibTorch headers we include do not
+# use fmt, and LibTorch's compiled fmt stays inside its libraries.
+if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt" AND TARGET fmt::fmt)
+  get_target_property(_wd_fmt_include fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  list(GET _wd_fmt_include 0 _wd_fmt_include)
+  set(WD_FMT_SHIM "${CMAKE_BINARY_DIR}/fmt-shim")
+  file(MAKE_DIRECTORY "${WD_FMT_SHIM}")
+  file(CREATE_LINK "${_wd_fmt_include}/fmt" "${WD_FMT_SHIM}/fmt" SYMBOLIC)
+  include_directories(BEFORE SYSTEM "${WD_FMT_SHIM}")
+  message(STATUS "fmt: ${_wd_fmt_include}/fmt ahead of LibTorch's bundled fmt (via ${WD_FMT_SHIM})")
+endif()
 if(WD_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -3,7 +3,7 @@
 # ignored .venv/) and builds it: build/ against Debian's LibTorch 1.13 (CPU), and for `cuda` or
 # `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel.
 # Usage: bash launch/setup.sh [cpu|cuda|all]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
-#        BUILD_TYPE, JOBS, CUDA_ARCHS may be set; WD_CCACHE=0 builds without ccache)
+#        BUILD_TYPE, JOBS may be set; WD_CCACHE=0 builds without ccache)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-cpu}
@@ -64,7 +64,7 @@ if [[ $which == cuda || $which == all ]]; then
   # nvcc must match the wheel's CUDA (13.0): /usr/local/cuda is where the toolkit installs.
   if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
   cmake -S . -B "$CUDA_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100}" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" \
     "${launcher[@]}"
   cmake --build "$CUDA_BUILD_DIR" -j"$jobs"
 fi

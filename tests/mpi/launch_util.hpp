@@ -21,6 +21,14 @@ struct LaunchResult {
   double seconds = 0;     ///< wall time of the whole launch
 };
 
+/// The CPU kernels every launched rank uses, whatever the machine's CPU and environment:
+/// LibTorch dispatches by ISA (AVX-512 where the CPU has it), OpenBLAS by its detected core, MKL
+/// (the pip LibTorch's BLAS) likewise, and each choice changes the summation order. Pinned to
+/// what every x86-64 machine here has (AVX2), losses are reproducible to the last bit across
+/// them, so the golden loss curve holds on any of them.
+inline const std::string kPinnedKernels =
+    "-x ATEN_CPU_CAPABILITY=avx2 -x OPENBLAS_CORETYPE=Haswell -x MKL_CBWR=AVX2 ";
+
 /// Runs `wan-distill train <args>` on `ranks` ranks. mpirun's --timeout bounds a hang;
 /// `kill_grace_s` is how long mpirun lets the other ranks finish after one exits non-zero
 /// (long enough for the failure protocol, see launch/mpirun.sh).
@@ -28,7 +36,8 @@ inline LaunchResult launch_train(int ranks, const std::string& args, int timeout
   const std::string cmd = std::string(WD_MPIEXEC) + " -n " + std::to_string(ranks) +
                           " --oversubscribe --allow-run-as-root --bind-to none --timeout " + std::to_string(timeout_s) +
                           " --mca odls_base_sigkill_timeout " + std::to_string(kill_grace_s) +
-                          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + WD_CLI + " train " + args + " 2>&1";
+                          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + kPinnedKernels + WD_CLI + " train " +
+                          args + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string out;
