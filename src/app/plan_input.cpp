@@ -159,6 +159,7 @@ memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) 
   in.student_ranks = layout.student_ranks;
   in.broadcast = broadcast;
   in.cpu_job = ctx.cpu_job;
+  in.host_process_bytes = compat::kHasCuda ? memory::kHostProcessBytesCudaLibTorch : memory::kHostProcessBytes;
   // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
   in.fused_attention = !ctx.cpu_job || compat::kHasFusedAttention;
   in.device_budget = ctx.gpu_bytes;

@@ -52,6 +52,9 @@ struct PlanInput {
   /// [B,heads,S,S] scores in memory. Off: the reference attention of LibTorch 1.13.
   bool fused_attention = true;
   bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
+  /// Framework overhead of one host-only process of the LibTorch it runs with (kHostProcessBytes
+  /// for Debian's CPU build, kHostProcessBytesCudaLibTorch for a CUDA LibTorch on the host).
+  std::uint64_t host_process_bytes = 192ull << 20;
   std::uint64_t device_budget = 0;         ///< bytes of one GPU
   std::uint64_t host_budget = 0;           ///< bytes of host memory of one node
   int gpus_per_node = 8;                   ///< ranks per node (one GPU each)
@@ -108,6 +111,10 @@ inline constexpr const char* kFrameworkOverhead = "framework overhead";
 /// Framework overhead of one process of this build on the host (LibTorch, Open MPI, HDF5 and
 /// the runtime's own buffers): 167 MiB measured at start-up + 25 MiB once running (docs/placement.md).
 inline constexpr std::uint64_t kHostProcessBytes = 192ull << 20;
+/// The same with the pip CUDA LibTorch 2.11 on the host, no GPU touched: its CUDA libraries
+/// add ~200 MiB of resident pages (test_plan_accuracy in the CUDA build: +190..217 MiB over
+/// kHostProcessBytes on every rank, tiny and d256 jobs).
+inline constexpr std::uint64_t kHostProcessBytesCudaLibTorch = 392ull << 20;
 /// Host side of a CUDA process (CUDA LibTorch, driver, NCCL): an estimate, not yet measured.
 inline constexpr std::uint64_t kHostCudaProcessBytes = 2ull << 30;
 /// Device side of a CUDA process (context, cuBLAS workspaces, NCCL buffers): an estimate.
