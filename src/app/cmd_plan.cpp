@@ -134,7 +134,9 @@ int run_plan(const std::vector<std::string>& args) {
   }
   if (experts == 0) experts = 1;
   // The same checks `train` makes once it knows the teacher.
-  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, memory::Placement::kShard));
+  ConfigProblems with_teacher;
+  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, memory::Placement::kShard), with_teacher);
+  with_teacher.throw_if_any("plan");
   const auto sc = cfg.student.model_config(tc);
 
   // The latent shape: from the data set when it exists, else --latent (builtin: the tiny shape).

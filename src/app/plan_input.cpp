@@ -37,14 +37,12 @@ data::DatasetExpectations dataset_expectations(const WanConfig& tc) {
   return expect;
 }
 
-void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages) {
+void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages, ConfigProblems& p) {
   WD_CHECK_AS(ConfigError, tc.model_type != "i2v",
               "teacher " << cfg.teacher_path() << " is an i2v model; its image conditioning "
                          "is not in the data schema yet (t2v and ti2v teachers are supported)");
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
-  // Every combination of values that cannot work together, all named in one error.
-  ConfigProblems p;
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
             "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
@@ -64,7 +62,6 @@ void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages
       p.check(false, e.what());
     }
   }
-  p.throw_if_any("train config");
 }
 
 std::pair<std::vector<std::uint64_t>, std::uint64_t> teacher_block_bytes(const WanCheckpoint& ck) {

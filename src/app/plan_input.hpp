@@ -43,10 +43,11 @@ std::int64_t stored_elem_bytes(const WanCheckpoint& ck);
 data::DatasetExpectations dataset_expectations(const WanConfig& tc);
 
 /// The checks `plan` and `train` share once the teacher's config is known: a supported model
-/// type, the student config, student.features against both models' blocks, `stages` against the
-/// teacher's blocks, teacher.shard_map, checkpoint.every against train.steps. Throws one
-/// ConfigError naming every problem.
-void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages);
+/// type and the student config (these throw ConfigError at once), then student.features against
+/// both models' blocks, `stages` against the teacher's blocks, teacher.shard_map and
+/// checkpoint.every against train.steps, added to `problems` so that the caller names every
+/// problem in one error.
+void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages, ConfigProblems& problems);
 
 /// Bytes of each teacher block and of the head (what only a last stage holds), as stored.
 std::pair<std::vector<std::uint64_t>, std::uint64_t> teacher_block_bytes(const WanCheckpoint& ck);

@@ -118,11 +118,10 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   return *plan.recommended;
 }
 
-/// The checks that need the layout: the held-out set against the global batch, and the fault
-/// injection's rank and step.
+/// The checks that need the layout (the held-out set against the global batch, the fault
+/// injection's rank and step) and the resume path, added to `p`.
 void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std::int64_t global_batch,
-                          bool broadcast) {
-  ConfigProblems p;
+                          bool broadcast, ConfigProblems& p) {
   p.check(cfg.train.eval_samples % global_batch == 0,
           "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
               ") must be a multiple of the global batch " + std::to_string(global_batch) +
@@ -137,7 +136,6 @@ void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std:
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
-  p.throw_if_any("train config");
 }
 
 /// The step training resumes at (the first student looks; it alone opens the store, since
@@ -226,8 +224,11 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
                    ex.expert_name(WanExperts::kLow), ex.boundary());
     }
     const auto& tc = job.teacher().config();
-    validate_with_teacher(cfg, tc, layout.stages);
-    validate_with_layout(cfg, layout, global_batch, job.broadcast);
+    // Every combination of values that cannot work together, all named in one error.
+    ConfigProblems problems;
+    validate_with_teacher(cfg, tc, layout.stages, problems);
+    validate_with_layout(cfg, layout, global_batch, job.broadcast, problems);
+    problems.throw_if_any("train config");
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(student::student_device(cfg.student.device, job.topo.local_rank));
     if (job.topo.role == Role::kTeacher) {
