@@ -29,6 +29,15 @@ function(wd_add_library)
   target_include_directories(${A_NAME} PUBLIC ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${A_NAME} PUBLIC ${A_PUBLIC_LIBS} PRIVATE ${A_PRIVATE_LIBS} wd_warnings)
   wd_use_pch(${A_NAME})
+  wd_use_unity(${A_NAME})
+endfunction()
+
+# Compiles TARGET's sources in unity batches of WD_UNITY_BATCH (option WD_UNITY): the sources
+# of a batch share one translation unit, so they must not define the same internal names.
+function(wd_use_unity TARGET)
+  if(WD_UNITY)
+    set_target_properties(${TARGET} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${WD_UNITY_BATCH})
+  endif()
 endfunction()
 
 function(wd_use_pch TARGET)

@@ -59,8 +59,9 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   };
   comm::StageTransports links;
   if (layout.stages > 1) {
-    links = comm::make_mpi_stage_transports(*job.groups, rank, per_stage_spec(std::max(0, stage - 1)),
-                                            per_stage_spec(stage), cfg.comm, 0, job.plan.end_step());
+    links = comm::make_stage_transports(*job.groups, rank, per_stage_spec(std::max(0, stage - 1)),
+                                        per_stage_spec(stage), cfg.comm, 0, job.plan.end_step(),
+                                        how.device);
   }
 
   std::optional<data::DatasetReader> reader;

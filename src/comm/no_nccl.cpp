@@ -19,10 +19,10 @@ namespace {
 
 bool nccl_built() { return false; }
 
-std::unique_ptr<Transport> make_nccl_transport(const ProcessGroups&, int world_rank,
-                                               const MessageSpec&, const CommConfig&, std::int64_t,
-                                               std::int64_t, const c10::Device& device) {
-  no_nccl(world_rank, "the NCCL transport", device);
+std::unique_ptr<Transport> make_nccl_stream(const StreamEnd& end, const MessageSpec&,
+                                            const CommConfig&, std::int64_t, std::int64_t,
+                                            const c10::Device& device) {
+  no_nccl(end.world_rank, ("the NCCL transport of " + end.name).c_str(), device);
 }
 
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm, std::vector<torch::Tensor>,

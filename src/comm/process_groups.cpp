@@ -132,7 +132,7 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
                       ") but the job was started with " + std::to_string(world) + " ranks");
   }
   const bool teacher = layout.role_of(world_rank) == Role::kTeacher;
-  // Every split is collective over the world, so each rank makes all four calls in the same
+  // Every split is collective over the world, so each rank makes all six calls in the same
   // order; a failure half-way frees what was already made.
   try {
     teachers_ = split(teacher ? 0 : MPI_UNDEFINED, world_rank);
@@ -148,7 +148,19 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
     }
     link_ = split(color, key);
     pipeline_ = split(teacher ? replica : MPI_UNDEFINED, teacher ? layout.stage_of(world_rank) : 0);
+    // Stage edges: edge k joins stages k and k+1 of a replica. A stage is in at most two edges,
+    // one of each parity, so one split makes the even edges and a second the odd ones.
+    const int stage = teacher ? layout.stage_of(world_rank) : 0;
+    for (int parity = 0; parity < 2; ++parity) {
+      int edge = -1;
+      if (teacher && stage % 2 == parity && stage + 1 < layout.stages) edge = stage;      // out
+      if (teacher && (stage - 1) % 2 == parity && stage >= 1) edge = stage - 1;           // in
+      MPI_Comm comm = split(edge < 0 ? MPI_UNDEFINED : replica * layout.stages + edge, stage);
+      if (edge >= 0) (edge == stage ? stage_out_ : stage_in_) = comm;
+    }
   } catch (...) {
+    free_comm(stage_out_);
+    free_comm(stage_in_);
     free_comm(pipeline_);
     free_comm(link_);
     free_comm(students_);
@@ -162,6 +174,8 @@ ProcessGroups::~ProcessGroups() {
   // communicators is still progressed by MPI, which would then touch a freed communicator.
   // The process exits after the failure protocol, so leaving them is the safe choice.
   if (std::uncaught_exceptions() > 0) return;
+  free_comm(stage_out_);
+  free_comm(stage_in_);
   free_comm(pipeline_);
   free_comm(link_);
   free_comm(students_);

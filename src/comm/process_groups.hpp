@@ -47,7 +47,9 @@ struct Layout {
 /// Communicators derived from MPI_COMM_WORLD by MPI_Comm_split; freed in the destructor.
 /// `teachers` is MPI_COMM_NULL on students and `students` on teachers; `link` joins a replica's
 /// sending teacher (link rank 0) with its students (link ranks 1..S/R, in slot order);
-/// `pipeline` joins the P stages of a replica (rank = stage) and is MPI_COMM_NULL on students.
+/// `pipeline` joins the P stages of a replica (rank = stage) and is MPI_COMM_NULL on students;
+/// `stage_in` joins a stage with the one before it and `stage_out` with the one after it (two
+/// ranks each: the sending stage is rank 0), MPI_COMM_NULL where there is no such stage.
 class ProcessGroups {
  public:
   ProcessGroups(const Layout& layout, int world_rank);
@@ -61,6 +63,8 @@ class ProcessGroups {
   MPI_Comm students() const { return students_; }
   MPI_Comm link() const { return link_; }  ///< MPI_COMM_NULL for non-sending teacher stages
   MPI_Comm pipeline() const { return pipeline_; }
+  MPI_Comm stage_in() const { return stage_in_; }    ///< stage s-1 (rank 0) and this stage s
+  MPI_Comm stage_out() const { return stage_out_; }  ///< this stage s (rank 0) and stage s+1
 
  private:
   Layout layout_;
@@ -68,6 +72,8 @@ class ProcessGroups {
   MPI_Comm students_ = MPI_COMM_NULL;
   MPI_Comm link_ = MPI_COMM_NULL;
   MPI_Comm pipeline_ = MPI_COMM_NULL;
+  MPI_Comm stage_in_ = MPI_COMM_NULL;
+  MPI_Comm stage_out_ = MPI_COMM_NULL;
 };
 
 }  // namespace wd::comm

@@ -9,13 +9,13 @@
 #include <thread>
 
 #include "comm/mpi_runtime.hpp"
+#include "comm/ring_transport.hpp"
 #include "core/logging.hpp"
 
 namespace wd::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 constexpr std::uint64_t kAlign = 64;
 constexpr std::uint64_t kMagic = 0x5744'4953'5449'4c31ULL;  // "WDISTIL1"
@@ -89,76 +89,45 @@ void write_header(std::uint8_t* at, std::int64_t step, std::uint64_t payload, st
   std::memcpy(at, &h, sizeof h);
 }
 
-/// Fields common to both ends of the link.
-struct LinkBase {
-  LinkBase(MPI_Comm link_comm, int world_rank, const MessageSpec& spec, const CommConfig& config,
-           std::int64_t first, std::int64_t end, std::string peer_name)
-      : link(link_comm),
-        rank(world_rank),
-        peer(std::move(peer_name)),
-        spec(spec),
-        offsets(spec.offsets()),
+/// The geometry both MPI ends share: payload offsets, message size, spec hash, deadline.
+struct Wire {
+  Wire(const MessageSpec& spec, const CommConfig& config)
+      : offsets(spec.offsets()),
         payload(spec.bytes()),
         message_bytes(sizeof(WireHeader) + payload),
         hash(spec.hash()),
-        timeout(config.timeout_s),
-        first_step(first),
-        end_step(end),
-        slots(ring_slots(config.prefetch_depth, first, end)) {
-    WD_CHECK(end >= first, "transport steps [" << first << ", " << end << ") are empty backwards");
+        timeout(config.timeout_s) {
     checked_count(message_bytes, "a batch message");
   }
-  std::size_t slot_of(std::int64_t step) const {
-    return static_cast<std::size_t>((step - first_step) % static_cast<std::int64_t>(slots));
-  }
-
-  MPI_Comm link;
-  int rank;
-  std::string peer;  ///< "teacher rank 3" / "stage 1 (rank 1)": who the other end is, for errors
-  MessageSpec spec;
   std::vector<std::uint64_t> offsets;
   std::uint64_t payload;
   std::uint64_t message_bytes;
   std::uint64_t hash;
   std::chrono::duration<double> timeout;
-  std::int64_t first_step, end_step;
-  std::size_t slots;
-  double waited = 0;
 };
 
-/// The sending teacher of a replica. Each ring slot holds one step: in scatter mode one message
-/// per student, in broadcast mode a single message sent to all of them.
-class MpiTeacherTransport final : public Transport {
+/// The sending end over MPI. Each ring slot holds one step: in scatter mode one message per
+/// receiver, in broadcast mode a single message sent to all of them.
+class MpiSender final : public SendingTransport {
  public:
-  /// Sends to `receivers` (world ranks), which are ranks `receiver_link_ranks` of `link`.
-  MpiTeacherTransport(MPI_Comm link, int world_rank, std::vector<int> receivers,
-                      std::vector<int> receiver_link_ranks, const MessageSpec& spec,
-                      const CommConfig& config, bool broadcast_mode, std::int64_t first,
-                      std::int64_t end, bool pinned = false)
-      : base_(link, world_rank, spec, config, first, end, "receivers"),
-        broadcast_mode_(broadcast_mode),
-        students_(std::move(receivers)),
-        link_ranks_(std::move(receiver_link_ranks)),
-        next_step_(first) {
-    WD_CHECK(students_.size() == link_ranks_.size() && !students_.empty(),
-             "rank " << world_rank << ": " << students_.size() << " receivers with "
-                     << link_ranks_.size() << " link ranks");
-    const std::size_t messages = broadcast_mode_ ? 1 : students_.size();
-    ring_.resize(base_.slots);
+  MpiSender(const StreamEnd& end, const MessageSpec& spec, const CommConfig& config,
+            std::size_t slots, std::int64_t first, std::int64_t end_step, bool pinned)
+      : SendingTransport(end, spec, slots, first, end_step), wire_(spec, config), ring_(slots) {
+    const std::size_t messages = messages_per_slot();
     for (auto& slot : ring_) {
-      slot.buffer = torch::empty({static_cast<std::int64_t>(messages * base_.message_bytes)},
+      slot.buffer = torch::empty({static_cast<std::int64_t>(messages * wire_.message_bytes)},
                                  host_buffer_options(pinned));
       auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
       for (std::size_t m = 0; m < messages; ++m) {
-        slot.views.push_back(make_views(base_.spec, base_.offsets,
-                                        bytes + m * base_.message_bytes + sizeof(WireHeader),
+        slot.views.push_back(make_views(spec, wire_.offsets,
+                                        bytes + m * wire_.message_bytes + sizeof(WireHeader),
                                         slot.buffer));
       }
-      slot.requests.assign(students_.size(), MPI_REQUEST_NULL);
+      slot.requests.assign(end.peers.size(), MPI_REQUEST_NULL);
     }
   }
 
-  ~MpiTeacherTransport() override {
+  ~MpiSender() override {
     std::vector<MPI_Request*> pending;
     for (auto& slot : ring_) {
       for (auto& r : slot.requests) pending.push_back(&r);
@@ -168,252 +137,126 @@ class MpiTeacherTransport final : public Transport {
     }
   }
 
-  void send(std::int64_t step, const std::vector<TensorDict>& per_student) override {
-    WD_CHECK(!broadcast_mode_, "send(step " << step << ") scatters per-student slices, but "
-                                            << "comm.mode is broadcast; call broadcast() or set "
-                                            << "comm.mode = scatter");
-    WD_CHECK(per_student.size() == students_.size(),
-             "send(step " << step << ") got " << per_student.size() << " messages; rank "
-                          << base_.rank << " sends to " << students_.size() << " receivers");
-    Slot& slot = acquire(step);
-    for (std::size_t i = 0; i < students_.size(); ++i) {
-      pack(slot, i, step, per_student[i], "student " + std::to_string(i));
-    }
-    start_sends(slot, step, /*shared=*/false);
-  }
-
-  void broadcast(std::int64_t step, const TensorDict& message) override {
-    Slot& slot = acquire(step);
-    pack(slot, 0, step, message, "broadcast");
-    start_sends(slot, step, /*shared=*/true);
-  }
-
-  const Message& recv(std::int64_t step) override {
-    throw Error("recv(step " + std::to_string(step) + ") is for student ranks; rank " +
-                std::to_string(base_.rank) + " is a teacher");
-  }
-  void release(std::int64_t step) override {
-    throw Error("release(step " + std::to_string(step) + ") is for student ranks; rank " +
-                std::to_string(base_.rank) + " is a teacher");
-  }
-
-  void flush() override {
-    // Oldest first, so a timeout names the earliest step that is stuck.
-    for (std::int64_t step = next_step_ - static_cast<std::int64_t>(base_.slots); step < next_step_;
-         ++step) {
-      if (step < base_.first_step) continue;
-      wait_slot(ring_[base_.slot_of(step)]);
-    }
-  }
-
-  double wait_seconds() const override { return base_.waited; }
-
  private:
   struct Slot {
     torch::Tensor buffer;
     std::vector<std::vector<torch::Tensor>> views;  ///< [message][tensor]
-    std::vector<MPI_Request> requests;              ///< one per student
-    std::int64_t step = -1;
-    std::uint64_t sent_bytes = 0;
+    std::vector<MPI_Request> requests;              ///< one per receiver
   };
 
-  /// The slot for `step`, once the sends of the step that used it before have completed.
-  Slot& acquire(std::int64_t step) {
-    WD_CHECK(step == next_step_, "send of step " << step << ": the stream expects step "
-                                                 << next_step_ << " next (steps go in order from "
-                                                 << base_.first_step << ")");
-    WD_CHECK(step < base_.end_step,
-             "send of step " << step << " is past the stream's end step " << base_.end_step);
-    // Testing the other slots drives MPI's progress engine for large (rendezvous) messages
-    // while the teacher is otherwise busy computing.
+  void pack(std::size_t slot, std::size_t message, const TensorDict& dict) override {
+    Slot& s = ring_[slot];
+    for (std::size_t i = 0; i < spec().tensors.size(); ++i) {
+      // copy_ converts to the spec dtype and brings device tensors to the host.
+      s.views[message][i].copy_(dict.at(spec().tensors[i].name));
+    }
+  }
+
+  void start(std::size_t slot, std::int64_t step) override {
+    Slot& s = ring_[slot];
+    auto* bytes = s.buffer.data_ptr<std::uint8_t>();
+    for (std::size_t m = 0; m < messages_per_slot(); ++m)
+      write_header(bytes + m * wire_.message_bytes, step, wire_.payload, wire_.hash);
+    const bool shared = messages_per_slot() == 1;
+    const int count = static_cast<int>(wire_.message_bytes);
+    for (std::size_t i = 0; i < ends().peers.size(); ++i) {
+      std::uint8_t* message = bytes + (shared ? 0 : i * wire_.message_bytes);
+      WD_CHECK_MPI(MPI_Isend(message, count, MPI_BYTE, ends().peer_ranks[i], kTag, ends().comm,
+                             &s.requests[i]));
+    }
+  }
+
+  void wait_sent(std::size_t slot, std::int64_t step) override {
+    Slot& s = ring_[slot];
+    WaitInfo info{"send batch", step, wire_.message_bytes * ends().peers.size(), ends().peers,
+                  /*peer_per_request=*/true};
+    wait_all_with_deadline(s.requests, info, wire_.timeout, ends().world_rank);
+  }
+
+  /// Testing the in-flight sends drives MPI's progress engine for large (rendezvous) messages
+  /// while the sender is otherwise busy computing.
+  void progress() override {
     for (auto& s : ring_) {
       int done = 0;
       WD_CHECK_MPI(MPI_Testall(static_cast<int>(s.requests.size()), s.requests.data(), &done,
                                MPI_STATUSES_IGNORE));
     }
-    Slot& slot = ring_[base_.slot_of(step)];
-    wait_slot(slot);
-    return slot;
   }
 
-  void wait_slot(Slot& slot) {
-    const bool busy = std::any_of(slot.requests.begin(), slot.requests.end(),
-                                  [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
-    if (!busy) return;
-    WaitInfo info{"send batch", slot.step, slot.sent_bytes, students_, /*peer_per_request=*/true};
-    const auto start = Clock::now();
-    try {
-      wait_all_with_deadline(slot.requests, info, base_.timeout, base_.rank);
-    } catch (...) {
-      base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
-      throw;
-    }
-    base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
-  }
-
-  void pack(Slot& slot, std::size_t message, std::int64_t step, const TensorDict& dict,
-            const std::string& who) {
-    torch::NoGradGuard no_grad;
-    check_message(base_.spec, dict, step, who);
-    for (std::size_t i = 0; i < base_.spec.tensors.size(); ++i) {
-      // copy_ converts to the spec dtype and brings device tensors to the host.
-      slot.views[message][i].copy_(dict.at(base_.spec.tensors[i].name));
-    }
-    write_header(slot.buffer.data_ptr<std::uint8_t>() + message * base_.message_bytes, step,
-                 base_.payload, base_.hash);
-  }
-
-  void start_sends(Slot& slot, std::int64_t step, bool shared) {
-    slot.step = step;
-    slot.sent_bytes = base_.message_bytes * students_.size();
-    const int count = static_cast<int>(base_.message_bytes);
-    auto* bytes = slot.buffer.data_ptr<std::uint8_t>();
-    for (std::size_t i = 0; i < students_.size(); ++i) {
-      std::uint8_t* message = bytes + (shared ? 0 : i * base_.message_bytes);
-      WD_CHECK_MPI(MPI_Isend(message, count, MPI_BYTE, link_ranks_[i], kTag, base_.link,
-                             &slot.requests[i]));
-    }
-    ++next_step_;
-  }
-
-  LinkBase base_;
-  bool broadcast_mode_;
-  std::vector<int> students_;    ///< world ranks of the receivers, in message order
-  std::vector<int> link_ranks_;  ///< their ranks in the link communicator
+  Wire wire_;
   std::vector<Slot> ring_;
-  std::int64_t next_step_;
 };
 
-/// A student: receives into a ring of preallocated buffers, `slots` steps ahead. Steps are
-/// released in order, so receives are always posted in step order and MPI's non-overtaking rule
-/// delivers step s into the slot posted for s.
-class MpiStudentTransport final : public Transport {
+/// A receiving end over MPI: receives into a ring of preallocated buffers. Receives are posted
+/// in step order (ReceivingTransport), so MPI's non-overtaking rule delivers step s into the
+/// slot posted for s; the header proves it.
+class MpiReceiver final : public ReceivingTransport {
  public:
-  /// Receives from world rank `sender`, which is rank `sender_link_rank` of `link`.
-  MpiStudentTransport(MPI_Comm link, int world_rank, int sender, int sender_link_rank,
-                      const MessageSpec& spec, const CommConfig& config, std::int64_t first,
-                      std::int64_t end, bool pinned = false)
-      : base_(link, world_rank, spec, config, first, end, "teacher rank " + std::to_string(sender)),
-        teacher_(sender),
-        sender_link_rank_(sender_link_rank),
-        next_release_(first) {
-    ring_.resize(base_.slots);
+  MpiReceiver(const StreamEnd& end, const MessageSpec& spec, const CommConfig& config,
+              std::size_t slots, std::int64_t first, std::int64_t end_step, bool pinned)
+      : ReceivingTransport(end, slots, first, end_step), spec_(spec), wire_(spec, config), ring_(slots) {
     for (auto& slot : ring_) {
-      slot.buffer = torch::empty({static_cast<std::int64_t>(base_.message_bytes)},
+      slot.buffer = torch::empty({static_cast<std::int64_t>(wire_.message_bytes)},
                                  host_buffer_options(pinned));
-      const auto views =
-          make_views(base_.spec, base_.offsets,
-                     slot.buffer.data_ptr<std::uint8_t>() + sizeof(WireHeader), slot.buffer);
+      const auto views = make_views(spec, wire_.offsets,
+                                    slot.buffer.data_ptr<std::uint8_t>() + sizeof(WireHeader), slot.buffer);
       for (std::size_t i = 0; i < views.size(); ++i)
-        slot.message.tensors[base_.spec.tensors[i].name] = views[i];
+        slot.message.tensors[spec.tensors[i].name] = views[i];
     }
     try {
-      for (std::int64_t s = first; s < std::min<std::int64_t>(first + base_.slots, end); ++s)
-        post(s);
+      post_ahead();
     } catch (...) {
       retire();
       throw;
     }
   }
 
-  ~MpiStudentTransport() override { retire(); }
-
-  void send(std::int64_t step, const std::vector<TensorDict>&) override {
-    teacher_only("send", step);
-  }
-  void broadcast(std::int64_t step, const TensorDict&) override { teacher_only("broadcast", step); }
-  void flush() override { teacher_only("flush", -1); }
-
-  const Message& recv(std::int64_t step) override {
-    WD_CHECK(step >= base_.first_step && step < base_.end_step,
-             "recv(step " << step << ") is outside the stream's steps [" << base_.first_step << ", "
-                          << base_.end_step << ")");
-    Slot& slot = ring_[base_.slot_of(step)];
-    if (slot.state == State::kReceived && slot.message.step == step) return slot.message;
-    WD_CHECK(slot.state != State::kReceived,
-             "recv(step " << step << "): step " << slot.message.step
-                          << " still holds its ring slot; release(" << slot.message.step
-                          << ") first (comm.prefetch_depth " << base_.slots << ")");
-    WD_CHECK(slot.state == State::kPosted && slot.posted_step == step,
-             "recv(step " << step
-                          << "): no receive is posted for it (the oldest unreleased step is "
-                          << next_release_ << ")");
-    WaitInfo info{"recv batch", step, base_.message_bytes, {teacher_}};
-    const auto start = Clock::now();
-    try {
-      wait_with_deadline(slot.request, info, base_.timeout, base_.rank);
-    } catch (const TimeoutError&) {
-      base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
-      throw;
-    } catch (const MpiError& e) {
-      throw MpiError("recv batch of step " + std::to_string(step) + " from teacher rank " +
-                     std::to_string(teacher_) + ": " + e.what());
-    }
-    base_.waited += std::chrono::duration<double>(Clock::now() - start).count();
-    slot.state = State::kIdle;  // until the header proves the payload is the step we wanted
-    check_header(slot, step);
-    slot.state = State::kReceived;
-    slot.message.step = step;
-    return slot.message;
-  }
-
-  void release(std::int64_t step) override {
-    WD_CHECK(step == next_release_,
-             "release(step " << step << "): steps are released in order; the oldest held step is "
-                             << next_release_);
-    Slot& slot = ring_[base_.slot_of(step)];
-    WD_CHECK(slot.state == State::kReceived && slot.message.step == step,
-             "release(step " << step << ") before recv(step " << step << ")");
-    slot.state = State::kIdle;
-    ++next_release_;
-    const std::int64_t next = step + static_cast<std::int64_t>(base_.slots);
-    if (next < base_.end_step) post(next);
-  }
-
-  double wait_seconds() const override { return base_.waited; }
+  ~MpiReceiver() override { retire(); }
 
  private:
-  enum class State { kIdle, kPosted, kReceived };
   struct Slot {
     torch::Tensor buffer;  ///< header + payload; the message's tensors view it
     Message message;
     MPI_Request request = MPI_REQUEST_NULL;
-    State state = State::kIdle;
-    std::int64_t posted_step = -1;
   };
 
-  [[noreturn]] void teacher_only(const char* what, std::int64_t step) const {
-    throw Error(std::string(what) + "(step " + std::to_string(step) +
-                ") is for the sending teacher; rank " + std::to_string(base_.rank) +
-                " is a student");
+  void post(std::size_t slot, std::int64_t) override {
+    Slot& s = ring_[slot];
+    WD_CHECK_MPI(MPI_Irecv(s.buffer.data_ptr(), static_cast<int>(wire_.message_bytes), MPI_BYTE,
+                           sender_rank(), kTag, ends().comm, &s.request));
   }
 
-  void post(std::int64_t step) {
-    Slot& slot = ring_[base_.slot_of(step)];
-    WD_CHECK_MPI(MPI_Irecv(slot.buffer.data_ptr(), static_cast<int>(base_.message_bytes), MPI_BYTE,
-                           sender_link_rank_, kTag, base_.link, &slot.request));
-    slot.state = State::kPosted;
-    slot.posted_step = step;
+  void wait_received(std::size_t slot, std::int64_t step) override {
+    WaitInfo info{"recv batch", step, wire_.message_bytes, {sender()}};
+    try {
+      wait_with_deadline(ring_[slot].request, info, wire_.timeout, ends().world_rank);
+    } catch (const TimeoutError&) {
+      throw;  // already names the operation, the step and the ranks
+    } catch (const MpiError& e) {
+      throw MpiError("recv batch of step " + std::to_string(step) + " from rank " +
+                     std::to_string(sender()) + ": " + e.what());
+    }
   }
 
-  void check_header(const Slot& slot, std::int64_t step) const {
+  Message& accept(std::size_t slot, std::int64_t step) override {
+    Slot& s = ring_[slot];
     WireHeader h{};
-    std::memcpy(&h, slot.buffer.data_ptr(), sizeof h);
-    const std::string from = "batch for step " + std::to_string(step) + " from teacher rank " +
-                             std::to_string(teacher_) + " on rank " + std::to_string(base_.rank);
+    std::memcpy(&h, s.buffer.data_ptr(), sizeof h);
+    const std::string from = "batch for step " + std::to_string(step) + " from rank " +
+                             std::to_string(sender()) + " on rank " + std::to_string(ends().world_rank);
     if (h.magic != kMagic) {
       std::ostringstream os;
       os << from << ": bad header magic 0x" << std::hex << h.magic << " (expected 0x" << kMagic
          << "); the stream is out of sync";
       throw Error(os.str());
     }
-    WD_CHECK(h.payload_bytes == base_.payload && h.spec_hash == base_.hash,
-             from << ": the teacher's message spec (" << h.payload_bytes
-                  << " payload bytes) differs from "
-                  << "this student's (" << base_.payload << " payload bytes, tensors "
-                  << names_of(base_.spec) << ")");
+    WD_CHECK(h.payload_bytes == wire_.payload && h.spec_hash == wire_.hash,
+             from << ": the sender's message spec (" << h.payload_bytes
+                  << " payload bytes) differs from this rank's (" << wire_.payload
+                  << " payload bytes, tensors " << names_of(spec_) << ")");
     WD_CHECK(h.step == step, from << ": received step " << h.step << " where step " << step
                                   << " was expected; the stream is out of order");
+    return s.message;
   }
 
   /// Cancels the receives still posted (a run that ends early or fails).
@@ -423,14 +266,11 @@ class MpiStudentTransport final : public Transport {
     if (!cancel_and_settle(pending)) {
       for (auto& slot : ring_) keep_until_exit(slot.buffer);
     }
-    for (auto& slot : ring_) slot.state = State::kIdle;
   }
 
-  LinkBase base_;
-  int teacher_;           ///< world rank of the sender (a teacher, or the previous stage)
-  int sender_link_rank_;  ///< its rank in the link communicator
+  MessageSpec spec_;
+  Wire wire_;
   std::vector<Slot> ring_;
-  std::int64_t next_release_;
 };
 
 }  // namespace
@@ -553,58 +393,68 @@ const torch::Tensor& Message::at(const std::string& name) const {
   return it->second;
 }
 
-std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
-                                              const MessageSpec& spec, const CommConfig& config,
-                                              std::int64_t first_step, std::int64_t end_step,
-                                              bool pinned) {
-  ConfigProblems problems;
-  config.validate(problems);
-  problems.throw_if_any("comm config");
+StreamEnd link_end(const ProcessGroups& groups, int world_rank, const CommConfig& config) {
   WD_CHECK(groups.link() != MPI_COMM_NULL,
            "rank " << world_rank
                    << " has no link to students: only a replica's last teacher stage and "
                       "the students stream batches");
   const auto& layout = groups.layout();
   const int replica = layout.replica_of(world_rank);
-  if (layout.role_of(world_rank) == Role::kTeacher) {
-    auto students = layout.students_of_replica(replica);
-    std::vector<int> link_ranks;  // link rank 0 is the teacher, students follow in slot order
-    for (std::size_t i = 0; i < students.size(); ++i) link_ranks.push_back(static_cast<int>(i) + 1);
-    return std::make_unique<MpiTeacherTransport>(groups.link(), world_rank, std::move(students),
-                                                 std::move(link_ranks), spec, config,
-                                                 config.mode == "broadcast", first_step, end_step,
-                                                 pinned);
+  StreamEnd end;
+  end.comm = groups.link();
+  end.world_rank = world_rank;
+  end.broadcast = config.mode == "broadcast";
+  end.name = "the teacher -> student link of replica " + std::to_string(replica);
+  end.receiver = "student";
+  end.sending = layout.role_of(world_rank) == Role::kTeacher;
+  if (end.sending) {
+    end.peers = layout.students_of_replica(replica);  // link rank 0 is the teacher
+    for (std::size_t i = 0; i < end.peers.size(); ++i) end.peer_ranks.push_back(static_cast<int>(i) + 1);
+  } else {
+    end.peers = {layout.sender_of_replica(replica)};
+    end.peer_ranks = {0};
   }
-  return std::make_unique<MpiStudentTransport>(groups.link(), world_rank,
-                                               layout.sender_of_replica(replica), 0, spec, config,
-                                               first_step, end_step, pinned);
+  return end;
 }
 
-StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world_rank,
-                                          const MessageSpec& from_previous,
-                                          const MessageSpec& to_next, const CommConfig& config,
-                                          std::int64_t first_step, std::int64_t end_step) {
+StageEnds stage_ends(const ProcessGroups& groups, int world_rank) {
+  const auto& layout = groups.layout();
+  WD_CHECK(layout.role_of(world_rank) == Role::kTeacher,
+           "rank " << world_rank << " is a student, not a teacher pipeline stage");
+  const int stage = layout.stage_of(world_rank);
+  const std::string replica = " of replica " + std::to_string(layout.replica_of(world_rank));
+  // Each stage link has two ranks: the sending stage is rank 0, the receiving stage rank 1.
+  StageEnds out;
+  if (groups.stage_in() != MPI_COMM_NULL) {
+    out.in = {groups.stage_in(), world_rank, false, {world_rank - 1}, {0}, false,
+              "the stage " + std::to_string(stage - 1) + " -> " + std::to_string(stage) + " link" + replica};
+  }
+  if (groups.stage_out() != MPI_COMM_NULL) {
+    out.out = {groups.stage_out(), world_rank, true, {world_rank + 1}, {1}, false,
+               "the stage " + std::to_string(stage) + " -> " + std::to_string(stage + 1) + " link" + replica};
+  }
+  return out;
+}
+
+std::unique_ptr<Transport> make_mpi_stream(const StreamEnd& end, const MessageSpec& spec,
+                                           const CommConfig& config, std::int64_t first_step,
+                                           std::int64_t end_step, bool pinned) {
   ConfigProblems problems;
   config.validate(problems);
   problems.throw_if_any("comm config");
-  const auto& layout = groups.layout();
-  WD_CHECK(layout.role_of(world_rank) == Role::kTeacher && groups.pipeline() != MPI_COMM_NULL,
-           "rank " << world_rank << " is not a teacher pipeline stage");
-  const int stage = layout.stage_of(world_rank);
-  StageTransports out;
-  // Every stage of a replica is in one pipeline communicator, keyed by stage; stage k sends
-  // to k + 1 only, so one tag serves both directions (MPI matches on the source).
-  if (stage > 0) {
-    out.from_previous = std::make_unique<MpiStudentTransport>(
-        groups.pipeline(), world_rank, world_rank - 1, stage - 1, from_previous, config,
-        first_step, end_step);
-  }
-  if (stage + 1 < layout.stages) {
-    out.to_next = std::make_unique<MpiTeacherTransport>(
-        groups.pipeline(), world_rank, std::vector<int>{world_rank + 1}, std::vector<int>{stage + 1},
-        to_next, config, /*broadcast_mode=*/false, first_step, end_step);
-  }
-  return out;
+  WD_CHECK(end.comm != MPI_COMM_NULL, "rank " << end.world_rank << " is not on " << end.name);
+  const std::size_t slots = ring_slots(config.prefetch_depth, first_step, end_step);
+  if (end.sending)
+    return std::make_unique<MpiSender>(end, spec, config, slots, first_step, end_step, pinned);
+  return std::make_unique<MpiReceiver>(end, spec, config, slots, first_step, end_step, pinned);
+}
+
+std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
+                                              const MessageSpec& spec, const CommConfig& config,
+                                              std::int64_t first_step, std::int64_t end_step,
+                                              bool pinned) {
+  return make_mpi_stream(link_end(groups, world_rank, config), spec, config, first_step, end_step,
+                         pinned);
 }
 
 }  // namespace wd::comm

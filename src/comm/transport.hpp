@@ -88,26 +88,43 @@ class Transport {
   virtual double wait_seconds() const = 0;
 };
 
-/// The MPI implementation over `groups.link()` (host tensors). Steps [first_step, end_step)
-/// are streamed; a student cancels its outstanding receives when destroyed early. `pinned`
+/// One end of a stream over a communicator: the sending end (its receivers, in message order)
+/// or a receiving end (its one sender).
+struct StreamEnd {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int world_rank = -1;
+  bool sending = false;
+  std::vector<int> peers;       ///< world ranks: the receivers in message order, or {sender}
+  std::vector<int> peer_ranks;  ///< the same ranks in `comm`
+  bool broadcast = false;       ///< one message for every receiver (comm.mode = broadcast)
+  std::string name;             ///< "the teacher -> student link of replica 0", for messages
+  std::string receiver = "receiver";  ///< what a receiver is called in messages ("student")
+};
+
+/// `world_rank`'s end of its replica's teacher -> student link (`groups.link()`: the last
+/// teacher stage is rank 0, the students follow in slot order). Throws wd::Error on a rank
+/// without a link (a teacher stage before the last).
+StreamEnd link_end(const ProcessGroups& groups, int world_rank, const CommConfig& config);
+
+/// `world_rank`'s ends of the stage links of its replica (teacher.placement = shard): `in`
+/// from the previous stage over `groups.stage_in()`, `out` to the next over
+/// `groups.stage_out()`; `comm` is MPI_COMM_NULL where there is no such stage.
+struct StageEnds {
+  StreamEnd in, out;
+};
+StageEnds stage_ends(const ProcessGroups& groups, int world_rank);
+
+/// The MPI implementation of one end (host tensors). Steps [first_step, end_step) are
+/// streamed; a receiving end cancels its outstanding receives when destroyed early. `pinned`
 /// page-locks the ring buffers (only in a CUDA build: a CUDA device copies to or from them).
+std::unique_ptr<Transport> make_mpi_stream(const StreamEnd& end, const MessageSpec& spec,
+                                           const CommConfig& config, std::int64_t first_step,
+                                           std::int64_t end_step, bool pinned = false);
+
+/// make_mpi_stream on `world_rank`'s end of the teacher -> student link.
 std::unique_ptr<Transport> make_mpi_transport(const ProcessGroups& groups, int world_rank,
                                               const MessageSpec& spec, const CommConfig& config,
                                               std::int64_t first_step, std::int64_t end_step,
                                               bool pinned = false);
-
-/// A pipeline stage's links to its neighbours in the replica (teacher.placement = shard): the
-/// previous stage's stream in (null on the first stage), the stream to the next stage out (null
-/// on the last). Same ring, headers, deadlines and health polling as the student stream.
-struct StageTransports {
-  std::unique_ptr<Transport> from_previous;  ///< recv/release
-  std::unique_ptr<Transport> to_next;        ///< send/flush
-};
-
-/// The stage links of teacher `world_rank` over `groups.pipeline()`.
-StageTransports make_mpi_stage_transports(const ProcessGroups& groups, int world_rank,
-                                          const MessageSpec& from_previous,
-                                          const MessageSpec& to_next, const CommConfig& config,
-                                          std::int64_t first_step, std::int64_t end_step);
 
 }  // namespace wd::comm

@@ -20,8 +20,6 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kIndexName = "diffusion_pytorch_model.safetensors.index.json";
-constexpr const char* kStem = "diffusion_pytorch_model";
-
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw DataError(path.string(), "", "cannot be opened");
@@ -327,7 +325,7 @@ ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const Wan
   }
   Progress progress("writing " + dir, static_cast<double>(total), "bytes");
   auto result = write_sharded_safetensors(
-      dir, kStem, sources, shard_bytes, {{"format", "pt"}},
+      dir, kCheckpointStem, sources, shard_bytes, {{"format", "pt"}},
       [&progress](std::uint64_t bytes) { progress.advance(static_cast<double>(bytes)); });
   progress.finish();
   return result;

@@ -17,6 +17,9 @@
 
 namespace wd {
 
+/// File-name stem of a diffusers-layout checkpoint: `<stem>.safetensors` or its shards and index.
+inline constexpr const char* kCheckpointStem = "diffusion_pytorch_model";
+
 class WanCheckpoint {
  public:
   /// Opens `path`: a directory with `diffusion_pytorch_model.safetensors.index.json` and its

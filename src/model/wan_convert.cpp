@@ -23,8 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kStem = "diffusion_pytorch_model";
-
 bool starts_with(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
 }
@@ -236,7 +234,7 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
                        }});
   }
   result.files = write_sharded_safetensors(
-      staging.path().string(), kStem, sources, options.shard_bytes, {{"format", "pt"}},
+      staging.path().string(), kCheckpointStem, sources, options.shard_bytes, {{"format", "pt"}},
       [&input, &written_as_views](std::uint64_t) {
         for (const auto& name : written_as_views) input.release(name);
         written_as_views.clear();

@@ -1,5 +1,6 @@
-// make_transport on 1 teacher + 1 student: CPU tensors go over MPI and arrive intact;
-// comm.backend nccl for host tensors is refused; the staging of a CUDA student's messages.
+// make_transport on 1 teacher + N students: CPU tensors go over MPI and arrive intact;
+// comm.backend nccl for host tensors is refused; the staging of a CUDA student's messages;
+// make_stage_transports carries each step down a pipeline of shard stages.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -15,33 +16,43 @@ namespace wd::comm {
 namespace {
 
 using test::world_rank;
+using test::world_size;
 
 MessageSpec spec() { return MessageSpec{{{"x", torch::kFloat, {3, 4}}, {"t", torch::kInt, {2}}}}; }
 
-TensorDict message(std::int64_t step) {
+/// The message of `step` for student `slot` of the replica.
+TensorDict message(std::int64_t step, int slot = 0) {
   TensorDict d;
-  d["x"] = torch::arange(12, torch::kFloat).view({3, 4}) + static_cast<double>(step) * 100;
-  d["t"] = torch::tensor({static_cast<int>(step), static_cast<int>(step) + 1}, torch::kInt);
+  d["x"] = torch::arange(12, torch::kFloat).view({3, 4}) + static_cast<double>(step) * 100 + slot * 1000;
+  d["t"] = torch::tensor({static_cast<int>(step), slot}, torch::kInt);
   return d;
+}
+
+/// One message per student of a one-teacher layout.
+std::vector<TensorDict> per_student(const Layout& layout, std::int64_t step) {
+  std::vector<TensorDict> out;
+  for (int i = 0; i < layout.students_per_replica(); ++i) out.push_back(message(step, i));
+  return out;
 }
 
 TEST(TransportFactory, CpuDeviceStreamsOverMpi) {
   const int rank = world_rank();
-  const auto layout = Layout::make(2, 1);
+  const auto layout = Layout::make(world_size(), 1);
   ProcessGroups groups(layout, rank);
   CommConfig config;
   config.timeout_s = 30;
   auto transport = make_transport(groups, rank, spec(), config, 0, 3, c10::Device(c10::kCPU));
   ASSERT_NE(transport, nullptr);
   if (layout.role_of(rank) == Role::kTeacher) {
-    for (std::int64_t s = 0; s < 3; ++s) transport->send(s, {message(s)});
+    for (std::int64_t s = 0; s < 3; ++s) transport->send(s, per_student(layout, s));
     transport->flush();
   } else {
+    const int slot = layout.student_slot(rank);
     for (std::int64_t s = 0; s < 3; ++s) {
       const Message& m = transport->recv(s);
       EXPECT_EQ(m.step, s);
-      EXPECT_TRUE(torch::equal(m.at("x"), message(s).at("x"))) << "step " << s;
-      EXPECT_TRUE(torch::equal(m.at("t"), message(s).at("t"))) << "step " << s;
+      EXPECT_TRUE(torch::equal(m.at("x"), message(s, slot).at("x"))) << "step " << s;
+      EXPECT_TRUE(torch::equal(m.at("t"), message(s, slot).at("t"))) << "step " << s;
       transport->release(s);
     }
   }
@@ -51,7 +62,7 @@ TEST(TransportFactory, CpuDeviceStreamsOverMpi) {
 // from the same gathered devices), naming the rank that holds host tensors.
 TEST(TransportFactory, NcclForHostTensorsIsAConfigErrorOnEveryRank) {
   const int rank = world_rank();
-  ProcessGroups groups(Layout::make(2, 1), rank);
+  ProcessGroups groups(Layout::make(world_size(), 1), rank);
   CommConfig config;
   config.timeout_s = 30;
   config.backend = "nccl";
@@ -60,7 +71,7 @@ TEST(TransportFactory, NcclForHostTensorsIsAConfigErrorOnEveryRank) {
     ADD_FAILURE() << "comm.backend nccl was accepted for host tensors";
   } catch (const ConfigError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("comm.backend(nccl) cannot carry the teacher -> student link of rank 0"),
+    EXPECT_NE(what.find("comm.backend(nccl) cannot carry the teacher -> student link of replica 0"),
               std::string::npos)
         << what;
     EXPECT_NE(what.find("rank 0 (host on "), std::string::npos) << what;
@@ -73,7 +84,7 @@ TEST(TransportFactory, NcclForHostTensorsIsAConfigErrorOnEveryRank) {
 // are reused, and the steps must be released in order.
 TEST(TransportFactory, StagingTransportDeliversEveryStepThroughItsSlots) {
   const int rank = world_rank();
-  const auto layout = Layout::make(2, 1);
+  const auto layout = Layout::make(world_size(), 1);
   ProcessGroups groups(layout, rank);
   CommConfig config;
   config.timeout_s = 30;
@@ -81,17 +92,18 @@ TEST(TransportFactory, StagingTransportDeliversEveryStepThroughItsSlots) {
   constexpr std::int64_t kSteps = 5;
   auto host = make_mpi_transport(groups, rank, spec(), config, 0, kSteps);
   if (layout.role_of(rank) == Role::kTeacher) {
-    for (std::int64_t s = 0; s < kSteps; ++s) host->send(s, {message(s)});
+    for (std::int64_t s = 0; s < kSteps; ++s) host->send(s, per_student(layout, s));
     host->flush();
     return;
   }
+  const int slot = layout.student_slot(rank);
   StagingTransport staged(std::move(host), spec(), c10::Device(c10::kCPU), 2, 0);
   std::set<const void*> buffers;
   for (std::int64_t s = 0; s < kSteps; ++s) {
     const Message& m = staged.recv(s);
     EXPECT_EQ(m.step, s);
-    EXPECT_TRUE(torch::equal(m.at("x"), message(s).at("x"))) << "step " << s;
-    EXPECT_TRUE(torch::equal(m.at("t"), message(s).at("t"))) << "step " << s;
+    EXPECT_TRUE(torch::equal(m.at("x"), message(s, slot).at("x"))) << "step " << s;
+    EXPECT_TRUE(torch::equal(m.at("t"), message(s, slot).at("t"))) << "step " << s;
     EXPECT_EQ(&staged.recv(s), &m) << "a second recv of step " << s << " returns the same slot";
     buffers.insert(m.at("x").data_ptr());
     if (s + 1 < kSteps) {
@@ -100,6 +112,55 @@ TEST(TransportFactory, StagingTransportDeliversEveryStepThroughItsSlots) {
     staged.release(s);
   }
   EXPECT_EQ(buffers.size(), 2u) << "two staging slots, allocated once and reused";
+}
+
+// teacher.placement shard: world - 1 stages of one replica and one student. Stage 0 makes each
+// step's message, every stage adds 1 to `x` and hands it on over its stage links (made by
+// make_stage_transports: MPI for host tensors), the last stage streams it to the student.
+TEST(TransportFactory, StageLinksCarryEachStepDownThePipeline) {
+  const int world = world_size();
+  if (world < 3) GTEST_SKIP() << "a pipeline needs 2 stages and a student: run with 3 or more ranks";
+  const int rank = world_rank();
+  const int stages = world - 1;
+  const auto layout = Layout::make(world, stages, stages);
+  ProcessGroups groups(layout, rank);
+  CommConfig config;
+  config.timeout_s = 30;
+  config.prefetch_depth = 2;
+  constexpr std::int64_t kSteps = 5;
+  const c10::Device cpu(c10::kCPU);
+  if (layout.role_of(rank) == Role::kStudent) {
+    auto link = make_transport(groups, rank, spec(), config, 0, kSteps, cpu);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      const Message& m = link->recv(s);
+      EXPECT_TRUE(torch::equal(m.at("x"), message(s).at("x") + stages)) << "step " << s;
+      EXPECT_TRUE(torch::equal(m.at("t"), message(s).at("t"))) << "step " << s;
+      link->release(s);
+    }
+    return;
+  }
+  const int stage = layout.stage_of(rank);
+  const bool last = stage + 1 == stages;
+  std::unique_ptr<Transport> link;
+  if (last) link = make_transport(groups, rank, spec(), config, 0, kSteps, cpu);
+  auto links = make_stage_transports(groups, rank, spec(), spec(), config, 0, kSteps, cpu);
+  EXPECT_EQ(links.from_previous != nullptr, stage > 0) << "stage " << stage;
+  EXPECT_EQ(links.to_next != nullptr, !last) << "stage " << stage;
+  if (links.from_previous) EXPECT_THROW(links.from_previous->flush(), Error);
+  if (links.to_next) EXPECT_THROW(links.to_next->recv(0), Error);
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    TensorDict m;
+    if (stage == 0) {
+      m = message(s);
+    } else {
+      const Message& in = links.from_previous->recv(s);
+      for (const auto& [name, t] : in.tensors) m[name] = t.clone();
+      links.from_previous->release(s);
+    }
+    m["x"] = m["x"] + 1;
+    (last ? link : links.to_next)->send(s, {m});
+  }
+  (last ? link : links.to_next)->flush();
 }
 
 }  // namespace
