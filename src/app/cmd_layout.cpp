@@ -10,6 +10,7 @@
 #include "comm/backend_choice.hpp"
 #include "comm/process_groups.hpp"
 #include "core/topology.hpp"
+#include "teacher/placement.hpp"
 
 namespace wd::app {
 
@@ -26,6 +27,7 @@ struct AllocationConfig {
   // The train keys that decide devices and links; 0 / empty: the value in --config.
   int teacher_ranks = 0;
   std::string teacher_placement;
+  int teacher_stages = 0;
   std::string student_device;
   std::string comm_backend;
 
@@ -38,7 +40,11 @@ struct AllocationConfig {
               "node names, comma-separated (e.g. from scontrol show hostnames); default node0,node1,...")
         .bind("teacher.ranks", teacher_ranks, "teacher ranks (0: the value in --config, default 1)")
         .bind("teacher.placement", teacher_placement,
-              "as in train (empty: the value in --config, default auto); cpu puts teachers on the host")
+              "as in train (empty: the value in --config, default auto); cpu puts teachers on the host, "
+              "shard splits each replica's blocks over teacher.stages ranks")
+        .bind("teacher.stages", teacher_stages,
+              "as in train, with teacher.placement shard (0: the value in --config, else "
+              "teacher.shard_map's stages, else teacher.ranks)")
         .bind("student.device", student_device, "as in train (empty: the value in --config, default auto)")
         .bind("comm.backend", comm_backend, "as in train (empty: the value in --config, default auto)");
   }
@@ -48,6 +54,8 @@ struct AllocationConfig {
 struct TrainKeys {
   int teacher_ranks = 1;
   std::string teacher_placement = "auto";
+  int teacher_stages = 0;
+  std::string teacher_shard_map;
   std::string student_device = "auto";
   std::string comm_backend = "auto";
 };
@@ -71,6 +79,8 @@ TrainKeys train_keys_in(const std::string& file) {
   po::options_description only;
   only.add_options()("teacher.ranks", po::value<int>(&keys.teacher_ranks))(
       "teacher.placement", po::value<std::string>(&keys.teacher_placement))(
+      "teacher.stages", po::value<int>(&keys.teacher_stages))(
+      "teacher.shard_map", po::value<std::string>(&keys.teacher_shard_map))(
       "student.device", po::value<std::string>(&keys.student_device))(
       "comm.backend", po::value<std::string>(&keys.comm_backend));
   po::variables_map vm;
@@ -125,11 +135,13 @@ int run_layout(const std::vector<std::string>& args) {
   const auto parsed = parse_options(rest, table);
   if (parsed.help) {
     print_help("wan-distill layout [--config FILE] --nodes N --gpus-per-node G [--ranks-per-node R]\n"
-               "                   [--teacher.ranks T] [--student.device D] [--comm.backend B]",
+               "                   [--teacher.ranks T] [--teacher.placement P] [--teacher.stages S]\n"
+               "                   [--student.device D] [--comm.backend B]",
                "Prints the rank layout `train` will use on an allocation of N nodes x G GPUs: for\n"
                "every world rank its node, local rank and device, its role and its teacher replica,\n"
-               "then which library (NCCL or MPI) carries each teacher -> student link and the\n"
-               "gradient all-reduce, and why. Ranks are placed in blocks, one per GPU unless\n"
+               "then which library (NCCL or MPI) carries each teacher -> student link, each link\n"
+               "between shard stages (--teacher.placement shard) and the gradient all-reduce, and\n"
+               "why. Ranks are placed in blocks, one per GPU unless\n"
                "--ranks-per-node says otherwise (as slurm/*.sbatch and launch/mpirun.sh start them).\n"
                "Needs no MPI; exit code 2 when the layout is invalid.",
                table);
@@ -139,6 +151,7 @@ int run_layout(const std::vector<std::string>& args) {
   auto keys = train_keys_in(config_file);
   if (alloc.teacher_ranks > 0) keys.teacher_ranks = alloc.teacher_ranks;
   if (!alloc.teacher_placement.empty()) keys.teacher_placement = alloc.teacher_placement;
+  if (alloc.teacher_stages > 0) keys.teacher_stages = alloc.teacher_stages;
   if (!alloc.student_device.empty()) keys.student_device = alloc.student_device;
   if (!alloc.comm_backend.empty()) keys.comm_backend = alloc.comm_backend;
   const int per_node = alloc.ranks_per_node > 0 ? alloc.ranks_per_node : alloc.gpus_per_node;
@@ -159,7 +172,16 @@ int run_layout(const std::vector<std::string>& args) {
     for (int n = 0; n < alloc.nodes; ++n) names.push_back("node" + std::to_string(n));
   }
   const int world = alloc.nodes * per_node;
-  const auto layout = comm::Layout::make(world, keys.teacher_ranks);
+  // Pipeline stages as train makes them for an explicit shard placement (auto decides at start-up,
+  // from the teacher's size and the free memory, so its stages are not known here).
+  teacher::TeacherConfig stage_keys;
+  stage_keys.ranks = keys.teacher_ranks;
+  stage_keys.stages = keys.teacher_stages;
+  stage_keys.shard_map = keys.teacher_shard_map;
+  const bool shard = keys.teacher_placement == "shard";
+  const auto layout = comm::Layout::make(
+      world, keys.teacher_ranks,
+      teacher::stages_for(stage_keys, shard ? memory::Placement::kShard : memory::Placement::kGpu));
   const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(rank / per_node)]; };
   // Each rank's device as train resolves it on a node with these GPUs.
   const auto device_of = [&](int rank) {
@@ -198,11 +220,29 @@ int run_layout(const std::vector<std::string>& args) {
     }
     const bool local = student_nodes.size() == 1 && *student_nodes.begin() == node_of(sender);
     const auto choice = comm::choose_backend(keys.comm_backend, ends, comm::nccl_built(),
-                                             "the link of replica " + std::to_string(rep));
+                                             "the teacher -> student link of replica " + std::to_string(rep));
     std::cout << "replica " << rep << ": teacher rank " << sender << " on " << node_of(sender)
               << " streams to students " << rank_range(students) << " on " << join(student_nodes)
               << (local ? " (within the node)" : " (across nodes: batches travel over the network)")
               << " over " << comm::backend_name(choice.backend) << " (" << choice.reason << ")\n";
+  }
+  // Shard stages hand activations down each replica's pipeline, link by link (make_stage_transports).
+  for (int rep = 0; rep < layout.replicas && layout.stages > 1; ++rep) {
+    for (int k = 0; k + 1 < layout.stages; ++k) {
+      const int from = rep * layout.stages + k;
+      const auto a = device_of(from), b = device_of(from + 1);
+      const auto choice = comm::choose_backend(keys.comm_backend, {a, b}, comm::nccl_built(),
+                                               "the stage " + std::to_string(k) + " -> " +
+                                                   std::to_string(k + 1) + " link of replica " +
+                                                   std::to_string(rep));
+      std::cout << "replica " << rep << ": stage " << k << " (" << a.describe() << ") -> stage " << k + 1
+                << " (" << b.describe() << ") over " << comm::backend_name(choice.backend) << " ("
+                << choice.reason << ")\n";
+    }
+  }
+  if (keys.teacher_placement == "auto" && keys.teacher_ranks > 1) {
+    std::cout << "note: teacher.placement auto decides at start-up whether the " << keys.teacher_ranks
+              << " teacher ranks are replicas or shard stages; --teacher.placement shard shows the stages\n";
   }
   std::vector<comm::RankDevice> students;
   for (int r = layout.teacher_ranks; r < world; ++r) students.push_back(device_of(r));

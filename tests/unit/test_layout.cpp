@@ -107,9 +107,39 @@ TEST(LayoutCommand, SharedGpusAndHostStudentsChooseMpi) {
 
   r = run("--nodes 1 --gpus-per-node 4 --student.device cpu --comm.backend nccl");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("comm.backend(nccl) cannot carry the link of replica 0: rank 1 (host on node0)"),
+  EXPECT_NE(r.output.find("comm.backend(nccl) cannot carry the teacher -> student link of replica 0: rank 1 (host on node0)"),
             std::string::npos)
       << r.output;
+}
+
+// teacher.placement shard: the teacher ranks of a replica are its pipeline stages, and each
+// link between two stages gets its own backend (NCCL only where the build has it).
+TEST(LayoutCommand, ShardStagesAndTheirLinks) {
+  auto r = run("--nodes 1 --gpus-per-node 4 --teacher.ranks 2 --teacher.placement shard");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto t = rows(r.output);
+  ASSERT_EQ(t.size(), 4u) << r.output;
+  EXPECT_EQ(t[0][5], "0") << "both stages belong to replica 0\n" << r.output;
+  EXPECT_EQ(t[1][5], "0") << r.output;
+  EXPECT_NE(r.output.find("1 replica(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("replica 0: teacher rank 1 on node0 streams to students 2-3"), std::string::npos)
+      << "the last stage streams to the students\n" << r.output;
+  EXPECT_NE(r.output.find("replica 0: stage 0 (rank 0 (cuda:0 on node0)) -> stage 1 (rank 1 (cuda:1 on node0)) over "),
+            std::string::npos)
+      << r.output;
+
+  // Two stages sharing one GPU cannot use NCCL.
+  r = run("--nodes 1 --gpus-per-node 1 --ranks-per-node 3 --teacher.ranks 2 --teacher.placement shard");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("-> stage 1 (rank 1 (cuda:0 on node0)) over mpi (rank 0 (cuda:0 on node0) and rank 1 "
+                          "(cuda:0 on node0) share one GPU"),
+            std::string::npos)
+      << r.output;
+
+  // auto decides replicas or stages at start-up: the layout says so.
+  r = run("--nodes 1 --gpus-per-node 4 --teacher.ranks 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("teacher.placement auto decides at start-up"), std::string::npos) << r.output;
 }
 
 }  // namespace
