@@ -3,7 +3,8 @@
 # ignored .venv/) and builds it: build/ against Debian's LibTorch 1.13 (CPU), and for `cuda` or
 # `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel.
 # Usage: bash launch/setup.sh [cpu|cuda|all]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
-#        BUILD_TYPE, JOBS may be set; WD_CCACHE=0 builds without ccache)
+#        BUILD_TYPE, JOBS may be set; WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
+#        optimisation of build-cuda/, default -O3: launch/test.sh builds it at -O1, see there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-cpu}
@@ -64,7 +65,7 @@ if [[ $which == cuda || $which == all ]]; then
   # nvcc must match the wheel's CUDA (13.0): /usr/local/cuda is where the toolkit installs.
   if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
   cmake -S . -B "$CUDA_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" "-DCMAKE_CXX_FLAGS_RELEASE=${WD_CUDA_OPT:--O3} -DNDEBUG" \
     "${launcher[@]}"
   cmake --build "$CUDA_BUILD_DIR" -j"$jobs"
 fi
