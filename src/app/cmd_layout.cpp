@@ -9,6 +9,7 @@
 #include "app/commands.hpp"
 #include "comm/backend_choice.hpp"
 #include "comm/process_groups.hpp"
+#include "comm/transport.hpp"
 #include "core/topology.hpp"
 #include "teacher/placement.hpp"
 
@@ -220,7 +221,7 @@ int run_layout(const std::vector<std::string>& args) {
     }
     const bool local = student_nodes.size() == 1 && *student_nodes.begin() == node_of(sender);
     const auto choice = comm::choose_backend(keys.comm_backend, ends, comm::nccl_built(),
-                                             "the teacher -> student link of replica " + std::to_string(rep));
+                                             comm::student_link_name(rep));
     std::cout << "replica " << rep << ": teacher rank " << sender << " on " << node_of(sender)
               << " streams to students " << rank_range(students) << " on " << join(student_nodes)
               << (local ? " (within the node)" : " (across nodes: batches travel over the network)")
@@ -231,10 +232,8 @@ int run_layout(const std::vector<std::string>& args) {
     for (int k = 0; k + 1 < layout.stages; ++k) {
       const int from = rep * layout.stages + k;
       const auto a = device_of(from), b = device_of(from + 1);
-      const auto choice = comm::choose_backend(keys.comm_backend, {a, b}, comm::nccl_built(),
-                                               "the stage " + std::to_string(k) + " -> " +
-                                                   std::to_string(k + 1) + " link of replica " +
-                                                   std::to_string(rep));
+      const auto choice =
+          comm::choose_backend(keys.comm_backend, {a, b}, comm::nccl_built(), comm::stage_link_name(rep, k));
       std::cout << "replica " << rep << ": stage " << k << " (" << a.describe() << ") -> stage " << k + 1
                 << " (" << b.describe() << ") over " << comm::backend_name(choice.backend) << " ("
                 << choice.reason << ")\n";

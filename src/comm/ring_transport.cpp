@@ -112,8 +112,7 @@ ReceivingTransport::ReceivingTransport(const StreamEnd& end, std::size_t slots, 
       first_step_(first),
       end_step_(end_step),
       next_release_(first),
-      state_(slots),
-      held_(slots, nullptr) {
+      state_(slots) {
   WD_CHECK(end_step >= first, "transport steps [" << first << ", " << end_step << ") are empty backwards");
   WD_CHECK(!end.sending && end.peers.size() == 1 && end.peer_ranks.size() == 1,
            "rank " << end.world_rank << ": a receiving end has exactly one sender");
@@ -128,7 +127,7 @@ void ReceivingTransport::post_ahead() {
 void ReceivingTransport::post_step(std::int64_t step) {
   const std::size_t slot = slot_of(step, first_step_, slots());
   post(slot, step);
-  state_[slot] = {State::kPosted, step};
+  state_[slot] = {State::kPosted, step, nullptr};
 }
 
 void ReceivingTransport::sender_only(const char* what, std::int64_t step) const {
@@ -146,7 +145,7 @@ const Message& ReceivingTransport::recv(std::int64_t step) {
                         << end_step_ << ")");
   const std::size_t slot = slot_of(step, first_step_, slots());
   SlotState& s = state_[slot];
-  if (s.state == State::kReceived && s.step == step) return *held_[slot];
+  if (s.state == State::kReceived && s.step == step) return *s.held;
   WD_CHECK(s.state != State::kReceived,
            "recv(step " << step << "): step " << s.step << " still holds its ring slot; release("
                         << s.step << ") first (comm.prefetch_depth " << slots() << ")");
@@ -157,7 +156,7 @@ const Message& ReceivingTransport::recv(std::int64_t step) {
   s.state = State::kIdle;  // until accept proves the payload is the step we wanted
   Message& message = accept(slot, step);
   message.step = step;
-  held_[slot] = &message;
+  s.held = &message;
   s.state = State::kReceived;
   return message;
 }
@@ -170,8 +169,7 @@ void ReceivingTransport::release(std::int64_t step) {
   WD_CHECK(state_[slot].state == State::kReceived && state_[slot].step == step,
            "release(step " << step << ") before recv(step " << step << ")");
   consumed(slot);
-  state_[slot] = {State::kIdle, -1};
-  held_[slot] = nullptr;
+  state_[slot] = {State::kIdle, -1, nullptr};
   ++next_release_;
   const std::int64_t next = step + static_cast<std::int64_t>(slots());
   if (next < end_step_) post_step(next);

@@ -89,7 +89,8 @@ class ReceivingTransport : public Transport {
   enum class State { kIdle, kPosted, kReceived };
   struct SlotState {
     State state = State::kIdle;
-    std::int64_t step = -1;  ///< posted for, or held
+    std::int64_t step = -1;     ///< posted for, or held
+    Message* held = nullptr;    ///< kReceived: the message accept returned
   };
   [[noreturn]] void sender_only(const char* what, std::int64_t step) const;
   void post_step(std::int64_t step);
@@ -98,7 +99,6 @@ class ReceivingTransport : public Transport {
   std::int64_t first_step_, end_step_;
   std::int64_t next_release_;
   std::vector<SlotState> state_;
-  std::vector<Message*> held_;  ///< per slot: the message returned by accept while held
   double waited_ = 0;
 };
 

@@ -16,7 +16,6 @@ namespace wd::comm {
 
 namespace {
 
-
 constexpr std::uint64_t kAlign = 64;
 constexpr std::uint64_t kMagic = 0x5744'4953'5449'4c31ULL;  // "WDISTIL1"
 // One tag for the whole stream: MPI's non-overtaking rule keeps the steps of one sender in order.
@@ -393,6 +392,15 @@ const torch::Tensor& Message::at(const std::string& name) const {
   return it->second;
 }
 
+std::string student_link_name(int replica) {
+  return "the teacher -> student link of replica " + std::to_string(replica);
+}
+
+std::string stage_link_name(int replica, int from_stage) {
+  return "the stage " + std::to_string(from_stage) + " -> " + std::to_string(from_stage + 1) +
+         " link of replica " + std::to_string(replica);
+}
+
 StreamEnd link_end(const ProcessGroups& groups, int world_rank, const CommConfig& config) {
   WD_CHECK(groups.link() != MPI_COMM_NULL,
            "rank " << world_rank
@@ -404,7 +412,7 @@ StreamEnd link_end(const ProcessGroups& groups, int world_rank, const CommConfig
   end.comm = groups.link();
   end.world_rank = world_rank;
   end.broadcast = config.mode == "broadcast";
-  end.name = "the teacher -> student link of replica " + std::to_string(replica);
+  end.name = student_link_name(replica);
   end.receiver = "student";
   end.sending = layout.role_of(world_rank) == Role::kTeacher;
   if (end.sending) {
@@ -422,16 +430,16 @@ StageEnds stage_ends(const ProcessGroups& groups, int world_rank) {
   WD_CHECK(layout.role_of(world_rank) == Role::kTeacher,
            "rank " << world_rank << " is a student, not a teacher pipeline stage");
   const int stage = layout.stage_of(world_rank);
-  const std::string replica = " of replica " + std::to_string(layout.replica_of(world_rank));
+  const int replica = layout.replica_of(world_rank);
   // Each stage link has two ranks: the sending stage is rank 0, the receiving stage rank 1.
   StageEnds out;
   if (groups.stage_in() != MPI_COMM_NULL) {
     out.in = {groups.stage_in(), world_rank, false, {world_rank - 1}, {0}, false,
-              "the stage " + std::to_string(stage - 1) + " -> " + std::to_string(stage) + " link" + replica};
+              stage_link_name(replica, stage - 1)};
   }
   if (groups.stage_out() != MPI_COMM_NULL) {
     out.out = {groups.stage_out(), world_rank, true, {world_rank + 1}, {1}, false,
-               "the stage " + std::to_string(stage) + " -> " + std::to_string(stage + 1) + " link" + replica};
+               stage_link_name(replica, stage)};
   }
   return out;
 }

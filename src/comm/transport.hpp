@@ -101,6 +101,11 @@ struct StreamEnd {
   std::string receiver = "receiver";  ///< what a receiver is called in messages ("student")
 };
 
+/// How logs and errors name a stream: "the teacher -> student link of replica R" and "the stage
+/// K -> K+1 link of replica R" (train and layout say the same).
+std::string student_link_name(int replica);
+std::string stage_link_name(int replica, int from_stage);
+
 /// `world_rank`'s end of its replica's teacher -> student link (`groups.link()`: the last
 /// teacher stage is rank 0, the students follow in slot order). Throws wd::Error on a rank
 /// without a link (a teacher stage before the last).

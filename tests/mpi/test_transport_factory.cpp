@@ -146,8 +146,12 @@ TEST(TransportFactory, StageLinksCarryEachStepDownThePipeline) {
   auto links = make_stage_transports(groups, rank, spec(), spec(), config, 0, kSteps, cpu);
   EXPECT_EQ(links.from_previous != nullptr, stage > 0) << "stage " << stage;
   EXPECT_EQ(links.to_next != nullptr, !last) << "stage " << stage;
-  if (links.from_previous) EXPECT_THROW(links.from_previous->flush(), Error);
-  if (links.to_next) EXPECT_THROW(links.to_next->recv(0), Error);
+  if (links.from_previous) {
+    EXPECT_THROW(links.from_previous->flush(), Error);
+  }
+  if (links.to_next) {
+    EXPECT_THROW(links.to_next->recv(0), Error);
+  }
   for (std::int64_t s = 0; s < kSteps; ++s) {
     TensorDict m;
     if (stage == 0) {
