@@ -13,6 +13,7 @@
 #include "comm/health.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "core/logging.hpp"
+#include "memory/host_memory.hpp"
 
 namespace wd::app {
 
@@ -24,6 +25,8 @@ namespace fs = std::filesystem;
 void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int world,
                         const memory::MemoryMonitor& monitor) {
   mine.peak_rss = static_cast<double>(monitor.lifetime_peak_rss());
+  mine.peak_pss = static_cast<double>(monitor.sampled_peak_pss());
+  mine.cpu_seconds = memory::cpu_seconds();
   constexpr int kFields = sizeof(RankSummary) / sizeof(double);
   std::vector<RankSummary> all(rank == 0 ? world : 0);
   MPI_Request req;
@@ -33,19 +36,34 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int wo
                            std::chrono::duration<double>(cfg.comm.timeout_s), rank);
   if (rank != 0) return;
   nlohmann::json ranks = nlohmann::json::array();
-  std::string table = "run summary:\n  rank  role     time s   busy %   wait %   samples   peak RSS";
+  std::string table =
+      "run summary:\n  rank  role     time s   busy %   wait %   samples    CPU s   peak RSS   peak PSS";
+  double rss_sum = 0, pss_sum = 0, cpu_sum = 0;
   for (int r = 0; r < world; ++r) {
     const auto& s = all[r];
     const char* role = s.role == 0 ? "teacher" : "student";
-    table += fmt::format("\n  {:>4}  {:<7} {:>7.1f} {:>8.0f} {:>8.0f} {:>9.0f} {:>10}", r, role,
-                         s.seconds, 100 * s.busy_fraction, 100 * s.wait_fraction, s.samples,
-                         format_bytes(s.peak_rss));
+    table += fmt::format("\n  {:>4}  {:<7} {:>7.1f} {:>8.0f} {:>8.0f} {:>9.0f} {:>8.1f} {:>10} {:>10}", r, role,
+                         s.seconds, 100 * s.busy_fraction, 100 * s.wait_fraction, s.samples, s.cpu_seconds,
+                         format_bytes(s.peak_rss), format_bytes(s.peak_pss));
     ranks.push_back({{"rank", r}, {"role", role}, {"seconds", s.seconds},
                      {"busy_fraction", s.busy_fraction}, {"wait_fraction", s.wait_fraction},
-                     {"samples", s.samples}, {"peak_rss_bytes", s.peak_rss}});
+                     {"samples", s.samples}, {"cpu_seconds", s.cpu_seconds}, {"peak_rss_bytes", s.peak_rss},
+                     {"peak_pss_bytes", s.peak_pss}});
+    rss_sum += s.peak_rss;
+    pss_sum += s.peak_pss;
+    cpu_sum += s.cpu_seconds;
   }
+  // Summed peaks overstate a node's peak (ranks peak at different times); PSS counts pages
+  // that ranks share (a mapped teacher) once, RSS once per rank.
+  table += fmt::format("\n  all ranks: CPU {:.1f} s, summed peak RSS {}, summed peak PSS {}", cpu_sum,
+                       format_bytes(rss_sum), format_bytes(pss_sum));
   spdlog::info("{}", table);
-  std::ofstream((fs::path(cfg.run_dir) / "summary.json")) << nlohmann::json{{"ranks", ranks}}.dump(2) << "\n";
+  std::ofstream((fs::path(cfg.run_dir) / "summary.json"))
+      << nlohmann::json{{"ranks", ranks},
+                        {"cpu_seconds", cpu_sum},
+                        {"peak_rss_bytes_sum", rss_sum},
+                        {"peak_pss_bytes_sum", pss_sum}}.dump(2)
+      << "\n";
 }
 
 /// The memory monitor's gather: every rank's MemoryReport to world rank 0 (with deadline).

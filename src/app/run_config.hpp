@@ -50,6 +50,7 @@ struct RunConfig {
     checkpoint.bind(t);
     log.bind(t);
     runtime.bind(t);
+    runtime.bind_roles(t);
   }
   void validate() const {
     ConfigProblems p;

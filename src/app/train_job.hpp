@@ -22,6 +22,7 @@
 #include "memory/memory_report.hpp"
 #include "memory/planner.hpp"
 #include "model/wan_experts.hpp"
+#include "teacher/teacher_stage.hpp"
 
 namespace wd::app {
 
@@ -72,6 +73,8 @@ struct RankSummary {
   double wait_fraction = 0;  ///< blocked in the transport
   double samples = 0;
   double peak_rss = 0;
+  double peak_pss = 0;     ///< sampled: memory reports and the end of the run
+  double cpu_seconds = 0;  ///< user + system, the whole process
 };
 
 /// How a role ended.
@@ -85,6 +88,10 @@ struct RoleResult {
 /// the run directory and the builtin assets, the teacher placement, the teacher and data
 /// checks, the data shapes, the resume point and the stream plan.
 void prepare_train(TrainJob& job, comm::MpiRuntime& mpi);
+
+/// This rank's teacher stage: every expert's model for `how`, teacher.compute applied (the
+/// choice logged by world rank 0) and teacher.micro_batch set; adds the weights to `memory`.
+teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory);
 
 /// A teacher rank: its device, its link to the students (the last stage of a replica), its
 /// stage of the model, its stage links, then the teacher loop.

@@ -61,11 +61,26 @@ void make_builtin_assets(const RunConfig& cfg) {
   }
 }
 
-void set_threads(const RunConfig& cfg, int local_size) {
+/// Intra-op threads by role: runtime.teacher_threads / student_threads, else runtime.threads,
+/// else this node's cores shared out over its ranks. Every rank logs what it got and why.
+void set_threads(const RunConfig& cfg, const Topology& topo) {
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : std::max(1, hw / local_size);
+  const bool teacher = topo.role == Role::kTeacher;
+  const int by_role = teacher ? cfg.runtime.teacher_threads : cfg.runtime.student_threads;
+  std::string why;
+  int threads = 0;
+  if (by_role > 0) {
+    threads = by_role;
+    why = teacher ? "runtime.teacher_threads" : "runtime.student_threads";
+  } else if (cfg.runtime.threads > 0) {
+    threads = cfg.runtime.threads;
+    why = "runtime.threads";
+  } else {
+    threads = std::max(1, hw / topo.local_size);
+    why = fmt::format("{} core(s) / {} rank(s) on this node", hw, topo.local_size);
+  }
   torch::set_num_threads(threads);
-  spdlog::debug("{} intra-op thread(s)", threads);
+  spdlog::info("{} rank: {} intra-op thread(s) ({})", role_name(topo.role), threads, why);
 }
 
 /// MemTotal of /proc/meminfo (0 when unreadable).
@@ -178,10 +193,12 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   cfg.validate();
   // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
   // single replica is always a valid split, so it serves until then).
-  job.topo = comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks))
+  const bool colocated = cfg.teacher.placement == "colocated";
+  job.topo = (colocated ? comm::Layout::colocated(mpi.size())
+                        : comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks)))
                  .topology(rank, mpi.local_rank(), mpi.local_size());
   init_logging(job.topo, cfg.log.level);
-  set_threads(cfg, mpi.local_size());
+  set_threads(cfg, job.topo);
   log_rank_placement(job.topo, cfg.comm.timeout_s);
 
   agreed("preparing the run directory", cfg, [&] {
@@ -192,6 +209,11 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   std::vector<std::int64_t> chosen{0};
   agreed("choosing the teacher placement", cfg, [&] {
     if (rank != 0) return;
+    if (colocated) {  // the teacher lives where the student computes
+      const bool gpu = student::student_device(cfg.student.device, 0).is_cuda();
+      chosen[0] = static_cast<std::int64_t>(gpu ? memory::Placement::kGpu : memory::Placement::kCpu);
+      return;
+    }
     const auto p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
                                                    : teacher::parse_placement(cfg.teacher.placement);
     // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
@@ -201,10 +223,15 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   });
   comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
   job.placement = static_cast<memory::Placement>(chosen[0]);
-  job.layout = comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, job.placement));
+  job.layout = colocated ? comm::Layout::colocated(mpi.size())
+                         : comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, job.placement));
   const auto& layout = job.layout;
   job.groups.emplace(layout, rank);
-  if (rank == 0) {
+  if (rank == 0 && colocated) {
+    spdlog::info("train: teacher.placement colocated: {} student rank(s), each computing its own targets with "
+                 "the teacher on its {} (mapped once per node), no teacher ranks, run dir {}",
+                 layout.student_ranks, job.placement == memory::Placement::kGpu ? "GPU" : "host", cfg.run_dir);
+  } else if (rank == 0) {
     spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), run dir {}",
                  layout.teacher_ranks, layout.replicas, layout.stages, memory::placement_name(job.placement),
                  layout.student_ranks, cfg.run_dir);
@@ -231,7 +258,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     problems.throw_if_any("train config");
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(student::student_device(cfg.student.device, job.topo.local_rank));
-    if (job.topo.role == Role::kTeacher) {
+    if (job.topo.role == Role::kTeacher || layout.colocated()) {  // the ranks that read the data
       job.info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
       WD_CHECK_DATA(job.info->samples > cfg.train.eval_samples, job.info->path, "/latents",
                     "has " << job.info->samples << " samples; train.eval_samples(" << cfg.train.eval_samples
@@ -239,7 +266,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     }
   });
 
-  // World rank 0 (a teacher) tells everyone the data shapes.
+  // World rank 0 (a teacher, or a colocated student) tells everyone the data shapes.
   std::vector<std::int64_t> shape(6, 0);
   if (rank == 0) {
     const auto& lat = job.info->latent_shape;

@@ -8,6 +8,8 @@
 #include "comm/transport_factory.hpp"
 #include "core/torch_compat.hpp"
 #include "student/student_device.hpp"
+#include "app/plan_input.hpp"
+#include "teacher/colocated_teacher.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 #include "student/student_parts.hpp"
@@ -29,6 +31,36 @@ void warn_if_gpu_shared(const Topology& topo, const c10::Device& device) {
                topo.local_size, gpus, device.str());
 }
 
+/// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
+/// teacher.compute and micro_batch as on a teacher rank), its data and noise: the messages a
+/// teacher rank would have sent it, computed here.
+struct OwnTeacher {
+  teacher::TeacherStage stage;
+  data::DatasetReader reader;
+  data::SampleSchedule schedule;
+  data::FlowMatchingNoiser noiser, eval_noiser;
+  teacher::ColocatedTeacher transport;
+
+  OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
+      : stage(load_teacher_stage(job, load_for(job, device), memory)),
+        reader(*job.info),
+        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
+        noiser(job.cfg.noise, job.cfg.train.seed),
+        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL),  // as run_teacher_rank's
+        transport({stage, reader, schedule, noiser, eval_noiser, job.plan, job.layout.replica_of(job.world_rank()),
+                   job.layout.replicas, job.train_samples}) {}
+
+  static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
+    teacher::StageLoad how;
+    how.placement = job.placement;
+    how.dtype = teacher_dtype(job.cfg);
+    how.device = device;
+    how.blocks = {0, job.teacher().config().num_layers};
+    how.timeout_s = job.cfg.comm.timeout_s;
+    return how;
+  }
+};
+
 }  // namespace
 
 RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
@@ -45,9 +77,15 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   }
   // Link first, gradient group second, on every student: NCCL communicators are created in one
   // order everywhere (docs/transport.md).
-  auto transport = comm::make_transport(*job.groups, rank, plan.message_spec(), cfg.comm, 0,
-                                        plan.end_step(), device);
-  services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+  std::unique_ptr<OwnTeacher> own;
+  std::unique_ptr<comm::Transport> link;
+  if (layout.colocated()) {
+    own = std::make_unique<OwnTeacher>(job, device, services.memory);
+  } else {
+    link = comm::make_transport(*job.groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step(), device);
+    services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+  }
+  comm::Transport& transport = own ? static_cast<comm::Transport&>(own->transport) : *link;
 
   const auto& tc = job.teacher().config();
   student::PartsSetup setup;
@@ -72,7 +110,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   for (int r = layout.teacher_ranks; r < layout.world_size; ++r) {
     if (r != rank) peers.push_back(r);
   }
-  student::StudentJob loop{parts, *transport, *reducer, plan, cfg.train, job.groups->students(),
+  student::StudentJob loop{parts, transport, *reducer, plan, cfg.train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            student::CheckpointPolicy::parse(cfg.student.checkpointing)};

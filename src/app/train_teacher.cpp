@@ -6,11 +6,37 @@
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
 #include "teacher/teacher_loop.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::app {
+
+teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory) {
+  std::vector<teacher::StageModel> models;
+  for (const auto& e : job.experts->experts()) {
+    models.push_back(teacher::load_stage_model(e, how));
+    memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
+  }
+  // One measurement serves every expert: they share the dtype and the device.
+  const auto compute = teacher::choose_compute(job.cfg.teacher.compute, models.front().model->dtype(), how.device);
+  for (auto& m : models) m.model->set_compute_dtype(compute.dtype);
+  const auto& cfg = job.cfg;
+  if (job.world_rank() == 0) {
+    spdlog::info("{}{}", compute.reason,
+                 cfg.teacher.micro_batch > 0 ? fmt::format("; teacher forwards of {} sample(s) (teacher.micro_batch)",
+                                                           cfg.teacher.micro_batch)
+                                             : std::string());
+  }
+  teacher::Router router;
+  if (job.experts->two_experts()) {
+    router = [&job](const torch::Tensor& t) { return job.experts->route(t); };
+  }
+  teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);
+  stage.set_micro_batch(cfg.teacher.micro_batch);
+  return stage;
+}
 
 RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   const auto& cfg = job.cfg;
@@ -42,16 +68,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
                                       static_cast<std::uint64_t>(layout.students_per_replica());
   }
 
-  std::vector<teacher::StageModel> models;
-  for (const auto& e : job.experts->experts()) {
-    models.push_back(teacher::load_stage_model(e, how));
-    services.memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
-  }
-  teacher::Router router;
-  if (job.experts->two_experts()) {
-    router = [&job](const torch::Tensor& t) { return job.experts->route(t); };
-  }
-  teacher::TeacherStage stage_model(std::move(models), router, how.blocks, job.plan.feature_blocks);
+  auto stage_model = load_teacher_stage(job, how, services.memory);
   const auto per_stage_spec = [&](int s) {
     return teacher::stage_message_spec(
         job.plan, job.per_replica,

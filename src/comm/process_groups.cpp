@@ -48,6 +48,17 @@ Layout Layout::make(int world_size, int teacher_ranks, int stages) {
   return layout;
 }
 
+Layout Layout::colocated(int world_size) {
+  if (world_size < 1) throw ConfigError("process layout: colocated needs at least 1 rank");
+  Layout layout;
+  layout.world_size = world_size;
+  layout.teacher_ranks = 0;
+  layout.student_ranks = world_size;
+  layout.stages = 1;
+  layout.replicas = world_size;
+  return layout;
+}
+
 Role Layout::role_of(int world_rank) const {
   WD_CHECK(world_rank >= 0 && world_rank < world_size,
            "rank " << world_rank << " is outside the world of " << world_size << " ranks");
@@ -139,7 +150,7 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
     students_ = split(teacher ? MPI_UNDEFINED : 1, world_rank);
     const int replica = layout.replica_of(world_rank);
     int color = MPI_UNDEFINED, key = 0;
-    if (!teacher) {
+    if (!teacher && !layout.colocated()) {  // colocated students have no link
       color = replica;
       key = 1 + layout.student_slot(world_rank);
     } else if (world_rank == layout.sender_of_replica(replica)) {

@@ -26,6 +26,10 @@ struct Layout {
   /// Validates (T >= 1, S >= 1, T + S == world, T divisible by P... , S divisible by R) and
   /// throws wd::ConfigError naming every value: "teacher.ranks(3) + students(4) != world_size(8)".
   static Layout make(int world_size, int teacher_ranks, int stages = 1);
+  /// teacher.placement = colocated: no teacher ranks; every rank is a student that computes
+  /// its own targets, its own replica (replicas = students, one student each).
+  static Layout colocated(int world_size);
+  bool colocated() const { return teacher_ranks == 0; }
 
   Role role_of(int world_rank) const;
   /// Replica of a teacher or student rank.

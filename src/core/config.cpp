@@ -50,8 +50,17 @@ void RuntimeConfig::bind(OptionTable& table) {
              "LibTorch intra-op threads per process (0 = LibTorch's default)");
 }
 
+void RuntimeConfig::bind_roles(OptionTable& table) {
+  table.bind("runtime.teacher_threads", teacher_threads,
+             "intra-op threads of each teacher rank (0 = runtime.threads, else the node's cores / its ranks)")
+      .bind("runtime.student_threads", student_threads,
+            "intra-op threads of each student rank (0 = runtime.threads, else the node's cores / its ranks)");
+}
+
 void RuntimeConfig::validate(ConfigProblems& problems) const {
   problems.check(threads >= 0, "runtime.threads(" + std::to_string(threads) + ") must be >= 0");
+  problems.check(teacher_threads >= 0, "runtime.teacher_threads(" + std::to_string(teacher_threads) + ") must be >= 0");
+  problems.check(student_threads >= 0, "runtime.student_threads(" + std::to_string(student_threads) + ") must be >= 0");
 }
 
 void RuntimeConfig::apply() const {

@@ -108,7 +108,13 @@ struct LogConfig {
 
 struct RuntimeConfig {
   int threads = 0;  ///< intra-op threads for LibTorch; 0 = LibTorch's default
+  /// `train` only: the threads of teacher / student ranks; 0 = runtime.threads, or the node's
+  /// cores shared out over its ranks when that is 0 too.
+  int teacher_threads = 0;
+  int student_threads = 0;
   void bind(OptionTable& table);
+  /// Binds teacher_threads and student_threads (commands with roles).
+  void bind_roles(OptionTable& table);
   void validate(ConfigProblems& problems) const;
   /// Applies the thread setting to LibTorch.
   void apply() const;

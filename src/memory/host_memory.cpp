@@ -2,6 +2,7 @@
 #include "memory/host_memory.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,25 @@ HostMemory host_memory() {
     if (key == "VmHWM:") m.peak_rss_bytes = kib * 1024;
   }
   return m;
+}
+
+std::uint64_t proportional_set_size() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string key;
+    std::uint64_t kib = 0;
+    fields >> key >> kib;
+    if (key == "Pss:") return kib * 1024;
+  }
+  return 0;
+}
+
+double cpu_seconds() {
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 bool reset_peak_rss() {

@@ -14,6 +14,14 @@ struct HostMemory {
 /// Reads /proc/self/status; zeros where the kernel does not report a field.
 HostMemory host_memory();
 
+/// Proportional set size of this process (the Pss line of /proc/self/smaps_rollup): each page
+/// counted as its share among the processes that map it, so file pages mapped by every rank of
+/// a node (a colocated teacher) add up to their size once. 0 where the kernel has no rollup.
+std::uint64_t proportional_set_size();
+
+/// CPU seconds (user + system) this process used so far.
+double cpu_seconds();
+
 /// Resets VmHWM to the current RSS by writing "5" to /proc/self/clear_refs (Linux >= 4.0).
 /// Returns false when the kernel refuses (older kernel, restricted /proc): VmHWM then keeps
 /// the peak since process start. errno tells why.

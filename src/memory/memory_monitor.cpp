@@ -126,6 +126,10 @@ std::uint64_t MemoryMonitor::lifetime_peak_rss() const {
   return std::max(past_peak_rss_, host_memory().peak_rss_bytes);
 }
 
+std::uint64_t MemoryMonitor::sampled_peak_pss() const {
+  return std::max(peak_pss_, proportional_set_size());
+}
+
 void MemoryMonitor::after_step(std::int64_t step, const c10::Device& device,
                                const std::function<ModelMemory()>& model) {
   if (report_due(step)) report(step, device, model);
@@ -141,6 +145,7 @@ void MemoryMonitor::after_step(std::int64_t step, const c10::Device& device,
 void MemoryMonitor::report(std::int64_t step, const c10::Device& device,
                            const std::function<ModelMemory()>& model) {
   auto mine = measure_memory(role_, device, model ? model() : ModelMemory{});
+  peak_pss_ = std::max(peak_pss_, proportional_set_size());
   mine.peak_rss_is_lifetime = peak_reset_failed_;
   const auto all = gather_(step, mine);
   if (!all.empty()) {

@@ -52,12 +52,15 @@ class MemoryMonitor {
   bool report_due(std::int64_t step) const;
   /// This rank's peak RSS since process start: the interval resets hide it from VmHWM.
   std::uint64_t lifetime_peak_rss() const;
+  /// The largest PSS read at a memory report or now (PSS has no kernel high-water mark).
+  std::uint64_t sampled_peak_pss() const;
 
  private:
   void report(std::int64_t step, const c10::Device& device, const std::function<ModelMemory()>& model);
 
   MemoryConfig config_;
   Role role_;
+  std::uint64_t peak_pss_ = 0;
   Gather gather_;
   std::string metrics_path_;
   std::int64_t interval_start_ = 0;  ///< step of the last peak reset

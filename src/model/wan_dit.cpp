@@ -151,13 +151,15 @@ void WanDiTImpl::bind_parameter(const std::string& name, const torch::Tensor& va
 c10::ScalarType WanDiTImpl::dtype() const { return patch_weight_.scalar_type(); }
 
 c10::ScalarType WanDiTImpl::compute_dtype() const {
+  if (compute_override_) return *compute_override_;
   const auto w = dtype();
   return compat::half_matmul_supported(w, patch_weight_.device()) ? w : torch::kFloat;
 }
 
 torch::Tensor WanDiTImpl::linear(const torch::Tensor& x, const Linear& l) const {
   const auto c = compute_dtype();
-  // Weights are converted only on the fallback path (fp16 weights without fp16 kernels).
+  // Weights are converted only on the fallback path (fp16 weights without fp16 kernels) or
+  // under a compute override.
   if (l.weight.scalar_type() == c) return at::linear(x.to(c), l.weight, l.bias);
   return at::linear(x.to(c), l.weight.to(c), l.bias.to(c));
 }

@@ -69,6 +69,11 @@ class WanDiTImpl : public torch::nn::Module {
                       c10::ScalarType dtype = torch::kFloat, std::uint64_t seed = 0);
 
   const WanConfig& config() const { return config_; }
+  /// Computes the matmuls and attention in `dtype` instead of the weights' dtype (weights are
+  /// converted per call, so they stay stored as they are); nullopt restores spec §6. Used where
+  /// the weight dtype's matmul is slow on this device (a bf16 teacher on a CPU without bf16
+  /// instructions: teacher.compute).
+  void set_compute_dtype(std::optional<c10::ScalarType> dtype) { compute_override_ = dtype; }
   /// Dtype of the weights (that of patch_embedding.weight).
   c10::ScalarType dtype() const;
 
@@ -126,6 +131,7 @@ class WanDiTImpl : public torch::nn::Module {
   WanConfig config_;
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
+  std::optional<c10::ScalarType> compute_override_;
   std::unordered_map<std::string, torch::Tensor> params_;  ///< native name -> registered tensor
   torch::Tensor patch_weight_, patch_bias_, head_modulation_;
   Linear text0_, text2_, time0_, time2_, time_proj_, head_;

@@ -1,6 +1,7 @@
 // TeacherConfig: the `[teacher]` section.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/config.hpp"
@@ -12,6 +13,12 @@ struct TeacherConfig {
   std::string checkpoint = "builtin:tiny";
   std::string model_config;     ///< config.json override (default: beside the checkpoint)
   std::string dtype = "bf16";   ///< compute / weight dtype: bf16 | fp16 | fp32 | auto (as stored)
+  /// Dtype of the matmuls: auto (fp32 where the weights' dtype multiplies slowly, measured at
+  /// start: a CPU without bf16 instructions) | weights | fp32. The weights keep teacher.dtype.
+  std::string compute = "auto";
+  /// Samples per teacher forward: a step's batch is computed in slices of this size (0 = all at
+  /// once). Outputs equal the unsplit batch's; smaller slices can be faster on a CPU.
+  std::int64_t micro_batch = 0;
   int ranks = 1;                ///< teacher ranks; the other ranks are students
   /// Where the weights live and compute runs: gpu | cpu | stream | shard | auto (docs/placement.md).
   std::string placement = "auto";
@@ -38,11 +45,17 @@ struct TeacherConfig {
         .bind("teacher.dtype", dtype,
               "teacher weight and compute dtype: bf16 | fp16 | fp32 | auto (each tensor as stored, "
               "so a `convert`ed file keeps its fp32 islands)")
+        .bind("teacher.compute", compute,
+              "matmul dtype: auto (fp32 where the weight dtype's matmul is slow: measured at start, "
+              "e.g. bf16 on a CPU without bf16 instructions) | weights | fp32; weights keep teacher.dtype")
+        .bind("teacher.micro_batch", micro_batch,
+              "samples per teacher forward (a step's batch in slices; 0 = the whole batch at once)")
         .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
         .bind("teacher.placement", placement,
               "gpu (weights on the rank's GPU) | cpu (host) | stream (host-resident, blocks copied to "
-              "the device ahead of use) | shard (blocks split over teacher.stages ranks) | auto "
-              "(the planner picks the fastest that fits)")
+              "the device ahead of use) | shard (blocks split over teacher.stages ranks) | colocated "
+              "(no teacher ranks: every student rank maps the teacher and computes its own targets) | "
+              "auto (the planner picks the fastest that fits)")
         .bind("teacher.stages", stages,
               "shard: pipeline stages per replica; 0 = ranges in shard_map, else teacher.ranks")
         .bind("teacher.shard_map", shard_map,
@@ -58,11 +71,17 @@ struct TeacherConfig {
   void validate(ConfigProblems& p) const {
     p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",
             "teacher.dtype(" + dtype + ") must be bf16, fp16, fp32 or auto");
+    p.check(compute == "auto" || compute == "weights" || compute == "fp32",
+            "teacher.compute(" + compute + ") must be auto, weights or fp32");
+    p.check(micro_batch >= 0, "teacher.micro_batch(" + std::to_string(micro_batch) + ") must be >= 0");
     p.check(ranks >= 1, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 1");
     p.check(!checkpoint.empty(), "teacher.checkpoint must not be empty");
     p.check(placement == "gpu" || placement == "cpu" || placement == "stream" || placement == "shard" ||
-                placement == "auto",
-            "teacher.placement(" + placement + ") must be gpu, cpu, stream, shard or auto");
+                placement == "colocated" || placement == "auto",
+            "teacher.placement(" + placement + ") must be gpu, cpu, stream, shard, colocated or auto");
+    p.check(placement != "colocated" || ranks == 1,
+            "teacher.placement colocated puts the teacher on every rank, which are all students: "
+            "teacher.ranks(" + std::to_string(ranks) + ") is not used there; leave it at 1");
     p.check(stages >= 0, "teacher.stages(" + std::to_string(stages) + ") must be >= 0");
     p.check(stages <= 1 || placement == "shard" || placement == "auto",
             "teacher.stages(" + std::to_string(stages) + ") > 1 needs teacher.placement = shard, not " +

@@ -19,21 +19,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// Stage 0: the samples `idx`, noised for stream position `noise_step`.
-StageBatch read_batch(TeacherJob& job, const std::vector<std::int64_t>& idx, std::int64_t noise_step,
-                      const data::FlowMatchingNoiser& noiser) {
-  auto clean = job.reader->read(idx);
-  const auto& cfg = job.stage.experts().front().model->config();
-  auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, job.plan.per_token_seq_len,
-                            cfg.patch_size);
-  StageBatch b;
-  b.x_t = noisy.x_t;
-  b.t = noisy.t;
-  b.context = clean.context;
-  b.context_lens = clean.context_lens;
-  return b;
-}
-
 /// Later stages: the batch the previous stage sent for transport step `step`. The tensors view
 /// the receive ring until the step is released, which happens after this stage's forward.
 StageBatch receive_batch(TeacherJob& job, std::int64_t step) {
@@ -74,15 +59,7 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
   const auto b = job.plan.batch_per_student;
   const int slots = job.broadcast ? 1 : job.students_per_replica;
   std::vector<comm::TensorDict> messages;
-  for (int s = 0; s < slots; ++s) {
-    const auto lo = s * b, hi = (s + 1) * b;
-    messages.push_back({{"x_t", batch.x_t.slice(0, lo, hi)},
-                        {"t", batch.t.slice(0, lo, hi)},
-                        {"context", batch.context.slice(0, lo, hi)},
-                        {"context_lens", batch.context_lens.slice(0, lo, hi)},
-                        {"teacher_out", batch.out.slice(0, lo, hi)}});
-    for (const auto& [j, h] : batch.features) messages.back()["feat." + std::to_string(j)] = h.slice(0, lo, hi);
-  }
+  for (int s = 0; s < slots; ++s) messages.push_back(student_message(batch, s * b, (s + 1) * b));
   if (job.broadcast) {
     job.transport->broadcast(step, messages.front());
   } else {
@@ -96,7 +73,7 @@ void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int6
                  TeacherStats& stats) {
   if (job.stage.first()) {
     const auto t = Clock::now();
-    process(job, step, read_batch(job, idx, noise_step, noiser), poison);
+    process(job, step, read_stage_batch(*job.reader, job.stage, job.plan, idx, noise_step, noiser), poison);
     stats.busy_seconds += since(t);
   } else {
     auto batch = receive_batch(job, step);  // waiting on the previous stage, not busy
@@ -108,6 +85,30 @@ void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int6
 }
 
 }  // namespace
+
+StageBatch read_stage_batch(data::DatasetReader& reader, const TeacherStage& stage, const comm::StreamPlan& plan,
+                            const std::vector<std::int64_t>& idx, std::int64_t noise_step,
+                            const data::FlowMatchingNoiser& noiser) {
+  auto clean = reader.read(idx);
+  const auto& cfg = stage.experts().front().model->config();
+  auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, plan.per_token_seq_len, cfg.patch_size);
+  StageBatch b;
+  b.x_t = noisy.x_t;
+  b.t = noisy.t;
+  b.context = clean.context;
+  b.context_lens = clean.context_lens;
+  return b;
+}
+
+comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::int64_t hi) {
+  comm::TensorDict m{{"x_t", batch.x_t.slice(0, lo, hi)},
+                     {"t", batch.t.slice(0, lo, hi)},
+                     {"context", batch.context.slice(0, lo, hi)},
+                     {"context_lens", batch.context_lens.slice(0, lo, hi)},
+                     {"teacher_out", batch.out.slice(0, lo, hi)}};
+  for (const auto& [j, h] : batch.features) m["feat." + std::to_string(j)] = h.slice(0, lo, hi);
+  return m;
+}
 
 comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t samples,
                                      const std::vector<std::int64_t>& features) {

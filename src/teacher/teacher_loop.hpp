@@ -40,6 +40,16 @@ struct TeacherJob {
   comm::Transport* to_next = nullptr;        ///< shard: the stream to the next stage
 };
 
+/// Stage 0's input: the samples `idx` read from `reader`, noised for stream position
+/// `noise_step` (noise depends on the sample index and the position only, not on the batch).
+StageBatch read_stage_batch(data::DatasetReader& reader, const TeacherStage& stage, const comm::StreamPlan& plan,
+                            const std::vector<std::int64_t>& idx, std::int64_t noise_step,
+                            const data::FlowMatchingNoiser& noiser);
+
+/// The student message of samples [lo, hi) of a computed batch: x_t, t, context, context_lens,
+/// teacher_out and feat.<j> (views of `batch`).
+comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::int64_t hi);
+
 /// The message one pipeline stage sends the next for `samples` samples: the inputs, the
 /// hidden state after `stage_end` blocks, and the features of the blocks before it.
 comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t samples,

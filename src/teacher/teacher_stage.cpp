@@ -99,6 +99,43 @@ void TeacherStage::run_model(StageModel& m, StageBatch& b, const std::vector<std
 }
 
 void TeacherStage::run(StageBatch& b) {
+  const auto B = b.x_t.size(0);
+  if (micro_batch_ <= 0 || B <= micro_batch_) {
+    run_batch(b);
+    return;
+  }
+  const auto slice = [](const torch::Tensor& t, std::int64_t lo, std::int64_t hi) {
+    return t.defined() ? t.slice(0, lo, hi) : t;
+  };
+  std::vector<StageBatch> parts;
+  for (std::int64_t lo = 0; lo < B; lo += micro_batch_) {
+    const auto hi = std::min(B, lo + micro_batch_);
+    StageBatch part;
+    part.x_t = slice(b.x_t, lo, hi);
+    part.t = slice(b.t, lo, hi);
+    part.context = slice(b.context, lo, hi);
+    part.context_lens = slice(b.context_lens, lo, hi);
+    part.hidden = slice(b.hidden, lo, hi);
+    for (const auto& [j, h] : b.features) part.features[j] = slice(h, lo, hi);
+    run_batch(part);
+    parts.push_back(std::move(part));
+  }
+  const auto gather = [&](const auto& field) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& part : parts) pieces.push_back(field(part));
+    return torch::cat(pieces, 0);
+  };
+  if (last()) {
+    b.out = gather([](const StageBatch& part) { return part.out; });
+  } else {
+    b.hidden = gather([](const StageBatch& part) { return part.hidden; });
+  }
+  for (const auto& [j, h] : parts.front().features) {
+    b.features[j] = gather([j = j](const StageBatch& part) { return part.features.at(j); });
+  }
+}
+
+void TeacherStage::run_batch(StageBatch& b) {
   torch::NoGradGuard no_grad;
   if (experts_.size() == 1) {
     torch::Tensor result;

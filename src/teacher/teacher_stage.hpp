@@ -66,7 +66,11 @@ class TeacherStage {
 
   /// Runs this stage on `batch` (no grad): embeddings (stage 0) or the received hidden state,
   /// blocks [begin, end), then the head when the stage ends at the last block.
+  /// With a micro-batch set, the batch runs in slices of that many samples and the results are
+  /// concatenated: the same values as one forward (every op is per sample), less working memory.
   void run(StageBatch& batch);
+  /// Samples per forward (teacher.micro_batch); 0 = the whole batch at once.
+  void set_micro_batch(std::int64_t samples) { micro_batch_ = samples; }
 
   const BlockRange& blocks() const { return blocks_; }
   bool first() const { return blocks_.begin == 0; }
@@ -78,6 +82,8 @@ class TeacherStage {
   static std::vector<std::int64_t> features_before(const std::vector<std::int64_t>& features, std::int64_t end);
 
  private:
+  /// One forward of the whole `batch` (its experts' shares routed and merged).
+  void run_batch(StageBatch& batch);
   /// The whole forward of `samples` (all of the batch, or one expert's share) on one model.
   void run_model(StageModel& m, StageBatch& batch, const std::vector<std::int64_t>* samples,
                  torch::Tensor& result, std::map<std::int64_t, torch::Tensor>& features);
@@ -87,6 +93,7 @@ class TeacherStage {
   BlockRange blocks_;
   std::int64_t num_layers_;
   std::vector<std::int64_t> feature_blocks_;
+  std::int64_t micro_batch_ = 0;
 };
 
 }  // namespace wd::teacher

@@ -1,0 +1,59 @@
+// The colocated teacher: messages computed on the receiving rank.
+#include "teacher/colocated_teacher.hpp"
+
+#include <chrono>
+
+#include "core/errors.hpp"
+#include "teacher/teacher_loop.hpp"
+
+namespace wd::teacher {
+
+ColocatedTeacher::ColocatedTeacher(ColocatedSource source) : src_(source) {}
+
+void ColocatedTeacher::send(std::int64_t, const std::vector<comm::TensorDict>&) {
+  throw Error("the colocated teacher is computed where it is received: nothing sends to it");
+}
+
+void ColocatedTeacher::broadcast(std::int64_t, const comm::TensorDict&) {
+  throw Error("the colocated teacher is computed where it is received: nothing broadcasts to it");
+}
+
+const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
+  WD_CHECK(held_.step < 0, "colocated teacher: recv(" << step << ") while step " << held_.step
+                                                      << " is not released");
+  WD_CHECK(next_ < 0 || step == next_, "colocated teacher: recv(" << step << ") but step " << next_
+                                                                  << " comes next (steps are received in order)");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& plan = src_.plan;
+  const auto b = plan.batch_per_student;
+  StageBatch batch;
+  if (step < plan.eval_messages) {
+    // Held-out message e: the eval positions of this replica (teacher_loop's eval_indices).
+    batch = read_stage_batch(src_.reader, src_.stage, plan,
+                             eval_indices(step, src_.replica, b, src_.replicas, src_.train_samples), step,
+                             src_.eval_noiser);
+  } else {
+    // Training: transport step -> (optimizer step, micro-batch) -> position in the data stream.
+    const auto k = step - plan.eval_messages;
+    const auto position = (plan.first_step + k / plan.micro_batches) * plan.micro_batches + k % plan.micro_batches;
+    batch = read_stage_batch(src_.reader, src_.stage, plan, src_.schedule.indices(position, src_.replica),
+                             position, src_.noiser);
+  }
+  src_.stage.run(batch);
+  if (!torch::isfinite(batch.out).all().item<bool>()) {
+    throw NumericalError("the colocated teacher's output for step " + std::to_string(step) + " has NaN/Inf values");
+  }
+  held_.step = step;
+  held_.tensors = student_message(batch, 0, b);
+  next_ = step + 1;
+  compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return held_;
+}
+
+void ColocatedTeacher::release(std::int64_t step) {
+  WD_CHECK(step == held_.step, "colocated teacher: release(" << step << ") but step " << held_.step << " is held");
+  held_.tensors.clear();  // the batch's tensors go now, not at the next recv
+  held_.step = -1;
+}
+
+}  // namespace wd::teacher

@@ -1,0 +1,54 @@
+// teacher.placement = colocated: a student rank's own teacher. It stands where the link to a
+// teacher rank would be (a comm::Transport the student loop receives from) and computes each
+// message on the spot: read this rank's samples, noise them, run the teacher.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/stream_plan.hpp"
+#include "comm/transport.hpp"
+#include "data/dataset.hpp"
+#include "data/noiser.hpp"
+#include "data/sample_schedule.hpp"
+#include "teacher/teacher_stage.hpp"
+
+namespace wd::teacher {
+
+/// What the colocated teacher computes from; owned by the caller. The rank is replica
+/// `replica` of `replicas` (one per student rank), so it reads the same samples with the same
+/// noise as student `replica` of a dedicated layout with one teacher replica.
+struct ColocatedSource {
+  TeacherStage& stage;  ///< every block (no pipeline)
+  data::DatasetReader& reader;
+  const data::SampleSchedule& schedule;  ///< batch_per_replica = train.batch_size
+  const data::FlowMatchingNoiser& noiser;
+  const data::FlowMatchingNoiser& eval_noiser;
+  const comm::StreamPlan& plan;
+  int replica = 0;
+  int replicas = 1;
+  std::int64_t train_samples = 0;
+};
+
+/// A receive-only Transport whose messages are computed here. Steps come in order, one held at
+/// a time: recv(s) after release(s - 1). wait_seconds() is 0 (nothing is waited for);
+/// compute_seconds() is the teacher's share of this rank's time.
+class ColocatedTeacher : public comm::Transport {
+ public:
+  explicit ColocatedTeacher(ColocatedSource source);
+
+  void send(std::int64_t step, const std::vector<comm::TensorDict>& per_student) override;
+  void broadcast(std::int64_t step, const comm::TensorDict& message) override;
+  const comm::Message& recv(std::int64_t step) override;
+  void release(std::int64_t step) override;
+  void flush() override {}
+  double wait_seconds() const override { return 0; }
+  double compute_seconds() const { return compute_seconds_; }
+
+ private:
+  ColocatedSource src_;
+  comm::Message held_;
+  std::int64_t next_ = -1;  ///< the step recv expects next; -1 before the first
+  double compute_seconds_ = 0;
+};
+
+}  // namespace wd::teacher
