@@ -33,6 +33,7 @@ struct TrainJob {
   std::string config_ini;         ///< the effective config, saved with every checkpoint
   Topology topo;
   memory::Placement placement = memory::Placement::kCpu;
+  std::optional<c10::ScalarType> compute;  ///< teacher.compute's choice; nullopt: the weights' dtype
   comm::Layout layout;
   std::optional<comm::ProcessGroups> groups;
   std::optional<WanExperts> experts;
@@ -89,8 +90,8 @@ struct RoleResult {
 /// checks, the data shapes, the resume point and the stream plan.
 void prepare_train(TrainJob& job, comm::MpiRuntime& mpi);
 
-/// This rank's teacher stage: every expert's model for `how`, teacher.compute applied (the
-/// choice logged by world rank 0) and teacher.micro_batch set; adds the weights to `memory`.
+/// This rank's teacher stage: every expert's model for `how`, computing in job.compute, with
+/// teacher.micro_batch set; adds the weights to `memory`.
 teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory);
 
 /// A teacher rank: its device, its link to the students (the last stage of a replica), its

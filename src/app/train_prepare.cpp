@@ -17,6 +17,7 @@
 #include "data/data_config.hpp"
 #include "model/safetensors.hpp"
 #include "student/student_device.hpp"
+#include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
 
 namespace wd::app {
@@ -206,23 +207,35 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     fs::create_directories(fs::path(cfg.run_dir) / "cache");
     make_builtin_assets(cfg);
   });
-  std::vector<std::int64_t> chosen{0};
+  // {placement, compute dtype (-1: the weights')}: decided once, on world rank 0, so that every
+  // rank computes alike.
+  std::vector<std::int64_t> chosen{0, -1};
   agreed("choosing the teacher placement", cfg, [&] {
     if (rank != 0) return;
+    memory::Placement p = memory::Placement::kCpu;
+    c10::Device device(torch::kCPU);
     if (colocated) {  // the teacher lives where the student computes
-      const bool gpu = student::student_device(cfg.student.device, 0).is_cuda();
-      chosen[0] = static_cast<std::int64_t>(gpu ? memory::Placement::kGpu : memory::Placement::kCpu);
-      return;
+      device = student::student_device(cfg.student.device, 0);
+      p = device.is_cuda() ? memory::Placement::kGpu : memory::Placement::kCpu;
+    } else {
+      p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
+                                          : teacher::parse_placement(cfg.teacher.placement);
+      // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
+      // job here, before anything is loaded.
+      device = teacher::teacher_device(cfg.teacher, p, 0);
     }
-    const auto p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
-                                                   : teacher::parse_placement(cfg.teacher.placement);
-    // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
-    // job here, before anything is loaded.
-    static_cast<void>(teacher::teacher_device(cfg.teacher, p, 0));
     chosen[0] = static_cast<std::int64_t>(p);
+    // teacher.dtype auto keeps each tensor as stored (fp32 islands included): no one dtype to
+    // measure, so the matmuls follow the weights.
+    const auto weights = teacher_dtype(cfg);
+    const auto compute = weights ? teacher::choose_compute(cfg.teacher.compute, *weights, device)
+                                 : teacher::ComputeChoice{std::nullopt, "teacher.dtype auto: matmuls in each weight's stored dtype"};
+    if (compute.dtype) chosen[1] = static_cast<std::int64_t>(*compute.dtype);
+    spdlog::info("{}", compute.reason);
   });
   comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
   job.placement = static_cast<memory::Placement>(chosen[0]);
+  if (chosen[1] >= 0) job.compute = static_cast<c10::ScalarType>(chosen[1]);
   job.layout = colocated ? comm::Layout::colocated(mpi.size())
                          : comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, job.placement));
   const auto& layout = job.layout;

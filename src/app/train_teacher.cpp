@@ -6,7 +6,6 @@
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
-#include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
 #include "teacher/teacher_loop.hpp"
 #include "teacher/teacher_stage.hpp"
@@ -19,15 +18,10 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     models.push_back(teacher::load_stage_model(e, how));
     memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
   }
-  // One measurement serves every expert: they share the dtype and the device.
-  const auto compute = teacher::choose_compute(job.cfg.teacher.compute, models.front().model->dtype(), how.device);
-  for (auto& m : models) m.model->set_compute_dtype(compute.dtype);
+  for (auto& m : models) m.model->set_compute_dtype(job.compute);
   const auto& cfg = job.cfg;
-  if (job.world_rank() == 0) {
-    spdlog::info("{}{}", compute.reason,
-                 cfg.teacher.micro_batch > 0 ? fmt::format("; teacher forwards of {} sample(s) (teacher.micro_batch)",
-                                                           cfg.teacher.micro_batch)
-                                             : std::string());
+  if (job.world_rank() == 0 && cfg.teacher.micro_batch > 0) {
+    spdlog::info("teacher forwards of {} sample(s) at a time (teacher.micro_batch)", cfg.teacher.micro_batch);
   }
   teacher::Router router;
   if (job.experts->two_experts()) {

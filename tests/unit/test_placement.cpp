@@ -5,6 +5,7 @@
 #include "core/errors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "teacher/block_streamer.hpp"
+#include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
 #include "teacher/teacher_stage.hpp"
 #include "test_util.hpp"
@@ -282,6 +283,95 @@ TEST(PipelineStages, ChainedStagesEqualTheWholeModelBitForBit) {
     EXPECT_TRUE(torch::equal(a.features.at(1), b.features.at(1))) << map;
     EXPECT_TRUE(torch::equal(a.features.at(3), b.features.at(3))) << map;
   }
+}
+
+/// Equal up to the last bits: max |a - b| within 1e-6 of max |a|.
+::testing::AssertionResult close(const torch::Tensor& a, const torch::Tensor& b) {
+  const double diff = (a - b).abs().max().item<double>(), scale = a.abs().max().item<double>();
+  if (diff <= 1e-6 * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| = " << diff << " of max |a| = " << scale;
+}
+
+TEST(MicroBatch, SlicedForwardsEqualTheWholeBatchToTheBlasRounding) {
+  // Every op of the forward is per sample, so slicing changes only the row count of each
+  // matmul. Whether that changes bits is the BLAS's business: OpenBLAS picks kernels by matrix
+  // size, and here (32 tokens a sample) the outputs differ in the last bits (1.7e-6 of a
+  // max of ~4). So: equal to 1e-6 of the output's scale, in fp32 on one thread.
+  Fixture f;
+  const auto ck = f.checkpoint();
+  const std::vector<std::int64_t> features{1, 3};
+  auto whole = make_stage(ck, Placement::kCpu, {0, 5}, torch::kFloat, features);
+  auto a = copy_inputs(f.batch);
+  whole.run(a);
+  for (const std::int64_t micro : {1, 2}) {  // 3 samples: even slices, and a short last one
+    auto stage = make_stage(ck, Placement::kCpu, {0, 5}, torch::kFloat, features);
+    stage.set_micro_batch(micro);
+    auto b = copy_inputs(f.batch);
+    stage.run(b);
+    ASSERT_EQ(b.out.sizes(), a.out.sizes());
+    EXPECT_TRUE(close(a.out, b.out)) << "micro-batch " << micro;
+    EXPECT_TRUE(close(a.features.at(1), b.features.at(1))) << "micro-batch " << micro;
+    EXPECT_TRUE(close(a.features.at(3), b.features.at(3))) << "micro-batch " << micro;
+    // Sample order is kept: each slice's output lands at its samples' rows.
+    EXPECT_TRUE(close(a.out[2], b.out[2])) << "micro-batch " << micro;
+  }
+  // A later pipeline stage slices the received hidden state and features alike.
+  auto first = make_stage(ck, Placement::kShard, {0, 2}, torch::kFloat, features);
+  auto later = make_stage(ck, Placement::kShard, {2, 5}, torch::kFloat, features);
+  later.set_micro_batch(2);
+  auto c = copy_inputs(f.batch);
+  first.run(c);
+  later.run(c);
+  EXPECT_TRUE(close(a.out, c.out));
+  EXPECT_TRUE(close(a.features.at(1), c.features.at(1)));
+}
+
+TEST(TeacherCompute, Bf16WeightsComputedInFp32EqualAnFp32ModelOfTheSameValues) {
+  Fixture f(torch::kBFloat16);  // stored bf16: the fp32 load holds exactly the bf16 values
+  const auto ck = f.checkpoint();
+  auto as_fp32 = make_stage(ck, Placement::kCpu, {0, 5}, torch::kFloat);
+  auto as_bf16 = make_stage(ck, Placement::kCpu, {0, 5}, torch::kBFloat16);
+  as_bf16.experts().front().model.ptr()->set_compute_dtype(torch::kFloat);
+  EXPECT_EQ(as_bf16.experts().front().model->dtype(), torch::kBFloat16) << "the weights stay bf16";
+  auto a = copy_inputs(f.batch), b = copy_inputs(f.batch);
+  as_fp32.run(a);
+  as_bf16.run(b);
+  EXPECT_TRUE(torch::equal(a.out, b.out));
+  // Without the override the bf16 weights compute in bf16: a different (rounded) result.
+  as_bf16.experts().front().model.ptr()->set_compute_dtype(std::nullopt);
+  auto c = copy_inputs(f.batch);
+  as_bf16.run(c);
+  EXPECT_FALSE(torch::equal(a.out, c.out));
+  EXPECT_LT((a.out - c.out).abs().max().item<double>(), 0.1 * a.out.abs().max().item<double>());
+}
+
+TEST(TeacherCompute, SettingsDecideAndAutoMeasuresOnlyHalfWeightsOnTheHost) {
+  const c10::Device cpu(torch::kCPU);
+  EXPECT_FALSE(choose_compute("weights", torch::kBFloat16, cpu).dtype.has_value());
+  EXPECT_EQ(choose_compute("fp32", torch::kBFloat16, cpu).dtype, torch::kFloat);
+  EXPECT_FALSE(choose_compute("fp32", torch::kFloat, cpu).dtype.has_value()) << "fp32 weights need no override";
+  const auto fp32 = choose_compute("auto", torch::kFloat, cpu);
+  EXPECT_FALSE(fp32.dtype.has_value());
+  EXPECT_EQ(fp32.reason.find("GFLOP/s"), std::string::npos) << "nothing to measure: " << fp32.reason;
+  // bf16 on the host: measured; either answer is right for some CPU, and the log says why.
+  const auto half = choose_compute("auto", torch::kBFloat16, cpu);
+  EXPECT_NE(half.reason.find("GFLOP/s"), std::string::npos) << half.reason;
+  EXPECT_EQ(half.dtype.has_value(), half.reason.find("matmuls in fp32") != std::string::npos) << half.reason;
+  EXPECT_GT(matmul_gflops(torch::kFloat, cpu), 0.0);
+}
+
+TEST(TeacherConfig, ComputeMicroBatchAndColocatedKeysAreChecked) {
+  TeacherConfig c;
+  ConfigProblems p;
+  c.compute = "fast";
+  c.micro_batch = -1;
+  c.placement = "colocated";
+  c.ranks = 2;
+  c.validate(p);
+  ASSERT_EQ(p.list().size(), 3u);
+  EXPECT_NE(p.list()[0].find("teacher.compute(fast) must be auto, weights or fp32"), std::string::npos);
+  EXPECT_NE(p.list()[1].find("teacher.micro_batch(-1) must be >= 0"), std::string::npos);
+  EXPECT_NE(p.list()[2].find("teacher.ranks(2) is not used there"), std::string::npos);
 }
 
 TEST(PipelineStages, ExpertsRouteSamplesAndMergeInBatchOrder) {
