@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
 #include "app/plan_input.hpp"
-#include "teacher/placement.hpp"
 #include "app/run_config.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
@@ -17,10 +17,13 @@
 #include "core/torch_compat.hpp"
 #include "data/dataset.hpp"
 #include "memory/planner.hpp"
+#include "memory/speed.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_experts.hpp"
 #include "student/checkpointing.hpp"
+#include "teacher/compute_dtype.hpp"
+#include "teacher/placement.hpp"
 
 namespace wd::app {
 
@@ -58,6 +61,52 @@ nlohmann::json plan_json(const memory::Plan& plan) {
 
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
+/// The speed model's input: shapes from the memory plan's input; rates given, or measured here
+/// with one intra-op thread (what a rank of a CPU job gets) and scaled by the fitted share a
+/// whole forward / training step sustains.
+memory::SpeedInput speed_input(const RunConfig& cfg, const memory::PlanInput& in, int world,
+                               bool cpu, int cores, double teacher_gflops, double student_gflops) {
+  memory::SpeedInput s;
+  s.teacher = in.teacher;
+  s.student = in.student;
+  s.tokens = in.tokens;
+  s.context_len = in.context_len;
+  s.batch = in.batch;
+  s.recomputed_blocks = in.checkpointed_blocks;
+  s.ranks = world;
+  s.cores = cores >= 0 ? cores : (cpu ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 0);
+  const c10::Device host(torch::kCPU);
+  if (teacher_gflops <= 0 || student_gflops <= 0) {
+    const int threads = torch::get_num_threads();
+    torch::set_num_threads(1);
+    if (teacher_gflops <= 0) {
+      const auto weights = cfg.teacher.dtype == "auto" || cfg.teacher.dtype == "fp32"
+                               ? torch::kFloat
+                               : parse_dtype(cfg.teacher.dtype);
+      const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, host);
+      teacher_gflops = memory::kForwardEfficiency * teacher::matmul_gflops(compute.dtype.value_or(weights), host);
+    }
+    if (student_gflops <= 0) student_gflops = memory::kTrainEfficiency * teacher::matmul_gflops(torch::kFloat, host);
+    torch::set_num_threads(threads);
+  }
+  s.teacher_gflops = teacher_gflops;
+  s.student_gflops = student_gflops;
+  return s;
+}
+
+nlohmann::json speed_json(const memory::SpeedInput& in, const std::vector<memory::LayoutSpeed>& layouts) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& l : layouts) {
+    rows.push_back({{"layout", l.name}, {"colocated", l.colocated}, {"teacher_ranks", l.teacher_ranks},
+                    {"stages", l.stages}, {"students", l.students}, {"samples_per_s", l.samples_per_s},
+                    {"student_wait", l.student_wait}, {"bound", l.bound}});
+  }
+  return {{"teacher_gflops", in.teacher_gflops}, {"student_gflops", in.student_gflops},
+          {"teacher_s_per_sample", memory::teacher_seconds_per_sample(in)},
+          {"student_s_per_sample", memory::student_seconds_per_sample(in)},
+          {"cores", in.cores}, {"layouts", rows}};
+}
+
 }  // namespace
 
 int run_plan(const std::vector<std::string>& args) {
@@ -68,6 +117,8 @@ int run_plan(const std::vector<std::string>& args) {
   int gpus_per_node = 8, np = 0;
   std::int64_t experts = 0;
   bool cpu = false, json = false;
+  double teacher_gflops = 0, student_gflops = 0;
+  int cores = -1;
   OptionTable own("plan's own options");
   own.bind("gpu-memory", gpu_memory, "memory of one GPU")
       .bind("host-memory", host_memory, "host memory of one node")
@@ -80,6 +131,13 @@ int run_plan(const std::vector<std::string>& args) {
       .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
                               "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
       .bind("json", json, "print the plan as JSON instead of tables")
+      .bind("teacher-gflops", teacher_gflops,
+            "sustained GFLOP/s of one rank's teacher forward; 0 = measured here (a matmul in the "
+            "teacher's compute dtype, one thread, times memory::kForwardEfficiency)")
+      .bind("student-gflops", student_gflops,
+            "sustained GFLOP/s of one rank's student step; 0 = measured here (fp32, one thread, "
+            "times memory::kTrainEfficiency)")
+      .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
       .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
                                 "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
   table.add(own);
@@ -178,8 +236,12 @@ int run_plan(const std::vector<std::string>& args) {
   ctx.gpus_per_node = gpus_per_node;
   const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
+  const auto speed = speed_input(cfg, in, world, cpu, cores, teacher_gflops, student_gflops);
+  const auto layouts = memory::predict_layouts(speed);
   if (json) {
-    std::cout << plan_json(plan).dump(2) << "\n";
+    auto j = plan_json(plan);
+    j["speed"] = speed_json(speed, layouts);
+    std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
   std::cout << "teacher " << teacher_source << ": " << (experts > 1 ? std::to_string(experts) + " experts of " : "")
@@ -192,7 +254,8 @@ int run_plan(const std::vector<std::string>& args) {
             << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
             << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
             << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
-            << memory::format_plan(in, plan);
+            << memory::format_plan(in, plan) << "\n"
+            << memory::format_speeds(speed, layouts);
   return kExitOk;
 }
 

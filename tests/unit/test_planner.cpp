@@ -2,7 +2,10 @@
 // placements, budgets and the recommendation.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "memory/planner.hpp"
+#include "memory/speed.hpp"
 
 namespace wd::memory {
 namespace {
@@ -175,6 +178,76 @@ TEST(Planner, RecommendsTheFastestPlacementThatFits) {
   EXPECT_FALSE(placement(plan, Placement::kCpu).fits);
   EXPECT_FALSE(plan.recommended.has_value());
   EXPECT_NE(format_plan(in, plan).find("recommended: none"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wd::memory
+
+namespace wd::memory {
+namespace {
+
+DitShape dit(std::int64_t dim, std::int64_t ffn, std::int64_t heads, std::int64_t layers, std::int64_t freq) {
+  DitShape d;
+  d.dim = dim;
+  d.ffn_dim = ffn;
+  d.num_heads = heads;
+  d.num_layers = layers;
+  d.freq_dim = freq;
+  return d;
+}
+
+TEST(Speed, ForwardFlopsMatchBenchForwardsCount) {
+  // bench_forward's `small` (dim 512, ffn 2048, 8 blocks, text 64) counts 37.6 GFLOP a sample
+  // of 512 tokens with the embeddings and head (bench/results/throughput.md); the model leaves
+  // those out, which costs under 2%.
+  const double f = dit_forward_flops(dit(512, 2048, 8, 8, 256), 512, 64);
+  EXPECT_NEAR(f / 1e9, 37.6, 0.02 * 37.6);
+}
+
+TEST(Speed, EveryAllowedLayoutIsRankedByItsBound) {
+  SpeedInput in;
+  in.teacher = dit(512, 1024, 8, 8, 256);
+  in.student = dit(256, 512, 4, 4, 256);
+  in.tokens = 512;
+  in.context_len = 32;
+  in.ranks = 3;
+  in.cores = 2;
+  in.teacher_gflops = 40;
+  in.student_gflops = 30;
+  const double tT = teacher_seconds_per_sample(in), tS = student_seconds_per_sample(in);
+  EXPECT_NEAR(tT, dit_forward_flops(in.teacher, 512, 32) / 40e9, 1e-12);
+  EXPECT_NEAR(tS, 3 * dit_forward_flops(in.student, 512, 32) / 30e9, 1e-12);
+  const auto layouts = predict_layouts(in);
+  // 3 ranks: colocated, 1 teacher + 2 students, 1 replica of 2 stages + 1 student. Two replicas
+  // for one student are not a layout Layout::make allows.
+  ASSERT_EQ(layouts.size(), 3u);
+  std::map<std::string, LayoutSpeed> by_name;
+  for (const auto& l : layouts) by_name[l.name] = l;
+  ASSERT_EQ(by_name.count("colocated x3"), 1u);
+  ASSERT_EQ(by_name.count("1 teacher(s) + 2 student(s)"), 1u);
+  ASSERT_EQ(by_name.count("1 replica(s) x 2 stages + 1 student(s)"), 1u);
+  const auto& co = by_name["colocated x3"];
+  EXPECT_NEAR(co.samples_per_s, 2 / (tT + tS), 1e-9) << "3 ranks on 2 cores";
+  EXPECT_EQ(co.bound, "cores");
+  EXPECT_EQ(co.student_wait, 0);
+  const auto& dedicated = by_name["1 teacher(s) + 2 student(s)"];
+  EXPECT_NEAR(dedicated.samples_per_s, std::min(1 / tT, 2 / (tT + tS)), 1e-9);
+  EXPECT_NEAR(dedicated.student_wait, 1 - dedicated.samples_per_s * tS / 2, 1e-9);
+  for (std::size_t i = 1; i < layouts.size(); ++i) {
+    EXPECT_GE(layouts[i - 1].samples_per_s, layouts[i].samples_per_s) << "fastest first";
+  }
+  // A GPU each (no shared cores) and a student step a tenth of the teacher's forward: with no
+  // transport, colocated keeps every GPU busy and wins; 1 teacher + 3 students is teacher-bound.
+  SpeedInput heavy = in;
+  heavy.cores = 0;
+  heavy.ranks = 4;
+  heavy.student_gflops = heavy.teacher_gflops * (3 * dit_forward_flops(heavy.student, 512, 32)) /
+                         (0.1 * dit_forward_flops(heavy.teacher, 512, 32));
+  const auto ranked = predict_layouts(heavy);
+  ASSERT_FALSE(ranked.empty());
+  EXPECT_EQ(ranked.front().name, "colocated x4") << format_speeds(heavy, ranked);
+  EXPECT_NE(format_speeds(heavy, ranked).find("recommended layout: colocated x4 (--teacher.placement colocated)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+// Speed model: predicted samples/s and student wait of every layout a job's ranks can take
+// (colocated, or T teacher ranks in replicas x stages feeding S students), from matmul FLOP
+// counts and the rates the ranks sustain. `plan` prints it; docs/placement.md says how it was
+// checked (bench/results/throughput.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/planner.hpp"
+
+namespace wd::memory {
+
+/// Share of the one-thread matmul micro-benchmark's rate (teacher::matmul_gflops, 256x512x512)
+/// that a whole teacher forward / student training step sustains on the host, fitted on the
+/// `small` job (bench/results/throughput.md): attention's softmax, norms, RoPE, GELU, the
+/// optimizer and the loss run at memory speed, not at matmul speed.
+inline constexpr double kForwardEfficiency = 0.55;
+inline constexpr double kTrainEfficiency = 0.45;
+
+/// Matmul FLOPs of one forward of one sample of `d` (2 per multiply-add): per block the q, k, v,
+/// o and cross-attention projections, both attentions' QK^T and PV, and the FFN; the per-token
+/// time projection. Embeddings and head are left out (under 2% for every preset).
+double dit_forward_flops(const DitShape& d, std::int64_t tokens, std::int64_t context_len);
+
+/// What the prediction needs besides the shapes.
+struct SpeedInput {
+  DitShape teacher;
+  DitShape student;
+  std::int64_t tokens = 0;       ///< per sample
+  std::int64_t context_len = 0;  ///< text rows
+  std::int64_t batch = 1;        ///< samples per student step (train.batch_size)
+  std::int64_t recomputed_blocks = 0;  ///< student.checkpointing: blocks run twice in a step
+  int ranks = 3;                 ///< world ranks
+  /// Cores the ranks share (a CPU job on one host); 0 = each rank has its own device (GPUs).
+  int cores = 0;
+  /// Sustained GFLOP/s of one rank: the teacher's forward (in its compute dtype) and the
+  /// student's training step (forward + backward, fp32 or bf16-mixed).
+  double teacher_gflops = 0;
+  double student_gflops = 0;
+};
+
+/// One candidate layout and its predicted speed.
+struct LayoutSpeed {
+  std::string name;          ///< "colocated x3", "1 teacher + 2 students", "shard 2 stages + 1 student"
+  bool colocated = false;
+  int teacher_ranks = 0;
+  int stages = 1;
+  int students = 0;
+  double samples_per_s = 0;
+  double student_wait = 0;   ///< fraction of a student's time spent waiting for batches
+  std::string bound;         ///< what limits it: "teacher", "students" or "cores"
+};
+
+/// Seconds one rank needs per sample: the teacher's forward, the student's training step.
+double teacher_seconds_per_sample(const SpeedInput& in);
+double student_seconds_per_sample(const SpeedInput& in);
+
+/// Every layout of in.ranks ranks that the process layout allows (students divisible by the
+/// replicas), colocated first, each with its prediction; fastest first.
+std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in);
+
+/// The table `plan` prints: one row per layout, the recommendation, and the rates used.
+std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& layouts);
+
+}  // namespace wd::memory
