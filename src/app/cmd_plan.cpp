@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/plan_calibrate.hpp"
 #include "app/plan_input.hpp"
 #include "app/run_config.hpp"
 #include "comm/process_groups.hpp"
@@ -61,11 +63,15 @@ nlohmann::json plan_json(const memory::Plan& plan) {
 
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
-/// The speed model's input: shapes from the memory plan's input; rates given, or measured here
-/// with one intra-op thread (what a rank of a CPU job gets) and scaled by the fitted share a
-/// whole forward / training step sustains.
-memory::SpeedInput speed_input(const RunConfig& cfg, const memory::PlanInput& in, int world,
-                               bool cpu, int cores, double teacher_gflops, double student_gflops) {
+/// The speed model's input: shapes from the memory plan's input; seconds per sample given as
+/// rates (--teacher-gflops, --student-gflops), or for a CPU job measured here by running the
+/// job's models (calibrate: auto = when a teacher forward of one batch would take under a
+/// minute), else from a matmul rate measured here times the fitted efficiencies. Returns no
+/// input for a GPU job without rates: this host cannot tell a GPU's speed.
+std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,
+                                              c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
+                                              int world, bool cpu, int cores, double teacher_gflops,
+                                              double student_gflops, const std::string& calibrate) {
   memory::SpeedInput s;
   s.teacher = in.teacher;
   s.student = in.student;
@@ -74,23 +80,33 @@ memory::SpeedInput speed_input(const RunConfig& cfg, const memory::PlanInput& in
   s.batch = in.batch;
   s.recomputed_blocks = in.checkpointed_blocks;
   s.ranks = world;
-  s.cores = cores >= 0 ? cores : (cpu ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 0);
-  const c10::Device host(torch::kCPU);
-  if (teacher_gflops <= 0 || student_gflops <= 0) {
-    const int threads = torch::get_num_threads();
-    torch::set_num_threads(1);
-    if (teacher_gflops <= 0) {
-      const auto weights = cfg.teacher.dtype == "auto" || cfg.teacher.dtype == "fp32"
-                               ? torch::kFloat
-                               : parse_dtype(cfg.teacher.dtype);
-      const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, host);
-      teacher_gflops = memory::kForwardEfficiency * teacher::matmul_gflops(compute.dtype.value_or(weights), host);
-    }
-    if (student_gflops <= 0) student_gflops = memory::kTrainEfficiency * teacher::matmul_gflops(torch::kFloat, host);
-    torch::set_num_threads(threads);
-  }
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  s.cores = cores >= 0 ? cores : (cpu ? hw : 0);
   s.teacher_gflops = teacher_gflops;
   s.student_gflops = student_gflops;
+  if (teacher_gflops > 0 && student_gflops > 0) return s;
+  if (!cpu) return std::nullopt;
+  // What a rank of the job gets: the host's cores shared out over the ranks (train's rule).
+  const int threads = std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world));
+  const c10::Device host(torch::kCPU);
+  const int before = torch::get_num_threads();
+  torch::set_num_threads(threads);
+  const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, host);
+  const double matmul = teacher::matmul_gflops(compute.dtype.value_or(weights), host);
+  const double fp32 = teacher::matmul_gflops(torch::kFloat, host);
+  torch::set_num_threads(before);
+  if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul;
+  if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32;
+  const double batch_forward_s =
+      memory::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
+      (s.teacher_gflops * 1e9);
+  if (calibrate == "yes" || (calibrate == "auto" && batch_forward_s < 60)) {
+    spdlog::info("plan: timing the teacher forward and the student step of this job on this host ({} thread(s))",
+                 threads);
+    const auto c = calibrate_speed(cfg, tc, weights, compute.dtype, latent, in.tokens, in.context_len, in.batch, threads);
+    s.teacher_measured_s = c.teacher_s_per_sample;
+    s.student_measured_s = c.student_s_per_sample;
+  }
   return s;
 }
 
@@ -104,7 +120,8 @@ nlohmann::json speed_json(const memory::SpeedInput& in, const std::vector<memory
   return {{"teacher_gflops", in.teacher_gflops}, {"student_gflops", in.student_gflops},
           {"teacher_s_per_sample", memory::teacher_seconds_per_sample(in)},
           {"student_s_per_sample", memory::student_seconds_per_sample(in)},
-          {"cores", in.cores}, {"layouts", rows}};
+          {"measured", in.teacher_measured_s > 0 && in.student_measured_s > 0}, {"cores", in.cores},
+          {"layouts", rows}};
 }
 
 }  // namespace
@@ -119,6 +136,7 @@ int run_plan(const std::vector<std::string>& args) {
   bool cpu = false, json = false;
   double teacher_gflops = 0, student_gflops = 0;
   int cores = -1;
+  std::string calibrate = "auto";
   OptionTable own("plan's own options");
   own.bind("gpu-memory", gpu_memory, "memory of one GPU")
       .bind("host-memory", host_memory, "host memory of one node")
@@ -138,6 +156,10 @@ int run_plan(const std::vector<std::string>& args) {
             "sustained GFLOP/s of one rank's student step; 0 = measured here (fp32, one thread, "
             "times memory::kTrainEfficiency)")
       .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
+      .bind("calibrate", calibrate,
+            "with --cpu: time one teacher forward and one student step of this job here (random "
+            "weights) for the speed prediction: yes, no, or auto (yes when the forward of one batch "
+            "is estimated under 60 s)")
       .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
                                 "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
   table.add(own);
@@ -158,6 +180,8 @@ int run_plan(const std::vector<std::string>& args) {
   ConfigProblems p;
   p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
   p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
+  p.check(calibrate == "auto" || calibrate == "yes" || calibrate == "no",
+          "calibrate(" + calibrate + ") must be auto, yes or no");
   p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
   p.throw_if_any("plan");
   init_logging(Topology::single_process(), cfg.log.level);
@@ -236,11 +260,14 @@ int run_plan(const std::vector<std::string>& args) {
   ctx.gpus_per_node = gpus_per_node;
   const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
-  const auto speed = speed_input(cfg, in, world, cpu, cores, teacher_gflops, student_gflops);
-  const auto layouts = memory::predict_layouts(speed);
+  const c10::ScalarType weights = cfg.teacher.dtype != "auto" ? parse_dtype(cfg.teacher.dtype)
+                                  : stored_bytes == 2            ? torch::kBFloat16
+                                                                 : torch::kFloat;
+  const auto speed = speed_input(cfg, in, tc, weights, lat, world, cpu, cores, teacher_gflops, student_gflops, calibrate);
+  const auto layouts = speed ? memory::predict_layouts(*speed) : std::vector<memory::LayoutSpeed>{};
   if (json) {
     auto j = plan_json(plan);
-    j["speed"] = speed_json(speed, layouts);
+    j["speed"] = speed ? speed_json(*speed, layouts) : nlohmann::json();
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
@@ -255,7 +282,9 @@ int run_plan(const std::vector<std::string>& args) {
             << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
             << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
             << memory::format_plan(in, plan) << "\n"
-            << memory::format_speeds(speed, layouts);
+            << (speed ? memory::format_speeds(*speed, layouts)
+                      : "speed: not predicted; give --teacher-gflops and --student-gflops (the sustained rates "
+                        "of one GPU), or plan a CPU job with --cpu\n");
   return kExitOk;
 }
 

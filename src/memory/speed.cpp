@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace wd::memory {
@@ -21,10 +22,12 @@ double dit_forward_flops(const DitShape& d, std::int64_t tokens, std::int64_t co
 }
 
 double teacher_seconds_per_sample(const SpeedInput& in) {
+  if (in.teacher_measured_s > 0) return in.teacher_measured_s;
   return dit_forward_flops(in.teacher, in.tokens, in.context_len) / (in.teacher_gflops * 1e9);
 }
 
 double student_seconds_per_sample(const SpeedInput& in) {
+  if (in.student_measured_s > 0) return in.student_measured_s;
   // Forward, then a backward of twice its FLOPs; checkpointed blocks run their forward again.
   const double forward = dit_forward_flops(in.student, in.tokens, in.context_len);
   const double layers = static_cast<double>(std::max<std::int64_t>(1, in.student.num_layers));
@@ -34,21 +37,47 @@ double student_seconds_per_sample(const SpeedInput& in) {
 
 namespace {
 
-/// Throughput of T teacher ranks and S student ranks on `cores` shared cores (0: a device
-/// each). Each side is bounded by its ranks; on shared cores both together by the cores (a
-/// waiting rank leaves its core, test_idle_wait). Stages split a replica's forward, so a
-/// pipeline of P stages delivers P stage-forwards at once: the teacher side is T / tT whatever
-/// the split (transfer time and the pipeline's fill are left out).
-LayoutSpeed bound(LayoutSpeed l, double tT, double tS, int cores) {
-  const double inf = std::numeric_limits<double>::infinity();
-  const double teacher = l.colocated ? inf : l.teacher_ranks / tT;
-  const double students = l.colocated ? l.students / (tT + tS) : l.students / tS;
-  const double shared = cores > 0 ? cores / (tT + tS) : inf;
-  l.samples_per_s = std::min({teacher, students, shared});
-  l.bound = l.samples_per_s == shared && shared < std::min(teacher, students) ? "cores"
-            : l.samples_per_s == teacher                                      ? "teacher"
-                                                                              : "students";
-  l.student_wait = l.colocated ? 0.0 : std::max(0.0, 1 - l.samples_per_s * tS / l.students);
+/// When each rank finishes its share of one job step, given the seconds of work each needs on
+/// one core: every rank starts together (the ring's prefetch lets teachers run a step ahead)
+/// and the ranks share `cores` fairly, each using at most one (0: a device each, no sharing).
+std::vector<double> finish_times(const std::vector<double>& work, int cores) {
+  std::vector<std::size_t> order(work.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work[a] < work[b]; });
+  std::vector<double> finish(work.size(), 0.0);
+  double now = 0, done = 0;  // done: the work every still-running rank has completed
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const double running = static_cast<double>(order.size() - k);
+    const double rate = cores > 0 ? std::min(1.0, cores / running) : 1.0;
+    now += (work[order[k]] - done) / rate;
+    done = work[order[k]];
+    finish[order[k]] = now;
+  }
+  return finish;
+}
+
+/// One layout's samples/s and student wait: a job step is B samples on each student; each
+/// teacher replica computes its students' samples, split evenly over its stages. The step
+/// lasts until the slowest rank is done; a student waits for the rest of it.
+LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int cores) {
+  const double B = static_cast<double>(batch);
+  std::vector<double> work;
+  if (l.colocated) {
+    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS));
+  } else {
+    const int replicas = l.teacher_ranks / l.stages;
+    const double per_replica = B * l.students / replicas;
+    work.assign(static_cast<std::size_t>(l.teacher_ranks), per_replica * tT / l.stages);
+    work.insert(work.end(), static_cast<std::size_t>(l.students), B * tS);
+  }
+  const auto finish = finish_times(work, cores);
+  const double step = *std::max_element(finish.begin(), finish.end());
+  l.samples_per_s = B * l.students / step;
+  l.student_wait = l.colocated ? 0.0 : 1 - finish.back() / step;
+  const bool teacher_last = !l.colocated && finish.front() >= finish.back();
+  const bool shared = cores > 0 && static_cast<int>(work.size()) > cores;
+  l.bound = l.colocated ? (shared ? "cores" : "students") : teacher_last ? "teacher" : "students";
+  if (!l.colocated && shared && std::abs(finish.front() - finish.back()) < 0.05 * step) l.bound = "cores";
   return l;
 }
 
@@ -61,7 +90,7 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
   colocated.name = fmt::format("colocated x{}", in.ranks);
   colocated.colocated = true;
   colocated.students = in.ranks;
-  out.push_back(bound(colocated, tT, tS, in.cores));
+  out.push_back(predict(colocated, tT, tS, in.batch, in.cores));
   for (int t = 1; t < in.ranks; ++t) {
     const int s = in.ranks - t;
     for (int stages = 1; stages <= t; ++stages) {
@@ -74,7 +103,7 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
       l.students = s;
       l.name = stages > 1 ? fmt::format("{} replica(s) x {} stages + {} student(s)", replicas, stages, s)
                           : fmt::format("{} teacher(s) + {} student(s)", t, s);
-      out.push_back(bound(l, tT, tS, in.cores));
+      out.push_back(predict(l, tT, tS, in.batch, in.cores));
     }
   }
   std::stable_sort(out.begin(), out.end(),
@@ -84,11 +113,13 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
 
 std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& layouts) {
   const double tT = teacher_seconds_per_sample(in), tS = student_seconds_per_sample(in);
+  const bool measured = in.teacher_measured_s > 0 && in.student_measured_s > 0;
   std::string s = fmt::format(
-      "speed ({} ranks{}): teacher forward {:.1f} GFLOP/sample at {:.1f} GFLOP/s = {:.3f} s/sample; "
-      "student step {:.3f} s/sample at {:.1f} GFLOP/s\n",
+      "speed ({} ranks{}): teacher forward {:.1f} GFLOP/sample, {:.3f} s/sample; student step {:.3f} s/sample ({})\n",
       in.ranks, in.cores > 0 ? fmt::format(" sharing {} cores", in.cores) : std::string(" on a device each"),
-      dit_forward_flops(in.teacher, in.tokens, in.context_len) / 1e9, in.teacher_gflops, tT, tS, in.student_gflops);
+      dit_forward_flops(in.teacher, in.tokens, in.context_len) / 1e9, tT, tS,
+      measured ? std::string("both measured here: the job's models, random weights, one batch")
+               : fmt::format("FLOPs at {:.1f} and {:.1f} GFLOP/s a rank", in.teacher_gflops, in.student_gflops));
   s += fmt::format("  {:<40} {:>10} {:>14} {:>9}\n", "layout", "samples/s", "student wait %", "bound");
   for (const auto& l : layouts) {
     s += fmt::format("  {:<40} {:>10.2f} {:>14.0f} {:>9}\n", l.name, l.samples_per_s, 100 * l.student_wait, l.bound);

@@ -39,6 +39,10 @@ struct SpeedInput {
   /// student's training step (forward + backward, fp32 or bf16-mixed).
   double teacher_gflops = 0;
   double student_gflops = 0;
+  /// Measured seconds per sample (plan's calibration: the job's models run on this host); when
+  /// set they replace FLOPs / rate.
+  double teacher_measured_s = 0;
+  double student_measured_s = 0;
 };
 
 /// One candidate layout and its predicted speed.
@@ -53,7 +57,8 @@ struct LayoutSpeed {
   std::string bound;         ///< what limits it: "teacher", "students" or "cores"
 };
 
-/// Seconds one rank needs per sample: the teacher's forward, the student's training step.
+/// Seconds one rank needs per sample: the teacher's forward, the student's training step (the
+/// measured ones when given, else FLOPs over the rate).
 double teacher_seconds_per_sample(const SpeedInput& in);
 double student_seconds_per_sample(const SpeedInput& in);
 
