@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <vector>
 
 #include "comm/transport.hpp"
 #include "model/wan_dit.hpp"
@@ -13,16 +14,20 @@
 namespace wd::app {
 namespace {
 
-/// The faster of two timed runs after an untimed one (allocator, kernel choice).
-double best_of_two(const std::function<void()>& run) {
+/// The median of timed runs after an untimed one (allocator, kernel choice): at least 3 runs,
+/// more while they add up to under a second (a millisecond step varies by tens of percent).
+double median_run(const std::function<void()>& run) {
   run();
-  double best = 1e300;
-  for (int i = 0; i < 2; ++i) {
+  std::vector<double> seconds;
+  double total = 0;
+  while (seconds.size() < 3 || (total < 1.0 && seconds.size() < 50)) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    total += seconds.back();
   }
-  return best;
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
 }
 
 }  // namespace
@@ -51,7 +56,7 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
     torch::NoGradGuard no_grad;
     const auto inputs = WanInputs::batched(x_t, t, context, lens, 0, y);
     std::vector<torch::Tensor> out;
-    c.teacher_s_per_sample = best_of_two([&] { out = dit->forward(inputs); }) / static_cast<double>(batch);
+    c.teacher_s_per_sample = median_run([&] { out = dit->forward(inputs); }) / static_cast<double>(batch);
     message["teacher_out"] = torch::stack(out).to(torch::kFloat);
     for (const auto& [s, j] : pairs) message["feat." + std::to_string(j)] = torch::randn({batch, tokens, teacher.dim});
   }
@@ -67,7 +72,7 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
   torch::optim::AdamW optimizer(parts.trainable(), torch::optim::AdamWOptions(cfg.train.lr));
   const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
-  c.student_s_per_sample = best_of_two([&] {
+  c.student_s_per_sample = median_run([&] {
                              parts.zero_grad();
                              parts.micro_step(message, 1.0, policy);
                              if (cfg.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(parts.trainable(), cfg.train.grad_clip);

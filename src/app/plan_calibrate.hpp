@@ -21,7 +21,8 @@ struct Calibration {
 
 /// Builds the teacher (random weights in `weights`, matmuls in `compute` when given) and the
 /// student of `cfg` on the host, and times each on `batch` samples of latent `latent` (`tokens`
-/// tokens) with `context_len` text rows: one untimed run, then the faster of two. Nothing is read from disk.
+/// tokens) with `context_len` text rows: one untimed run, then the median of at least three (of as many
+/// as fit in a second). Nothing is read from disk.
 Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10::ScalarType weights,
                             std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
                             std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads);

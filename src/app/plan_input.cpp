@@ -159,6 +159,7 @@ memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) 
   in.host_process_bytes = compat::kHasCuda ? memory::kHostProcessBytesCudaLibTorch : memory::kHostProcessBytes;
   // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
   in.fused_attention = !ctx.cpu_job || compat::kHasFusedAttention;
+  in.per_token_time = ctx.teacher.model_type == "ti2v";
   in.device_budget = ctx.gpu_bytes;
   in.host_budget = ctx.host_bytes;
   in.gpus_per_node = ctx.gpus_per_node;

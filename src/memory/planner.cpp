@@ -101,9 +101,11 @@ std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpo
   const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim);
   const u64 layers = n(s.num_layers), k = std::min(n(checkpointed), layers);
   const u64 block = student_block_activation_bytes(in);
-  // Embedding: per-token time embedding (freq_dim, then 10 x D of MLP and e0 [B,S,6,D]), the
-  // RoPE tables (cos, sin in float64) and the head; all fp32 (the official model's choice).
-  const u64 embed = N * (n(s.freq_dim) + 14 * D) * kF32 + N * n(s.head_dim()) * kF64;
+  // Embedding: the time embedding (freq_dim, then 10 x D of MLP and e0 [B,rows,6,D]; a row per
+  // sample, or per token for TI2V), patch tokens and head (4 x D per token), the RoPE tables
+  // (cos, sin in float64); all fp32 (the official model's choice).
+  const u64 rows = in.per_token_time ? N : n(in.batch);
+  const u64 embed = rows * (n(s.freq_dim) + 10 * D) * kF32 + N * 4 * D * kF32 + N * n(s.head_dim()) * kF64;
   // A checkpointed block keeps only its input; one block's internals exist again while it is
   // recomputed in the backward.
   const u64 kept = (layers - k) * block + k * N * D * kF32 + (k > 0 ? block : 0);
@@ -115,12 +117,14 @@ std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples
   const u64 c = n(in.teacher_elem_bytes);
   const u64 B = n(samples), S = n(in.tokens), L = n(in.context_len);
   const u64 N = B * S, D = n(t.dim), F = n(t.ffn_dim), H = n(t.num_heads);
-  // Held through the forward: residual x, e, e0 [B,S,6,D] (fp32), RoPE tables, text keys.
-  const u64 state = N * D * 8 * kF32 + N * n(t.head_dim()) * kF64 + B * L * D * c;
-  // One block at a time: modulation m [B,S,6,D] fp32, then the larger of self-attention
+  // Held through the forward: residual x, e, e0 [B,rows,6,D] (fp32; a row per sample, or per
+  // token for TI2V), RoPE tables, text keys.
+  const u64 rows = in.per_token_time ? N : B;
+  const u64 state = N * D * kF32 + rows * D * 7 * kF32 + N * n(t.head_dim()) * kF64 + B * L * D * c;
+  // One block at a time: modulation m [B,rows,6,D] fp32, then the larger of self-attention
   // (normed input, q, k, v, RoPE's float64 temporaries, and the scores: the product in the
   // compute dtype, its fp32 copy, the fp32 softmax and its cast back) and the FFN.
-  const u64 mod = N * D * 6 * kF32;
+  const u64 mod = rows * D * 6 * kF32;
   const u64 scores = in.fused_attention ? B * H * S * kF32 : B * H * S * S * (c == 4 ? 8 : 10);
   const u64 attention = N * D * (3 * kF32 + c + 2 * kF64) + scores;
   const u64 ffn = N * D * kF32 + 2 * N * F * c;

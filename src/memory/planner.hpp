@@ -51,6 +51,9 @@ struct PlanInput {
   /// Fused scaled-dot-product attention (LibTorch 2.x, every CUDA build we target): no
   /// [B,heads,S,S] scores in memory. Off: the reference attention of LibTorch 1.13.
   bool fused_attention = true;
+  /// The timestep is per token (TI2V): the time embedding and e0 have a row per token, not per
+  /// sample (wan_dit.cpp runs the time MLP once per sample otherwise).
+  bool per_token_time = false;
   bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
   /// Framework overhead of one host-only process of the LibTorch it runs with (kHostProcessBytes
   /// for Debian's CPU build, kHostProcessBytesCudaLibTorch for a CUDA LibTorch on the host).

@@ -57,18 +57,19 @@ std::vector<double> finish_times(const std::vector<double>& work, int cores) {
 }
 
 /// One layout's samples/s and student wait: a job step is B samples on each student; each
-/// teacher replica computes its students' samples, split evenly over its stages. The step
+/// teacher replica computes its students' samples, split evenly over its stages; every rank
+/// adds `overhead`. The step
 /// lasts until the slowest rank is done; a student waits for the rest of it.
-LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int cores) {
+LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int cores, double overhead) {
   const double B = static_cast<double>(batch);
   std::vector<double> work;
   if (l.colocated) {
-    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS));
+    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS) + overhead);
   } else {
     const int replicas = l.teacher_ranks / l.stages;
     const double per_replica = B * l.students / replicas;
-    work.assign(static_cast<std::size_t>(l.teacher_ranks), per_replica * tT / l.stages);
-    work.insert(work.end(), static_cast<std::size_t>(l.students), B * tS);
+    work.assign(static_cast<std::size_t>(l.teacher_ranks), per_replica * tT / l.stages + overhead);
+    work.insert(work.end(), static_cast<std::size_t>(l.students), B * tS + overhead);
   }
   const auto finish = finish_times(work, cores);
   const double step = *std::max_element(finish.begin(), finish.end());
@@ -90,7 +91,7 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
   colocated.name = fmt::format("colocated x{}", in.ranks);
   colocated.colocated = true;
   colocated.students = in.ranks;
-  out.push_back(predict(colocated, tT, tS, in.batch, in.cores));
+  out.push_back(predict(colocated, tT, tS, in.batch, in.cores, in.step_overhead_s));
   for (int t = 1; t < in.ranks; ++t) {
     const int s = in.ranks - t;
     for (int stages = 1; stages <= t; ++stages) {
@@ -103,7 +104,7 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
       l.students = s;
       l.name = stages > 1 ? fmt::format("{} replica(s) x {} stages + {} student(s)", replicas, stages, s)
                           : fmt::format("{} teacher(s) + {} student(s)", t, s);
-      out.push_back(predict(l, tT, tS, in.batch, in.cores));
+      out.push_back(predict(l, tT, tS, in.batch, in.cores, in.step_overhead_s));
     }
   }
   std::stable_sort(out.begin(), out.end(),

@@ -19,6 +19,12 @@ namespace wd::memory {
 inline constexpr double kForwardEfficiency = 0.55;
 inline constexpr double kTrainEfficiency = 0.45;
 
+/// Seconds each rank spends per job step besides the models: reading and noising the batch,
+/// the messages, the gradient and loss all-reduces, bookkeeping. Fitted on the tiny-64 job,
+/// colocated (bench/results/throughput.md), where a step is 17 ms of compute; it is under 1% of
+/// a `small` step.
+inline constexpr double kStepOverheadSeconds = 0.004;
+
 /// Matmul FLOPs of one forward of one sample of `d` (2 per multiply-add): per block the q, k, v,
 /// o and cross-attention projections, both attentions' QK^T and PV, and the FFN; the per-token
 /// time projection. Embeddings and head are left out (under 2% for every preset).
@@ -43,6 +49,8 @@ struct SpeedInput {
   /// set they replace FLOPs / rate.
   double teacher_measured_s = 0;
   double student_measured_s = 0;
+  /// Fixed seconds per rank and job step (kStepOverheadSeconds).
+  double step_overhead_s = kStepOverheadSeconds;
 };
 
 /// One candidate layout and its predicted speed.

@@ -290,21 +290,26 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
     s.rope_sin[b].slice(0, 0, L).copy_(rows(sin_t));
   }
 
-  // Timesteps (spec §5): [B] is broadcast per sample, [B,S] is used per token.
+  // Timesteps (spec §5): [B] per sample, [B,S] per token (TI2V). The official code expands a
+  // per-sample t to every token and runs the time MLP on B·S identical rows; here it runs once
+  // per sample and e [B,1,D] / e0 [B,1,6,D] broadcast over the tokens: the same values without
+  // S-fold the MLP's FLOPs and the [B,S,6,D] modulation tensors of every block.
   torch::Tensor t = in.t.to(device);
   if (t.dim() == 0) t = t.view({1});
   if (t.dim() == 1) {
     WD_CHECK(t.size(0) == B, "t has " << t.size(0) << " entries for " << B << " samples");
-    t = t.view({B, 1}).expand({B, S});
+    t = t.view({B, 1});
+  } else {
+    WD_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == S,
+             "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(in.t.sizes()));
   }
-  WD_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == S,
-           "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(in.t.sizes()));
+  const auto rows = t.size(1);
   const auto half = c.freq_dim / 2;
   auto omega = torch::pow(10000.0, -torch::arange(half, f64).div(half));
   auto sinusoid = torch::outer(t.reshape({-1}).to(torch::kDouble), omega);
-  auto freq = torch::cat({sinusoid.cos(), sinusoid.sin()}, 1).view({B, S, c.freq_dim}).to(torch::kFloat);
+  auto freq = torch::cat({sinusoid.cos(), sinusoid.sin()}, 1).view({B, rows, c.freq_dim}).to(torch::kFloat);
   s.e = linear_f32(torch::silu(linear_f32(freq, time0_)), time2_);
-  s.e0 = linear_f32(torch::silu(s.e), time_proj_).view({B, S, 6, D});
+  s.e0 = linear_f32(torch::silu(s.e), time_proj_).view({B, rows, 6, D});
 
   // Text (spec §3.6): zero-pad each context to text_len, embed, never mask.
   std::vector<torch::Tensor> ctx;
@@ -321,8 +326,8 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
 
   if (trace) {
     trace->patch_tokens = s.x;
-    trace->time_emb_e = s.e;
-    trace->time_proj_e0 = s.e0;
+    trace->time_emb_e = s.e.expand({B, S, D});
+    trace->time_proj_e0 = s.e0.expand({B, S, 6, D});
     trace->context_emb = s.context;
   }
   return s;

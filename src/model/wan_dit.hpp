@@ -44,8 +44,8 @@ struct WanTrace {
 /// consumes. Pipeline stages and block streaming pass this between ranks / devices.
 struct WanState {
   torch::Tensor x;         ///< [B,S,D] residual stream (fp32 after block 0's first add)
-  torch::Tensor e;         ///< [B,S,D] fp32 time embedding (used by the head)
-  torch::Tensor e0;        ///< [B,S,6,D] fp32 time projection (shared by all blocks)
+  torch::Tensor e;         ///< [B,1,D] (per-sample t) or [B,S,D] (per-token t) fp32 time embedding (head)
+  torch::Tensor e0;        ///< [B,1,6,D] or [B,S,6,D] fp32 time projection (shared by all blocks)
   torch::Tensor context;   ///< [B,text_len,D] embedded text
   torch::Tensor rope_cos;  ///< [B,S,1,d/2] float64; 1 on padded tokens
   torch::Tensor rope_sin;  ///< [B,S,1,d/2] float64; 0 on padded tokens

@@ -231,6 +231,7 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
   in.batch = 2;
   in.teacher_measured_s = 0.2;
   in.student_measured_s = 0.15;
+  in.step_overhead_s = 0;  // the figures below are the compute alone
   const auto layouts = predict_layouts(in);
   // 3 ranks: colocated, 1 teacher + 2 students, 1 replica of 2 stages + 1 student. Two replicas
   // for one student are not a layout Layout::make allows.
@@ -262,6 +263,13 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
   }
   EXPECT_NE(format_speeds(in, layouts).find("recommended layout: colocated x3 (--teacher.placement colocated)"),
             std::string::npos);
+  // Each rank's fixed seconds per step add to its work: colocated 3 x 0.75 s on 2 cores.
+  in.step_overhead_s = 0.05;
+  for (const auto& l : predict_layouts(in)) {
+    if (l.colocated) {
+      EXPECT_NEAR(l.samples_per_s, 6 / 1.125, 1e-9);
+    }
+  }
 }
 
 TEST(Speed, AHeavyTeacherOnADeviceEachIsRankedByItsSlowestRank) {
@@ -276,6 +284,7 @@ TEST(Speed, AHeavyTeacherOnADeviceEachIsRankedByItsSlowestRank) {
   in.batch = 1;
   in.teacher_measured_s = 1.0;
   in.student_measured_s = 0.1;
+  in.step_overhead_s = 0;
   const auto ranked = predict_layouts(in);
   ASSERT_EQ(ranked.size(), 5u) << format_speeds(in, ranked);
   EXPECT_EQ(ranked.front().name, "colocated x4");
