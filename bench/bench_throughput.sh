@@ -3,7 +3,8 @@
 # of `wan-distill train` in each layout a 3-rank job can take, beside the replicated-teacher
 # PyTorch baseline (bench/replicated_baseline.py: every rank holds the teacher, DDP students),
 # on the two configs of issue 13, and the planner's predicted samples/s and pick for each layout
-# (`wan-distill plan --cpu --np 3 --json`). Prints one markdown table per config.
+# (`wan-distill plan --cpu --np 3 --json`), and `train --teacher.layout auto` (the layout it picks
+# at start-up). Prints one markdown table per config.
 #
 #   bench/bench_throughput.sh [tiny-64|small|all]
 #
@@ -78,6 +79,7 @@ for cfg in tiny-64 small; do
   run dedicated-teacher2t "$cfg" --teacher.placement cpu --teacher.ranks 1 --runtime.teacher_threads 2
   run colocated "$cfg" --teacher.placement colocated
   run shard-2 "$cfg" --teacher.placement shard --teacher.ranks 2
+  run layout-auto "$cfg" --teacher.layout auto
   baselines=()
   for dtype in bf16 fp32; do
     [[ ${BASELINE:-1} != 0 && -x $repo/.venv/bin/torchrun ]] || break
@@ -123,10 +125,13 @@ for d in dirs:
     windows = [m for m in map(json.loads, open(f"{d}/metrics.jsonl")) if "samples_per_s" in m][1:]
     sps = len(windows) / sum(1 / w["samples_per_s"] for w in windows)
     wait = 100 * sum(w["wait_fraction"] for w in windows) / len(windows)
-    p = predicted.get(layout_of[name])
+    if name == "layout-auto":  # the layout train chose at start-up from its own timing
+        layout_of[name] = json.load(open(f"{d}/layout.json"))["layout"]
+        name = f"layout-auto ({layout_of[name]})"
+    p = predicted.get(layout_of[d.rsplit("/", 1)[1]])
     pred = f"{p['samples_per_s']:.2f} ({100 * (p['samples_per_s'] / sps - 1):+.0f}%)" if p else "-"
     pwait = f"{100 * p['student_wait']:.0f}" if p else "-"
-    label = f"**{name}** (planner's pick)" if p and p["layout"] == pick and name != "dedicated-teacher2t" else name
+    label = f"**{name}** (planner's pick)" if p and p["layout"] == pick and name.split()[0] in ("dedicated", "colocated", "shard-2") else name
     print(f"| {label} | {sps:.2f} | {rel(sps, 'bf16')} | {rel(sps, 'fp32')} | {pred} | {wait:.0f} ({pwait}) "
           f"| {s['cpu_seconds'] / samples:.2f} | {s['peak_rss_bytes_sum'] / 2**20:.0f} | {s['peak_pss_bytes_sum'] / 2**20:.0f} |")
 PY

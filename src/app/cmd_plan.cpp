@@ -63,53 +63,6 @@ nlohmann::json plan_json(const memory::Plan& plan) {
 
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
-/// The speed model's input: shapes from the memory plan's input; seconds per sample given as
-/// rates (--teacher-gflops, --student-gflops), or for a CPU job measured here by running the
-/// job's models (calibrate: auto = when a teacher forward of one batch would take under a
-/// minute), else from a matmul rate measured here times the fitted efficiencies. Returns no
-/// input for a GPU job without rates: this host cannot tell a GPU's speed.
-std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,
-                                              c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
-                                              int world, bool cpu, int cores, double teacher_gflops,
-                                              double student_gflops, const std::string& calibrate) {
-  memory::SpeedInput s;
-  s.teacher = in.teacher;
-  s.student = in.student;
-  s.tokens = in.tokens;
-  s.context_len = in.context_len;
-  s.batch = in.batch;
-  s.recomputed_blocks = in.checkpointed_blocks;
-  s.ranks = world;
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  s.cores = cores >= 0 ? cores : (cpu ? hw : 0);
-  s.teacher_gflops = teacher_gflops;
-  s.student_gflops = student_gflops;
-  if (teacher_gflops > 0 && student_gflops > 0) return s;
-  if (!cpu) return std::nullopt;
-  // What a rank of the job gets: the host's cores shared out over the ranks (train's rule).
-  const int threads = std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world));
-  const c10::Device host(torch::kCPU);
-  const int before = torch::get_num_threads();
-  torch::set_num_threads(threads);
-  const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, host);
-  const double matmul = teacher::matmul_gflops(compute.dtype.value_or(weights), host);
-  const double fp32 = teacher::matmul_gflops(torch::kFloat, host);
-  torch::set_num_threads(before);
-  if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul;
-  if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32;
-  const double batch_forward_s =
-      memory::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
-      (s.teacher_gflops * 1e9);
-  if (calibrate == "yes" || (calibrate == "auto" && batch_forward_s < 60)) {
-    spdlog::info("plan: timing the teacher forward and the student step of this job on this host ({} thread(s))",
-                 threads);
-    const auto c = calibrate_speed(cfg, tc, weights, compute.dtype, latent, in.tokens, in.context_len, in.batch, threads);
-    s.teacher_measured_s = c.teacher_s_per_sample;
-    s.student_measured_s = c.student_s_per_sample;
-  }
-  return s;
-}
-
 nlohmann::json speed_json(const memory::SpeedInput& in, const std::vector<memory::LayoutSpeed>& layouts) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& l : layouts) {
@@ -263,7 +216,9 @@ int run_plan(const std::vector<std::string>& args) {
   const c10::ScalarType weights = cfg.teacher.dtype != "auto" ? parse_dtype(cfg.teacher.dtype)
                                   : stored_bytes == 2            ? torch::kBFloat16
                                                                  : torch::kFloat;
-  const auto speed = speed_input(cfg, in, tc, weights, lat, world, cpu, cores, teacher_gflops, student_gflops, calibrate);
+  const auto speed = speed_input(cfg, in, tc, weights, lat, world,
+                                 cpu ? std::optional<c10::Device>(torch::kCPU) : std::nullopt, cores,
+                                 teacher_gflops, student_gflops, calibrate);
   const auto layouts = speed ? memory::predict_layouts(*speed) : std::vector<memory::LayoutSpeed>{};
   if (json) {
     auto j = plan_json(plan);

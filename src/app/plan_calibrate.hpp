@@ -1,5 +1,6 @@
-// plan's speed calibration: one teacher forward and one student training step of the job's
-// shapes, timed on this host with the intra-op threads a rank of the job would get.
+// The speed model's input for `plan` and `train --teacher.layout auto`: the teacher forward and
+// the student training step of the job's shapes, timed on this host (or its GPU) with the
+// intra-op threads a rank of the job would get, or FLOPs at given rates.
 #pragma once
 
 #include <array>
@@ -9,6 +10,8 @@
 
 #include "app/run_config.hpp"
 #include "core/torch_compat.hpp"
+#include "memory/planner.hpp"
+#include "memory/speed.hpp"
 #include "model/wan_config.hpp"
 
 namespace wd::app {
@@ -25,6 +28,19 @@ struct Calibration {
 /// as fit in a second). Nothing is read from disk.
 Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10::ScalarType weights,
                             std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
-                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads);
+                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads,
+                            const c10::Device& device = torch::kCPU);
+
+/// The speed model's input for `world` ranks: shapes from the memory plan's input; seconds per
+/// sample from rates when both are given (GFLOP/s of one rank), else measured on `device` by
+/// running the job's models (calibrate: yes; auto = when a teacher forward of one batch is
+/// estimated under a minute; no), else a matmul timed on `device` times the fitted efficiencies.
+/// On the host the ranks share `cores` (-1: this host's); on a GPU each has its own. No device
+/// and no rates: no input (this host cannot tell a GPU's speed).
+std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,
+                                              c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
+                                              int world, std::optional<c10::Device> device, int cores,
+                                              double teacher_gflops, double student_gflops,
+                                              const std::string& calibrate);
 
 }  // namespace wd::app

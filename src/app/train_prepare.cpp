@@ -7,7 +7,10 @@
 #include <limits>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "app/commands.hpp"
+#include "app/plan_calibrate.hpp"
 #include "app/plan_input.hpp"
 #include "app/rank_placement.hpp"
 #include "app/train_job.hpp"
@@ -15,6 +18,7 @@
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "data/data_config.hpp"
+#include "memory/speed.hpp"
 #include "model/safetensors.hpp"
 #include "student/student_device.hpp"
 #include "teacher/compute_dtype.hpp"
@@ -134,6 +138,88 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   return *plan.recommended;
 }
 
+/// teacher.layout auto (world rank 0): {colocated, teacher ranks, stages} of the fastest layout
+/// of `world` ranks for this job: memory::predict_layouts on the job's own teacher forward and
+/// student step, timed on the student's device, among the layouts whose global batch divides
+/// train.eval_samples and, on a GPU, where a colocated teacher fits beside the student. A resumed
+/// run keeps what its first start chose (layout.json in the run directory).
+std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
+  const auto saved = fs::path(cfg.run_dir) / "layout.json";
+  if (!cfg.checkpoint.resume.empty() && fs::exists(saved)) {
+    const auto j = nlohmann::json::parse(std::ifstream(saved));
+    spdlog::info("teacher.layout auto: resuming with the layout of the first start ({}): {}", saved.string(),
+                 j.at("layout").get<std::string>());
+    return {j.at("colocated").get<bool>() ? 1 : 0, j.at("teacher_ranks").get<std::int64_t>(),
+            j.at("stages").get<std::int64_t>()};
+  }
+  const auto experts = open_teacher(cfg);
+  const auto& ck = experts.expert(0);
+  const auto& tc = ck.config();
+  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
+  const auto device = student::student_device(cfg.student.device, 0);
+  PlanContext ctx;
+  ctx.teacher = tc;
+  ctx.stored_elem_bytes = stored_elem_bytes(ck);
+  ctx.experts = static_cast<std::int64_t>(experts.size());
+  ctx.latent = info.latent_shape;
+  ctx.context_len = info.context_len;
+  ctx.world = world;
+  ctx.cpu_job = device.is_cpu();
+  if (device.is_cuda()) {
+    ctx.gpus_per_node = static_cast<int>(torch::cuda::device_count());
+    ctx.gpu_bytes = cfg.teacher.gpu_memory.empty() ? compat::device_memory(device).total_bytes
+                                                   : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
+  }
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? host_memory_total()
+                                                   : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
+  const auto in = make_plan_input(cfg, ctx);
+  const auto weights = teacher_dtype(cfg).value_or(ctx.stored_elem_bytes == 2 ? torch::kBFloat16 : torch::kFloat);
+  const auto speed = speed_input(cfg, in, tc, weights, info.latent_shape, world, device, -1, 0, 0, "yes");
+  const auto layouts = memory::predict_layouts(*speed);
+  spdlog::info("teacher.layout auto:\n{}", memory::format_speeds(*speed, layouts));
+
+  // A colocated rank holds the teacher on its GPU beside the student: the `gpu` placement's
+  // teacher rank and a student rank on one device.
+  std::string colocated_fit;
+  if (device.is_cuda()) {
+    const auto plan = memory::make_plan(in);
+    for (const auto& p : plan.placements) {
+      if (p.placement != memory::Placement::kGpu) continue;
+      const auto need = p.teacher.device_total() + p.student.device_total();
+      if (need > ctx.gpu_bytes) {
+        colocated_fit = "the teacher and a student need " + format_bytes(static_cast<double>(need)) + " on one GPU of " +
+                        format_bytes(static_cast<double>(ctx.gpu_bytes));
+      }
+    }
+  }
+  const bool broadcast = cfg.comm.mode == "broadcast";
+  for (const auto& l : layouts) {
+    const int replicas = l.colocated ? l.students : l.teacher_ranks / l.stages;
+    const auto global = cfg.train.batch_size * (broadcast ? replicas : l.students);
+    std::string why_not;
+    if (cfg.train.eval_samples % global != 0) {
+      why_not = "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") is not a multiple of its global batch " +
+                std::to_string(global);
+    } else if (l.colocated && !colocated_fit.empty()) {
+      why_not = colocated_fit;
+    }
+    if (!why_not.empty()) {
+      spdlog::info("teacher.layout auto: not {}: {}", l.name, why_not);
+      continue;
+    }
+    spdlog::info("teacher.layout auto: {} ({:.2f} samples/s predicted, student wait {:.0f}%)", l.name, l.samples_per_s,
+                 100 * l.student_wait);
+    std::ofstream(saved) << nlohmann::json{{"layout", l.name}, {"colocated", l.colocated},
+                                           {"teacher_ranks", l.teacher_ranks}, {"stages", l.stages},
+                                           {"samples_per_s", l.samples_per_s}}
+                                .dump(2)
+                         << "\n";
+    return {l.colocated ? 1 : 0, l.teacher_ranks, l.stages};
+  }
+  throw ConfigError("teacher.layout auto: no layout of " + std::to_string(world) + " ranks suits this job (see the "
+                    "reasons above); set teacher.ranks and teacher.placement, or change train.eval_samples");
+}
+
 /// The checks that need the layout (the held-out set against the global batch, the fault
 /// injection's rank and step) and the resume path, added to `p`.
 void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std::int64_t global_batch,
@@ -194,19 +280,39 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   cfg.validate();
   // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
   // single replica is always a valid split, so it serves until then).
-  const bool colocated = cfg.teacher.placement == "colocated";
-  job.topo = (colocated ? comm::Layout::colocated(mpi.size())
-                        : comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks)))
-                 .topology(rank, mpi.local_rank(), mpi.local_size());
-  init_logging(job.topo, cfg.log.level);
-  set_threads(cfg, job.topo);
-  log_rank_placement(job.topo, cfg.comm.timeout_s);
+  bool colocated = cfg.teacher.placement == "colocated";
+  // teacher.layout auto: these roles serve until the layout is chosen, then are set again.
+  const auto roles = [&](bool final) {
+    job.topo = (colocated ? comm::Layout::colocated(mpi.size())
+                          : comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks)))
+                   .topology(rank, mpi.local_rank(), mpi.local_size());
+    init_logging(job.topo, cfg.log.level);
+    if (final) set_threads(cfg, job.topo);
+  };
+  roles(cfg.teacher.layout != "auto");
 
   agreed("preparing the run directory", cfg, [&] {
     if (rank != 0) return;
     fs::create_directories(fs::path(cfg.run_dir) / "cache");
     make_builtin_assets(cfg);
   });
+  if (cfg.teacher.layout == "auto") {
+    // {colocated, teacher ranks, stages}: measured and decided on world rank 0, then every
+    // rank takes its role in that layout.
+    std::vector<std::int64_t> pick{0, cfg.teacher.ranks, 1};
+    agreed("choosing the layout (teacher.layout auto)", cfg, [&] {
+      if (rank == 0) pick = pick_layout(cfg, mpi.size());
+    });
+    comm::broadcast_ints(pick, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "layout");
+    colocated = pick[0] != 0;
+    auto& teacher = job.cfg.teacher;
+    const bool fixed_by_layout = teacher.placement == "colocated" || teacher.placement == "shard";
+    teacher.ranks = colocated ? 1 : static_cast<int>(pick[1]);
+    teacher.stages = colocated || pick[2] <= 1 ? 0 : static_cast<int>(pick[2]);
+    teacher.placement = colocated ? "colocated" : pick[2] > 1 ? "shard" : fixed_by_layout ? "auto" : teacher.placement;
+    roles(true);
+  }
+  log_rank_placement(job.topo, cfg.comm.timeout_s);
   // {placement, compute dtype (-1: the weights')}: decided once, on world rank 0, so that every
   // rank computes alike.
   std::vector<std::int64_t> chosen{0, -1};

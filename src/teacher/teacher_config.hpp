@@ -20,6 +20,9 @@ struct TeacherConfig {
   /// once). Outputs equal the unsplit batch's; smaller slices can be faster on a CPU.
   std::int64_t micro_batch = 0;
   int ranks = 1;                ///< teacher ranks; the other ranks are students
+  /// given: teacher.ranks / placement / stages as set; auto: world rank 0 times the job's
+  /// models at start-up and picks the fastest layout of the world's ranks (docs/placement.md).
+  std::string layout = "given";
   /// Where the weights live and compute runs: gpu | cpu | stream | shard | auto (docs/placement.md).
   std::string placement = "auto";
   /// Pipeline stages per teacher replica for `shard`; 0 = the number of ranges in shard_map, or
@@ -51,6 +54,10 @@ struct TeacherConfig {
         .bind("teacher.micro_batch", micro_batch,
               "samples per teacher forward (a step's batch in slices; 0 = the whole batch at once)")
         .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
+        .bind("teacher.layout", layout,
+              "given (teacher.ranks, placement and stages as set) | auto (at start-up the job's teacher "
+              "forward and student step are timed and the fastest layout of the world's ranks is used: "
+              "colocated, or teacher ranks as replicas x stages; what `plan` recommends)")
         .bind("teacher.placement", placement,
               "gpu (weights on the rank's GPU) | cpu (host) | stream (host-resident, blocks copied to "
               "the device ahead of use) | shard (blocks split over teacher.stages ranks) | colocated "
@@ -75,6 +82,10 @@ struct TeacherConfig {
             "teacher.compute(" + compute + ") must be auto, weights or fp32");
     p.check(micro_batch >= 0, "teacher.micro_batch(" + std::to_string(micro_batch) + ") must be >= 0");
     p.check(ranks >= 1, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 1");
+    p.check(layout == "given" || layout == "auto", "teacher.layout(" + layout + ") must be given or auto");
+    p.check(layout != "auto" || (shard_map.empty() && stages == 0),
+            "teacher.layout auto chooses the stages: leave teacher.stages(" + std::to_string(stages) +
+                ") at 0 and teacher.shard_map(" + shard_map + ") empty");
     p.check(!checkpoint.empty(), "teacher.checkpoint must not be empty");
     p.check(placement == "gpu" || placement == "cpu" || placement == "stream" || placement == "shard" ||
                 placement == "colocated" || placement == "auto",

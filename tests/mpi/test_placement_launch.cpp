@@ -201,6 +201,49 @@ TEST(Placement, ShardedJobStopsForARequeueAndResumesExactly) {
   expect_same_training(ref, dir);
 }
 
+/// The line `train` logs for the layout in `dir`/layout.json (teacher.layout auto's choice).
+std::string layout_line(const fs::path& dir, int world) {
+  const auto pick = nlohmann::json::parse(std::ifstream(dir / "layout.json"));
+  if (pick["colocated"].get<bool>()) return "teacher.placement colocated: " + std::to_string(world) + " student rank(s)";
+  const int teachers = pick["teacher_ranks"].get<int>(), stages = pick["stages"].get<int>();
+  return "train: " + std::to_string(teachers) + " teacher rank(s) (" + std::to_string(teachers / stages) +
+         " replica(s) x " + std::to_string(stages) + " stage(s)";
+}
+
+TEST(Placement, LayoutAutoTrainsInTheLayoutItTimedAndKeepsItOnResume) {
+  // 8 held-out samples: colocated x3 (global batch 6) is ruled out whatever the timings say, so
+  // rank 0 picks between 1 teacher + 2 students and 2 stages + 1 student by measured speed.
+  static_cast<void>(reference(1));  // makes the shared teacher and data set
+  const auto dir = root() / "layout-auto";
+  const auto args = "--run-dir " + dir.string() + cache_args() + kCommon +
+                    " --teacher.layout auto --train.eval_samples 8 --log.level info";
+  const auto stop = test::launch_train(3, args + " --inject-fault sigusr1@student:0:5", 120, 8);
+  ASSERT_EQ(stop.code, 75) << stop.output;
+  EXPECT_NE(stop.output.find("recommended layout:"), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("teacher.layout auto: not colocated x3: train.eval_samples(8) is not a multiple of its "
+                             "global batch 6"),
+            std::string::npos)
+      << stop.output;
+  ASSERT_TRUE(fs::exists(dir / "layout.json")) << stop.output;
+  EXPECT_FALSE(nlohmann::json::parse(std::ifstream(dir / "layout.json"))["colocated"].get<bool>());
+  EXPECT_NE(stop.output.find(layout_line(dir, 3)), std::string::npos) << "trained in another layout:\n" << stop.output;
+  // The resumed run keeps the first start's layout (its students' data order depends on it).
+  const auto resumed = test::launch_train(3, args + " --resume auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("teacher.layout auto: resuming with the layout of the first start"), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find(layout_line(dir, 3)), std::string::npos) << resumed.output;
+  EXPECT_EQ(losses(dir).size(), 12u);
+
+  // Every layout allowed (12 held-out samples): whatever rank 0 measured, the job trains in it.
+  const auto any = root() / "layout-auto-any";
+  const auto r = test::launch_train(3, "--run-dir " + any.string() + cache_args() + kCommon +
+                                           " --teacher.layout auto --train.eval_samples 12 --log.level info");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(layout_line(any, 3)), std::string::npos) << r.output;
+  EXPECT_EQ(losses(any).size(), 12u);
+}
+
 TEST(Placement, BadShardMapStopsEveryRankBeforeTraining) {
   const auto dir = root() / "bad-map";
   const auto r = test::launch_train(4, "--run-dir " + dir.string() + cache_args() + kCommon +
