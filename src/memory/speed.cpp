@@ -58,13 +58,14 @@ std::vector<double> finish_times(const std::vector<double>& work, int cores) {
 
 /// One layout's samples/s and student wait: a job step is B samples on each student; each
 /// teacher replica computes its students' samples, split evenly over its stages; every rank
-/// adds `overhead`. The step
+/// adds `overhead`, a colocated rank twice (it is a teacher rank and a student). The step
 /// lasts until the slowest rank is done; a student waits for the rest of it.
 LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int cores, double overhead) {
   const double B = static_cast<double>(batch);
   std::vector<double> work;
   if (l.colocated) {
-    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS) + overhead);
+    // A colocated rank does a teacher rank's per-step work (read, noise) and a student's.
+    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS) + 2 * overhead);
   } else {
     const int replicas = l.teacher_ranks / l.stages;
     const double per_replica = B * l.students / replicas;

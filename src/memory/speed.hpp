@@ -19,10 +19,11 @@ namespace wd::memory {
 inline constexpr double kForwardEfficiency = 0.55;
 inline constexpr double kTrainEfficiency = 0.45;
 
-/// Seconds each rank spends per job step besides the models: reading and noising the batch,
-/// the messages, the gradient and loss all-reduces, bookkeeping. Fitted on the tiny-64 job,
-/// colocated (bench/results/throughput.md), where a step is 17 ms of compute; it is under 1% of
-/// a `small` step.
+/// Seconds a teacher or student rank spends per job step besides the models: reading and
+/// noising the batch, the messages, the gradient and loss all-reduces, bookkeeping (a colocated
+/// rank, both roles, counts it twice). Fitted on the tiny-64 job's dedicated and shard rows
+/// (bench/results/throughput.md), where a step is 10-20 ms of compute; it is about 1% of a
+/// `small` step.
 inline constexpr double kStepOverheadSeconds = 0.004;
 
 /// Matmul FLOPs of one forward of one sample of `d` (2 per multiply-add): per block the q, k, v,
