@@ -14,4 +14,31 @@ if [[ $(id -u) -eq 0 ]]; then flags+=(--allow-run-as-root); fi
 # One BLAS/OpenMP thread per rank: LibTorch's intra-op threads are set by the program itself
 # (runtime.threads, default cores / ranks on the node), and nested BLAS threads oversubscribe.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-exec mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$@"
+# After any non-zero exit mpirun sleeps through its kill sequence (twice the grace) even when
+# every rank has already left. When the ranks agreed on an error before training (a bad config
+# or data set), world rank 0 writes the exit code to WD_LAUNCH_STATUS; once mpirun has no rank
+# left on this node, the launcher stops it and returns that code at once.
+status=$(mktemp "${TMPDIR:-/tmp}/wd-launch.XXXXXX")
+trap 'rm -f "$status"' EXIT
+export WD_LAUNCH_STATUS=$status
+# mpirun runs in a session of its own, so that a signal reaches it exactly once: from the
+# launcher, which passes on TERM, INT (a terminal's Ctrl-C), HUP and USR1 (requeue); mpirun
+# passes them to the ranks (a second TERM would make mpirun kill them without their stop).
+setsid mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x WD_LAUNCH_STATUS "$@" &
+pid=$!
+for sig in TERM INT HUP USR1; do
+  # shellcheck disable=SC2064  # $sig now, $pid when the signal comes
+  trap "kill -$sig \"\$pid\" 2>/dev/null" "$sig"
+done
+while kill -0 "$pid" 2>/dev/null; do
+  # Ranks that have exited stay zombies until mpirun reaps them after its sleep: count the rest.
+  if [[ -s $status ]] && ! ps --ppid "$pid" -o stat= | grep -qv '^Z'; then
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null || true
+    exit "$(cat "$status")"
+  fi
+  sleep 0.2 || true  # a signal to the whole group ends the sleep; the loop goes on
+done
+rc=0
+wait "$pid" || rc=$?
+exit "$rc"

@@ -2,9 +2,12 @@
 // Start-up is train_prepare.cpp, each role's wiring train_teacher.cpp / train_student.cpp.
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
@@ -67,24 +70,52 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int wo
 }
 
 /// The memory monitor's gather: every rank's MemoryReport to world rank 0 (with deadline).
-memory::MemoryMonitor::Gather gather_memory_reports(double timeout_s, int rank, int world) {
-  return [=](std::int64_t step, const memory::MemoryReport& mine) {
-    std::vector<memory::MemoryReport> all(rank == 0 ? world : 0);
+/// Every rank's memory report of a step, gathered on world rank 0 without holding any rank
+/// back: MPI_Igather is posted at the report step and completed later (MPI_Test after each
+/// step, a wait with the deadline when the next report is due or the loop is done).
+memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int rank, int world) {
+  struct InFlight {
+    std::int64_t step = 0;
+    memory::MemoryReport mine{};
+    std::vector<memory::MemoryReport> all;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  // The buffers stay where MPI was told they are until the gather completes.
+  auto flight = std::make_shared<std::unique_ptr<InFlight>>();
+  memory::MemoryMonitor::AsyncGather g;
+  g.post = [=](std::int64_t step, const memory::MemoryReport& mine) {
+    auto f = std::make_unique<InFlight>();
+    f->step = step;
+    f->mine = mine;
+    f->all.resize(rank == 0 ? world : 0);
     // Raw bytes: MemoryReport is trivially copyable and every rank runs the same binary.
     constexpr int kBytes = sizeof(memory::MemoryReport);
-    MPI_Request req;
-    WD_CHECK_MPI(MPI_Igather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, 0,
-                             MPI_COMM_WORLD, &req));
-    std::vector<int> peers;
-    if (rank == 0) {
-      for (int r = 1; r < world; ++r) peers.push_back(r);
-    } else {
-      peers.push_back(0);
-    }
-    comm::wait_with_deadline(req, {"gather memory report", step, sizeof(mine), peers},
-                             std::chrono::duration<double>(timeout_s), rank);
-    return all;
+    WD_CHECK_MPI(MPI_Igather(&f->mine, kBytes, MPI_BYTE, f->all.data(), kBytes, MPI_BYTE, 0, MPI_COMM_WORLD,
+                             &f->request));
+    *flight = std::move(f);
   };
+  g.collect = [=](bool wait) -> std::optional<memory::MemoryMonitor::Gathered> {
+    auto& f = *flight;
+    if (!f) return std::nullopt;
+    if (wait) {
+      std::vector<int> peers;
+      if (rank == 0) {
+        for (int r = 1; r < world; ++r) peers.push_back(r);
+      } else {
+        peers.push_back(0);
+      }
+      comm::wait_with_deadline(f->request, {"gather memory report", f->step, sizeof(f->mine), peers},
+                               std::chrono::duration<double>(timeout_s), rank);
+    } else {
+      int done = 0;
+      WD_CHECK_MPI(MPI_Test(&f->request, &done, MPI_STATUS_IGNORE));
+      if (!done) return std::nullopt;
+    }
+    memory::MemoryMonitor::Gathered out{f->step, std::move(f->all)};
+    f.reset();
+    return out;
+  };
+  return g;
 }
 
 /// What the failure handler needs besides the exception: the remedies' config values, the
@@ -162,6 +193,7 @@ int run_train(const std::vector<std::string>& args) {
       watchdog.reset();
       mpi.exit_without_finalize(kExitRequeue);
     }
+    monitor.finish();
     report_run_summary(cfg, result.summary, rank, mpi.size(), monitor);
     return kExitOk;
   } catch (...) {
@@ -173,9 +205,14 @@ int run_train(const std::vector<std::string>& args) {
       report.transport_bytes = rank_memory.transport_bytes;
       handle_training_failure(std::current_exception(), *health, mpi, failure_setup, report);
     }
-    // Before training every failure is agreed by all ranks: rank 0 explains, all exit alike.
-    if (rank == 0) return report_failure("train", std::current_exception());
-    return exit_code_of(std::current_exception());
+    // Before training every failure is agreed by all ranks: rank 0 explains, all exit alike,
+    // and rank 0 tells launch/mpirun.sh the code (so it need not wait out mpirun's kill grace).
+    if (rank != 0) return exit_code_of(std::current_exception());
+    const int code = report_failure("train", std::current_exception());
+    if (const char* status = std::getenv("WD_LAUNCH_STATUS"); status != nullptr && *status != '\0') {
+      std::ofstream(status) << code << "\n";
+    }
+    return code;
   }
 }
 

@@ -114,6 +114,9 @@ std::string memory_metrics_line(std::int64_t step, std::int64_t since,
 MemoryMonitor::MemoryMonitor(MemoryConfig config, Role role, Gather gather, std::string metrics_path)
     : config_(config), role_(role), gather_(std::move(gather)), metrics_path_(std::move(metrics_path)) {}
 
+MemoryMonitor::MemoryMonitor(MemoryConfig config, Role role, AsyncGather gather, std::string metrics_path)
+    : config_(config), role_(role), async_(std::move(gather)), metrics_path_(std::move(metrics_path)) {}
+
 MemoryMonitor::Gather MemoryMonitor::local_only() {
   return [](std::int64_t, const MemoryReport& mine) { return std::vector<MemoryReport>{mine}; };
 }
@@ -132,6 +135,12 @@ std::uint64_t MemoryMonitor::sampled_peak_pss() const {
 
 void MemoryMonitor::after_step(std::int64_t step, const c10::Device& device,
                                const std::function<ModelMemory()>& model) {
+  if (pending_) {
+    if (const auto done = async_.collect(false)) {
+      pending_ = false;
+      publish(*done, pending_since_);
+    }
+  }
   if (report_due(step)) report(step, device, model);
   if (config_.empty_cache_every > 0 && step % config_.empty_cache_every == 0 &&
       !compat::empty_device_cache(device) && !empty_cache_warned_) {
@@ -147,10 +156,13 @@ void MemoryMonitor::report(std::int64_t step, const c10::Device& device,
   auto mine = measure_memory(role_, device, model ? model() : ModelMemory{});
   peak_pss_ = std::max(peak_pss_, proportional_set_size());
   mine.peak_rss_is_lifetime = peak_reset_failed_;
-  const auto all = gather_(step, mine);
-  if (!all.empty()) {
-    spdlog::info("{}", format_memory_table(step, interval_start_, all));
-    if (!metrics_path_.empty()) append_line(metrics_path_, memory_metrics_line(step, interval_start_, all));
+  if (async_.post) {
+    finish();  // the previous report's gather (long complete unless reports come every few steps)
+    async_.post(step, mine);
+    pending_ = true;
+    pending_since_ = interval_start_;
+  } else {
+    publish({step, gather_(step, mine)}, interval_start_);
   }
   // Every rank starts its next interval here, after its numbers left: per-interval peaks.
   past_peak_rss_ = std::max(past_peak_rss_, mine.peak_rss_bytes);
@@ -162,6 +174,18 @@ void MemoryMonitor::report(std::int64_t step, const c10::Device& device,
                  std::strerror(errno));
   }
   interval_start_ = step;
+}
+
+void MemoryMonitor::finish() {
+  if (!pending_) return;
+  pending_ = false;
+  if (const auto done = async_.collect(true)) publish(*done, pending_since_);
+}
+
+void MemoryMonitor::publish(const Gathered& g, std::int64_t since) {
+  if (g.reports.empty()) return;
+  spdlog::info("{}", format_memory_table(g.step, since, g.reports));
+  if (!metrics_path_.empty()) append_line(metrics_path_, memory_metrics_line(g.step, since, g.reports));
 }
 
 }  // namespace wd::memory

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,29 @@ class MemoryMonitor {
   /// at the same steps. (A callback, so this folder needs no MPI.)
   using Gather = std::function<std::vector<MemoryReport>(std::int64_t step, const MemoryReport&)>;
 
+  /// A gather in two halves, so that no rank waits at a report step for the others (a teacher
+  /// runs steps ahead of its students; a blocking gather would drain that lead every report):
+  /// `post` hands this rank's report of `step` over and returns; `collect` completes the gather
+  /// posted last, blocking when `wait`, otherwise only if it has completed, and returns its step
+  /// and, on the reporting rank, every rank's reports (elsewhere none).
+  struct Gathered {
+    std::int64_t step = 0;
+    std::vector<MemoryReport> reports;
+  };
+  struct AsyncGather {
+    std::function<void(std::int64_t step, const MemoryReport&)> post;
+    std::function<std::optional<Gathered>(bool wait)> collect;
+  };
+
   /// `metrics_path`, when not empty, receives one JSON line per report (give it on the
   /// reporting rank only).
   MemoryMonitor(MemoryConfig config, Role role, Gather gather, std::string metrics_path = "");
+  /// With an asynchronous gather: a report is printed when its gather completes (checked after
+  /// every step; at the latest when the next report is posted, or at finish()).
+  MemoryMonitor(MemoryConfig config, Role role, AsyncGather gather, std::string metrics_path = "");
+
+  /// Completes and prints a report still in flight. Call on every rank once its loop is done.
+  void finish();
 
   /// A gather for one process: returns the local report alone.
   static Gather local_only();
@@ -57,11 +78,16 @@ class MemoryMonitor {
 
  private:
   void report(std::int64_t step, const c10::Device& device, const std::function<ModelMemory()>& model);
+  /// Prints and logs a completed gather whose peaks ran since step `since`.
+  void publish(const Gathered& g, std::int64_t since);
 
   MemoryConfig config_;
   Role role_;
   std::uint64_t peak_pss_ = 0;
   Gather gather_;
+  AsyncGather async_;
+  bool pending_ = false;              ///< an asynchronous gather is in flight
+  std::int64_t pending_since_ = 0;    ///< its interval start
   std::string metrics_path_;
   std::int64_t interval_start_ = 0;  ///< step of the last peak reset
   std::uint64_t past_peak_rss_ = 0;  ///< highest peak of the intervals already reset

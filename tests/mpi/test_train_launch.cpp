@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -166,6 +167,32 @@ TEST(Train, BadConfigStopsAllRanksWithOneClearError) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.eval_samples(6) must be a multiple of the global batch 4"), std::string::npos)
       << r.output;
+}
+
+TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
+  // launch/mpirun.sh gives mpirun a 20 s kill grace, which mpirun sleeps through twice after any
+  // non-zero exit, even when every rank has left. An error all ranks agreed on before training
+  // returns within the documented 5 s (about 1 s here), with its exit code.
+  const auto launcher = fs::path(kFixtures).parent_path().parent_path() / "launch" / "mpirun.sh";
+  const auto run = [&](const std::string& args) {
+    const std::string cmd = "timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " + args + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf{};
+    while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+    const int status = pipe ? ::pclose(pipe) : -1;
+    return test::LaunchResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out,
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  };
+  const auto bad = run("--run-dir " + (run_dir() / "launcher").string() + " --train.eval_samples 6");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("train.eval_samples(6) must be a multiple of the global batch 4"), std::string::npos)
+      << bad.output;
+  EXPECT_LT(bad.seconds, 5.0) << bad.output;
+  // A job that trains returns its own code through the launcher.
+  const auto good = run("--run-dir " + (run_dir() / "launcher").string() + " --train.steps 2 --log.level warn");
+  EXPECT_EQ(good.code, 0) << good.output;
 }
 
 TEST(Train, EveryInvalidCombinationIsNamedInOneErrorBeforeTraining) {
