@@ -21,10 +21,10 @@ inline constexpr double kTrainEfficiency = 0.45;
 
 /// Seconds a teacher or student rank spends per job step besides the models: reading and
 /// noising the batch, the messages, the gradient and loss all-reduces, bookkeeping (a colocated
-/// rank, both roles, counts it twice). Fitted on the tiny-64 job's dedicated and shard rows
+/// rank, both roles, counts it twice). Fitted on the tiny-64 job's rows of LibTorch 1.13
 /// (bench/results/throughput.md), where a step is 10-20 ms of compute; it is about 1% of a
 /// `small` step.
-inline constexpr double kStepOverheadSeconds = 0.004;
+inline constexpr double kStepOverheadSeconds = 0.0025;
 
 /// Matmul FLOPs of one forward of one sample of `d` (2 per multiply-add): per block the q, k, v,
 /// o and cross-attention projections, both attentions' QK^T and PV, and the FFN; the per-token

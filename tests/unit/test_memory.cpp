@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "memory/host_memory.hpp"
@@ -136,6 +137,51 @@ TEST(MemoryMonitor, ReportsEveryNStepsWithPerIntervalPeaks) {
   for (const auto& line : lines) {
     EXPECT_GE(monitor.lifetime_peak_rss(), line["ranks"][0]["peak_rss_bytes"].get<std::uint64_t>());
   }
+}
+
+TEST(MemoryMonitor, AnAsynchronousGatherIsPublishedWhenItCompletesAndAtFinish) {
+  // The gather of step 4 completes only when the other ranks get there (here: two steps later);
+  // the monitor keeps going meanwhile and publishes it then, with step 4 and its interval.
+  test::TempDir dir("wd-memory-async");
+  MemoryConfig cfg;
+  cfg.report_every = 4;
+  std::vector<std::int64_t> posted;
+  std::int64_t now = 0;
+  MemoryMonitor::AsyncGather gather;
+  std::optional<std::pair<std::int64_t, MemoryReport>> flight;
+  gather.post = [&](std::int64_t step, const MemoryReport& mine) {
+    posted.push_back(step);
+    flight.emplace(step, mine);
+  };
+  gather.collect = [&](bool wait) -> std::optional<MemoryMonitor::Gathered> {
+    if (!flight || (!wait && now < flight->first + 2)) return std::nullopt;
+    MemoryMonitor::Gathered g{flight->first, {flight->second}};
+    flight.reset();
+    return g;
+  };
+  MemoryMonitor monitor(cfg, Role::kTeacher, gather, dir.str("metrics.jsonl"));
+  const auto lines = [&] {
+    std::ifstream in(dir.str("metrics.jsonl"));
+    std::vector<nlohmann::json> out;
+    for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
+    return out;
+  };
+  for (now = 1; now <= 5; ++now) monitor.after_step(now, c10::Device(c10::kCPU));
+  EXPECT_EQ(posted, std::vector<std::int64_t>({4}));
+  EXPECT_TRUE(lines().empty()) << "published before the gather completed";
+  now = 6;
+  monitor.after_step(6, c10::Device(c10::kCPU));
+  ASSERT_EQ(lines().size(), 1u);
+  EXPECT_EQ(lines()[0]["memory_step"], 4);
+  EXPECT_EQ(lines()[0]["peaks_since_step"], 0);
+  for (now = 7; now <= 8; ++now) monitor.after_step(now, c10::Device(c10::kCPU));
+  EXPECT_EQ(posted, std::vector<std::int64_t>({4, 8}));
+  monitor.finish();  // the loop is done: step 8's gather is waited for and published
+  ASSERT_EQ(lines().size(), 2u);
+  EXPECT_EQ(lines()[1]["memory_step"], 8);
+  EXPECT_EQ(lines()[1]["peaks_since_step"], 4);
+  monitor.finish();  // nothing in flight: nothing more
+  EXPECT_EQ(lines().size(), 2u);
 }
 
 TEST(MemoryMonitor, ZeroTurnsItOffAndNegativeValuesAreRejected) {
