@@ -206,7 +206,10 @@ TEST(WanDiT, PerTokenTimestepsEqualPerSampleWhenConstant) {
   auto per_sample = torch::stack(model->forward(WanInputs::batched(x, torch::tensor({10.f, 990.f}), ctx)));
   auto per_token = torch::tensor({10.f, 990.f}).view({2, 1}).expand({2, 12}).contiguous();
   auto tok = torch::stack(model->forward(WanInputs::batched(x, per_token, ctx)));
-  EXPECT_LE(max_abs_diff(per_sample, tok), 1e-6);
+  // Same values, different GEMM shapes: a per-sample t runs the time MLP on B rows, a per-token
+  // t on B*S rows, and BLAS may block (and round) the two differently (LibTorch 2.11 on the CPU:
+  // 1.01e-6 here), so the bound is the file's batch-equivalence bound, not bitwise.
+  EXPECT_LE(max_abs_diff(per_sample, tok), 1e-5);
   // A different t on one frame changes that sample's output.
   auto frame0 = per_token.clone();
   frame0[0].slice(0, 0, 6).fill_(0.f);
