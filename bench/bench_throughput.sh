@@ -3,8 +3,9 @@
 # of `wan-distill train` in each layout a 3-rank job can take, beside the replicated-teacher
 # PyTorch baseline (bench/replicated_baseline.py: every rank holds the teacher, DDP students),
 # on the two configs of issue 13, and the planner's predicted samples/s and pick for each layout
-# (`wan-distill plan --cpu --np 3 --json`), and `train --teacher.layout auto` (the layout it picks
-# at start-up). Prints one markdown table per config.
+# (`wan-distill plan --cpu --np 3 --json`), `train --teacher.layout auto` (the layout it picks
+# at start-up) and 1 teacher + 2 students with `--teacher.micro_batch auto`, with each teacher
+# rank's busy share. Prints one markdown table per config.
 #
 #   bench/bench_throughput.sh [tiny-64|small|all]
 #
@@ -79,6 +80,7 @@ for cfg in tiny-64 small; do
   run dedicated-teacher2t "$cfg" --teacher.placement cpu --teacher.ranks 1 --runtime.teacher_threads 2
   run colocated "$cfg" --teacher.placement colocated
   run shard-2 "$cfg" --teacher.placement shard --teacher.ranks 2
+  run dedicated-micro-auto "$cfg" --teacher.placement cpu --teacher.ranks 1 --teacher.micro_batch auto
   run layout-auto "$cfg" --teacher.layout auto
   baselines=()
   for dtype in bf16 fp32; do
@@ -99,6 +101,7 @@ speed = json.load(open(plan_file))["speed"]
 predicted = {l["layout"]: l for l in speed["layouts"]}
 pick = speed["layouts"][0]["layout"]
 layout_of = {"dedicated": "1 teacher(s) + 2 student(s)", "dedicated-teacher2t": "1 teacher(s) + 2 student(s)",
+             "dedicated-micro-auto": "1 teacher(s) + 2 student(s)",
              "colocated": "colocated x3", "shard-2": "1 replica(s) x 2 stages + 1 student(s)"}
 base = {json.load(open(b))["teacher_dtype"]: json.load(open(b)) for b in baselines}
 print(f"\n### {cfg}\n")
@@ -106,13 +109,13 @@ print(f"Planner (rates measured at the start: teacher {speed['teacher_gflops']:.
       f"{speed['student_gflops']:.1f} GFLOP/s a rank; {speed['teacher_s_per_sample']:.3f} s and "
       f"{speed['student_s_per_sample']:.3f} s a sample): pick **{pick}**.\n")
 print("| layout | samples/s | x baseline bf16 | x baseline fp32 | predicted samples/s (error) | student wait % (predicted) "
-      "| CPU s/sample | summed peak RSS MiB | summed peak PSS MiB |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| teacher busy % | CPU s/sample | summed peak RSS MiB | summed peak PSS MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 def rel(sps, dtype):
     return f"{sps / base[dtype]['samples_per_s']:.2f}" if dtype in base else "-"
 for dtype, b in base.items():
     print(f"| replicated-teacher PyTorch baseline, {dtype} teacher | {b['samples_per_s']:.2f} | {rel(b['samples_per_s'], 'bf16')} "
-          f"| {rel(b['samples_per_s'], 'fp32')} | - | - | {b['cpu_s_per_sample']:.2f} | {b['peak_rss_bytes_sum'] / 2**20:.0f} "
+          f"| {rel(b['samples_per_s'], 'fp32')} | - | - | - | {b['cpu_s_per_sample']:.2f} | {b['peak_rss_bytes_sum'] / 2**20:.0f} "
           f"| {b['pss_bytes_sum'] / 2**20:.0f} |")
 for d in dirs:
     name = d.rsplit("/", 1)[1]
@@ -125,6 +128,11 @@ for d in dirs:
     windows = [m for m in map(json.loads, open(f"{d}/metrics.jsonl")) if "samples_per_s" in m][1:]
     sps = len(windows) / sum(1 / w["samples_per_s"] for w in windows)
     wait = 100 * sum(w["wait_fraction"] for w in windows) / len(windows)
+    # Each teacher rank's busy share of its loop (reading, noising, forward); shard stages
+    # listed in stage order. A colocated job has no teacher ranks.
+    busy = "/".join(f"{100 * r['busy_fraction']:.0f}" for r in s["ranks"] if r["role"] == "teacher") or "-"
+    if name == "dedicated-micro-auto":
+        name += f" (micro_batch {json.load(open(f'{d}/micro_batch.json'))['micro_batch']})"
     if name == "layout-auto":  # the layout train chose at start-up from its own timing
         layout_of[name] = json.load(open(f"{d}/layout.json"))["layout"]
         name = f"layout-auto ({layout_of[name]})"
@@ -133,6 +141,6 @@ for d in dirs:
     pwait = f"{100 * p['student_wait']:.0f}" if p else "-"
     label = f"**{name}** (planner's pick)" if p and p["layout"] == pick and name.split()[0] in ("dedicated", "colocated", "shard-2") else name
     print(f"| {label} | {sps:.2f} | {rel(sps, 'bf16')} | {rel(sps, 'fp32')} | {pred} | {wait:.0f} ({pwait}) "
-          f"| {s['cpu_seconds'] / samples:.2f} | {s['peak_rss_bytes_sum'] / 2**20:.0f} | {s['peak_pss_bytes_sum'] / 2**20:.0f} |")
+          f"| {busy} | {s['cpu_seconds'] / samples:.2f} | {s['peak_rss_bytes_sum'] / 2**20:.0f} | {s['peak_pss_bytes_sum'] / 2**20:.0f} |")
 PY
 done

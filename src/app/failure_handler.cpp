@@ -37,8 +37,13 @@ memory::DiagnosisInput make_diagnosis(const comm::FailureExchange& ex, const com
   in.message = primary.message_text();
   in.lost = ex.lost;
   if (primary.kind == FailureKind::kPeerLost && !primary.lost_ranks().empty()) {
-    // The rank that went silent is the one to name; the one that noticed says where.
-    in.failed_rank = primary.lost_ranks().front();
+    // The rank that went silent is the one to name (the first that did not speak up in the
+    // exchange); the one that noticed says where.
+    const auto named = primary.lost_ranks();
+    const auto silent = std::find_if(named.begin(), named.end(), [&](int r) {
+      return std::find(ex.lost.begin(), ex.lost.end(), r) != ex.lost.end();
+    });
+    in.failed_rank = silent != named.end() ? *silent : named.front();
     in.failed_role = in.failed_rank < setup.teacher_ranks ? Role::kTeacher : Role::kStudent;
     in.op = "no answer to rank " + std::to_string(primary.rank) + "'s " + primary.op_text();
   }

@@ -2,6 +2,7 @@
 // speed model's input (plan, train --teacher.layout auto).
 #include "app/plan_calibrate.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -35,7 +36,89 @@ double median_run(const std::function<void()>& run) {
   return seconds[seconds.size() / 2];
 }
 
+/// Random inputs of the job's shapes on `device` (seeded: every call sees the same values).
+struct TeacherInputs {
+  torch::Tensor x_t, t, context, lens, y;
+};
+
+TeacherInputs random_inputs(const WanConfig& teacher, const std::array<std::int64_t, 4>& latent,
+                            std::int64_t context_len, std::int64_t batch, const c10::Device& device) {
+  torch::manual_seed(0);
+  const auto [C, F, H, W] = latent;
+  const auto on = torch::TensorOptions().device(device);
+  TeacherInputs in;
+  in.x_t = torch::randn({batch, C, F, H, W}, on);
+  in.t = torch::rand({batch}, on) * 1000;
+  in.context = torch::randn({batch, context_len, teacher.text_dim}, on);
+  in.lens = torch::full({batch}, context_len, on.dtype(torch::kLong));
+  if (teacher.in_dim > C) in.y = torch::randn({batch, teacher.in_dim - C, F, H, W}, on);
+  return in;
+}
+
+/// The teacher of `teacher` with random weights in `weights`, matmuls in `compute`, on `device`.
+WanDiT random_teacher(const WanConfig& teacher, c10::ScalarType weights, std::optional<c10::ScalarType> compute,
+                      const c10::Device& device) {
+  WanDiT dit(teacher, WanInit::kRandom, weights, 0);
+  dit->to(device);
+  dit->eval();
+  dit->set_compute_dtype(compute);
+  return dit;
+}
+
+/// Seconds per sample of `dit`'s no-grad forward over `in`, `slice` samples a forward (as
+/// TeacherStage runs a micro-batch: slices of the batch, the last one shorter); the last
+/// forward's output, concatenated, goes to `out` when given.
+double forward_seconds_per_sample(WanDiT& dit, const TeacherInputs& in, std::int64_t slice, torch::Tensor* out) {
+  torch::NoGradGuard no_grad;
+  const auto batch = in.x_t.size(0);
+  const auto part = [](const torch::Tensor& x, std::int64_t lo, std::int64_t hi) {
+    return x.defined() ? x.slice(0, lo, hi) : x;
+  };
+  std::vector<torch::Tensor> pieces;
+  const double s = median_run([&] {
+    pieces.clear();
+    for (std::int64_t lo = 0; lo < batch; lo += slice) {
+      const auto hi = std::min(batch, lo + slice);
+      const auto inputs = WanInputs::batched(part(in.x_t, lo, hi), part(in.t, lo, hi), part(in.context, lo, hi),
+                                             part(in.lens, lo, hi), 0, part(in.y, lo, hi));
+      pieces.push_back(torch::stack(dit->forward(inputs)));
+      static_cast<void>(pieces.back().sum().item<float>());  // waits for a GPU's kernels
+    }
+  });
+  if (out) *out = torch::cat(pieces, 0).to(torch::kFloat);
+  return s / static_cast<double>(batch);
+}
+
 }  // namespace
+
+MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType weights,
+                                    std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
+                                    std::int64_t context_len, std::int64_t batch, const c10::Device& device) {
+  const auto in = random_inputs(teacher, latent, context_len, batch, device);
+  auto dit = random_teacher(teacher, weights, compute, device);
+  MicroBatchChoice choice;
+  double best = 0;
+  std::string timings;
+  std::int64_t previous = 0;
+  for (std::int64_t slice = batch; slice >= 1; slice = (slice + 1) / 2) {
+    if (slice == previous) break;  // ceil halving stops at 1
+    previous = slice;
+    const double s = forward_seconds_per_sample(dit, in, slice, nullptr);
+    timings += fmt::format("{}{} a forward {:.3g} s/sample", timings.empty() ? "" : ", ", slice, s);
+    // A slice must win by a margin that timing noise does not reach: the whole batch is the
+    // simpler schedule and the bit-exact one.
+    if (slice == batch || s < best * (1 - kMicroBatchMargin)) {
+      best = s;
+      choice.samples = slice == batch ? 0 : slice;
+      choice.seconds_per_sample = s;
+    }
+  }
+  choice.reason = fmt::format("teacher.micro_batch auto: {} ({}; {} thread(s) on {})",
+                              choice.samples == 0 ? "the whole batch of " + std::to_string(batch) + " at once"
+                                                  : std::to_string(choice.samples) + " sample(s) a forward",
+                              timings, torch::get_num_threads(), device.str());
+  return choice;
+}
 
 Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10::ScalarType weights,
                             std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
@@ -43,34 +126,19 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
                             const c10::Device& device) {
   const int before = torch::get_num_threads();
   torch::set_num_threads(threads);
-  torch::manual_seed(0);
-  const auto [C, F, H, W] = latent;
-  const auto on = torch::TensorOptions().device(device);
-  const auto x_t = torch::randn({batch, C, F, H, W}, on);
-  const auto t = torch::rand({batch}, on) * 1000;
-  const auto context = torch::randn({batch, context_len, teacher.text_dim}, on);
-  const auto lens = torch::full({batch}, context_len, on.dtype(torch::kLong));
-  const auto y = teacher.in_dim > C ? torch::randn({batch, teacher.in_dim - C, F, H, W}, on) : torch::Tensor();
+  const auto in = random_inputs(teacher, latent, context_len, batch, device);
+  const auto C = latent[0];
   Calibration c;
   c.threads = threads;
 
-  comm::TensorDict message{{"x_t", x_t}, {"t", t}, {"context", context}, {"context_lens", lens}};
+  comm::TensorDict message{{"x_t", in.x_t}, {"t", in.t}, {"context", in.context}, {"context_lens", in.lens}};
   const auto pairs = cfg.student.feature_pairs();
   {
-    WanDiT dit(teacher, WanInit::kRandom, weights, 0);
-    dit->to(device);
-    dit->eval();
-    dit->set_compute_dtype(compute);
-    torch::NoGradGuard no_grad;
-    const auto inputs = WanInputs::batched(x_t, t, context, lens, 0, y);
-    std::vector<torch::Tensor> out;
-    // .item() waits for a GPU's kernels.
-    c.teacher_s_per_sample = median_run([&] {
-                               out = dit->forward(inputs);
-                               static_cast<void>(out.back().sum().item<float>());
-                             }) /
-                             static_cast<double>(batch);
-    message["teacher_out"] = torch::stack(out).to(torch::kFloat);
+    auto dit = random_teacher(teacher, weights, compute, device);
+    torch::Tensor out;
+    c.teacher_s_per_sample = forward_seconds_per_sample(dit, in, batch, &out);
+    message["teacher_out"] = out;
+    const auto on = torch::TensorOptions().device(device);
     for (const auto& [s, j] : pairs) message["feat." + std::to_string(j)] = torch::randn({batch, tokens, teacher.dim}, on);
   }
 

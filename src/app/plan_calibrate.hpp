@@ -31,6 +31,24 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
                             std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads,
                             const c10::Device& device = torch::kCPU);
 
+/// What teacher.micro_batch auto chose.
+struct MicroBatchChoice {
+  std::int64_t samples = 0;         ///< samples a forward; 0 = the whole batch
+  double seconds_per_sample = 0;    ///< the chosen schedule's measured forward time
+  std::string reason;               ///< the log line: every size tried and its time
+};
+
+/// How much faster per sample a slice of the batch must be to be chosen over the whole batch.
+constexpr double kMicroBatchMargin = 0.05;
+
+/// teacher.micro_batch auto: times the no-grad forward of the teacher `teacher` (random
+/// weights in `weights`, matmuls in `compute`) on `device` with this thread's intra-op threads,
+/// over a batch of `batch` samples run whole and in slices of its halvings (ceil: 4, 2, 1),
+/// and takes the fastest per sample, the whole batch unless a slice wins by kMicroBatchMargin.
+MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType weights,
+                                    std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
+                                    std::int64_t context_len, std::int64_t batch, const c10::Device& device);
+
 /// The speed model's input for `world` ranks: shapes from the memory plan's input; seconds per
 /// sample from rates when both are given (GFLOP/s of one rank), else measured on `device` by
 /// running the job's models (calibrate: yes; auto = when a teacher forward of one batch is

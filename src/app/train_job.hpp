@@ -40,6 +40,7 @@ struct TrainJob {
   std::optional<data::DatasetInfo> info;  ///< teacher ranks only
   comm::StreamPlan plan;
   std::int64_t per_replica = 0;    ///< samples a replica computes per transport step
+  std::int64_t micro_batch = 0;    ///< samples per teacher forward (teacher.micro_batch, auto resolved); 0 = all
   std::int64_t train_samples = 0;  ///< samples before the held-out ones
   bool broadcast = false;          ///< comm.mode broadcast
   std::string resume_path;         ///< the checkpoint to resume from; empty: step 0
@@ -91,7 +92,7 @@ struct RoleResult {
 void prepare_train(TrainJob& job, comm::MpiRuntime& mpi);
 
 /// This rank's teacher stage: every expert's model for `how`, computing in job.compute, with
-/// teacher.micro_batch set; adds the weights to `memory`.
+/// job.micro_batch set; adds the weights to `memory`.
 teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory);
 
 /// A teacher rank: its device, its link to the students (the last stage of a replica), its

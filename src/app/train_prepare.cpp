@@ -220,6 +220,45 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
                     "reasons above); set teacher.ranks and teacher.placement, or change train.eval_samples");
 }
 
+/// job.micro_batch from teacher.micro_batch; `auto` is timed on world rank 0 (a teacher, or a
+/// colocated student: where the teacher computes) with its threads and device, over the batch a
+/// replica computes, and every rank takes that one answer. The answer is kept in the run
+/// directory (micro_batch.json): a resumed run slices its batches as the first start did, so
+/// its teacher outputs round alike.
+void choose_teacher_micro_batch(TrainJob& job) {
+  const auto& cfg = job.cfg;
+  if (const auto n = cfg.teacher.micro_batch_samples()) {
+    job.micro_batch = *n;
+    return;
+  }
+  std::vector<std::int64_t> chosen{0};
+  agreed("choosing the teacher micro-batch (teacher.micro_batch auto)", cfg, [&] {
+    if (job.world_rank() != 0) return;
+    const auto saved = fs::path(cfg.run_dir) / "micro_batch.json";
+    if (!cfg.checkpoint.resume.empty() && fs::exists(saved)) {
+      chosen[0] = nlohmann::json::parse(std::ifstream(saved)).at("micro_batch").get<std::int64_t>();
+      spdlog::info("teacher.micro_batch auto: resuming with the first start's choice ({}): {}", saved.string(),
+                   chosen[0]);
+      return;
+    }
+    const auto& ck = job.teacher();
+    const auto weights = teacher_dtype(cfg).value_or(stored_elem_bytes(ck) == 2 ? torch::kBFloat16 : torch::kFloat);
+    const auto device = job.layout.colocated() ? student::student_device(cfg.student.device, 0)
+                                               : teacher::teacher_device(cfg.teacher, job.placement, 0);
+    const auto choice = choose_micro_batch(ck.config(), weights, job.compute, job.plan.latent, job.plan.context_len,
+                                           job.per_replica, device);
+    spdlog::info("{}", choice.reason);
+    chosen[0] = choice.samples;
+    std::ofstream(saved) << nlohmann::json{{"micro_batch", choice.samples},
+                                           {"seconds_per_sample", choice.seconds_per_sample},
+                                           {"batch", job.per_replica}}
+                                .dump(2)
+                         << "\n";
+  });
+  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher micro-batch");
+  job.micro_batch = chosen[0];
+}
+
 /// The checks that need the layout (the held-out set against the global batch, the fault
 /// injection's rank and step) and the resume path, added to `p`.
 void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std::int64_t global_batch,
@@ -396,6 +435,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.plan.eval_messages = cfg.train.eval_samples / global_batch;
   job.plan.train_steps = cfg.train.steps;
   job.train_samples = shape[5] - cfg.train.eval_samples;
+  choose_teacher_micro_batch(job);
   find_resume_point(job);
 }
 

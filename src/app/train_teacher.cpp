@@ -19,16 +19,15 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
   }
   for (auto& m : models) m.model->set_compute_dtype(job.compute);
-  const auto& cfg = job.cfg;
-  if (job.world_rank() == 0 && cfg.teacher.micro_batch > 0) {
-    spdlog::info("teacher forwards of {} sample(s) at a time (teacher.micro_batch)", cfg.teacher.micro_batch);
+  if (job.world_rank() == 0 && job.micro_batch > 0) {
+    spdlog::info("teacher forwards of {} sample(s) at a time (teacher.micro_batch)", job.micro_batch);
   }
   teacher::Router router;
   if (job.experts->two_experts()) {
     router = [&job](const torch::Tensor& t) { return job.experts->route(t); };
   }
   teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);
-  stage.set_micro_batch(cfg.teacher.micro_batch);
+  stage.set_micro_batch(job.micro_batch);
   return stage;
 }
 

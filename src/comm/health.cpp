@@ -103,9 +103,22 @@ int stop_signal() noexcept { return static_cast<int>(g_stop_signal); }
 
 const FailureNotice* primary_failure(const std::vector<FailureNotice>& notices) {
   const FailureNotice* best = nullptr;
-  const auto rank_of = [](const FailureNotice& n) {
-    // A rank that failed by itself outranks one that only saw a peer go silent.
-    return std::make_tuple(n.kind == FailureKind::kPeerLost ? 1 : 0, n.step, n.rank);
+  // A rank that posted a notice was alive to post it. Timeouts can chain: a student waiting in
+  // an all-reduce names its peer, which was itself waiting on the teacher that really went
+  // silent, and both time out within the same second.
+  std::set<int> posted;
+  for (const auto& n : notices) {
+    if (n.kind != FailureKind::kNone) posted.insert(n.rank);
+  }
+  const auto names_silent_rank = [&](const FailureNotice& n) {
+    const auto lost = n.lost_ranks();
+    return std::any_of(lost.begin(), lost.end(), [&](int r) { return !posted.count(r); });
+  };
+  const auto rank_of = [&](const FailureNotice& n) {
+    // A rank that failed by itself outranks one that only saw a peer go silent, and a notice
+    // naming a silent rank outranks one whose named ranks all spoke up.
+    const int order = n.kind != FailureKind::kPeerLost ? 0 : names_silent_rank(n) ? 1 : 2;
+    return std::make_tuple(order, n.step, n.rank);
   };
   for (const auto& n : notices) {
     if (n.kind == FailureKind::kNone) continue;

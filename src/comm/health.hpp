@@ -106,7 +106,8 @@ struct FailureExchange {
 };
 
 /// The failure that caused the others: the first notice whose kind is not kPeerLost (lowest
-/// step, then lowest rank), else the first kPeerLost one. Null when `notices` is empty.
+/// step, then lowest rank), else the first kPeerLost one naming a rank that posted no notice
+/// itself, else the first kPeerLost one. Null when `notices` is empty.
 const FailureNotice* primary_failure(const std::vector<FailureNotice>& notices);
 
 /// The health channel of one job: a duplicate of the world communicator on which ranks post

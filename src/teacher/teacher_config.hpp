@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "core/config.hpp"
@@ -17,8 +19,9 @@ struct TeacherConfig {
   /// start: a CPU without bf16 instructions) | weights | fp32. The weights keep teacher.dtype.
   std::string compute = "auto";
   /// Samples per teacher forward: a step's batch is computed in slices of this size (0 = all at
-  /// once). Outputs equal the unsplit batch's; smaller slices can be faster on a CPU.
-  std::int64_t micro_batch = 0;
+  /// once; auto = the fastest of the batch and its halvings, timed at start-up). Outputs equal
+  /// the unsplit batch's up to the BLAS's rounding; smaller slices can be faster on a CPU.
+  std::string micro_batch = "0";
   int ranks = 1;                ///< teacher ranks; the other ranks are students
   /// given: teacher.ranks / placement / stages as set; auto: world rank 0 times the job's
   /// models at start-up and picks the fastest layout of the world's ranks (docs/placement.md).
@@ -41,6 +44,16 @@ struct TeacherConfig {
   /// model_type's default (t2v 0.875, i2v 0.9).
   double boundary = 0;
 
+  /// teacher.micro_batch as a number of samples; nullopt for auto or a value that is not one.
+  std::optional<std::int64_t> micro_batch_samples() const {
+    if (micro_batch.empty() || micro_batch.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    try {
+      return std::stoll(micro_batch);
+    } catch (const std::out_of_range&) {
+      return std::nullopt;
+    }
+  }
+
   void bind(OptionTable& t) {
     t.bind("teacher.checkpoint", checkpoint,
            "teacher checkpoint (directory or .safetensors), or builtin:tiny")
@@ -52,7 +65,9 @@ struct TeacherConfig {
               "matmul dtype: auto (fp32 where the weight dtype's matmul is slow: measured at start, "
               "e.g. bf16 on a CPU without bf16 instructions) | weights | fp32; weights keep teacher.dtype")
         .bind("teacher.micro_batch", micro_batch,
-              "samples per teacher forward (a step's batch in slices; 0 = the whole batch at once)")
+              "samples per teacher forward (a step's batch in slices): N, 0 (the whole batch at once) "
+              "or auto (world rank 0 times the job's teacher on the batch and its halvings at start-up "
+              "and takes the fastest per sample)")
         .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
         .bind("teacher.layout", layout,
               "given (teacher.ranks, placement and stages as set) | auto (at start-up the job's teacher "
@@ -80,7 +95,8 @@ struct TeacherConfig {
             "teacher.dtype(" + dtype + ") must be bf16, fp16, fp32 or auto");
     p.check(compute == "auto" || compute == "weights" || compute == "fp32",
             "teacher.compute(" + compute + ") must be auto, weights or fp32");
-    p.check(micro_batch >= 0, "teacher.micro_batch(" + std::to_string(micro_batch) + ") must be >= 0");
+    p.check(micro_batch == "auto" || micro_batch_samples().has_value(),
+            "teacher.micro_batch(" + micro_batch + ") must be auto or a number of samples >= 0");
     p.check(ranks >= 1, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 1");
     p.check(layout == "given" || layout == "auto", "teacher.layout(" + layout + ") must be given or auto");
     p.check(layout != "auto" || (shard_map.empty() && stages == 0),

@@ -115,6 +115,25 @@ TEST(Health, ATimeoutBecomesAPeerLostNoticeNamingTheSilentRanks) {
   EXPECT_EQ(primary_failure({lost, oom})->kind, FailureKind::kOutOfMemory);
 }
 
+TEST(Health, ATimeoutChainIsTracedToTheRankThatPostedNothing) {
+  // Rank 0 (a teacher) was killed. Student 1 timed out in an all-reduce waiting for student 2,
+  // which timed out in its receive waiting for rank 0, in the same step: rank 2 spoke up, so
+  // rank 1's notice is not the cause, whatever the rank order says.
+  FailureNotice in_allreduce, in_recv;
+  in_allreduce.kind = in_recv.kind = FailureKind::kPeerLost;
+  in_allreduce.rank = 1;
+  in_allreduce.lost_count = 1;
+  in_allreduce.lost[0] = 2;
+  in_recv.rank = 2;
+  in_recv.lost_count = 1;
+  in_recv.lost[0] = 0;
+  EXPECT_EQ(primary_failure({in_allreduce, in_recv})->rank, 2);
+  EXPECT_EQ(primary_failure({in_recv, in_allreduce})->rank, 2);
+  // With no silent rank named anywhere, the rank order decides as before.
+  in_recv.lost[0] = 1;
+  EXPECT_EQ(primary_failure({in_recv, in_allreduce})->rank, 1);
+}
+
 TEST(Health, Sigusr1OnOneRankReachesEveryRank) {
   const auto t = topo();
   {

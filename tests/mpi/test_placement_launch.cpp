@@ -160,10 +160,20 @@ TEST(Placement, ColocatedStudentsTrainLikeTheDedicatedTeacher) {
   // agree to 1e-6 relative, not bit for bit (fp32 teacher compute, kCommon; one thread per rank).
   const auto& ref = reference(1);
   const auto dir = root() / "colocated";
+  // teacher.micro_batch auto as well: rank 0 (a colocated student, where the teacher computes)
+  // times the batch of 2 whole and in slices of 1, and both ranks take its one answer. Either
+  // answer trains to the tolerance below.
   const auto r = test::launch_train(2, "--run-dir " + dir.string() + cache_args() + kCommon +
-                                           " --teacher.placement colocated --log.level info");
+                                           " --teacher.placement colocated --teacher.micro_batch auto --log.level info");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("teacher.placement colocated: 2 student rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("teacher.micro_batch auto: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 a forward "), std::string::npos) << "the whole batch was not timed: " << r.output;
+  EXPECT_NE(r.output.find("1 a forward "), std::string::npos) << "slices of 1 were not timed: " << r.output;
+  const auto micro = nlohmann::json::parse(std::ifstream(dir / "micro_batch.json"));
+  const auto chosen = micro["micro_batch"].get<std::int64_t>();
+  EXPECT_TRUE(chosen == 0 || chosen == 1) << micro.dump();
+  EXPECT_EQ(micro["batch"].get<std::int64_t>(), 2);
   EXPECT_EQ(r.output.find("transport:"), std::string::npos) << "a colocated student has no link: " << r.output;
   expect_close_losses(ref, dir);
   const auto summary = nlohmann::json::parse(std::ifstream(dir / "summary.json"));

@@ -364,14 +364,33 @@ TEST(TeacherConfig, ComputeMicroBatchAndColocatedKeysAreChecked) {
   TeacherConfig c;
   ConfigProblems p;
   c.compute = "fast";
-  c.micro_batch = -1;
+  c.micro_batch = "-1";
   c.placement = "colocated";
   c.ranks = 2;
   c.validate(p);
   ASSERT_EQ(p.list().size(), 3u);
   EXPECT_NE(p.list()[0].find("teacher.compute(fast) must be auto, weights or fp32"), std::string::npos);
-  EXPECT_NE(p.list()[1].find("teacher.micro_batch(-1) must be >= 0"), std::string::npos);
+  EXPECT_NE(p.list()[1].find("teacher.micro_batch(-1) must be auto or a number of samples >= 0"), std::string::npos);
   EXPECT_NE(p.list()[2].find("teacher.ranks(2) is not used there"), std::string::npos);
+  for (const auto* good : {"0", "3", "auto"}) {
+    ConfigProblems ok;
+    TeacherConfig d;
+    d.micro_batch = good;
+    d.validate(ok);
+    EXPECT_TRUE(ok.list().empty()) << good;
+  }
+  for (const auto* bad : {"", "two", "2.5", "99999999999999999999"}) {
+    ConfigProblems wrong;
+    TeacherConfig d;
+    d.micro_batch = bad;
+    d.validate(wrong);
+    EXPECT_EQ(wrong.list().size(), 1u) << bad;
+  }
+  TeacherConfig d;
+  d.micro_batch = "4";
+  EXPECT_EQ(d.micro_batch_samples(), std::optional<std::int64_t>(4));
+  d.micro_batch = "auto";
+  EXPECT_FALSE(d.micro_batch_samples().has_value());
 }
 
 TEST(PipelineStages, ExpertsRouteSamplesAndMergeInBatchOrder) {
