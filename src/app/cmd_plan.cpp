@@ -68,9 +68,13 @@ nlohmann::json speed_json(const memory::SpeedInput& in, const std::vector<memory
   for (const auto& l : layouts) {
     rows.push_back({{"layout", l.name}, {"colocated", l.colocated}, {"teacher_ranks", l.teacher_ranks},
                     {"stages", l.stages}, {"students", l.students}, {"samples_per_s", l.samples_per_s},
-                    {"student_wait", l.student_wait}, {"bound", l.bound}});
+                    {"student_wait", l.student_wait}, {"bound", l.bound}, {"replica_batch", l.replica_batch},
+                    {"micro_batch", l.micro_batch}, {"flags", memory::layout_flags(l)}});
   }
+  nlohmann::json by_size = nlohmann::json::array();
+  for (const auto& [n, seconds] : in.teacher_measured_by_size) by_size.push_back({{"size", n}, {"s_per_sample", seconds}});
   return {{"teacher_gflops", in.teacher_gflops}, {"student_gflops", in.student_gflops},
+          {"teacher_by_size", by_size},
           {"teacher_s_per_sample", memory::teacher_seconds_per_sample(in)},
           {"student_s_per_sample", memory::student_seconds_per_sample(in)},
           {"measured", in.teacher_measured_s > 0 && in.student_measured_s > 0}, {"cores", in.cores},

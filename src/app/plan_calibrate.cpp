@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/transport.hpp"
+#include "core/errors.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_parts.hpp"
@@ -99,10 +100,7 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
   MicroBatchChoice choice;
   double best = 0;
   std::string timings;
-  std::int64_t previous = 0;
-  for (std::int64_t slice = batch; slice >= 1; slice = (slice + 1) / 2) {
-    if (slice == previous) break;  // ceil halving stops at 1
-    previous = slice;
+  for (const auto slice : memory::teacher_forward_sizes(batch)) {
     const double s = forward_seconds_per_sample(dit, in, slice, nullptr);
     timings += fmt::format("{}{} a forward {:.3g} s/sample", timings.empty() ? "" : ", ", slice, s);
     // A slice must win by a margin that timing noise does not reach: the whole batch is the
@@ -122,22 +120,31 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
 
 Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10::ScalarType weights,
                             std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
-                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads,
+                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch,
+                            const std::vector<std::int64_t>& teacher_sizes, int threads,
                             const c10::Device& device) {
+  WD_CHECK(!teacher_sizes.empty(), "calibrate_speed needs at least one teacher forward size");
   const int before = torch::get_num_threads();
   torch::set_num_threads(threads);
-  const auto in = random_inputs(teacher, latent, context_len, batch, device);
+  const auto largest = std::max(batch, teacher_sizes.front());
+  const auto in = random_inputs(teacher, latent, context_len, largest, device);
   const auto C = latent[0];
   Calibration c;
   c.threads = threads;
 
-  comm::TensorDict message{{"x_t", in.x_t}, {"t", in.t}, {"context", in.context}, {"context_lens", in.lens}};
+  const auto first = [&](const torch::Tensor& x) { return x.slice(0, 0, batch); };
+  comm::TensorDict message{{"x_t", first(in.x_t)}, {"t", first(in.t)}, {"context", first(in.context)},
+                           {"context_lens", first(in.lens)}};
   const auto pairs = cfg.student.feature_pairs();
   {
     auto dit = random_teacher(teacher, weights, compute, device);
     torch::Tensor out;
-    c.teacher_s_per_sample = forward_seconds_per_sample(dit, in, batch, &out);
-    message["teacher_out"] = out;
+    for (const auto n : teacher_sizes) {
+      c.teacher_by_size.emplace_back(n, forward_seconds_per_sample(dit, in, n, n == largest ? &out : nullptr));
+    }
+    c.teacher_s_per_sample = c.teacher_by_size.front().second;
+    if (!out.defined()) forward_seconds_per_sample(dit, in, largest, &out);
+    message["teacher_out"] = first(out);
     const auto on = torch::TensorOptions().device(device);
     for (const auto& [s, j] : pairs) message["feat." + std::to_string(j)] = torch::randn({batch, tokens, teacher.dim}, on);
   }
@@ -204,9 +211,14 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   if (calibrate == "yes" || (calibrate == "auto" && batch_forward_s < 60)) {
     spdlog::info("timing the teacher forward and the student step of this job on {} ({} thread(s))", device->str(),
                  threads);
+    // The largest replica batch of the layouts: one teacher rank feeding every other rank's
+    // students, at most four students' worth (larger batches rarely change the per-sample time
+    // and cost calibration time and memory).
+    const auto largest = in.batch * std::clamp<std::int64_t>(world - 1, 1, 4);
     const auto c = calibrate_speed(cfg, tc, weights, compute.dtype, latent, in.tokens, in.context_len, in.batch,
-                                   threads, *device);
+                                   memory::teacher_forward_sizes(largest), threads, *device);
     s.teacher_measured_s = c.teacher_s_per_sample;
+    s.teacher_measured_by_size = c.teacher_by_size;
     s.student_measured_s = c.student_s_per_sample;
   }
   return s;

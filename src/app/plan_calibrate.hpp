@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "app/run_config.hpp"
 #include "core/torch_compat.hpp"
@@ -17,18 +19,23 @@
 namespace wd::app {
 
 struct Calibration {
-  double teacher_s_per_sample = 0;  ///< forward in the teacher's compute dtype
+  double teacher_s_per_sample = 0;  ///< forward in the teacher's compute dtype, the largest size whole
+  /// (samples a forward, seconds per sample) for every size timed, largest first.
+  std::vector<std::pair<std::int64_t, double>> teacher_by_size;
   double student_s_per_sample = 0;  ///< forward, loss, backward, clip and AdamW
   int threads = 1;                  ///< intra-op threads it ran with
 };
 
 /// Builds the teacher (random weights in `weights`, matmuls in `compute` when given) and the
-/// student of `cfg` on the host, and times each on `batch` samples of latent `latent` (`tokens`
-/// tokens) with `context_len` text rows: one untimed run, then the median of at least three (of as many
-/// as fit in a second). Nothing is read from disk.
+/// student of `cfg` on the host, and times the teacher's forward over teacher_sizes.front()
+/// samples in slices of each of `teacher_sizes` (memory::teacher_forward_sizes) and the
+/// student's step on `batch` samples, of latent `latent` (`tokens` tokens) with `context_len`
+/// text rows: one untimed run, then the median of at least three (of as many as fit in a
+/// second). Nothing is read from disk.
 Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10::ScalarType weights,
                             std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
-                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch, int threads,
+                            std::int64_t tokens, std::int64_t context_len, std::int64_t batch,
+                            const std::vector<std::int64_t>& teacher_sizes, int threads,
                             const c10::Device& device = torch::kCPU);
 
 /// What teacher.micro_batch auto chose.

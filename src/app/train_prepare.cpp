@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +17,7 @@
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "data/data_config.hpp"
+#include "memory/host_memory.hpp"
 #include "memory/speed.hpp"
 #include "model/safetensors.hpp"
 #include "student/student_device.hpp"
@@ -88,17 +88,6 @@ void set_threads(const RunConfig& cfg, const Topology& topo) {
   spdlog::info("{} rank: {} intra-op thread(s) ({})", role_name(topo.role), threads, why);
 }
 
-/// MemTotal of /proc/meminfo (0 when unreadable).
-std::uint64_t host_memory_total() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib * 1024;
-    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return 0;
-}
 
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the
 /// config gives or that is detected (rank 0 only; it reads the data set's shapes).
@@ -123,7 +112,7 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   ctx.gpu_bytes = cfg.teacher.gpu_memory.empty()
                       ? compat::device_memory(c10::Device(torch::kCUDA, 0)).total_bytes
                       : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
-  ctx.host_bytes = cfg.teacher.host_memory.empty() ? host_memory_total()
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? memory::host_total_bytes()
                                                    : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
   const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
@@ -138,7 +127,8 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   return *plan.recommended;
 }
 
-/// teacher.layout auto (world rank 0): {colocated, teacher ranks, stages} of the fastest layout
+/// teacher.layout auto (world rank 0): {colocated, teacher ranks, stages, teacher micro-batch}
+/// of the fastest layout
 /// of `world` ranks for this job: memory::predict_layouts on the job's own teacher forward and
 /// student step, timed on the student's device, among the layouts whose global batch divides
 /// train.eval_samples and, on a GPU, where a colocated teacher fits beside the student. A resumed
@@ -150,7 +140,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
     spdlog::info("teacher.layout auto: resuming with the layout of the first start ({}): {}", saved.string(),
                  j.at("layout").get<std::string>());
     return {j.at("colocated").get<bool>() ? 1 : 0, j.at("teacher_ranks").get<std::int64_t>(),
-            j.at("stages").get<std::int64_t>()};
+            j.at("stages").get<std::int64_t>(), j.value("micro_batch", std::int64_t{0})};
   }
   const auto experts = open_teacher(cfg);
   const auto& ck = experts.expert(0);
@@ -170,7 +160,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
     ctx.gpu_bytes = cfg.teacher.gpu_memory.empty() ? compat::device_memory(device).total_bytes
                                                    : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
   }
-  ctx.host_bytes = cfg.teacher.host_memory.empty() ? host_memory_total()
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? memory::host_total_bytes()
                                                    : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
   const auto in = make_plan_input(cfg, ctx);
   const auto weights = teacher_dtype(cfg).value_or(ctx.stored_elem_bytes == 2 ? torch::kBFloat16 : torch::kFloat);
@@ -211,10 +201,11 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
                  100 * l.student_wait);
     std::ofstream(saved) << nlohmann::json{{"layout", l.name}, {"colocated", l.colocated},
                                            {"teacher_ranks", l.teacher_ranks}, {"stages", l.stages},
+                                           {"micro_batch", l.micro_batch}, {"flags", memory::layout_flags(l)},
                                            {"samples_per_s", l.samples_per_s}}
                                 .dump(2)
                          << "\n";
-    return {l.colocated ? 1 : 0, l.teacher_ranks, l.stages};
+    return {l.colocated ? 1 : 0, l.teacher_ranks, l.stages, l.micro_batch};
   }
   throw ConfigError("teacher.layout auto: no layout of " + std::to_string(world) + " ranks suits this job (see the "
                     "reasons above); set teacher.ranks and teacher.placement, or change train.eval_samples");
@@ -338,7 +329,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   if (cfg.teacher.layout == "auto") {
     // {colocated, teacher ranks, stages}: measured and decided on world rank 0, then every
     // rank takes its role in that layout.
-    std::vector<std::int64_t> pick{0, cfg.teacher.ranks, 1};
+    std::vector<std::int64_t> pick{0, cfg.teacher.ranks, 1, 0};
     agreed("choosing the layout (teacher.layout auto)", cfg, [&] {
       if (rank == 0) pick = pick_layout(cfg, mpi.size());
     });
@@ -349,6 +340,8 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     teacher.ranks = colocated ? 1 : static_cast<int>(pick[1]);
     teacher.stages = colocated || pick[2] <= 1 ? 0 : static_cast<int>(pick[2]);
     teacher.placement = colocated ? "colocated" : pick[2] > 1 ? "shard" : fixed_by_layout ? "auto" : teacher.placement;
+    // The pick's teacher micro-batch, unless one was given as a number of samples.
+    if (teacher.micro_batch_samples().value_or(0) == 0) teacher.micro_batch = std::to_string(pick[3]);
     roles(true);
   }
   log_rank_placement(job.topo, cfg.comm.timeout_s);

@@ -2,12 +2,15 @@
 #include "core/fault_injection.hpp"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <csignal>
+#include <cstdint>
 #include <map>
 #include <thread>
 
 #include "core/errors.hpp"
+#include "core/torch_compat.hpp"
 
 namespace wd {
 
@@ -94,10 +97,22 @@ void FaultInjector::at_step(std::int64_t step, const c10::Device& device) const 
   spdlog::warn("injecting fault {} (testing aid)", spec_->describe());
   switch (spec_->kind) {
     case FaultSpec::Kind::kOom: {
-      // 256 TiB: more than any host or device has, so the allocator itself fails.
-      auto impossible = torch::empty({std::int64_t{1} << 48}, torch::TensorOptions(torch::kUInt8).device(device));
-      static_cast<void>(impossible);
-      break;
+      // A request the size of a job that outgrew its memory, not an absurd one (the diagnosis
+      // calls a request beyond all of a rank's memory a wrong shape). On a GPU the caching
+      // allocator really fails a request for the whole device. A host would overcommit a request
+      // just beyond its free memory and the OOM killer would strike later, so there the
+      // allocator's failure is raised in LibTorch's words.
+      const auto gpu = compat::device_memory(device);
+      if (gpu.available) {
+        auto whole = torch::empty({static_cast<std::int64_t>(gpu.total_bytes)}, torch::TensorOptions(torch::kUInt8).device(device));
+        static_cast<void>(whole);
+        break;
+      }
+      const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+      const auto free = static_cast<std::uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+      throw OutOfMemory("injected fault " + spec_->describe() + ": not enough memory: you tried to allocate " +
+                        std::to_string(free + (std::uint64_t{64} << 20)) +
+                        " bytes (the host's free memory plus 64 MiB; testing aid)");
     }
     case FaultSpec::Kind::kThrow:
       throw Error("injected fault " + spec_->describe());

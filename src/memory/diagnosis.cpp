@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/logging.hpp"
 
@@ -32,11 +34,50 @@ std::string quote(const std::string& word) {
 
 std::string rank_label(int rank, Role role) { return fmt::format("rank {} ({})", rank, role_name(role)); }
 
+const RankFailureState* failed_state(const DiagnosisInput& in) {
+  return in.failed_rank >= 0 && in.failed_rank < static_cast<int>(in.ranks.size()) ? &in.ranks[in.failed_rank]
+                                                                                     : nullptr;
+}
+
+/// All the memory the failed allocation could have come from: the device's, else the host's.
+/// {0, ""} when the rank did not report it.
+std::pair<std::uint64_t, const char*> memory_in_all(const MemoryReport& r) {
+  if (r.device.available) return {r.device.total_bytes, "GPU memory"};
+  return {r.host_total_bytes, "host memory"};
+}
+
+/// An out-of-memory whose request exceeds all the memory of the rank's device (or host): no
+/// budget fits it, so it is a wrong shape. {request, memory in all, its kind} when it is one.
+struct ImpossibleRequest {
+  std::uint64_t request = 0, total = 0;
+  const char* where = "";
+};
+std::optional<ImpossibleRequest> impossible_request(const DiagnosisInput& in) {
+  const auto request = requested_bytes(in.message);
+  const auto* failed = failed_state(in);
+  if (!request || !failed || !failed->answered) return std::nullopt;
+  const auto [total, where] = memory_in_all(failed->memory);
+  if (total == 0 || *request <= total) return std::nullopt;
+  return ImpossibleRequest{*request, total, where};
+}
+
 void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
   const auto& ctx = in.context;
-  const RankFailureState* failed =
-      in.failed_rank >= 0 && in.failed_rank < static_cast<int>(in.ranks.size()) ? &in.ranks[in.failed_rank] : nullptr;
+  const RankFailureState* failed = failed_state(in);
   const bool known = failed && failed->answered;
+  if (const auto impossible = impossible_request(in)) {
+    // No batch size, checkpointing or placement makes one tensor larger than the memory fit:
+    // memory remedies would only send the user the wrong way.
+    out.push_back({fmt::format("the failed request was {}, more than all the {} of {} ({}): a wrong shape, not a "
+                               "memory budget problem. A tensor that size comes from a dimension read from a bad "
+                               "config.json or data file, or a product of dimensions that overflowed: check the "
+                               "shapes reaching the op in the error (`wan-distill inspect` for the checkpoint, "
+                               "the data set's /latents and /context shapes); no memory setting of this job helps",
+                               bytes(impossible->request), impossible->where, rank_label(in.failed_rank, in.failed_role),
+                               bytes(impossible->total)),
+                   {}});
+    return;
+  }
   const std::uint64_t peak = known ? peak_of(failed->memory) : 0;
   const std::uint64_t transient = known ? transient_bytes(failed->memory) : 0;
   const double share = peak > 0 ? static_cast<double>(transient) / static_cast<double>(peak) : 0.0;
@@ -134,6 +175,29 @@ void numerical_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
 
 }  // namespace
 
+std::optional<std::uint64_t> requested_bytes(const std::string& message) {
+  std::string text = message;
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string key = "tried to allocate ";
+  const auto at = text.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  const char* begin = text.c_str() + at + key.size();
+  char* end = nullptr;
+  const double value = std::strtod(begin, &end);
+  if (end == begin || !(value >= 0)) return std::nullopt;
+  auto pos = static_cast<std::size_t>(end - text.c_str());
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  auto stop = pos;
+  while (stop < text.size() && std::isalpha(static_cast<unsigned char>(text[stop]))) ++stop;
+  const auto unit = text.substr(pos, stop - pos);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"bytes", 1.0}, {"b", 1.0}, {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"tib", 0x1p40}, {"pib", 0x1p50}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) return static_cast<std::uint64_t>(value * scale);
+  }
+  return std::nullopt;
+}
+
 std::uint64_t transient_bytes(const MemoryReport& r) {
   if (r.device.available) {
     return r.device.peak_allocated_bytes > r.device.allocated_bytes
@@ -220,6 +284,19 @@ std::string format_diagnosis(const DiagnosisInput& in) {
   text += fmt::format("cause:   {} {} at step {} in {}\n", rank_label(in.failed_rank, in.failed_role),
                       failure_kind_name(in.kind), in.step, in.op.empty() ? "?" : in.op);
   text += "error:   " + in.message + "\n";
+  if (in.kind == FailureKind::kOutOfMemory) {
+    if (const auto request = requested_bytes(in.message)) {
+      const auto* failed = failed_state(in);
+      const auto [total, where] = failed && failed->answered ? memory_in_all(failed->memory)
+                                                             : std::pair<std::uint64_t, const char*>{0, ""};
+      text += "request: " + bytes(*request);
+      if (total > 0) {
+        text += fmt::format(" of {} {} in all{}", bytes(total), where,
+                            *request > total ? ": more than there is, a wrong shape (see below)" : "");
+      }
+      text += "\n";
+    }
+  }
   if (!in.lost.empty()) {
     std::string ranks;
     for (const int r : in.lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);

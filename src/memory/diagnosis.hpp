@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,11 @@ struct Remedy {
   std::string text;
   std::vector<std::pair<std::string, std::string>> changes;
 };
+
+/// The size of the allocation an out-of-memory message names: LibTorch's CPU allocator ("you
+/// tried to allocate 281474976710656 bytes"), its CUDA allocator ("Tried to allocate 20.00 MiB")
+/// and the injected fault use these words. nullopt when the message names no size.
+std::optional<std::uint64_t> requested_bytes(const std::string& message);
 
 /// Remedies for the primary failure, most effective first, with numbers from the reports.
 std::vector<Remedy> compute_remedies(const DiagnosisInput& input);

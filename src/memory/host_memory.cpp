@@ -27,6 +27,27 @@ HostMemory host_memory() {
   return m;
 }
 
+namespace {
+
+/// One field of /proc/meminfo in bytes ("MemTotal:"), 0 when it is missing.
+std::uint64_t meminfo(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string key;
+    std::uint64_t kib = 0;
+    fields >> key >> kib;
+    if (key == field) return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::uint64_t host_total_bytes() { return meminfo("MemTotal:"); }
+
+std::uint64_t host_available_bytes() { return meminfo("MemAvailable:"); }
+
 std::uint64_t proportional_set_size() {
   std::ifstream in("/proc/self/smaps_rollup");
   for (std::string line; std::getline(in, line);) {

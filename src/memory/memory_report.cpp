@@ -27,6 +27,7 @@ MemoryReport measure_memory(Role role, const c10::Device& device, const ModelMem
   const auto host = host_memory();
   r.rss_bytes = host.rss_bytes;
   r.peak_rss_bytes = host.peak_rss_bytes;
+  r.host_total_bytes = host_total_bytes();
   r.device = compat::device_memory(device);
   r.model = model;
   return r;

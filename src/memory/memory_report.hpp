@@ -28,6 +28,7 @@ struct MemoryReport {
   bool peak_rss_is_lifetime = false;
   std::uint64_t rss_bytes = 0;
   std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t host_total_bytes = 0;  ///< the node's memory (MemTotal)
   compat::DeviceMemory device;  ///< device.available is false on CPU ranks
   ModelMemory model;
   std::uint64_t teacher_weights_bytes = 0;  ///< the frozen teacher (teacher ranks)

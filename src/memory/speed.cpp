@@ -35,6 +35,32 @@ double student_seconds_per_sample(const SpeedInput& in) {
   return (3 * forward + recompute) / (in.student_gflops * 1e9);
 }
 
+TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch) {
+  TeacherForward best{0, teacher_seconds_per_sample(in)};
+  if (in.teacher_measured_by_size.empty()) return best;
+  bool found = false;
+  for (const auto& [size, seconds] : in.teacher_measured_by_size) {
+    if (size > replica_batch) continue;
+    if (!found || seconds < best.seconds_per_sample) best = {size == replica_batch ? 0 : size, seconds};
+    found = true;
+  }
+  if (!found) {
+    // A replica batch below every measured size: the smallest measured one is the closest.
+    const auto smallest = *std::min_element(in.teacher_measured_by_size.begin(), in.teacher_measured_by_size.end());
+    best = {0, smallest.second};
+  }
+  return best;
+}
+
+std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest) {
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t n = std::max<std::int64_t>(1, largest);; n = (n + 1) / 2) {
+    sizes.push_back(n);
+    if (n == 1) break;
+  }
+  return sizes;
+}
+
 namespace {
 
 /// When each rank finishes its share of one job step, given the seconds of work each needs on
@@ -60,8 +86,14 @@ std::vector<double> finish_times(const std::vector<double>& work, int cores) {
 /// teacher replica computes its students' samples, split evenly over its stages; every rank
 /// adds `overhead`, a colocated rank twice (it is a teacher rank and a student). The step
 /// lasts until the slowest rank is done; a student waits for the rest of it.
-LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int cores, double overhead) {
-  const double B = static_cast<double>(batch);
+LayoutSpeed predict(LayoutSpeed l, const SpeedInput& in, double tS) {
+  const double B = static_cast<double>(in.batch);
+  const int cores = in.cores;
+  const double overhead = in.step_overhead_s;
+  l.replica_batch = l.colocated ? in.batch : in.batch * l.students / (l.teacher_ranks / l.stages);
+  const auto forward = teacher_forward(in, l.replica_batch);
+  l.micro_batch = forward.micro_batch;
+  const double tT = forward.seconds_per_sample;
   std::vector<double> work;
   if (l.colocated) {
     // A colocated rank does a teacher rank's per-step work (read, noise) and a student's.
@@ -86,13 +118,13 @@ LayoutSpeed predict(LayoutSpeed l, double tT, double tS, std::int64_t batch, int
 }  // namespace
 
 std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
-  const double tT = teacher_seconds_per_sample(in), tS = student_seconds_per_sample(in);
+  const double tS = student_seconds_per_sample(in);
   std::vector<LayoutSpeed> out;
   LayoutSpeed colocated;
   colocated.name = fmt::format("colocated x{}", in.ranks);
   colocated.colocated = true;
   colocated.students = in.ranks;
-  out.push_back(predict(colocated, tT, tS, in.batch, in.cores, in.step_overhead_s));
+  out.push_back(predict(colocated, in, tS));
   for (int t = 1; t < in.ranks; ++t) {
     const int s = in.ranks - t;
     for (int stages = 1; stages <= t; ++stages) {
@@ -105,12 +137,22 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
       l.students = s;
       l.name = stages > 1 ? fmt::format("{} replica(s) x {} stages + {} student(s)", replicas, stages, s)
                           : fmt::format("{} teacher(s) + {} student(s)", t, s);
-      out.push_back(predict(l, tT, tS, in.batch, in.cores, in.step_overhead_s));
+      out.push_back(predict(l, in, tS));
     }
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const LayoutSpeed& a, const LayoutSpeed& b) { return a.samples_per_s > b.samples_per_s; });
   return out;
+}
+
+std::string layout_flags(const LayoutSpeed& l) {
+  std::string flags = l.colocated ? "--teacher.placement colocated"
+                      : l.stages > 1
+                          ? fmt::format("--teacher.ranks {} --teacher.placement shard --teacher.stages {}",
+                                        l.teacher_ranks, l.stages)
+                          : fmt::format("--teacher.ranks {}", l.teacher_ranks);
+  if (l.micro_batch > 0) flags += fmt::format(" --teacher.micro_batch {}", l.micro_batch);
+  return flags;
 }
 
 std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& layouts) {
@@ -122,18 +164,24 @@ std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& 
       dit_forward_flops(in.teacher, in.tokens, in.context_len) / 1e9, tT, tS,
       measured ? std::string("both measured here: the job's models, random weights, one batch")
                : fmt::format("FLOPs at {:.1f} and {:.1f} GFLOP/s a rank", in.teacher_gflops, in.student_gflops));
-  s += fmt::format("  {:<40} {:>10} {:>14} {:>9}\n", "layout", "samples/s", "student wait %", "bound");
+  if (!in.teacher_measured_by_size.empty()) {
+    std::string sizes;
+    for (const auto& [n, seconds] : in.teacher_measured_by_size) {
+      sizes += fmt::format("{}{} a forward {:.3f} s/sample", sizes.empty() ? "" : ", ", n, seconds);
+    }
+    s += "  teacher forward by size: " + sizes + " (each layout's teacher computes in its fastest size)\n";
+  }
+  s += fmt::format("  {:<40} {:>10} {:>14} {:>9} {:>16}\n", "layout", "samples/s", "student wait %", "bound",
+                   "teacher forward");
   for (const auto& l : layouts) {
-    s += fmt::format("  {:<40} {:>10.2f} {:>14.0f} {:>9}\n", l.name, l.samples_per_s, 100 * l.student_wait, l.bound);
+    s += fmt::format("  {:<40} {:>10.2f} {:>14.0f} {:>9} {:>16}\n", l.name, l.samples_per_s, 100 * l.student_wait,
+                     l.bound,
+                     l.micro_batch > 0 ? fmt::format("{} of {}", l.micro_batch, l.replica_batch)
+                                       : fmt::format("all {}", l.replica_batch));
   }
   if (!layouts.empty()) {
     const auto& best = layouts.front();
-    s += fmt::format("recommended layout: {} ({}); {}\n", best.name,
-                     best.colocated ? "--teacher.placement colocated"
-                     : best.stages > 1
-                         ? fmt::format("--teacher.ranks {} --teacher.placement shard --teacher.stages {}",
-                                       best.teacher_ranks, best.stages)
-                         : fmt::format("--teacher.ranks {}", best.teacher_ranks),
+    s += fmt::format("recommended layout: {} ({}); {}\n", best.name, layout_flags(best),
                      "the memory of each layout is the table above (colocated: a student's plus the teacher's)");
   }
   return s;

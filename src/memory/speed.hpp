@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/planner.hpp"
@@ -50,6 +51,10 @@ struct SpeedInput {
   /// set they replace FLOPs / rate.
   double teacher_measured_s = 0;
   double student_measured_s = 0;
+  /// The teacher forward measured at several sizes: (samples a forward, seconds per sample).
+  /// When set, each layout's teacher computes in the size that is fastest per sample among those
+  /// up to its replica's batch (teacher.micro_batch), instead of teacher_measured_s.
+  std::vector<std::pair<std::int64_t, double>> teacher_measured_by_size;
   /// Fixed seconds per rank and job step (kStepOverheadSeconds).
   double step_overhead_s = kStepOverheadSeconds;
 };
@@ -61,6 +66,8 @@ struct LayoutSpeed {
   int teacher_ranks = 0;
   int stages = 1;
   int students = 0;
+  std::int64_t replica_batch = 0;  ///< samples a teacher replica computes per step
+  std::int64_t micro_batch = 0;    ///< samples a teacher forward (teacher.micro_batch); 0 = the whole batch
   double samples_per_s = 0;
   double student_wait = 0;   ///< fraction of a student's time spent waiting for batches
   std::string bound;         ///< what limits it: "teacher", "students" or "cores"
@@ -71,9 +78,27 @@ struct LayoutSpeed {
 double teacher_seconds_per_sample(const SpeedInput& in);
 double student_seconds_per_sample(const SpeedInput& in);
 
+/// The teacher's forward for a replica computing `replica_batch` samples a step: the fastest
+/// measured size up to that batch (0 = the whole batch) and its seconds per sample; without
+/// measurements by size, the whole batch at teacher_seconds_per_sample.
+struct TeacherForward {
+  std::int64_t micro_batch = 0;
+  double seconds_per_sample = 0;
+};
+TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch);
+
+/// The forward sizes `plan` and `train --teacher.layout auto` time the teacher at for a job of
+/// `batch` samples per student on `ranks` ranks: the largest replica batch of its layouts (one
+/// teacher rank feeding all the others' students, at most 4 students' worth) and its halvings
+/// (ceil) down to 1; micro_batch auto times the same series for the batch it runs.
+std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest);
+
 /// Every layout of in.ranks ranks that the process layout allows (students divisible by the
 /// replicas), colocated first, each with its prediction; fastest first.
 std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in);
+
+/// The flags that select `l`: placement, teacher ranks, stages and micro-batch.
+std::string layout_flags(const LayoutSpeed& l);
 
 /// The table `plan` prints: one row per layout, the recommendation, and the rates used.
 std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& layouts);

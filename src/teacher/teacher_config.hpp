@@ -67,12 +67,14 @@ struct TeacherConfig {
         .bind("teacher.micro_batch", micro_batch,
               "samples per teacher forward (a step's batch in slices): N, 0 (the whole batch at once) "
               "or auto (world rank 0 times the job's teacher on the batch and its halvings at start-up "
-              "and takes the fastest per sample)")
+              "and takes the fastest per sample); with teacher.layout auto, 0 and auto take the chosen "
+              "layout's micro-batch")
         .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
         .bind("teacher.layout", layout,
               "given (teacher.ranks, placement and stages as set) | auto (at start-up the job's teacher "
               "forward and student step are timed and the fastest layout of the world's ranks is used: "
-              "colocated, or teacher ranks as replicas x stages; what `plan` recommends)")
+              "colocated, or teacher ranks as replicas x stages, with its teacher micro-batch; what `plan` "
+              "recommends)")
         .bind("teacher.placement", placement,
               "gpu (weights on the rank's GPU) | cpu (host) | stream (host-resident, blocks copied to "
               "the device ahead of use) | shard (blocks split over teacher.stages ranks) | colocated "

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <new>
+#include <optional>
 
 #include "core/errors.hpp"
 #include "core/failure.hpp"
@@ -172,6 +173,55 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
   in.context.lr = 2e-4;
   const auto nan = memory::compute_remedies(in);
   EXPECT_EQ(nan[0].changes.front(), (std::pair<std::string, std::string>{"train.lr", "0.0001"}));
+}
+
+TEST(Diagnosis, TheRequestSizeIsReadFromLibTorchsMessages) {
+  std::exception_ptr failure;
+  try {
+    auto t = torch::empty({std::int64_t{1} << 48}, torch::kUInt8);  // 256 TiB, this LibTorch's own words
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  ASSERT_TRUE(failure);
+  EXPECT_EQ(memory::requested_bytes(failure_message(failure)), std::optional<std::uint64_t>(std::uint64_t{1} << 48))
+      << failure_message(failure);
+  // The CUDA caching allocator's wording (c10/cuda/CUDACachingAllocator.cpp, format_size).
+  EXPECT_EQ(memory::requested_bytes("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+                                    "79.11 GiB of which 3.12 MiB is free."),
+            std::optional<std::uint64_t>(20 * kMiB));
+  EXPECT_EQ(memory::requested_bytes("Tried to allocate 1.50 GiB"), std::optional<std::uint64_t>(1536 * kMiB));
+  EXPECT_FALSE(memory::requested_bytes("host allocation failed (std::bad_alloc)").has_value());
+  EXPECT_FALSE(memory::requested_bytes("tried to allocate lots").has_value());
+}
+
+TEST(Diagnosis, ARequestBeyondAllOfARanksMemoryIsAWrongShapeNotABudget) {
+  auto in = student_oom();
+  in.message = "DefaultCPUAllocator: not enough memory: you tried to allocate 281474976710656 bytes.";
+  for (auto& r : in.ranks) r.memory.host_total_bytes = 24 * 1024 * kMiB;
+  const auto remedies = memory::compute_remedies(in);
+  ASSERT_EQ(remedies.size(), 1u);
+  EXPECT_TRUE(test::contains(remedies[0].text, "the failed request was 256.00 TiB, more than all the host memory of "
+                                               "rank 3 (student) (24.00 GiB): a wrong shape, not a memory budget problem"))
+      << remedies[0].text;
+  EXPECT_TRUE(remedies[0].changes.empty());
+  const auto text = memory::format_diagnosis(in);
+  EXPECT_TRUE(test::contains(text, "request: 256.00 TiB of 24.00 GiB host memory in all: more than there is")) << text;
+  EXPECT_FALSE(test::contains(text, "checkpointing all")) << text;
+  EXPECT_FALSE(test::contains(text, "adjusted command")) << text;
+
+  // On a GPU rank the device is what the request is held against.
+  in.ranks[3].memory.device.available = true;
+  in.ranks[3].memory.device.total_bytes = 80 * 1024 * kMiB;
+  in.message = "CUDA out of memory. Tried to allocate 120.00 GiB.";
+  EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "more than all the GPU memory of rank 3 (student) "
+                                                                   "(80.00 GiB)"));
+
+  // A request that fits the rank's memory gets the memory remedies, with its size named.
+  in.message = "CUDA out of memory. Tried to allocate 2.00 GiB.";
+  const auto budget = memory::compute_remedies(in);
+  ASSERT_GE(budget.size(), 2u);
+  EXPECT_EQ(budget[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.checkpointing", "all"}}));
+  EXPECT_TRUE(test::contains(memory::format_diagnosis(in), "request: 2.00 GiB of 80.00 GiB GPU memory in all\n"));
 }
 
 TEST(Diagnosis, TheAdjustedCommandReplacesOrAppendsAndQuotes) {

@@ -276,6 +276,56 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
   }
 }
 
+TEST(Speed, EachLayoutsTeacherComputesInItsFastestMeasuredSize) {
+  EXPECT_EQ(teacher_forward_sizes(4), (std::vector<std::int64_t>{4, 2, 1}));
+  EXPECT_EQ(teacher_forward_sizes(6), (std::vector<std::int64_t>{6, 3, 2, 1}));
+  EXPECT_EQ(teacher_forward_sizes(1), (std::vector<std::int64_t>{1}));
+  SpeedInput in;
+  in.teacher = dit(512, 1024, 8, 8, 256);
+  in.student = dit(256, 512, 4, 4, 256);
+  in.ranks = 3;
+  in.cores = 2;
+  in.batch = 2;
+  in.student_measured_s = 0.15;
+  in.step_overhead_s = 0;
+  // A CPU whose bf16 forward slows down with the batch (bench/results/throughput.md): a sample
+  // costs 0.33 s in a forward of 4, 0.25 s in one of 2, 0.2 s alone.
+  in.teacher_measured_s = 0.33;
+  in.teacher_measured_by_size = {{4, 0.33}, {2, 0.25}, {1, 0.2}};
+  EXPECT_EQ(teacher_forward(in, 4).micro_batch, 1);
+  EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.2);
+  EXPECT_EQ(teacher_forward(in, 1).micro_batch, 0) << "a replica batch of one sample is its whole batch";
+  // Where the whole batch is the fastest, no micro-batch.
+  in.teacher_measured_by_size = {{4, 0.1}, {2, 0.25}, {1, 0.2}};
+  EXPECT_EQ(teacher_forward(in, 4).micro_batch, 0);
+  EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.1);
+  EXPECT_EQ(teacher_forward(in, 2).micro_batch, 1) << "a replica of 2 takes the best size up to 2";
+
+  in.teacher_measured_by_size = {{4, 0.33}, {2, 0.25}, {1, 0.2}};
+  std::map<std::string, LayoutSpeed> by_name;
+  for (const auto& l : predict_layouts(in)) by_name[l.name] = l;
+  // Dedicated: the teacher computes both students' 4 samples one at a time (0.8 s), the
+  // students 0.3 s each; 2 cores shared until 0.45 s, then the teacher alone: 4 in 0.95 s.
+  const auto& dedicated = by_name.at("1 teacher(s) + 2 student(s)");
+  EXPECT_EQ(dedicated.replica_batch, 4);
+  EXPECT_EQ(dedicated.micro_batch, 1);
+  EXPECT_NEAR(dedicated.samples_per_s, 4 / 0.95, 1e-9);
+  EXPECT_EQ(layout_flags(dedicated), "--teacher.ranks 1 --teacher.micro_batch 1");
+  // Colocated: each rank's batch of 2 one at a time: 2 x (0.2 + 0.15) on each of 3 ranks.
+  const auto& co = by_name.at("colocated x3");
+  EXPECT_EQ(co.replica_batch, 2);
+  EXPECT_EQ(co.micro_batch, 1);
+  EXPECT_NEAR(co.samples_per_s, 6 / 1.05, 1e-9);
+  const auto table = format_speeds(in, predict_layouts(in));
+  EXPECT_NE(table.find("teacher forward by size: 4 a forward 0.330 s/sample, 2 a forward 0.250 s/sample, 1 a "
+                       "forward 0.200 s/sample"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("recommended layout: colocated x3 (--teacher.placement colocated --teacher.micro_batch 1)"),
+            std::string::npos)
+      << table;
+}
+
 TEST(Speed, AHeavyTeacherOnADeviceEachIsRankedByItsSlowestRank) {
   // 4 GPUs, a teacher forward 10x a student step: colocated computes 1.1 s a sample on every
   // GPU (3.6 samples/s); 3 stages feeding one student are next (3/s); one teacher for three
