@@ -46,6 +46,13 @@ config() {
   esac
 }
 
+# micro_of LAYOUT: the teacher micro-batch the planner gives LAYOUT (plan.json of this config).
+micro_of() {
+  python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["speed"]["layouts"]
+print(next(r["micro_batch"] for r in rows if r["layout"] == sys.argv[2]))' "$work/$cfg/plan.json" "$1"
+}
+
 # run NAME CONFIG FLAGS...: one 3-rank training run; its summary row goes to rows.
 run() {
   local name=$1 cfg=$2
@@ -76,10 +83,15 @@ for cfg in tiny-64 small; do
   echo "bench_throughput.sh: ${plan_cmd[*]}" >&2
   "${plan_cmd[@]}" > "$work/$cfg/plan.json"
   rows=()
-  run dedicated "$cfg" --teacher.placement cpu --teacher.ranks 1
+  # The planner's candidates, each with the teacher micro-batch the planner gives it.
+  run dedicated "$cfg" --teacher.placement cpu --teacher.ranks 1 --teacher.micro_batch "$(micro_of "1 teacher(s) + 2 student(s)")"
+  run colocated "$cfg" --teacher.placement colocated --teacher.micro_batch "$(micro_of "colocated x3")"
+  run shard-2 "$cfg" --teacher.placement shard --teacher.ranks 2 \
+    --teacher.micro_batch "$(micro_of "1 replica(s) x 2 stages + 1 student(s)")"
+  # Beside them: the whole batch at once, two threads for the teacher, the micro-batch timed at
+  # start-up, and the layout train picks for itself.
+  run dedicated-whole-batch "$cfg" --teacher.placement cpu --teacher.ranks 1 --teacher.micro_batch 0
   run dedicated-teacher2t "$cfg" --teacher.placement cpu --teacher.ranks 1 --runtime.teacher_threads 2
-  run colocated "$cfg" --teacher.placement colocated
-  run shard-2 "$cfg" --teacher.placement shard --teacher.ranks 2
   run dedicated-micro-auto "$cfg" --teacher.placement cpu --teacher.ranks 1 --teacher.micro_batch auto
   run layout-auto "$cfg" --teacher.layout auto
   baselines=()
@@ -101,13 +113,13 @@ speed = json.load(open(plan_file))["speed"]
 predicted = {l["layout"]: l for l in speed["layouts"]}
 pick = speed["layouts"][0]["layout"]
 layout_of = {"dedicated": "1 teacher(s) + 2 student(s)", "dedicated-teacher2t": "1 teacher(s) + 2 student(s)",
-             "dedicated-micro-auto": "1 teacher(s) + 2 student(s)",
+             "dedicated-micro-auto": "1 teacher(s) + 2 student(s)", "dedicated-whole-batch": "1 teacher(s) + 2 student(s)",
              "colocated": "colocated x3", "shard-2": "1 replica(s) x 2 stages + 1 student(s)"}
 base = {json.load(open(b))["teacher_dtype"]: json.load(open(b)) for b in baselines}
 print(f"\n### {cfg}\n")
-print(f"Planner (rates measured at the start: teacher {speed['teacher_gflops']:.1f} GFLOP/s, student "
-      f"{speed['student_gflops']:.1f} GFLOP/s a rank; {speed['teacher_s_per_sample']:.3f} s and "
-      f"{speed['student_s_per_sample']:.3f} s a sample): pick **{pick}**.\n")
+sizes = ", ".join(f"{r['size']} a forward {r['s_per_sample']:.3f}" for r in speed.get("teacher_by_size", []))
+print(f"Planner (measured at the start: teacher forward s/sample by size: {sizes}; student step "
+      f"{speed['student_s_per_sample']:.3f} s/sample): pick **{pick}** (`{speed['layouts'][0]['flags']}`).\n")
 print("| layout | samples/s | x baseline bf16 | x baseline fp32 | predicted samples/s (error) | student wait % (predicted) "
       "| teacher busy % | CPU s/sample | summed peak RSS MiB | summed peak PSS MiB |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -131,15 +143,23 @@ for d in dirs:
     # Each teacher rank's busy share of its loop (reading, noising, forward); shard stages
     # listed in stage order. A colocated job has no teacher ranks.
     busy = "/".join(f"{100 * r['busy_fraction']:.0f}" for r in s["ranks"] if r["role"] == "teacher") or "-"
-    if name == "dedicated-micro-auto":
-        name += f" (micro_batch {json.load(open(f'{d}/micro_batch.json'))['micro_batch']})"
+    if name == "dedicated-micro-auto":  # chosen at start-up by timing
+        name += f" (chose {json.load(open(f'{d}/micro_batch.json'))['micro_batch']})"
+    elif name in ("dedicated", "colocated", "shard-2"):
+        p = predicted[layout_of[name]]
+        name += f" (micro_batch {p['micro_batch']})"
     if name == "layout-auto":  # the layout train chose at start-up from its own timing
-        layout_of[name] = json.load(open(f"{d}/layout.json"))["layout"]
-        name = f"layout-auto ({layout_of[name]})"
+        chosen = json.load(open(f"{d}/layout.json"))
+        layout_of[name] = chosen["layout"]
+        name = f"layout-auto ({chosen['flags']})"
     p = predicted.get(layout_of[d.rsplit("/", 1)[1]])
+    # The planner predicts each layout with its own micro-batch: a row run otherwise is not
+    # what it predicted (its "error" shows what the micro-batch is worth).
     pred = f"{p['samples_per_s']:.2f} ({100 * (p['samples_per_s'] / sps - 1):+.0f}%)" if p else "-"
     pwait = f"{100 * p['student_wait']:.0f}" if p else "-"
     label = f"**{name}** (planner's pick)" if p and p["layout"] == pick and name.split()[0] in ("dedicated", "colocated", "shard-2") else name
+    if name.startswith("dedicated-whole-batch") and p["micro_batch"] > 0:
+        pred = f"({p['samples_per_s']:.2f} with micro_batch {p['micro_batch']})"
     print(f"| {label} | {sps:.2f} | {rel(sps, 'bf16')} | {rel(sps, 'fp32')} | {pred} | {wait:.0f} ({pwait}) "
           f"| {busy} | {s['cpu_seconds'] / samples:.2f} | {s['peak_rss_bytes_sum'] / 2**20:.0f} | {s['peak_pss_bytes_sum'] / 2**20:.0f} |")
 PY

@@ -17,6 +17,10 @@ namespace {
 
 std::string bytes(std::uint64_t n) { return format_bytes(static_cast<double>(n)); }
 
+/// Share of a rank's peak its activations must reach for checkpointing or a smaller batch to be
+/// offered (unless they free the failed request whole).
+constexpr double kActivationShareWorthRemedies = 0.10;
+
 std::string number(double v) { return fmt::format("{:g}", v); }
 
 /// The bytes the failure happened against: the device when there is one, else host RSS.
@@ -82,16 +86,21 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
   const std::uint64_t transient = known ? transient_bytes(failed->memory) : 0;
   const double share = peak > 0 ? static_cast<double>(transient) / static_cast<double>(peak) : 0.0;
   const std::string who = rank_label(in.failed_rank, in.failed_role);
+  // Checkpointing and a smaller batch free activations: worth offering where activations are a
+  // real part of the rank's memory, or at least the size of the failed request. With activations
+  // at 1% of the peak they would send the user the wrong way.
+  const auto request = requested_bytes(in.message);
+  const bool activations_matter = !known || share >= kActivationShareWorthRemedies || (request && transient >= *request);
 
   if (in.failed_role == Role::kStudent) {
-    if (ctx.checkpointing != "all") {
+    if (ctx.checkpointing != "all" && activations_matter) {
       out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
                                  "recomputes each block in the backward (measured: 80% less activation "
                                  "memory for 29% more step time, bench/results/checkpointing.md)",
                                  100 * share, who, bytes(transient), bytes(peak)),
                      {{"student.checkpointing", "all"}}});
     }
-    if (ctx.batch_size > 1) {
+    if (ctx.batch_size > 1 && activations_matter) {
       const auto half = ctx.batch_size / 2;
       const auto accum = ctx.grad_accum * (ctx.batch_size / half);
       out.push_back({fmt::format("batch {} -> {} per student frees about {} of activations on {}; "
@@ -133,7 +142,7 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  bytes(weights)),
                      {{"teacher.placement", "shard"}, {"teacher.stages", std::to_string(ctx.teacher_ranks)}}});
     }
-    if (ctx.batch_size > 1) {
+    if (ctx.batch_size > 1 && activations_matter) {
       const auto half = ctx.batch_size / 2;
       const auto accum = ctx.grad_accum * (ctx.batch_size / half);
       out.push_back({fmt::format("the teacher's forward holds {} of activations for a batch of {} per student; "
@@ -143,9 +152,16 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
     }
   }
   if (out.empty()) {
-    out.push_back({fmt::format("no setting of this job frees memory on {} (batch {} per student, checkpointing "
-                               "{}); give the job ranks with more memory or a smaller student",
-                               who, ctx.batch_size, ctx.checkpointing),
+    const auto why =
+        activations_matter
+            ? fmt::format("batch {} per student, checkpointing {}", ctx.batch_size, ctx.checkpointing)
+            : fmt::format("its activations are {}, {:.0f}% of its {} peak{}: checkpointing or a smaller batch frees "
+                          "too little to matter",
+                          bytes(transient), 100 * share, bytes(peak),
+                          request ? ", against a failed request of " + bytes(*request) : std::string());
+    out.push_back({fmt::format("no setting of this job frees memory on {} ({}); give the job ranks with more memory "
+                               "or a smaller student",
+                               who, why),
                    {}});
   }
 }

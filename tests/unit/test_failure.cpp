@@ -209,9 +209,14 @@ TEST(Diagnosis, ARequestBeyondAllOfARanksMemoryIsAWrongShapeNotABudget) {
   EXPECT_FALSE(test::contains(text, "checkpointing all")) << text;
   EXPECT_FALSE(test::contains(text, "adjusted command")) << text;
 
-  // On a GPU rank the device is what the request is held against.
-  in.ranks[3].memory.device.available = true;
-  in.ranks[3].memory.device.total_bytes = 80 * 1024 * kMiB;
+  // On a GPU rank the device is what the request is held against: 80 GiB, 40 GiB reserved,
+  // 30 GiB allocated at the peak and 10 GiB now (20 GiB of activations).
+  auto& device = in.ranks[3].memory.device;
+  device.available = true;
+  device.total_bytes = 80 * 1024 * kMiB;
+  device.reserved_bytes = device.peak_reserved_bytes = 40 * 1024 * kMiB;
+  device.peak_allocated_bytes = 30 * 1024 * kMiB;
+  device.allocated_bytes = 10 * 1024 * kMiB;
   in.message = "CUDA out of memory. Tried to allocate 120.00 GiB.";
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "more than all the GPU memory of rank 3 (student) "
                                                                    "(80.00 GiB)"));
@@ -222,6 +227,34 @@ TEST(Diagnosis, ARequestBeyondAllOfARanksMemoryIsAWrongShapeNotABudget) {
   ASSERT_GE(budget.size(), 2u);
   EXPECT_EQ(budget[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.checkpointing", "all"}}));
   EXPECT_TRUE(test::contains(memory::format_diagnosis(in), "request: 2.00 GiB of 80.00 GiB GPU memory in all\n"));
+}
+
+TEST(Diagnosis, ActivationRemediesOnlyWhereActivationsMatter) {
+  // Rank 3 at 1000 MiB with a peak of 1010 MiB: its activations are 10 MiB, 1% of the peak.
+  auto in = student_oom();
+  in.ranks[3].memory.peak_rss_bytes = 1010 * kMiB;
+  for (auto& r : in.ranks) r.memory.host_total_bytes = 24 * 1024 * kMiB;
+  in.message = "DefaultCPUAllocator: not enough memory: you tried to allocate 2147483648 bytes.";
+  const auto none = memory::compute_remedies(in);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_TRUE(test::contains(none[0].text, "no setting of this job frees memory on rank 3 (student) (its activations "
+                                           "are 10.00 MiB, 1% of its 1010.00 MiB peak, against a failed request of "
+                                           "2.00 GiB: checkpointing or a smaller batch frees too little to matter)"))
+      << none[0].text;
+  EXPECT_FALSE(test::contains(memory::format_diagnosis(in), "adjusted command")) << "nothing to adjust";
+  // A request smaller than the activations: freeing them lets it through.
+  in.message = "DefaultCPUAllocator: not enough memory: you tried to allocate 4194304 bytes.";
+  const auto small = memory::compute_remedies(in);
+  ASSERT_GE(small.size(), 2u);
+  EXPECT_EQ(small[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.checkpointing", "all"}}));
+  // No size in the message: the activations' share decides alone, and 1% is too little.
+  in.message = "host allocation failed (std::bad_alloc)";
+  EXPECT_EQ(memory::compute_remedies(in).size(), 1u);
+  // At 10% of the peak they are offered whatever the request.
+  in.ranks[3].memory.peak_rss_bytes = 1112 * kMiB;
+  in.message = "DefaultCPUAllocator: not enough memory: you tried to allocate 2147483648 bytes.";
+  EXPECT_EQ(memory::compute_remedies(in)[0].changes,
+            (std::vector<std::pair<std::string, std::string>>{{"student.checkpointing", "all"}}));
 }
 
 TEST(Diagnosis, TheAdjustedCommandReplacesOrAppendsAndQuotes) {
