@@ -82,10 +82,14 @@ std::vector<double> finish_times(const std::vector<double>& work, int cores) {
   return finish;
 }
 
-/// One layout's samples/s and student wait: a job step is B samples on each student; each
-/// teacher replica computes its students' samples, split evenly over its stages; every rank
-/// adds `overhead`, a colocated rank twice (it is a teacher rank and a student). The step
-/// lasts until the slowest rank is done; a student waits for the rest of it.
+/// One layout's samples/s and student wait in the steady state. A job step is B samples on each
+/// student; each teacher replica computes its students' samples, split evenly over its stages;
+/// every rank adds `overhead`, a colocated rank twice (it is a teacher rank and a student).
+/// Teacher ranks run ahead of their students through the ring (comm.prefetch_depth), so no core
+/// idles while a rank has work: a step lasts as long as the busiest rank's work (a rank uses at
+/// most one core) or all the work over the cores, whichever is longer. A student waits for what
+/// is left of the step after it finishes its share, the cores shared fairly among the ranks
+/// (finish_times).
 LayoutSpeed predict(LayoutSpeed l, const SpeedInput& in, double tS) {
   const double B = static_cast<double>(in.batch);
   const int cores = in.cores;
@@ -104,14 +108,21 @@ LayoutSpeed predict(LayoutSpeed l, const SpeedInput& in, double tS) {
     work.assign(static_cast<std::size_t>(l.teacher_ranks), per_replica * tT / l.stages + overhead);
     work.insert(work.end(), static_cast<std::size_t>(l.students), B * tS + overhead);
   }
-  const auto finish = finish_times(work, cores);
-  const double step = *std::max_element(finish.begin(), finish.end());
+  double total = 0, busiest = 0;
+  for (const double w : work) {
+    total += w;
+    busiest = std::max(busiest, w);
+  }
+  const double all_cores = cores > 0 ? total / cores : 0.0;
+  const double step = std::max(busiest, all_cores);
   l.samples_per_s = B * l.students / step;
-  l.student_wait = l.colocated ? 0.0 : 1 - finish.back() / step;
-  const bool teacher_last = !l.colocated && finish.front() >= finish.back();
-  const bool shared = cores > 0 && static_cast<int>(work.size()) > cores;
-  l.bound = l.colocated ? (shared ? "cores" : "students") : teacher_last ? "teacher" : "students";
-  if (!l.colocated && shared && std::abs(finish.front() - finish.back()) < 0.05 * step) l.bound = "cores";
+  const auto finish = finish_times(work, cores);
+  l.student_wait = l.colocated ? 0.0 : std::max(0.0, 1 - finish.back() / step);
+  if (all_cores >= busiest && static_cast<int>(work.size()) > cores && cores > 0) {
+    l.bound = "cores";
+  } else {
+    l.bound = !l.colocated && work.front() >= work.back() ? "teacher" : "students";
+  }
   return l;
 }
 
