@@ -200,6 +200,7 @@ int run_train(const std::vector<std::string>& args) {
     if (health) {
       // Training had started: every rank learns of the failure through the health channel,
       // rank 0 (or the lowest rank still answering) explains, every rank exits alike.
+      memory::release_free_host_memory();  // what the failed step held is free now: let RSS show it
       auto report = memory::measure_memory(job.topo.role, rank_memory.device, rank_memory.model);
       report.teacher_weights_bytes = rank_memory.teacher_weights_bytes;
       report.transport_bytes = rank_memory.transport_bytes;

@@ -7,6 +7,7 @@
 
 #include "app/commands.hpp"
 #include "core/errors.hpp"
+#include "memory/host_memory.hpp"
 
 namespace {
 
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
     print_usage();
     return kExitUsage;
   }
+  // Before any large allocation: freed activations stay mapped for the next step (and plan's
+  // timings see the same allocator as train's).
+  wd::memory::keep_freed_host_memory();
   const std::vector<std::string> args(argv + 2, argv + argc);
   // One place turns every failure into one clear line and a documented exit code.
   try {

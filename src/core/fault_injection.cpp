@@ -18,7 +18,8 @@ namespace {
 
 const std::map<std::string, FaultSpec::Kind>& kinds() {
   static const std::map<std::string, FaultSpec::Kind> table{
-      {"oom", FaultSpec::Kind::kOom},         {"nan", FaultSpec::Kind::kNan},
+      {"oom", FaultSpec::Kind::kOom},         {"oom_huge", FaultSpec::Kind::kOomHuge},
+      {"nan", FaultSpec::Kind::kNan},
       {"throw", FaultSpec::Kind::kThrow},     {"hang", FaultSpec::Kind::kHang},
       {"sigkill", FaultSpec::Kind::kSigkill}, {"sigterm", FaultSpec::Kind::kSigterm},
       {"sigusr1", FaultSpec::Kind::kSigusr1}};
@@ -27,7 +28,7 @@ const std::map<std::string, FaultSpec::Kind>& kinds() {
 
 [[noreturn]] void bad(const std::string& text, const std::string& why) {
   throw ConfigError("inject-fault(" + text + ") " + why +
-                    "; expected KIND@ROLE:RANK:STEP with KIND one of oom, nan, throw, hang, sigkill, "
+                    "; expected KIND@ROLE:RANK:STEP with KIND one of oom, oom_huge, nan, throw, hang, sigkill, "
                     "sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks and STEP "
                     "the 1-based training step, e.g. oom@student:0:3");
 }
@@ -113,6 +114,13 @@ void FaultInjector::at_step(std::int64_t step, const c10::Device& device) const 
       throw OutOfMemory("injected fault " + spec_->describe() + ": not enough memory: you tried to allocate " +
                         std::to_string(free + (std::uint64_t{64} << 20)) +
                         " bytes (the host's free memory plus 64 MiB; testing aid)");
+    }
+    case FaultSpec::Kind::kOomHuge: {
+      // 256 TiB: more than any host or device has, as a tensor sized from a wrong dimension
+      // would ask; the allocator itself fails.
+      auto impossible = torch::empty({std::int64_t{1} << 48}, torch::TensorOptions(torch::kUInt8).device(device));
+      static_cast<void>(impossible);
+      break;
     }
     case FaultSpec::Kind::kThrow:
       throw Error("injected fault " + spec_->describe());

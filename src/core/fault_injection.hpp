@@ -14,7 +14,9 @@ namespace wd {
 
 /// One planned fault.
 struct FaultSpec {
-  enum class Kind { kOom, kNan, kThrow, kHang, kSigkill, kSigterm, kSigusr1 };
+  /// kOom: a request just beyond the free memory; kOomHuge: one beyond any machine's (256 TiB,
+  /// a wrong shape's kind of request).
+  enum class Kind { kOom, kOomHuge, kNan, kThrow, kHang, kSigkill, kSigterm, kSigusr1 };
   Kind kind = Kind::kThrow;
   Role role = Role::kStudent;
   int role_rank = 0;        ///< index among the ranks of `role` (teacher i, student i)

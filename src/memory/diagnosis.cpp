@@ -155,9 +155,9 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
     const auto why =
         activations_matter
             ? fmt::format("batch {} per student, checkpointing {}", ctx.batch_size, ctx.checkpointing)
-            : fmt::format("its activations are {}, {:.0f}% of its {} peak{}: checkpointing or a smaller batch frees "
+            : fmt::format("its activations are {}, {:.1f}% of its {} peak{}: checkpointing or a smaller batch frees "
                           "too little to matter",
-                          bytes(transient), 100 * share, bytes(peak),
+                          bytes(transient), std::floor(1000 * share) / 10, bytes(peak),
                           request ? ", against a failed request of " + bytes(*request) : std::string());
     out.push_back({fmt::format("no setting of this job frees memory on {} ({}); give the job ranks with more memory "
                                "or a smaller student",

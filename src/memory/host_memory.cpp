@@ -2,6 +2,7 @@
 #include "memory/host_memory.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -43,6 +44,17 @@ std::uint64_t meminfo(const std::string& field) {
 }
 
 }  // namespace
+
+bool keep_freed_host_memory() {
+  // Both at once: setting either one turns off glibc's dynamic mmap threshold, and a trim
+  // threshold alone would leave the mmap threshold at 128 KiB (every activation mmapped and
+  // unmapped: three times the system time, bench/results/throughput.md).
+  const bool mmap_set = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_set = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return mmap_set && trim_set;
+}
+
+void release_free_host_memory() { malloc_trim(0); }
 
 std::uint64_t host_total_bytes() { return meminfo("MemTotal:"); }
 

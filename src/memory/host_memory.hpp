@@ -23,6 +23,18 @@ std::uint64_t host_available_bytes();
 /// a node (a colocated teacher) add up to their size once. 0 where the kernel has no rollup.
 std::uint64_t proportional_set_size();
 
+/// glibc's malloc hands large freed blocks back to the kernel (munmap above its mmap threshold, a
+/// trim of the heap's top beyond its trim threshold) and the next forward faults the same pages
+/// in again: on a CPU teacher rank that was a quarter of its time (8-9 s of system time in a
+/// 27 s run, bench/results/throughput.md). Keeps them for reuse instead: blocks up to 32 MiB
+/// (glibc's largest mmap threshold) come from the heap, and up to 1 GiB of free heap stays
+/// mapped. Called once at process start, before large allocations; false where glibc refused.
+bool keep_freed_host_memory();
+
+/// Gives the heap's free memory back to the kernel (malloc_trim): after a failure, so that RSS
+/// drops to what is in use and the peak minus the current RSS is what the failed step needed.
+void release_free_host_memory();
+
 /// CPU seconds (user + system) this process used so far.
 double cpu_seconds();
 

@@ -125,17 +125,19 @@ TEST(FailureDiagnosis, OutOfMemoryRemediesComeWithTheAdjustedCommand) {
       << r.output;
 }
 
-TEST(FailureDiagnosis, NoMemoryRemedyWhereActivationsAreAFewPercent) {
-  // The tiny job's activations are a few MiB of a ~200 MiB process: recomputing blocks would
-  // free nothing that matters against the request, so the diagnosis says so, with the numbers.
-  const auto dir = test::fresh_dir("fail-no-remedy");
+TEST(FailureDiagnosis, ARequestBeyondTheMachineIsCalledAWrongShape) {
+  // A student asks the allocator for 256 TiB, as a tensor sized from a bad dimension would: no
+  // memory setting helps, and the diagnosis says so instead of offering checkpointing.
+  const auto dir = test::fresh_dir("fail-wrong-shape");
   const auto r = launch_train(kRanks, "--run-dir " + dir.string() + " --train.steps 20 --train.batch_size 4 "
-                                      "--train.eval_samples 8 --comm.timeout_s 4 --inject-fault oom@student:0:2");
+                                      "--train.eval_samples 8 --comm.timeout_s 4 --inject-fault oom_huge@student:0:2");
   ASSERT_EQ(r.code, 4) << r.output;
-  EXPECT_EQ(count_of(r.output, "request: "), 1) << r.output;
-  EXPECT_EQ(count_of(r.output, "1. no setting of this job frees memory on rank 1 (student) (its activations are "), 1)
+  EXPECT_EQ(count_of(r.output, "request: 256.00 TiB of "), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "host memory in all: more than there is, a wrong shape (see below)"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "1. the failed request was 256.00 TiB, more than all the host memory of rank 1 "
+                               "(student)"),
+            1)
       << r.output;
-  EXPECT_EQ(count_of(r.output, "checkpointing or a smaller batch frees too little to matter"), 1) << r.output;
   EXPECT_EQ(count_of(r.output, "--student.checkpointing all recomputes"), 0) << r.output;
   EXPECT_EQ(count_of(r.output, "adjusted command"), 0) << r.output;
 }

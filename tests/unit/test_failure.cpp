@@ -55,6 +55,7 @@ TEST(FaultSpec, ParsesTheDocumentedFormAndRejectsEverythingElse) {
   EXPECT_EQ(spec->role_rank, 1);
   EXPECT_EQ(spec->step, 3);
   EXPECT_EQ(spec->describe(), "oom@student:1:3");
+  EXPECT_EQ(FaultSpec::parse("oom_huge@teacher:0:2")->kind, FaultSpec::Kind::kOomHuge);
   EXPECT_FALSE(FaultSpec::parse(""));
   for (const char* bad : {"oom", "boom@student:0:1", "oom@pupil:0:1", "oom@student:x:1", "oom@student:0:0",
                           "oom@student:0", "oom@student:-1:2"}) {
@@ -238,7 +239,7 @@ TEST(Diagnosis, ActivationRemediesOnlyWhereActivationsMatter) {
   const auto none = memory::compute_remedies(in);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_TRUE(test::contains(none[0].text, "no setting of this job frees memory on rank 3 (student) (its activations "
-                                           "are 10.00 MiB, 1% of its 1010.00 MiB peak, against a failed request of "
+                                           "are 10.00 MiB, 0.9% of its 1010.00 MiB peak, against a failed request of "
                                            "2.00 GiB: checkpointing or a smaller batch frees too little to matter)"))
       << none[0].text;
   EXPECT_FALSE(test::contains(memory::format_diagnosis(in), "adjusted command")) << "nothing to adjust";
