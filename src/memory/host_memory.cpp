@@ -14,36 +14,41 @@
 
 namespace wd::memory {
 
-HostMemory host_memory() {
-  HostMemory m;
-  std::ifstream in("/proc/self/status");
+namespace {
+
+/// Calls `take(key, bytes)` for every "Key: N kB" line of the /proc file `path` (a line whose
+/// second field is no number gives 0 bytes).
+template <typename Take>
+void for_each_kib_field(const char* path, Take&& take) {
+  std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     std::istringstream fields(line);
     std::string key;
     std::uint64_t kib = 0;
     fields >> key >> kib;
-    if (key == "VmRSS:") m.rss_bytes = kib * 1024;
-    if (key == "VmHWM:") m.peak_rss_bytes = kib * 1024;
+    take(key, kib * 1024);
   }
-  return m;
 }
-
-namespace {
 
 /// One field of /proc/meminfo in bytes ("MemTotal:"), 0 when it is missing.
 std::uint64_t meminfo(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    std::string key;
-    std::uint64_t kib = 0;
-    fields >> key >> kib;
-    if (key == field) return kib * 1024;
-  }
-  return 0;
+  std::uint64_t value = 0;
+  for_each_kib_field("/proc/meminfo", [&](const std::string& key, std::uint64_t bytes) {
+    if (key == field) value = bytes;
+  });
+  return value;
 }
 
 }  // namespace
+
+HostMemory host_memory() {
+  HostMemory m;
+  for_each_kib_field("/proc/self/status", [&](const std::string& key, std::uint64_t bytes) {
+    if (key == "VmRSS:") m.rss_bytes = bytes;
+    if (key == "VmHWM:") m.peak_rss_bytes = bytes;
+  });
+  return m;
+}
 
 bool keep_freed_host_memory() {
   // Both at once: setting either one turns off glibc's dynamic mmap threshold, and a trim
@@ -58,18 +63,12 @@ void release_free_host_memory() { malloc_trim(0); }
 
 std::uint64_t host_total_bytes() { return meminfo("MemTotal:"); }
 
-std::uint64_t host_available_bytes() { return meminfo("MemAvailable:"); }
-
 std::uint64_t proportional_set_size() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    std::string key;
-    std::uint64_t kib = 0;
-    fields >> key >> kib;
-    if (key == "Pss:") return kib * 1024;
-  }
-  return 0;
+  std::uint64_t pss = 0;
+  for_each_kib_field("/proc/self/smaps_rollup", [&](const std::string& key, std::uint64_t bytes) {
+    if (key == "Pss:") pss = bytes;
+  });
+  return pss;
 }
 
 double cpu_seconds() {

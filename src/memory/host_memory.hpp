@@ -14,9 +14,8 @@ struct HostMemory {
 /// Reads /proc/self/status; zeros where the kernel does not report a field.
 HostMemory host_memory();
 
-/// The host's MemTotal and MemAvailable (/proc/meminfo); 0 where unreadable.
+/// The host's MemTotal (/proc/meminfo); 0 where unreadable.
 std::uint64_t host_total_bytes();
-std::uint64_t host_available_bytes();
 
 /// Proportional set size of this process (the Pss line of /proc/self/smaps_rollup): each page
 /// counted as its share among the processes that map it, so file pages mapped by every rank of

@@ -222,15 +222,21 @@ TEST(Speed, RatesOrMeasuredSecondsGiveTheSecondsPerSample) {
   EXPECT_EQ(student_seconds_per_sample(in), 0.125);
 }
 
-TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
+/// The `small` job's shapes on 3 ranks sharing 2 cores, batch 2, a student step of 0.15 s/sample.
+SpeedInput small_job_on_two_cores() {
   SpeedInput in;
   in.teacher = dit(512, 1024, 8, 8, 256);
   in.student = dit(256, 512, 4, 4, 256);
   in.ranks = 3;
   in.cores = 2;
   in.batch = 2;
-  in.teacher_measured_s = 0.2;
   in.student_measured_s = 0.15;
+  return in;
+}
+
+TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
+  auto in = small_job_on_two_cores();
+  in.teacher_measured_s = 0.2;
   in.step_overhead_s = 0;  // the figures below are the compute alone
   const auto layouts = predict_layouts(in);
   // 3 ranks: colocated, 1 teacher + 2 students, 1 replica of 2 stages + 1 student. Two replicas
@@ -287,16 +293,10 @@ TEST(Speed, EachLayoutsTeacherComputesInItsFastestMeasuredSize) {
   EXPECT_EQ(teacher_forward_sizes(4), (std::vector<std::int64_t>{4, 2, 1}));
   EXPECT_EQ(teacher_forward_sizes(6), (std::vector<std::int64_t>{6, 3, 2, 1}));
   EXPECT_EQ(teacher_forward_sizes(1), (std::vector<std::int64_t>{1}));
-  SpeedInput in;
-  in.teacher = dit(512, 1024, 8, 8, 256);
-  in.student = dit(256, 512, 4, 4, 256);
-  in.ranks = 3;
-  in.cores = 2;
-  in.batch = 2;
-  in.student_measured_s = 0.15;
+  auto in = small_job_on_two_cores();
   in.step_overhead_s = 0.01;
-  // A CPU whose bf16 forward slows down with the batch (bench/results/throughput.md): a sample
-  // costs 0.33 s in a forward of 4, 0.25 s in one of 2, 0.2 s alone.
+  // A device whose forward slows down per sample with the batch: a sample costs 0.33 s in a
+  // forward of 4, 0.25 s in one of 2, 0.2 s alone.
   in.teacher_measured_s = 0.33;
   in.teacher_measured_by_size = {{4, 0.33}, {2, 0.25}, {1, 0.2}};
   EXPECT_EQ(teacher_forward(in, 4).micro_batch, 1);
