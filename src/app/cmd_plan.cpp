@@ -217,9 +217,7 @@ int run_plan(const std::vector<std::string>& args) {
   ctx.gpus_per_node = gpus_per_node;
   const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
-  const c10::ScalarType weights = cfg.teacher.dtype != "auto" ? parse_dtype(cfg.teacher.dtype)
-                                  : stored_bytes == 2            ? torch::kBFloat16
-                                                                 : torch::kFloat;
+  const auto weights = timed_weight_dtype(cfg, stored_bytes);
   const auto speed = speed_input(cfg, in, tc, weights, lat, world,
                                  cpu ? std::optional<c10::Device>(torch::kCPU) : std::nullopt, cores,
                                  teacher_gflops, student_gflops, calibrate);

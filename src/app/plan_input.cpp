@@ -85,6 +85,10 @@ std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg) {
   return parse_dtype(cfg.teacher.dtype);
 }
 
+c10::ScalarType timed_weight_dtype(const RunConfig& cfg, std::int64_t stored_elem_bytes) {
+  return teacher_dtype(cfg).value_or(stored_elem_bytes == 2 ? torch::kBFloat16 : torch::kFloat);
+}
+
 memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
   memory::DitShape s;
   s.dim = c.dim;

@@ -63,6 +63,10 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
 /// teacher.dtype as a dtype; nullopt for `auto` (each tensor as stored).
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg);
 
+/// The dtype the speed timings build the teacher's weights in: teacher.dtype, or for `auto` the
+/// checkpoint's (bf16 for `stored_elem_bytes` 2, else fp32).
+c10::ScalarType timed_weight_dtype(const RunConfig& cfg, std::int64_t stored_elem_bytes);
+
 memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx);
 
 /// A WanConfig reduced to what the planner needs.

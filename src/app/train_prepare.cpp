@@ -88,7 +88,6 @@ void set_threads(const RunConfig& cfg, const Topology& topo) {
   spdlog::info("{} rank: {} intra-op thread(s) ({})", role_name(topo.role), threads, why);
 }
 
-
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the
 /// config gives or that is detected (rank 0 only; it reads the data set's shapes).
 memory::Placement choose_placement(const RunConfig& cfg, int world) {
@@ -128,11 +127,11 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
 }
 
 /// teacher.layout auto (world rank 0): {colocated, teacher ranks, stages, teacher micro-batch}
-/// of the fastest layout
-/// of `world` ranks for this job: memory::predict_layouts on the job's own teacher forward and
-/// student step, timed on the student's device, among the layouts whose global batch divides
-/// train.eval_samples and, on a GPU, where a colocated teacher fits beside the student. A resumed
-/// run keeps what its first start chose (layout.json in the run directory).
+/// of the fastest layout of `world` ranks for this job: memory::predict_layouts on the job's own
+/// teacher forward and student step, timed on the student's device, among the layouts whose
+/// global batch divides train.eval_samples and, on a GPU, where a colocated teacher fits beside
+/// the student. A resumed run keeps what its first start chose (layout.json in the run
+/// directory).
 std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
   const auto saved = fs::path(cfg.run_dir) / "layout.json";
   if (!cfg.checkpoint.resume.empty() && fs::exists(saved)) {
@@ -163,7 +162,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
   ctx.host_bytes = cfg.teacher.host_memory.empty() ? memory::host_total_bytes()
                                                    : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
   const auto in = make_plan_input(cfg, ctx);
-  const auto weights = teacher_dtype(cfg).value_or(ctx.stored_elem_bytes == 2 ? torch::kBFloat16 : torch::kFloat);
+  const auto weights = timed_weight_dtype(cfg, ctx.stored_elem_bytes);
   const auto speed = speed_input(cfg, in, tc, weights, info.latent_shape, world, device, -1, 0, 0, "yes");
   const auto layouts = memory::predict_layouts(*speed);
   spdlog::info("teacher.layout auto:\n{}", memory::format_speeds(*speed, layouts));
@@ -233,7 +232,7 @@ void choose_teacher_micro_batch(TrainJob& job) {
       return;
     }
     const auto& ck = job.teacher();
-    const auto weights = teacher_dtype(cfg).value_or(stored_elem_bytes(ck) == 2 ? torch::kBFloat16 : torch::kFloat);
+    const auto weights = timed_weight_dtype(cfg, stored_elem_bytes(ck));
     const auto device = job.layout.colocated() ? student::student_device(cfg.student.device, 0)
                                                : teacher::teacher_device(cfg.teacher, job.placement, 0);
     const auto choice = choose_micro_batch(ck.config(), weights, job.compute, job.plan.latent, job.plan.context_len,
