@@ -181,7 +181,10 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
       }
     }
   }
+  // Every layout ruled out is named with its reason, faster or slower than the pick: a user
+  // who expected it learns why not.
   const bool broadcast = cfg.comm.mode == "broadcast";
+  const memory::LayoutSpeed* pick = nullptr;
   for (const auto& l : layouts) {
     const int replicas = l.colocated ? l.students : l.teacher_ranks / l.stages;
     const auto global = cfg.train.batch_size * (broadcast ? replicas : l.students);
@@ -194,8 +197,12 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
     }
     if (!why_not.empty()) {
       spdlog::info("teacher.layout auto: not {}: {}", l.name, why_not);
-      continue;
+    } else if (!pick) {
+      pick = &l;  // layouts are fastest first
     }
+  }
+  if (pick) {
+    const auto& l = *pick;
     spdlog::info("teacher.layout auto: {} ({:.2f} samples/s predicted, student wait {:.0f}%)", l.name, l.samples_per_s,
                  100 * l.student_wait);
     std::ofstream(saved) << nlohmann::json{{"layout", l.name}, {"colocated", l.colocated},
