@@ -12,8 +12,9 @@
 # Environment:
 #   WD_BIN    the wan-distill binary (default: build/src/app/wan-distill)
 #   WORK_DIR  teachers, data sets and run directories (default /tmp/wd-bench-throughput)
-#   STEPS     optimizer steps per run (default: 40 for tiny-64, 15 for small; logged every 5:
-#             samples/s and wait are the windows after the first, CPU s/sample the whole run)
+#   STEPS     optimizer steps per run (default: 300 for tiny-64, logged every 25; 15 for small,
+#             logged every 5: samples/s and wait are the windows after the first, CPU s/sample
+#             the whole run)
 #   BASELINE  0 skips the PyTorch baseline (it needs .venv with torch: bash launch/setup.sh cuda)
 # Every run uses 3 ranks through launch/mpirun.sh (one BLAS thread each unless
 # runtime.*threads say otherwise) and the same data, noise, student shapes and batch.
@@ -34,14 +35,16 @@ config() {
       teacher_args=(--preset tiny --dtype bf16)  # dim 128, ffn 256, 4 heads, 4 blocks, text 16 x 64
       data_args=(--latent 16,1,16,16 --text-len 16 --text-dim 64 --samples 160)
       student=(--student.dim 64 --student.ffn_dim 128 --student.num_heads 4 --student.num_layers 2)
-      batch=4 steps=${STEPS:-40} eval=24
+      # A step is ~25 ms: 300 steps make windows of a second or more (40 steps, timed in
+      # windows of 5, moved by 10% from one run of the same layout to the next).
+      batch=4 steps=${STEPS:-300} eval=24 window=25
       ;;
     small)
       teacher_args=(--preset tiny --dim 512 --ffn-dim 1024 --num-heads 8 --num-layers 8 --text-dim 256
                     --text-len 32 --dtype bf16)
       data_args=(--latent 16,2,32,32 --text-len 32 --text-dim 256 --samples 64)
       student=(--student.dim 256 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4)
-      batch=2 steps=${STEPS:-15} eval=12
+      batch=2 steps=${STEPS:-15} eval=12 window=5
       ;;
   esac
 }
@@ -63,7 +66,7 @@ run() {
   local cmd=(bash "$repo/launch/mpirun.sh" -np 3 "$bin" train --run-dir "$dir"
              --teacher.checkpoint "$work/$cfg/teacher" --data.path "$work/$cfg/data.h5" "${student[@]}"
              --train.steps "$steps" --train.batch_size "$batch" --train.eval_samples "$eval"
-             --train.log_every 5 --memory.report_every 5 "$@")
+             --train.log_every "$window" --memory.report_every "$window" "$@")
   echo "bench_throughput.sh: ${cmd[*]}" >&2
   "${cmd[@]}" > "$dir/log.txt" 2>&1 || { tail -20 "$dir/log.txt" >&2; exit 1; }
   echo "${cmd[*]}" > "$dir/command.txt"

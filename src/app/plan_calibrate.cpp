@@ -13,6 +13,7 @@
 
 #include "comm/transport.hpp"
 #include "core/errors.hpp"
+#include "core/threads.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_parts.hpp"
@@ -124,8 +125,7 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
                             const std::vector<std::int64_t>& teacher_sizes, int threads,
                             const c10::Device& device) {
   WD_CHECK(!teacher_sizes.empty(), "calibrate_speed needs at least one teacher forward size");
-  const int before = torch::get_num_threads();
-  torch::set_num_threads(threads);
+  const ScopedIntraOpThreads pools(threads);
   const auto largest = std::max(batch, teacher_sizes.front());
   const auto in = random_inputs(teacher, latent, context_len, largest, device);
   const auto C = latent[0];
@@ -170,7 +170,6 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
                              static_cast<void>(parts.trainable().front().sum().item<float>());
                            }) /
                            static_cast<double>(batch);
-  torch::set_num_threads(before);
   return c;
 }
 
@@ -185,6 +184,7 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   s.tokens = in.tokens;
   s.context_len = in.context_len;
   s.batch = in.batch;
+  s.prefetch_depth = in.prefetch_depth;
   s.recomputed_blocks = in.checkpointed_blocks;
   s.ranks = world;
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -197,12 +197,10 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   // What a rank of the job gets: the host's cores shared out over the ranks (train's rule); a
   // GPU rank keeps its process's threads.
   const int threads = host ? std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world)) : torch::get_num_threads();
-  const int before = torch::get_num_threads();
-  torch::set_num_threads(threads);
+  const ScopedIntraOpThreads pools(threads);  // rates and timings as one rank of the job sees them
   const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, *device);
   const double matmul = teacher::matmul_gflops(compute.dtype.value_or(weights), *device);
   const double fp32 = teacher::matmul_gflops(torch::kFloat, *device);
-  torch::set_num_threads(before);
   if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul;
   if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32;
   const double batch_forward_s =

@@ -15,6 +15,7 @@
 #include "app/train_job.hpp"
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
+#include "core/threads.hpp"
 #include "core/torch_compat.hpp"
 #include "data/data_config.hpp"
 #include "memory/host_memory.hpp"
@@ -84,8 +85,10 @@ void set_threads(const RunConfig& cfg, const Topology& topo) {
     threads = std::max(1, hw / topo.local_size);
     why = fmt::format("{} core(s) / {} rank(s) on this node", hw, topo.local_size);
   }
-  torch::set_num_threads(threads);
-  spdlog::info("{} rank: {} intra-op thread(s) ({})", role_name(topo.role), threads, why);
+  set_intra_op_threads(threads);
+  const auto blas = describe_blas_threads();
+  spdlog::info("{} rank: {} intra-op thread(s) ({}){}", role_name(topo.role), threads, why,
+               blas.empty() ? std::string() : ", " + blas);
 }
 
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the

@@ -5,6 +5,8 @@
 
 #include <fstream>
 
+#include "core/threads.hpp"
+
 namespace wd {
 
 void ConfigProblems::throw_if_any(const std::string& context) const {
@@ -64,7 +66,7 @@ void RuntimeConfig::validate(ConfigProblems& problems) const {
 }
 
 void RuntimeConfig::apply() const {
-  if (threads > 0) torch::set_num_threads(threads);
+  if (threads > 0) set_intra_op_threads(threads);
 }
 
 ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& table,

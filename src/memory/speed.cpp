@@ -63,65 +63,152 @@ std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest) {
 
 namespace {
 
-/// When each rank finishes its share of one job step, given the seconds of work each needs on
-/// one core: every rank starts together (the ring's prefetch lets teachers run a step ahead)
-/// and the ranks share `cores` fairly, each using at most one (0: a device each, no sharing).
-std::vector<double> finish_times(const std::vector<double>& work, int cores) {
-  std::vector<std::size_t> order(work.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work[a] < work[b]; });
-  std::vector<double> finish(work.size(), 0.0);
-  double now = 0, done = 0;  // done: the work every still-running rank has completed
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const double running = static_cast<double>(order.size() - k);
-    const double rate = cores > 0 ? std::min(1.0, cores / running) : 1.0;
-    now += (work[order[k]] - done) / rate;
-    done = work[order[k]];
-    finish[order[k]] = now;
+/// One rank of a layout in the simulation: what it computes each job step and whom it serves.
+struct SimRank {
+  enum class Kind { kStage, kStudent, kColocated } kind = Kind::kStudent;
+  int replica = 0;
+  int stage = 0;
+  double work = 0;  ///< seconds of one core per job step
+};
+
+/// What the simulation measures over its later steps.
+struct SteadyState {
+  double step_s = 0;        ///< seconds per job step
+  double student_wait = 0;  ///< share of a student's time not computing
+};
+
+/// The ranks' steady state, simulated step by step as the job runs them: a teacher stage
+/// computes step n once the previous stage has (or at once, the first stage reading the data)
+/// and while its consumers (the next stage, or its replica's students) have released step
+/// n - depth; a student computes step n once its replica's last stage has and every student
+/// has finished step n - 1 (the gradient all-reduce); a colocated rank computes step n once
+/// every rank has finished step n - 1. The ranks that are computing share the cores fairly,
+/// each using at most one (cores 0: a device each). So teachers run ahead where the ring lets
+/// them, and a teacher that is the bottleneck still loses its core's share while the students
+/// compute beside it.
+SteadyState simulate(const std::vector<SimRank>& ranks, int stages, int cores, int depth) {
+  using Kind = SimRank::Kind;
+  const int n_ranks = static_cast<int>(ranks.size());
+  const int steps = 4 * (depth + stages) + 16;
+  constexpr double kNotYet = -1;
+  std::vector<std::vector<double>> started(n_ranks, std::vector<double>(steps, kNotYet));
+  std::vector<std::vector<double>> done(n_ranks, std::vector<double>(steps, kNotYet));
+  // Who feeds and who consumes each teacher stage; which ranks train.
+  std::vector<int> previous(n_ranks, -1);
+  std::vector<std::vector<int>> consumers(n_ranks);
+  std::vector<int> trainers;
+  for (int i = 0; i < n_ranks; ++i) {
+    if (ranks[i].kind != Kind::kStage) trainers.push_back(i);
+    for (int j = 0; j < n_ranks; ++j) {
+      if (ranks[j].kind != Kind::kStage || ranks[j].replica != ranks[i].replica) continue;
+      const bool feeds = ranks[i].kind == Kind::kStage ? ranks[j].stage + 1 == ranks[i].stage
+                                                       : ranks[i].kind == Kind::kStudent && ranks[j].stage == stages - 1;
+      if (!feeds) continue;
+      previous[i] = j;
+      consumers[j].push_back(i);
+    }
   }
-  return finish;
+  std::vector<int> trained(steps, 0);  // trainers that have finished each step
+  std::vector<int> next(n_ranks, 0);
+  std::vector<double> left(n_ranks, 0);
+  std::vector<bool> running(n_ranks, false);
+  const auto ready = [&](int i) {
+    const int n = next[i];
+    if (n >= steps) return false;
+    if (previous[i] >= 0 && done[previous[i]][n] < 0) return false;
+    if (ranks[i].kind != Kind::kStage) return n == 0 || trained[n - 1] == static_cast<int>(trainers.size());
+    if (n < depth) return true;
+    for (const int c : consumers[i]) {
+      if (done[c][n - depth] < 0) return false;
+    }
+    return true;
+  };
+  double now = 0;
+  for (;;) {
+    int active = 0;
+    for (int i = 0; i < n_ranks; ++i) {
+      if (!running[i] && ready(i)) {
+        running[i] = true;
+        left[i] = ranks[i].work;
+        started[i][next[i]] = now;
+      }
+      active += running[i] ? 1 : 0;
+    }
+    if (active == 0) break;
+    const double rate = cores > 0 ? std::min(1.0, static_cast<double>(cores) / active) : 1.0;
+    double first = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < n_ranks; ++i) {
+      if (running[i]) first = std::min(first, left[i]);
+    }
+    now += first / rate;
+    for (int i = 0; i < n_ranks; ++i) {
+      if (!running[i]) continue;
+      left[i] -= first;
+      if (left[i] > 1e-12 * std::max(1.0, ranks[i].work)) continue;
+      running[i] = false;
+      done[i][next[i]] = now;
+      if (ranks[i].kind != Kind::kStage) ++trained[next[i]];
+      ++next[i];
+    }
+  }
+  // The middle half of the steps: the ring has filled and the pattern repeats (at the end the
+  // teachers run out of steps and the students compute alone).
+  const auto step_end = [&](int n) {
+    double t = 0;
+    for (const int i : trainers) t = std::max(t, done[i][n]);
+    return t;
+  };
+  const int from = steps / 4, to = 3 * steps / 4;
+  SteadyState out;
+  const double span = step_end(to) - step_end(from);
+  out.step_s = span / (to - from);
+  double computing = 0;
+  for (const int i : trainers) {
+    for (int n = from + 1; n <= to; ++n) computing += done[i][n] - started[i][n];
+  }
+  out.student_wait = span > 0 ? std::max(0.0, 1 - computing / (span * static_cast<double>(trainers.size()))) : 0.0;
+  return out;
 }
 
-/// One layout's samples/s and student wait in the steady state. A job step is B samples on each
-/// student; each teacher replica computes its students' samples, split evenly over its stages;
-/// every rank adds `overhead`, a colocated rank twice (it is a teacher rank and a student).
-/// Teacher ranks run ahead of their students through the ring (comm.prefetch_depth), so no core
-/// idles while a rank has work: a step lasts as long as the busiest rank's work (a rank uses at
-/// most one core) or all the work over the cores, whichever is longer. A student waits for what
-/// is left of the step after it finishes its share, the cores shared fairly among the ranks
-/// (finish_times).
+/// One layout's samples/s and student wait. A job step is B samples on each student; each
+/// teacher replica computes its students' samples, split evenly over its stages; every rank adds
+/// `overhead`, a colocated rank twice (it is a teacher rank and a student). simulate() then runs
+/// the ranks as the job would (a teacher's micro-batches are slices of its step's forward: the
+/// step is still one ring slot).
 LayoutSpeed predict(LayoutSpeed l, const SpeedInput& in, double tS) {
   const double B = static_cast<double>(in.batch);
-  const int cores = in.cores;
   const double overhead = in.step_overhead_s;
   l.replica_batch = l.colocated ? in.batch : in.batch * l.students / (l.teacher_ranks / l.stages);
   const auto forward = teacher_forward(in, l.replica_batch);
   l.micro_batch = forward.micro_batch;
   const double tT = forward.seconds_per_sample;
-  std::vector<double> work;
+  std::vector<SimRank> ranks;
   if (l.colocated) {
     // A colocated rank does a teacher rank's per-step work (read, noise) and a student's.
-    work.assign(static_cast<std::size_t>(l.students), B * (tT + tS) + 2 * overhead);
+    ranks.assign(static_cast<std::size_t>(l.students), {SimRank::Kind::kColocated, 0, 0, B * (tT + tS) + 2 * overhead});
   } else {
     const int replicas = l.teacher_ranks / l.stages;
     const double per_replica = B * l.students / replicas;
-    work.assign(static_cast<std::size_t>(l.teacher_ranks), per_replica * tT / l.stages + overhead);
-    work.insert(work.end(), static_cast<std::size_t>(l.students), B * tS + overhead);
+    for (int r = 0; r < replicas; ++r) {
+      for (int j = 0; j < l.stages; ++j) ranks.push_back({SimRank::Kind::kStage, r, j, per_replica * tT / l.stages + overhead});
+    }
+    // Students take their replica in blocks, as Layout::make assigns them.
+    for (int s = 0; s < l.students; ++s) {
+      ranks.push_back({SimRank::Kind::kStudent, s / (l.students / replicas), 0, B * tS + overhead});
+    }
   }
+  const auto steady = simulate(ranks, l.stages, in.cores, static_cast<int>(std::max<std::int64_t>(1, in.prefetch_depth)));
+  l.samples_per_s = B * l.students / steady.step_s;
+  l.student_wait = l.colocated ? 0.0 : steady.student_wait;
   double total = 0, busiest = 0;
-  for (const double w : work) {
-    total += w;
-    busiest = std::max(busiest, w);
+  for (const auto& r : ranks) {
+    total += r.work;
+    busiest = std::max(busiest, r.work);
   }
-  const double all_cores = cores > 0 ? total / cores : 0.0;
-  const double step = std::max(busiest, all_cores);
-  l.samples_per_s = B * l.students / step;
-  const auto finish = finish_times(work, cores);
-  l.student_wait = l.colocated ? 0.0 : std::max(0.0, 1 - finish.back() / step);
-  if (all_cores >= busiest && static_cast<int>(work.size()) > cores && cores > 0) {
+  if (in.cores > 0 && static_cast<int>(ranks.size()) > in.cores && total / in.cores >= busiest) {
     l.bound = "cores";
   } else {
-    l.bound = !l.colocated && work.front() >= work.back() ? "teacher" : "students";
+    l.bound = !l.colocated && ranks.front().work >= ranks.back().work ? "teacher" : "students";
   }
   return l;
 }

@@ -55,6 +55,8 @@ struct SpeedInput {
   /// When set, each layout's teacher computes in the size that is fastest per sample among those
   /// up to its replica's batch (teacher.micro_batch), instead of teacher_measured_s.
   std::vector<std::pair<std::int64_t, double>> teacher_measured_by_size;
+  /// Steps a teacher may run ahead of its consumers (comm.prefetch_depth ring slots).
+  std::int64_t prefetch_depth = 2;
   /// Fixed seconds per rank and job step (kStepOverheadSeconds).
   double step_overhead_s = kStepOverheadSeconds;
 };

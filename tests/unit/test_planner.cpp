@@ -247,18 +247,19 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
   ASSERT_EQ(by_name.count("colocated x3"), 1u);
   ASSERT_EQ(by_name.count("1 teacher(s) + 2 student(s)"), 1u);
   ASSERT_EQ(by_name.count("1 replica(s) x 2 stages + 1 student(s)"), 1u);
-  // A step lasts max(the busiest rank's work, all the work / the cores).
+  // The ranks run as the job runs them, the cores shared fairly among those computing.
   // Colocated: three ranks of 2 x 0.35 s on 2 cores: 1.05 s a step of 6 samples.
   const auto& co = by_name["colocated x3"];
   EXPECT_NEAR(co.samples_per_s, 6 / 1.05, 1e-9);
   EXPECT_EQ(co.bound, "cores");
   EXPECT_EQ(co.student_wait, 0);
-  // Dedicated: the teacher's 0.8 s is more than the 1.4 s of all ranks over 2 cores: 4 samples
-  // in 0.8 s. The students, sharing the cores with it (2/3 of a core each), are done at 0.45 s
-  // and wait the rest.
+  // Dedicated: the teacher's step takes 0.8 s of a core. The students start a step when its
+  // batch arrives, while the teacher starts the next: three ranks on two cores for 0.45 s (the
+  // students' 0.3 s at 2/3 of a core, the teacher's first 0.3 s), then the teacher's last 0.5 s
+  // alone: 4 samples in 0.95 s, the students waiting 0.5 s of it.
   const auto& dedicated = by_name["1 teacher(s) + 2 student(s)"];
-  EXPECT_NEAR(dedicated.samples_per_s, 4 / 0.8, 1e-9);
-  EXPECT_NEAR(dedicated.student_wait, 1 - 0.45 / 0.8, 1e-9);
+  EXPECT_NEAR(dedicated.samples_per_s, 4 / 0.95, 1e-9);
+  EXPECT_NEAR(dedicated.student_wait, 0.5 / 0.95, 1e-9);
   EXPECT_EQ(dedicated.bound, "teacher");
   // Two stages of 0.2 s and the student's 0.3 s: 0.7 s of work on 2 cores, more than the
   // student's own 0.3 s: 2 samples in 0.35 s; the stages run ahead, the student never waits.
@@ -271,7 +272,8 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
   }
   // Each rank's fixed seconds per step add to its work, twice on a colocated rank (teacher and
   // student): colocated 3 x 0.8 s on 2 cores (6 samples in 1.2 s); shard 0.25 + 0.25 + 0.35 s
-  // on 2 cores (2 samples in 0.425 s); dedicated the teacher's 0.85 s (4 samples). Colocated
+  // on 2 cores (2 samples in 0.425 s); dedicated 0.35 s of students beside the teacher (0.525 s
+  // at 2/3 of a core), then the rest of the teacher's 0.85 s (4 samples in 1.025 s). Colocated
   // pays the fewest overheads per sample and is recommended.
   in.step_overhead_s = 0.05;
   const auto with_overhead = predict_layouts(in);
@@ -279,7 +281,7 @@ TEST(Speed, EveryAllowedLayoutIsPredictedBySharingTheCores) {
     if (l.colocated) {
       EXPECT_NEAR(l.samples_per_s, 6 / 1.2, 1e-9);
     } else if (l.stages == 1) {
-      EXPECT_NEAR(l.samples_per_s, 4 / 0.85, 1e-9);
+      EXPECT_NEAR(l.samples_per_s, 4 / 1.025, 1e-9);
     } else {
       EXPECT_NEAR(l.samples_per_s, 2 / 0.425, 1e-9);
     }
@@ -311,12 +313,13 @@ TEST(Speed, EachLayoutsTeacherComputesInItsFastestMeasuredSize) {
   in.teacher_measured_by_size = {{4, 0.33}, {2, 0.25}, {1, 0.2}};
   std::map<std::string, LayoutSpeed> by_name;
   for (const auto& l : predict_layouts(in)) by_name[l.name] = l;
-  // Dedicated: the teacher computes both students' 4 samples one at a time (0.8 s + 0.01 s),
-  // more than all ranks' 1.43 s over 2 cores: 4 samples in 0.81 s.
+  // Dedicated: the teacher computes both students' 4 samples one at a time (0.8 s + 0.01 s);
+  // the students' 0.31 s beside it take 0.465 s, then the teacher's last 0.5 s: 4 samples in
+  // 0.965 s.
   const auto& dedicated = by_name.at("1 teacher(s) + 2 student(s)");
   EXPECT_EQ(dedicated.replica_batch, 4);
   EXPECT_EQ(dedicated.micro_batch, 1);
-  EXPECT_NEAR(dedicated.samples_per_s, 4 / 0.81, 1e-9);
+  EXPECT_NEAR(dedicated.samples_per_s, 4 / 0.965, 1e-9);
   EXPECT_EQ(layout_flags(dedicated), "--teacher.ranks 1 --teacher.micro_batch 1");
   // Colocated: each rank's batch of 2 one at a time, 2 x (0.2 + 0.15) + 2 x 0.01 on each of 3
   // ranks sharing 2 cores.
