@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs what wan-distill needs (missing Debian 12 packages; the pinned PyPI packages in an
 # ignored .venv/) and builds it: build/ against Debian's LibTorch 1.13 (CPU), and for `cuda` or
-# `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel.
-# Usage: bash launch/setup.sh [cpu|cuda|all]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
+# `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel. `cpu` leaves
+# out .venv/ (the quickstart needs none), `venv` installs only that (the tests of either tree
+# need it).
+# Usage: bash launch/setup.sh [cpu|cuda|all|venv]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
 #        BUILD_TYPE, JOBS may be set; WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
 #        optimisation of build-cuda/, default -O3: launch/test.sh builds it at -O1, see there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-cpu}
-case $which in cpu | cuda | all) ;; *) echo "setup: unknown build '$which' (cpu, cuda or all)" >&2; exit 2 ;; esac
+case $which in cpu | cuda | all | venv) ;; *) echo "setup: unknown build '$which' (cpu, cuda, all or venv)" >&2; exit 2 ;; esac
 
 PACKAGES=(
   build-essential cmake git ninja-build ccache
@@ -51,8 +53,9 @@ if [[ $which == cpu || $which == all ]]; then
   cmake --build "$BUILD_DIR" -j"$jobs"
 fi
 
-if [[ $which == cuda || $which == all ]]; then
-  # The venv is reused while launch/requirements.txt is unchanged.
+# The venv serves both trees: build-cuda/ compiles against its torch, and the CTest of either
+# runs the training-step reference in it. Reused while launch/requirements.txt is unchanged.
+if [[ $which != cpu ]]; then
   stamp=.venv/.requirements
   if ! cmp -s launch/requirements.txt "$stamp" 2>/dev/null; then
     echo "setup: installing launch/requirements.txt into .venv/"
@@ -60,6 +63,9 @@ if [[ $which == cuda || $which == all ]]; then
     .venv/bin/pip install -q --disable-pip-version-check -r launch/requirements.txt
     cp launch/requirements.txt "$stamp"
   fi
+fi
+
+if [[ $which == cuda || $which == all ]]; then
   torch_prefix=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   CUDA_BUILD_DIR=${CUDA_BUILD_DIR:-build-cuda}
   # nvcc must match the wheel's CUDA (13.0): /usr/local/cuda is where the toolkit installs.

@@ -12,7 +12,7 @@ start=$SECONDS
 # build-cuda/ runs its tests on the CPU, where the work is inside LibTorch: -O1 compiles our code
 # about 40% faster than -O3 (bench/results/ci.md). A GPU build (launch/gpu/build.sh) stays -O3.
 export WD_CUDA_OPT=${WD_CUDA_OPT:--O1}
-if [[ -z ${SKIP_CUDA:-} ]]; then bash launch/setup.sh all; else bash launch/setup.sh cpu; fi
+if [[ -z ${SKIP_CUDA:-} ]]; then bash launch/setup.sh all; else bash launch/setup.sh cpu && bash launch/setup.sh venv; fi
 echo "=== set-up and builds: $((SECONDS - start)) s"
 # One BLAS / OpenMP thread per process: tests run ranks side by side on few cores.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
