@@ -5,7 +5,9 @@
 # on the two configs of issue 13, and the planner's predicted samples/s and pick for each layout
 # (`wan-distill plan --cpu --np 3 --json`), `train --teacher.layout auto` (the layout it picks
 # at start-up) and 1 teacher + 2 students with `--teacher.micro_batch auto`, with each teacher
-# rank's busy share. Prints one markdown table per config.
+# rank's busy share. Prints one markdown table per config. A row that is not a planner candidate
+# (the whole batch where the planner gives a micro-batch; two teacher threads) shows the
+# planner's figure for its layout in brackets, unscored.
 #
 #   bench/bench_throughput.sh [tiny-64|small|all]
 #
@@ -163,6 +165,8 @@ for d in dirs:
     label = f"**{name}** (planner's pick)" if p and p["layout"] == pick and name.split()[0] in ("dedicated", "colocated", "shard-2") else name
     if name.startswith("dedicated-whole-batch") and p["micro_batch"] > 0:
         pred = f"({p['samples_per_s']:.2f} with micro_batch {p['micro_batch']})"
+    if name.startswith("dedicated-teacher2t"):  # the model gives a rank at most one core
+        pred = f"({p['samples_per_s']:.2f} with one thread)"
     print(f"| {label} | {sps:.2f} | {rel(sps, 'bf16')} | {rel(sps, 'fp32')} | {pred} | {wait:.0f} ({pwait}) "
           f"| {busy} | {s['cpu_seconds'] / samples:.2f} | {s['peak_rss_bytes_sum'] / 2**20:.0f} | {s['peak_pss_bytes_sum'] / 2**20:.0f} |")
 PY

@@ -5,7 +5,8 @@
 # out .venv/ (the quickstart needs none), `venv` installs only that (the tests of either tree
 # need it).
 # Usage: bash launch/setup.sh [cpu|cuda|all|venv]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
-#        BUILD_TYPE, JOBS may be set; WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
+#        BUILD_TYPE, JOBS may be set; BUILD_TARGET builds one target of build/ instead of all
+#        (the quickstart: wan-distill); WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
 #        optimisation of build-cuda/, default -O3: launch/test.sh builds it at -O1, see there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,7 @@ jobs=${JOBS:-$(nproc)}
 if [[ $which == cpu || $which == all ]]; then
   BUILD_DIR=${BUILD_DIR:-build}
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${launcher[@]}"
-  cmake --build "$BUILD_DIR" -j"$jobs"
+  cmake --build "$BUILD_DIR" -j"$jobs" ${BUILD_TARGET:+--target "$BUILD_TARGET"}
 fi
 
 # The venv serves both trees: build-cuda/ compiles against its torch, and the CTest of either

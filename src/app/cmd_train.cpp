@@ -25,8 +25,9 @@ namespace {
 namespace fs = std::filesystem;
 
 /// Gathers every rank's summary on rank 0, which prints one table and writes summary.json.
-void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int world,
+void report_run_summary(const RunConfig& cfg, RankSummary mine, double start_rss, int rank, int world,
                         const memory::MemoryMonitor& monitor) {
+  mine.start_rss = start_rss;
   mine.peak_rss = static_cast<double>(monitor.lifetime_peak_rss());
   mine.peak_pss = static_cast<double>(monitor.sampled_peak_pss());
   mine.cpu_seconds = memory::cpu_seconds();
@@ -51,7 +52,7 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, int rank, int wo
     ranks.push_back({{"rank", r}, {"role", role}, {"seconds", s.seconds},
                      {"busy_fraction", s.busy_fraction}, {"wait_fraction", s.wait_fraction},
                      {"samples", s.samples}, {"cpu_seconds", s.cpu_seconds}, {"peak_rss_bytes", s.peak_rss},
-                     {"peak_pss_bytes", s.peak_pss}});
+                     {"peak_pss_bytes", s.peak_pss}, {"start_rss_bytes", s.start_rss}});
     rss_sum += s.peak_rss;
     pss_sum += s.peak_pss;
     cpu_sum += s.cpu_seconds;
@@ -170,6 +171,7 @@ int run_train(const std::vector<std::string>& args) {
   RankMemory rank_memory;
   try {
     prepare_train(job, mpi);
+    const auto start_rss = static_cast<double>(memory::host_memory().rss_bytes);
     const auto& cfg = job.cfg;
     failure_setup = failure_setup_for(job);
     health.emplace(MPI_COMM_WORLD, job.topo);
@@ -194,7 +196,7 @@ int run_train(const std::vector<std::string>& args) {
       mpi.exit_without_finalize(kExitRequeue);
     }
     monitor.finish();
-    report_run_summary(cfg, result.summary, rank, mpi.size(), monitor);
+    report_run_summary(cfg, result.summary, start_rss, rank, mpi.size(), monitor);
     return kExitOk;
   } catch (...) {
     if (health) {

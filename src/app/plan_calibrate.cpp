@@ -98,20 +98,16 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
                                     std::int64_t context_len, std::int64_t batch, const c10::Device& device) {
   const auto in = random_inputs(teacher, latent, context_len, batch, device);
   auto dit = random_teacher(teacher, weights, compute, device);
-  MicroBatchChoice choice;
-  double best = 0;
+  std::vector<std::pair<std::int64_t, double>> by_size;
   std::string timings;
   for (const auto slice : memory::teacher_forward_sizes(batch)) {
-    const double s = forward_seconds_per_sample(dit, in, slice, nullptr);
-    timings += fmt::format("{}{} a forward {:.3g} s/sample", timings.empty() ? "" : ", ", slice, s);
-    // A slice must win by a margin that timing noise does not reach: the whole batch is the
-    // simpler schedule and the bit-exact one.
-    if (slice == batch || s < best * (1 - kMicroBatchMargin)) {
-      best = s;
-      choice.samples = slice == batch ? 0 : slice;
-      choice.seconds_per_sample = s;
-    }
+    by_size.emplace_back(slice, forward_seconds_per_sample(dit, in, slice, nullptr));
+    timings += fmt::format("{}{} a forward {:.3g} s/sample", timings.empty() ? "" : ", ", slice, by_size.back().second);
   }
+  const auto pick = memory::fastest_forward(by_size, batch);
+  MicroBatchChoice choice;
+  choice.samples = pick.micro_batch;
+  choice.seconds_per_sample = pick.seconds_per_sample;
   choice.reason = fmt::format("teacher.micro_batch auto: {} ({}; {} thread(s) on {})",
                               choice.samples == 0 ? "the whole batch of " + std::to_string(batch) + " at once"
                                                   : std::to_string(choice.samples) + " sample(s) a forward",

@@ -45,13 +45,10 @@ struct MicroBatchChoice {
   std::string reason;               ///< the log line: every size tried and its time
 };
 
-/// How much faster per sample a slice of the batch must be to be chosen over the whole batch.
-constexpr double kMicroBatchMargin = 0.05;
-
 /// teacher.micro_batch auto: times the no-grad forward of the teacher `teacher` (random
 /// weights in `weights`, matmuls in `compute`) on `device` with this thread's intra-op threads,
 /// over a batch of `batch` samples run whole and in slices of its halvings (ceil: 4, 2, 1),
-/// and takes the fastest per sample, the whole batch unless a slice wins by kMicroBatchMargin.
+/// and takes the size memory::fastest_forward picks (the planner's rule).
 MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType weights,
                                     std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
                                     std::int64_t context_len, std::int64_t batch, const c10::Device& device);

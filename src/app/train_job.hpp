@@ -77,6 +77,10 @@ struct RankSummary {
   double peak_rss = 0;
   double peak_pss = 0;     ///< sampled: memory reports and the end of the run
   double cpu_seconds = 0;  ///< user + system, the whole process
+  /// RSS once start-up is done (MPI, LibTorch, config, run directory), before any model: what
+  /// the planner's fixed per-process constant stands for, so peak - start is what its formulas
+  /// predict (bench/results/planner.md).
+  double start_rss = 0;
 };
 
 /// How a role ended.

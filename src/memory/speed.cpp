@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+
+#include "core/errors.hpp"
 
 namespace wd::memory {
 
@@ -35,21 +38,21 @@ double student_seconds_per_sample(const SpeedInput& in) {
   return (3 * forward + recompute) / (in.student_gflops * 1e9);
 }
 
-TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch) {
-  TeacherForward best{0, teacher_seconds_per_sample(in)};
-  if (in.teacher_measured_by_size.empty()) return best;
-  bool found = false;
-  for (const auto& [size, seconds] : in.teacher_measured_by_size) {
+TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_size, std::int64_t replica_batch) {
+  WD_CHECK(!by_size.empty(), "fastest_forward needs at least one timed size");
+  std::sort(by_size.begin(), by_size.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::optional<std::pair<std::int64_t, double>> best;
+  for (const auto& [size, seconds] : by_size) {
     if (size > replica_batch) continue;
-    if (!found || seconds < best.seconds_per_sample) best = {size == replica_batch ? 0 : size, seconds};
-    found = true;
+    if (!best || seconds < best->second * (1 - kMicroBatchMargin)) best = std::make_pair(size, seconds);
   }
-  if (!found) {
-    // A replica batch below every measured size: the smallest measured one is the closest.
-    const auto smallest = *std::min_element(in.teacher_measured_by_size.begin(), in.teacher_measured_by_size.end());
-    best = {0, smallest.second};
-  }
-  return best;
+  if (!best) return {0, by_size.back().second};  // below every measured size: the smallest is closest
+  return {best->first == replica_batch ? 0 : best->first, best->second};
+}
+
+TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch) {
+  if (in.teacher_measured_by_size.empty()) return {0, teacher_seconds_per_sample(in)};
+  return fastest_forward(in.teacher_measured_by_size, replica_batch);
 }
 
 std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest) {

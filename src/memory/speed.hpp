@@ -80,13 +80,26 @@ struct LayoutSpeed {
 double teacher_seconds_per_sample(const SpeedInput& in);
 double student_seconds_per_sample(const SpeedInput& in);
 
-/// The teacher's forward for a replica computing `replica_batch` samples a step: the fastest
-/// measured size up to that batch (0 = the whole batch) and its seconds per sample; without
-/// measurements by size, the whole batch at teacher_seconds_per_sample.
+/// How much faster per sample a smaller forward size must be to be chosen over a larger one:
+/// timing noise does not reach it, and the whole batch is the simpler schedule and the bit-exact
+/// one.
+inline constexpr double kMicroBatchMargin = 0.05;
+
+/// The teacher's forward for a replica computing `replica_batch` samples a step.
 struct TeacherForward {
-  std::int64_t micro_batch = 0;
+  std::int64_t micro_batch = 0;   ///< samples a forward; 0 = the whole batch
   double seconds_per_sample = 0;
 };
+
+/// The size to compute in, from forwards timed at several sizes (samples a forward, seconds per
+/// sample): the largest size up to `replica_batch`, unless a smaller one is faster per sample
+/// than the best larger one by kMicroBatchMargin. A replica batch below every measured size
+/// takes the smallest. The one rule of `plan`, `teacher.layout auto` and `teacher.micro_batch
+/// auto`.
+TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_size, std::int64_t replica_batch);
+
+/// fastest_forward over in.teacher_measured_by_size; without measurements by size, the whole
+/// batch at teacher_seconds_per_sample.
 TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch);
 
 /// The forward sizes `plan` and `train --teacher.layout auto` time the teacher at for a job of

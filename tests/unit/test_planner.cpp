@@ -309,6 +309,13 @@ TEST(Speed, EachLayoutsTeacherComputesInItsFastestMeasuredSize) {
   EXPECT_EQ(teacher_forward(in, 4).micro_batch, 0);
   EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.1);
   EXPECT_EQ(teacher_forward(in, 2).micro_batch, 1) << "a replica of 2 takes the best size up to 2";
+  // A smaller size must beat the best larger one by kMicroBatchMargin (5%); the rule train's
+  // teacher.micro_batch auto applies to its own timings.
+  EXPECT_EQ(fastest_forward({{4, 0.30}, {2, 0.29}, {1, 0.29}}, 4).micro_batch, 0) << "3% is noise";
+  EXPECT_EQ(fastest_forward({{4, 0.30}, {2, 0.29}, {1, 0.27}}, 4).micro_batch, 1) << "10% is not";
+  EXPECT_EQ(fastest_forward({{1, 0.20}, {2, 0.30}, {4, 0.40}}, 4).micro_batch, 1) << "in any order";
+  EXPECT_EQ(fastest_forward({{4, 0.4}, {2, 0.3}}, 1).micro_batch, 0) << "below every size: the smallest, whole";
+  EXPECT_EQ(fastest_forward({{4, 0.4}, {2, 0.3}}, 1).seconds_per_sample, 0.3);
 
   in.teacher_measured_by_size = {{4, 0.33}, {2, 0.25}, {1, 0.2}};
   std::map<std::string, LayoutSpeed> by_name;
