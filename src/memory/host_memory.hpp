@@ -25,9 +25,9 @@ std::uint64_t proportional_set_size();
 /// glibc's malloc hands large freed blocks back to the kernel (munmap above its mmap threshold, a
 /// trim of the heap's top beyond its trim threshold) and the next forward faults the same pages
 /// in again: on a CPU teacher rank that was a quarter of its time (8-9 s of system time in a
-/// 27 s run, bench/results/throughput.md). Keeps them for reuse instead: blocks up to 32 MiB
-/// (glibc's largest mmap threshold) come from the heap, and up to 1 GiB of free heap stays
-/// mapped. Called once at process start, before large allocations; false where glibc refused.
+/// 27 s run, bench/results/throughput.md). Keeps them for reuse instead: every block comes from
+/// the heap (no mmapped chunks: glibc's largest mmap threshold, 32 MiB, is below a batch's
+/// attention scores), and up to 1 GiB of free heap stays mapped. Called once at process start, before large allocations; false where glibc refused.
 bool keep_freed_host_memory();
 
 /// Gives the heap's free memory back to the kernel (malloc_trim): after a failure, so that RSS
