@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -61,7 +62,13 @@ TEST(Health, ANoticeEndsTheWaitsOfEveryOtherRankAndTheProtocolAgreesOnOneCode) {
         EXPECT_EQ(std::string(health.op()), "recv batch");
       }
       EXPECT_TRUE(raised);
-      EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 20.0);
+      // docs/failures.md: a waiting rank learns of a failure "within milliseconds". The failing
+      // rank posts as soon as it passes the start barrier, so this is the notice's latency plus
+      // that rank's way to the post: 0.3-0.4 ms measured on 3 ranks sharing 2 cores (while a
+      // room for a loaded CI machine without letting a one-second poll pass.
+      const double latency = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("rank %d: the notice ended the wait after %.1f ms\n", t.rank, 1e3 * latency);
+      EXPECT_LT(latency, 0.25);
       MPI_Cancel(&req);
       MPI_Wait(&req, MPI_STATUS_IGNORE);
     }
@@ -140,13 +147,19 @@ TEST(Health, Sigusr1OnOneRankReachesEveryRank) {
     HealthChannel health(MPI_COMM_WORLD, t);
     install_signal_handlers();
     barrier();
+    const auto t0 = Clock::now();
     if (t.rank == 1) std::raise(SIGUSR1);
-    const auto end = Clock::now() + std::chrono::seconds(20);
+    const auto end = t0 + std::chrono::seconds(20);
     bool seen = false;
     while (!(seen = health.requeue_requested()) && Clock::now() < end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     EXPECT_TRUE(seen) << "rank " << t.rank << " never learned of the requeue request";
+    // As fast as a failure notice (the same channel), polled here every 5 ms (measured 0-5 ms):
+    // the same bound.
+    const double latency = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("rank %d: the requeue request arrived after %.1f ms\n", t.rank, 1e3 * latency);
+    EXPECT_LT(latency, 0.25);
     barrier();
   }
   barrier();
