@@ -38,8 +38,11 @@ struct RunConfig {
   void bind(OptionTable& t) {
     t.bind("run-dir", run_dir, "directory for metrics.jsonl, the student and the builtin cache");
     t.bind("inject-fault", inject_fault,
-           "testing aid: KIND@ROLE:RANK:STEP makes rank RANK of ROLE (teacher|student) fail at "
-           "training step STEP with KIND = oom|nan|throw|hang|sigkill|sigterm|sigusr1 (docs/failures.md)");
+           "testing aid: KIND@ROLE:RANK:STEP[:POINT] makes rank RANK of ROLE (teacher|student) fail at "
+           "training step STEP with KIND = oom|oom_huge|nan|throw|hang|sigkill|sigterm|sigusr1, at POINT = "
+           "step (the step's start; the default) | allreduce (a student, inside the gradient all-reduce) | "
+           "send (a teacher, inside the send of the step's batch) | save (student 0, inside the step's "
+           "checkpoint save), e.g. sigkill@student:1:3:allreduce (docs/failures.md)");
     teacher.bind(t);
     student.bind(t);
     train.bind(t);

@@ -274,6 +274,13 @@ void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std:
     p.check(fault->role_rank < count && fault->step <= cfg.train.steps,
             "inject-fault(" + cfg.inject_fault + ") needs RANK < " + std::to_string(count) + " " +
                 role_name(fault->role) + " ranks and STEP <= train.steps(" + std::to_string(cfg.train.steps) + ")");
+    const auto every = cfg.checkpoint.every;
+    p.check(fault->point != FaultSpec::Point::kSave || fault->step == cfg.train.steps ||
+                (every > 0 && fault->step % every == 0),
+            "inject-fault(" + cfg.inject_fault + ") strikes in the checkpoint save of step " +
+                std::to_string(fault->step) + ", but none is written then: checkpoints follow every checkpoint.every(" +
+                std::to_string(every) + ") steps (0: none mid-run) and the last step, train.steps(" +
+                std::to_string(cfg.train.steps) + ")");
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");

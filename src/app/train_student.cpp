@@ -104,6 +104,12 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
                                              cfg.comm.timeout_s, rank, device, cfg.comm.backend);
+  if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
+    // The loop passes average() the 0-based step.
+    reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
+      faults.at(FaultSpec::Point::kAllreduce, step + 1, device);
+    });
+  }
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;
@@ -131,6 +137,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     if (!job.store) return;  // the first student writes; every replica holds the same state
     const auto path = job.store->save(step, [&](const std::string& dir) {
       student::save_train_state(dir, parts, optimizer, {step}, job.config_ini);
+      // Mid-save: the files are written, the checkpoint is neither sealed nor renamed.
+      services.faults.at(FaultSpec::Point::kSave, step, device);
     });
     spdlog::info("checkpoint of step {} written to {}", step, path);
   };

@@ -74,6 +74,15 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
                                         how.device);
   }
 
+  comm::Transport* sending = transport ? transport.get() : links.to_next.get();
+  if (sending && services.faults.planned(FaultSpec::Point::kSend)) {
+    sending->set_send_fault_hook([&faults = services.faults, &plan = job.plan, device = how.device](std::int64_t ts) {
+      // Transport steps count the held-out messages and micro-batches: the step's first send.
+      const auto step = plan.train_step_starting_at(ts);
+      if (step >= 0) faults.at(FaultSpec::Point::kSend, step + 1, device);
+    });
+  }
+
   std::optional<data::DatasetReader> reader;
   if (stage == 0) reader.emplace(*job.info);
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);

@@ -54,6 +54,7 @@ void MpiGradientReducer::average(std::int64_t step) {
   }
   const auto start = Clock::now();
   try {
+    fault_point(step);
     wait_all_with_deadline(requests, WaitInfo{"allreduce grads", step, total_bytes, peers_},
                            std::chrono::duration<double>(timeout_s_), world_rank_);
   } catch (...) {

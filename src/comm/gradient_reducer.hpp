@@ -12,6 +12,7 @@
 
 #include "comm/backend_choice.hpp"
 #include "comm/grad_buckets.hpp"
+#include "comm/wait.hpp"
 
 namespace wd::comm {
 
@@ -29,6 +30,17 @@ class GradientReducer {
   virtual double wait_seconds() const = 0;
   /// "mpi" or "nccl", for the log.
   virtual const char* backend() const = 0;
+  /// Testing aid: `hook(step)` runs inside every average(step), once this rank's part of the
+  /// all-reduce is posted and before it waits, so a fault there strikes while the other
+  /// students are inside the collective.
+  void set_fault_hook(FaultHook hook) { fault_hook_ = std::move(hook); }
+
+ protected:
+  /// Where an implementation calls the fault hook (marks the rank as in "allreduce grads").
+  void fault_point(std::int64_t step) const { run_fault_hook(fault_hook_, "allreduce grads", step); }
+
+ private:
+  FaultHook fault_hook_;
 };
 
 /// Over MPI: one MPI_Iallreduce per bucket. The buckets live on the host (pinned when the

@@ -48,7 +48,9 @@ struct NcclGradientReducer::Impl {
     }
   }
 
-  void average(std::int64_t step) {
+  /// `posted` runs once the all-reduce is enqueued, before the wait (the fault hook).
+  template <typename Posted>
+  void average(std::int64_t step, Posted posted) {
     torch::NoGradGuard no_grad;
     const c10::cuda::CUDAGuard guard(index);
     const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(index).stream();
@@ -68,6 +70,7 @@ struct NcclGradientReducer::Impl {
     done.record(stream.get());
     const auto begin = Clock::now();
     try {
+      posted();
       comm->wait(done.get(), WaitInfo{"allreduce grads", step, total_bytes, peers}, timeout);
     } catch (...) {
       waited += std::chrono::duration<double>(Clock::now() - begin).count();
@@ -102,7 +105,9 @@ NcclGradientReducer::NcclGradientReducer(MPI_Comm students, std::vector<torch::T
 
 NcclGradientReducer::~NcclGradientReducer() = default;
 
-void NcclGradientReducer::average(std::int64_t step) { impl_->average(step); }
+void NcclGradientReducer::average(std::int64_t step) {
+  impl_->average(step, [&] { fault_point(step); });
+}
 std::size_t NcclGradientReducer::bucket_count() const { return impl_->buckets.size(); }
 double NcclGradientReducer::wait_seconds() const { return impl_->waited; }
 

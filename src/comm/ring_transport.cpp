@@ -55,9 +55,7 @@ void SendingTransport::send(std::int64_t step, const std::vector<TensorDict>& pe
   const std::size_t slot = acquire(step);
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < per_receiver.size(); ++i) pack(slot, i, per_receiver[i]);
-  start(slot, step);
-  in_flight_[slot] = step;
-  ++next_step_;
+  start_step(slot, step);
 }
 
 void SendingTransport::broadcast(std::int64_t step, const TensorDict& message) {
@@ -67,9 +65,15 @@ void SendingTransport::broadcast(std::int64_t step, const TensorDict& message) {
   const std::size_t slot = acquire(step);
   torch::NoGradGuard no_grad;
   pack(slot, 0, message);
+  start_step(slot, step);
+}
+
+void SendingTransport::start_step(std::size_t slot, std::int64_t step) {
   start(slot, step);
   in_flight_[slot] = step;
   ++next_step_;
+  // In flight and recorded: a fault here leaves sends for the backend's destructor to cancel.
+  run_fault_hook(fault_hook_, "send batch", step);
 }
 
 const Message& SendingTransport::recv(std::int64_t step) {

@@ -22,6 +22,7 @@ class SendingTransport : public Transport {
   void release(std::int64_t step) final;
   void flush() final;
   double wait_seconds() const final { return waited_; }
+  void set_send_fault_hook(FaultHook hook) final { fault_hook_ = std::move(hook); }
 
  protected:
   SendingTransport(const StreamEnd& end, const MessageSpec& spec, std::size_t slots,
@@ -43,6 +44,8 @@ class SendingTransport : public Transport {
 
  private:
   std::size_t acquire(std::int64_t step);
+  /// Starts the sends of the packed slot and records them in flight.
+  void start_step(std::size_t slot, std::int64_t step);
   void settle(std::size_t slot);
 
   StreamEnd end_;
@@ -52,6 +55,7 @@ class SendingTransport : public Transport {
   std::int64_t next_step_;
   std::vector<std::int64_t> in_flight_;  ///< per slot: the step whose sends may be pending, or -1
   double waited_ = 0;
+  FaultHook fault_hook_;
 };
 
 /// The receiving end of a stream: `slots` receives posted ahead in step order, each message

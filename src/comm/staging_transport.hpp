@@ -25,6 +25,7 @@ class StagingTransport final : public Transport {
   void release(std::int64_t step) override;
   void flush() override;
   double wait_seconds() const override { return host_->wait_seconds(); }
+  void set_send_fault_hook(FaultHook hook) override { host_->set_send_fault_hook(std::move(hook)); }
 
  private:
   std::unique_ptr<Transport> host_;

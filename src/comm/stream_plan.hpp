@@ -33,6 +33,13 @@ struct StreamPlan {
   std::int64_t transport_step(std::int64_t train_step, std::int64_t micro = 0) const {
     return eval_messages + (train_step - first_step) * micro_batches + micro;
   }
+  /// The optimizer step whose first micro-batch is transport step `step`; -1 for a held-out
+  /// message or a later micro-batch.
+  std::int64_t train_step_starting_at(std::int64_t step) const {
+    const auto offset = step - eval_messages;
+    if (offset < 0 || offset % micro_batches != 0) return -1;
+    return first_step + offset / micro_batches;
+  }
   /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>.
   MessageSpec message_spec() const;
 };

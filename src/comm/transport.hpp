@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/process_groups.hpp"
+#include "comm/wait.hpp"
 #include "core/config.hpp"
 
 namespace wd::comm {
@@ -86,6 +87,10 @@ class Transport {
   virtual void flush() = 0;
   /// Seconds spent blocked in waits so far (for "wait fraction" metrics).
   virtual double wait_seconds() const = 0;
+  /// Testing aid, for sending ends: `hook(step)` runs inside send/broadcast of every step, once
+  /// the step's sends are started and before they complete (a rank dying mid-send). A
+  /// receiving end never sends, so it ignores the hook.
+  virtual void set_send_fault_hook(FaultHook hook) { static_cast<void>(hook); }
 };
 
 /// One end of a stream over a communicator: the sending end (its receivers, in message order)

@@ -51,6 +51,12 @@ void watch_health(const char* op) {
   }
 }
 
+void run_fault_hook(const FaultHook& hook, const char* op, std::int64_t step) {
+  if (!hook) return;
+  if (HealthChannel* health = HealthChannel::active()) health->mark(op);
+  hook(step);
+}
+
 int current_world_rank() noexcept {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

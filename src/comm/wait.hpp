@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,14 @@ class TimeoutError : public MpiError {
 /// Polls the health channel (when one is active) and marks this rank as busy in `op`; throws
 /// PeerFailure or Interrupted. Every polling wait calls it once per poll.
 void watch_health(const char* op);
+
+/// A testing aid (--inject-fault ...:allreduce, ...:send): called at a point inside an
+/// operation with the step number the operation was called with; the caller's wiring decides
+/// whether a fault strikes there. Empty: no fault planned.
+using FaultHook = std::function<void(std::int64_t step)>;
+
+/// Runs `hook` (when set) inside `op`, marked first, so a failure there is reported in `op`.
+void run_fault_hook(const FaultHook& hook, const char* op, std::int64_t step);
 
 /// World rank of this process, or -1 when MPI is not (or no longer) usable; for messages.
 int current_world_rank() noexcept;

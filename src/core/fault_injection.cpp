@@ -1,4 +1,4 @@
-// Fault injection: parsing KIND@ROLE:RANK:STEP and performing the fault at its step.
+// Fault injection: parsing KIND@ROLE:RANK:STEP[:POINT] and performing the fault at its step and point.
 #include "core/fault_injection.hpp"
 
 #include <spdlog/spdlog.h>
@@ -26,11 +26,50 @@ const std::map<std::string, FaultSpec::Kind>& kinds() {
   return table;
 }
 
+const std::map<std::string, FaultSpec::Point>& points() {
+  static const std::map<std::string, FaultSpec::Point> table{{"step", FaultSpec::Point::kStep},
+                                                             {"allreduce", FaultSpec::Point::kAllreduce},
+                                                             {"send", FaultSpec::Point::kSend},
+                                                             {"save", FaultSpec::Point::kSave}};
+  return table;
+}
+
+template <typename T>
+std::string name_in(const std::map<std::string, T>& table, T value) {
+  for (const auto& [name, v] : table) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
 [[noreturn]] void bad(const std::string& text, const std::string& why) {
   throw ConfigError("inject-fault(" + text + ") " + why +
-                    "; expected KIND@ROLE:RANK:STEP with KIND one of oom, oom_huge, nan, throw, hang, sigkill, "
-                    "sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks and STEP "
-                    "the 1-based training step, e.g. oom@student:0:3");
+                    "; expected KIND@ROLE:RANK:STEP[:POINT] with KIND one of oom, oom_huge, nan, throw, hang, "
+                    "sigkill, sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks, "
+                    "STEP the 1-based training step and POINT step (its start, the default), allreduce (a "
+                    "student, inside the gradient all-reduce), send (a teacher, inside the send of the step's "
+                    "batch) or save (student 0, inside the checkpoint save), e.g. oom@student:0:3 or "
+                    "sigkill@student:1:3:allreduce");
+}
+
+/// The point's own rules: who reaches it, and which kinds make sense there.
+void check_point(const FaultSpec& spec, const std::string& text) {
+  using Point = FaultSpec::Point;
+  if (spec.point == Point::kStep) return;
+  const auto point = name_in(points(), spec.point);
+  if (spec.kind == FaultSpec::Kind::kNan) {
+    bad(text, "puts nan at point " + point + ": nan poisons a step's input, so it strikes only at the step's start");
+  }
+  if ((spec.point == Point::kAllreduce || spec.point == Point::kSave) && spec.role != Role::kStudent) {
+    bad(text, "puts a teacher at point " + point + ", which only students reach");
+  }
+  if (spec.point == Point::kSend && spec.role != Role::kTeacher) {
+    bad(text, "puts a student at point send, which only teachers reach (they send the batches)");
+  }
+  if (spec.point == Point::kSave && spec.role_rank != 0) {
+    bad(text, "puts student " + std::to_string(spec.role_rank) +
+                  " at point save: student 0 writes every checkpoint, the others never save");
+  }
 }
 
 }  // namespace
@@ -47,6 +86,7 @@ std::optional<FaultSpec> FaultSpec::parse(const std::string& text) {
   const auto c1 = rest.find(':');
   const auto c2 = c1 == std::string::npos ? std::string::npos : rest.find(':', c1 + 1);
   if (c2 == std::string::npos) bad(text, "lacks ROLE:RANK:STEP");
+  const auto c3 = rest.find(':', c2 + 1);
   const std::string role = rest.substr(0, c1);
   if (role == "teacher") {
     spec.role = Role::kTeacher;
@@ -57,7 +97,7 @@ std::optional<FaultSpec> FaultSpec::parse(const std::string& text) {
   }
   try {
     std::size_t used = 0;
-    const std::string rank = rest.substr(c1 + 1, c2 - c1 - 1), step = rest.substr(c2 + 1);
+    const std::string rank = rest.substr(c1 + 1, c2 - c1 - 1), step = rest.substr(c2 + 1, c3 - c2 - 1);
     spec.role_rank = std::stoi(rank, &used);
     if (used != rank.size()) bad(text, "has a bad RANK");
     spec.step = std::stoll(step, &used);
@@ -68,33 +108,40 @@ std::optional<FaultSpec> FaultSpec::parse(const std::string& text) {
     bad(text, "has a RANK or STEP that is not a number");
   }
   if (spec.role_rank < 0 || spec.step < 1) bad(text, "needs RANK >= 0 and STEP >= 1");
+  if (c3 != std::string::npos) {
+    const auto point = points().find(rest.substr(c3 + 1));
+    if (point == points().end()) bad(text, "names an unknown point '" + rest.substr(c3 + 1) + "'");
+    spec.point = point->second;
+  }
+  check_point(spec, text);
   return spec;
 }
 
 std::string FaultSpec::describe() const {
-  for (const auto& [name, k] : kinds()) {
-    if (k == kind) {
-      return name + "@" + role_name(role) + ":" + std::to_string(role_rank) + ":" + std::to_string(step);
-    }
-  }
-  return "?";
+  // The old form for the step's start, so its messages read as before.
+  return name_in(kinds(), kind) + "@" + role_name(role) + ":" + std::to_string(role_rank) + ":" +
+         std::to_string(step) + (point == Point::kStep ? "" : ":" + name_in(points(), point));
 }
 
 FaultInjector::FaultInjector(std::optional<FaultSpec> spec, Role role, int role_rank)
     : spec_(std::move(spec)), role_(role), role_rank_(role_rank) {}
 
-bool FaultInjector::due(std::int64_t step) const {
-  return spec_ && spec_->role == role_ && spec_->role_rank == role_rank_ && spec_->step == step;
+bool FaultInjector::planned(FaultSpec::Point point) const {
+  return spec_ && spec_->role == role_ && spec_->role_rank == role_rank_ && spec_->point == point;
+}
+
+bool FaultInjector::due(FaultSpec::Point point, std::int64_t step) const {
+  return planned(point) && spec_->step == step;
 }
 
 bool FaultInjector::nan_due(std::int64_t step) const {
-  if (!due(step) || spec_->kind != FaultSpec::Kind::kNan) return false;
+  if (!due(FaultSpec::Point::kStep, step) || spec_->kind != FaultSpec::Kind::kNan) return false;
   spdlog::warn("injecting fault {} (testing aid)", spec_->describe());
   return true;
 }
 
-void FaultInjector::at_step(std::int64_t step, const c10::Device& device) const {
-  if (!due(step) || spec_->kind == FaultSpec::Kind::kNan) return;
+void FaultInjector::at(FaultSpec::Point point, std::int64_t step, const c10::Device& device) const {
+  if (!due(point, step) || spec_->kind == FaultSpec::Kind::kNan) return;
   spdlog::warn("injecting fault {} (testing aid)", spec_->describe());
   switch (spec_->kind) {
     case FaultSpec::Kind::kOom: {

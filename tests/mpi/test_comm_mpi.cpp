@@ -484,6 +484,41 @@ TEST(Transport, TeacherDestructorDoesNotWaitForAbsentStudents) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// The send fault hook (--inject-fault ...:send) runs inside every send once the step's sends are
+// started, so a failure there leaves that step on its way to the students. Receivers ignore it.
+TEST(Transport, SendFaultHookRunsOnceTheStepsSendsAreStarted) {
+  const int rank = world_rank();
+  for (const auto& l : layouts()) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups g(l, rank);
+    CommConfig cfg;
+    cfg.timeout_s = 30;
+    auto tr = make_mpi_transport(g, rank, batch_spec(), cfg, 0, 4);
+    std::vector<std::int64_t> hooked;
+    tr->set_send_fault_hook([&](std::int64_t step) {
+      hooked.push_back(step);
+      if (step == 2) throw Error("fault inside the send of step 2");
+    });
+    if (l.role_of(rank) == Role::kTeacher) {
+      for (std::int64_t s = 0; s < 4; ++s) {
+        if (s == 2) {
+          EXPECT_THROW(tr->send(s, batches_for(l, rank, s)), Error);
+        } else {
+          tr->send(s, batches_for(l, rank, s));
+        }
+      }
+      tr->flush();
+      EXPECT_EQ(hooked, (std::vector<std::int64_t>{0, 1, 2, 3}));
+    } else {
+      for (std::int64_t s = 0; s < 4; ++s) {
+        expect_batch(tr->recv(s), s, l.replica_of(rank), l.student_slot(rank));
+        tr->release(s);
+      }
+      EXPECT_TRUE(hooked.empty());
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gradient all-reduce.
 
@@ -535,6 +570,28 @@ TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
     }
     EXPECT_GE(reducer.wait_seconds(), 0.0);
   }
+}
+
+// The all-reduce fault hook (--inject-fault ...:allreduce) runs inside every average, with the
+// step it was given, and leaves the average as it was.
+TEST(GradientReducer, FaultHookRunsInsideEveryAverageWithItsStep) {
+  const int rank = world_rank();
+  const auto l = Layout::make(test::world_size(), 1);
+  ProcessGroups g(l, rank);
+  if (l.role_of(rank) == Role::kTeacher) return;
+  auto model = tiny_model();
+  MpiGradientReducer reducer(g.students(), model->parameters(), 1 << 20, 30, rank);
+  std::vector<std::int64_t> hooked;
+  reducer.set_fault_hook([&](std::int64_t step) { hooked.push_back(step); });
+  for (const std::int64_t step : {4, 5}) {
+    model->zero_grad();
+    // Every student's gradient is its rank: the average is the mean rank.
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::full_like(p, static_cast<double>(rank));
+    reducer.average(step);
+    const double mean = (l.teacher_ranks + l.world_size - 1) / 2.0;
+    for (const auto& p : model->parameters()) EXPECT_TRUE(p.grad().eq(mean).all().item<bool>()) << p.grad();
+  }
+  EXPECT_EQ(hooked, (std::vector<std::int64_t>{4, 5}));
 }
 
 // make_gradient_reducer: host parameters get the MPI reducer under auto; nccl is refused on

@@ -1,9 +1,12 @@
 // Rank-synchronised failure handling, launched for real under mpirun (1 teacher + 2 students):
 // each fault of the matrix {oom, nan, throw, sigkill, sigterm} x {teacher, student} x {first
-// step, later step}, plus a hang, stops every rank within the deadline with the documented exit
-// code, and the reporting rank's diagnosis names the failed rank, the kind and the step.
+// step, later step}, plus a hang, and the faults inside a step (a student in the gradient
+// all-reduce, the teacher in the middle of a send, the writing student in a checkpoint save),
+// stops every rank within the deadline with the documented exit code, and the reporting rank's
+// diagnosis names the failed rank, the kind and the step (and where in the step).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 
@@ -19,13 +22,22 @@ constexpr int kRanks = 3;
 constexpr int kDeadline = 4;  // comm.timeout_s: how long a wait lets a silent peer go
 
 struct Case {
-  std::string kind;  ///< oom | nan | throw | sigkill | sigterm | hang
-  std::string role;  ///< teacher | student
-  int step;          ///< 1 (first) or 6 (later)
+  std::string kind;   ///< oom | nan | throw | sigkill | sigterm | hang
+  std::string role;   ///< teacher | student
+  int step;           ///< 1 (first) or 6 (later) at the step's start; 3 or 4 inside it
+  std::string point;  ///< empty: the step's start; allreduce | send | save: inside the step
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return info.param.kind + "_" + info.param.role + "_" + (info.param.step == 1 ? "first" : "later");
+  const Case& c = info.param;
+  return c.kind + "_" + c.role + "_" + (!c.point.empty() ? c.point : c.step == 1 ? "first" : "later");
+}
+
+/// Where the failing rank was, as the diagnosis says it ("in allreduce grads").
+std::string op_of(const std::string& point) {
+  static const std::map<std::string, std::string> table{
+      {"allreduce", "allreduce grads"}, {"send", "send batch"}, {"save", "save checkpoint"}};
+  return table.at(point);
 }
 
 /// The exit code every rank documents for the kind, and the kind's name in the diagnosis.
@@ -47,13 +59,15 @@ class FailureMatrix : public testing::TestWithParam<Case> {};
 TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
   const Case c = GetParam();
   // Teacher 0 is world rank 0; student 1 is world rank 2 (world = teacher, student 0, student 1).
-  const int role_rank = c.role == "teacher" ? 0 : 1;
-  const int world_rank = c.role == "teacher" ? 0 : 2;
+  // A save fault strikes student 0 (world rank 1), the one that writes checkpoints.
+  const int role_rank = c.role == "teacher" ? 0 : c.point == "save" ? 0 : 1;
+  const int world_rank = c.role == "teacher" ? 0 : role_rank + 1;
   const bool silent = c.kind == "sigkill" || c.kind == "hang";
   const auto dir = test::fresh_dir("fail-" + case_name({c, 0}));
   const std::string args = "--run-dir " + dir.string() + " --train.steps 40 --comm.timeout_s " +
-                           std::to_string(kDeadline) + " --inject-fault " + c.kind + "@" + c.role + ":" +
-                           std::to_string(role_rank) + ":" + std::to_string(c.step);
+                           std::to_string(kDeadline) + (c.point == "save" ? " --checkpoint.every 2" : "") +
+                           " --inject-fault " + c.kind + "@" + c.role + ":" + std::to_string(role_rank) + ":" +
+                           std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point);
   // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
   // plus the protocol to explain, so they get a longer grace there.
   const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
@@ -68,7 +82,8 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
   const std::string cause = "cause:   rank " + std::to_string(world_rank) + " (" + c.role + ") " + e.kind_name;
   EXPECT_EQ(count_of(r.output, cause), 1) << "expected '" << cause << "' in\n" << r.output;
   if (!silent) {
-    EXPECT_EQ(count_of(r.output, cause + " at step " + std::to_string(c.step) + " "), 1) << r.output;
+    const std::string where = c.point.empty() ? "" : "in " + op_of(c.point) + "\n";
+    EXPECT_EQ(count_of(r.output, cause + " at step " + std::to_string(c.step) + " " + where), 1) << r.output;
   }
   EXPECT_EQ(count_of(r.output, "memory by rank"), 1) << r.output;
   EXPECT_GE(count_of(r.output, "what to change:"), 1) << r.output;
@@ -83,16 +98,27 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
     EXPECT_EQ(r.code, e.code) << r.output;
   }
   EXPECT_TRUE(std::filesystem::exists(dir / "diagnosis.txt"));
+  if (c.point == "save") {
+    // The save of step 4 never completed; the one of step 2 is still there, sealed.
+    // (tests/mpi/test_resume.cpp checks it bit for bit and resumes from it.)
+    EXPECT_TRUE(std::filesystem::exists(dir / "checkpoints" / "step-00000002" / "manifest.json")) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "checkpoints" / "step-00000004")) << r.output;
+  }
 }
 
 std::vector<Case> matrix() {
   std::vector<Case> cases;
   for (const std::string kind : {"oom", "nan", "throw", "sigkill", "sigterm"}) {
     for (const std::string role : {"teacher", "student"}) {
-      for (const int step : {1, 6}) cases.push_back({kind, role, step});
+      for (const int step : {1, 6}) cases.push_back({kind, role, step, ""});
     }
   }
-  cases.push_back({"hang", "student", 6});
+  cases.push_back({"hang", "student", 6, ""});
+  // Inside a step: the others are in the all-reduce with the failing student, receiving the
+  // batch the teacher was sending, or past the step whose checkpoint was being written.
+  for (const std::string kind : {"sigkill", "hang", "throw"}) cases.push_back({kind, "student", 3, "allreduce"});
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "teacher", 3, "send"});
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 4, "save"});
   return cases;
 }
 

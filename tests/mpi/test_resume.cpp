@@ -1,6 +1,7 @@
 // Checkpoints and resume, launched for real under mpirun (1 teacher + 2 students): a resumed run
 // is bit-identical to a straight one, SIGUSR1 stops with a checkpoint and the requeue code and
-// no step is trained twice, and a corrupt checkpoint is refused while `--resume auto` falls back.
+// no step is trained twice, a corrupt checkpoint is refused while `--resume auto` falls back,
+// and a writer killed in the middle of a save leaves the previous checkpoint to resume from.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -22,10 +23,13 @@ std::string bytes_of(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// step -> loss of every step line in a run's metrics.jsonl (a step seen twice is an error).
-std::map<std::int64_t, double> losses_of(const fs::path& run_dir) {
+/// step -> loss of every step line in a run's metrics.jsonl from line `from` on (a step seen
+/// twice is an error).
+std::map<std::int64_t, double> losses_of(const fs::path& run_dir, std::size_t from = 0) {
   std::map<std::int64_t, double> out;
-  for (const auto& m : test::read_metrics(run_dir / "metrics.jsonl")) {
+  const auto lines = test::read_metrics(run_dir / "metrics.jsonl");
+  for (std::size_t i = from; i < lines.size(); ++i) {
+    const auto& m = lines[i];
     if (!m.contains("loss")) continue;
     const auto step = m["step"].get<std::int64_t>();
     EXPECT_EQ(out.count(step), 0u) << "step " << step << " was trained twice in " << run_dir;
@@ -102,6 +106,50 @@ TEST(Resume, ACorruptCheckpointIsRefusedAndAutoFallsBackToThePreviousGoodOne) {
   EXPECT_GE(count_of(fallback.output, "checksum mismatch"), 1) << fallback.output;
   EXPECT_EQ(count_of(fallback.output, "resuming from " + (d / "checkpoints" / "step-00000006").string()), 1)
       << fallback.output;
+}
+
+TEST(Resume, ASigkillDuringASaveLeavesThePreviousCheckpointAndAutoResumeFinishesExactly) {
+  const auto& a = straight_run();
+  const auto d = test::fresh_dir("resume-killed-save");
+  const auto ckpts = d / "checkpoints";
+  // Student 0 (world rank 1) writes the checkpoints, every 3 steps; it dies in the save of step
+  // 9, with the files written and the checkpoint not yet sealed. The others find it silent at
+  // the deadline (4 s); mpirun's grace lets them explain (see test_failures.cpp).
+  const auto killed = launch_train(3, "--run-dir " + d.string() + kCommon +
+                                          " --checkpoint.every 3 --comm.timeout_s 4 "
+                                          "--inject-fault sigkill@student:0:9:save",
+                                   150, 12);
+  EXPECT_NE(killed.code, 0) << killed.output;
+  EXPECT_LT(killed.seconds, 120) << killed.output;
+  EXPECT_EQ(count_of(killed.output, "wan-distill train stopped: diagnosis"), 1) << killed.output;
+  EXPECT_EQ(count_of(killed.output, "cause:   rank 1 (student) stopped answering"), 1) << killed.output;
+  EXPECT_EQ(count_of(killed.output, "exiting with code 6 ("), 2) << killed.output;
+
+  // What the kill left: a temporary directory, never a checkpoint of step 9; step 6 as it was
+  // written (the same state as the straight run's, bit for bit).
+  EXPECT_FALSE(fs::exists(ckpts / "step-00000009"));
+  int leftovers = 0;
+  for (const auto& e : fs::directory_iterator(ckpts)) {
+    leftovers += e.path().filename().string().rfind(".tmp-step-00000009-", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(leftovers, 1);
+  expect_same_training_state(a / "checkpoints" / "step-00000006", ckpts / "step-00000006");
+  const auto straight = losses_of(a), first = losses_of(d);
+  ASSERT_EQ(first.size(), 9u);  // step 9 was logged before its save began
+  for (const auto& [step, loss] : first) EXPECT_EQ(loss, straight.at(step)) << "step " << step;
+
+  const auto lines_before = test::read_metrics(d / "metrics.jsonl").size();
+  const auto resumed = launch_train(3, "--run-dir " + d.string() + kCommon + " --checkpoint.every 3 --resume auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(count_of(resumed.output, "left by an interrupted checkpoint save"), 1) << resumed.output;
+  EXPECT_EQ(count_of(resumed.output, "resuming from " + (ckpts / "step-00000006").string()), 1) << resumed.output;
+  const auto second = losses_of(d, lines_before);
+  ASSERT_EQ(second.size(), 6u);
+  for (const auto& [step, loss] : second) {
+    EXPECT_GT(step, 6);
+    EXPECT_EQ(loss, straight.at(step)) << "step " << step;
+  }
+  expect_same_training_state(a / "checkpoints" / "step-00000012", ckpts / "step-00000012");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // config and the memory numbers, and the adjusted command line.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <new>
 #include <optional>
 
@@ -55,6 +56,8 @@ TEST(FaultSpec, ParsesTheDocumentedFormAndRejectsEverythingElse) {
   EXPECT_EQ(spec->role_rank, 1);
   EXPECT_EQ(spec->step, 3);
   EXPECT_EQ(spec->describe(), "oom@student:1:3");
+  EXPECT_EQ(spec->point, FaultSpec::Point::kStep);  // the old form: the step's start
+  EXPECT_EQ(spec->describe(), "oom@student:1:3");
   EXPECT_EQ(FaultSpec::parse("oom_huge@teacher:0:2")->kind, FaultSpec::Kind::kOomHuge);
   EXPECT_FALSE(FaultSpec::parse(""));
   for (const char* bad : {"oom", "boom@student:0:1", "oom@pupil:0:1", "oom@student:x:1", "oom@student:0:0",
@@ -64,7 +67,43 @@ TEST(FaultSpec, ParsesTheDocumentedFormAndRejectsEverythingElse) {
       ADD_FAILURE() << bad << " was accepted";
     } catch (const ConfigError& e) {
       EXPECT_TRUE(test::contains(e.what(), std::string("inject-fault(") + bad + ")")) << e.what();
-      EXPECT_TRUE(test::contains(e.what(), "KIND@ROLE:RANK:STEP")) << e.what();
+      EXPECT_TRUE(test::contains(e.what(), "KIND@ROLE:RANK:STEP[:POINT]")) << e.what();
+    }
+  }
+}
+
+TEST(FaultSpec, APointPlacesTheFaultInsideTheStep) {
+  const std::map<std::string, FaultSpec::Point> good{{"sigkill@student:1:3:allreduce", FaultSpec::Point::kAllreduce},
+                                                     {"hang@teacher:0:2:send", FaultSpec::Point::kSend},
+                                                     {"sigkill@student:0:4:save", FaultSpec::Point::kSave},
+                                                     {"throw@teacher:1:5:step", FaultSpec::Point::kStep}};
+  for (const auto& [text, point] : good) {
+    const auto spec = FaultSpec::parse(text);
+    ASSERT_TRUE(spec) << text;
+    EXPECT_EQ(spec->point, point) << text;
+  }
+  EXPECT_EQ(FaultSpec::parse("sigkill@student:1:3:allreduce")->describe(), "sigkill@student:1:3:allreduce");
+  EXPECT_EQ(FaultSpec::parse("sigkill@student:1:3:allreduce")->step, 3);
+  EXPECT_EQ(FaultSpec::parse("throw@teacher:1:5:step")->describe(), "throw@teacher:1:5");
+  // Each refusal names the option, the text, what is wrong with it and the expected form.
+  const std::map<std::string, std::string> bad{
+      {"sigkill@student:0:3:flush", "unknown point 'flush'"},
+      {"sigkill@student:0:3:", "unknown point ''"},
+      {"sigkill@student:0:3:save:now", "unknown point 'save:now'"},
+      {"sigkill@student:0:x:save", "not a number"},
+      {"sigkill@teacher:0:3:allreduce", "only students reach"},
+      {"sigkill@teacher:0:3:save", "only students reach"},
+      {"sigkill@student:0:3:send", "only teachers reach"},
+      {"sigkill@student:1:3:save", "student 0 writes every checkpoint"},
+      {"nan@student:0:3:allreduce", "strikes only at the step's start"}};
+  for (const auto& [text, why] : bad) {
+    try {
+      FaultSpec::parse(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(test::contains(e.what(), "inject-fault(" + text + ") ")) << e.what();
+      EXPECT_TRUE(test::contains(e.what(), why)) << e.what();
+      EXPECT_TRUE(test::contains(e.what(), "KIND@ROLE:RANK:STEP[:POINT]")) << e.what();
     }
   }
 }
@@ -85,6 +124,24 @@ TEST(FaultInjector, FiresOnlyOnItsRankAndStep) {
   const FaultInjector nan(FaultSpec::parse("nan@student:0:4"), Role::kStudent, 0);
   EXPECT_TRUE(nan.nan_due(4));
   EXPECT_FALSE(nan.nan_due(3));
+}
+
+TEST(FaultInjector, FiresOnlyAtItsPoint) {
+  using Point = FaultSpec::Point;
+  const FaultInjector mine(FaultSpec::parse("throw@student:1:3:allreduce"), Role::kStudent, 1);
+  const FaultInjector other(FaultSpec::parse("throw@student:1:3:allreduce"), Role::kStudent, 0);
+  EXPECT_TRUE(mine.planned(Point::kAllreduce));
+  EXPECT_FALSE(mine.planned(Point::kStep));
+  EXPECT_FALSE(mine.planned(Point::kSave));
+  EXPECT_FALSE(other.planned(Point::kAllreduce));
+  EXPECT_NO_THROW(mine.at_step(3, torch::kCPU));  // the step's start is another point
+  EXPECT_NO_THROW(mine.at(Point::kSave, 3, torch::kCPU));
+  EXPECT_NO_THROW(mine.at(Point::kAllreduce, 2, torch::kCPU));
+  EXPECT_NO_THROW(other.at(Point::kAllreduce, 3, torch::kCPU));
+  EXPECT_THROW(mine.at(Point::kAllreduce, 3, torch::kCPU), Error);
+  const FaultInjector plain(FaultSpec::parse("throw@teacher:0:2"), Role::kTeacher, 0);
+  EXPECT_NO_THROW(plain.at(Point::kSend, 2, torch::kCPU));
+  EXPECT_THROW(plain.at_step(2, torch::kCPU), Error);
 }
 
 constexpr std::uint64_t kMiB = 1024 * 1024;
