@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -197,12 +198,13 @@ void HealthChannel::poll() noexcept {
     if (incoming_control_.type == kControlStopAfter) stop_after_ = incoming_control_.step;
     post_control_recv();
   }
-  // Retire finished sends so the queue stays short in a long run.
-  while (!outgoing_.empty()) {
+  // Retire finished sends so the queue stays short in a long run (any of them: a send to a
+  // dead rank never finishes and must not hold back the others').
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
     int done = 0;
-    auto& front = outgoing_.front();
-    if (front.request != MPI_REQUEST_NULL && (MPI_Test(&front.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)) break;
-    outgoing_.pop_front();
+    const bool finished = it->request == MPI_REQUEST_NULL ||
+                          (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done);
+    it = finished ? outgoing_.erase(it) : std::next(it);
   }
 }
 
@@ -218,6 +220,7 @@ void HealthChannel::send_bytes(int dest, int tag, const void* data, std::size_t 
   try {
     Outgoing out;
     out.bytes = std::make_unique<std::uint8_t[]>(size);
+    out.dest = dest;
     std::memcpy(out.bytes.get(), data, size);
     if (MPI_Isend(out.bytes.get(), static_cast<int>(size), MPI_BYTE, dest, tag, comm_, &out.request) !=
         MPI_SUCCESS) {
@@ -283,11 +286,14 @@ void HealthChannel::barrier(const char* op, double timeout_s) {
   }
 }
 
-void HealthChannel::settle_sends(double timeout_s) noexcept {
+void HealthChannel::settle_sends(double timeout_s, const std::vector<bool>& to) noexcept {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   while (Clock::now() < deadline) {
     poll();
-    if (outgoing_.empty()) return;
+    const bool settled = std::none_of(outgoing_.begin(), outgoing_.end(), [&](const Outgoing& o) {
+      return o.dest >= 0 && static_cast<std::size_t>(o.dest) < to.size() && to[static_cast<std::size_t>(o.dest)];
+    });
+    if (settled) return;
     mark("failure protocol");
     std::this_thread::sleep_for(kPollPause);
   }
@@ -375,10 +381,15 @@ FailureExchange HealthChannel::exchange_failure_reports(const FailureNotice& own
 
 void HealthChannel::release(const FailureExchange& ex, int code, double grace_s) noexcept {
   const std::int32_t value = code;
+  // Only the ranks that reported are waited for: a send to a silent (dead) rank, this one or an
+  // earlier notice, would hold the reporter for the whole grace.
+  std::vector<bool> reported(ex.reports.size(), false);
   for (std::size_t r = 0; r < ex.reports.size(); ++r) {
-    if (static_cast<int>(r) != topo_.rank && ex.reports[r]) send_bytes(static_cast<int>(r), kReleaseTag, &value, sizeof(value));
+    if (static_cast<int>(r) == topo_.rank || !ex.reports[r]) continue;
+    send_bytes(static_cast<int>(r), kReleaseTag, &value, sizeof(value));
+    reported[r] = true;
   }
-  settle_sends(grace_s);
+  settle_sends(grace_s, reported);
 }
 
 std::optional<int> HealthChannel::wait_for_release(int reporter, double timeout_s) noexcept {

@@ -176,6 +176,7 @@ class HealthChannel {
   struct Outgoing {
     MPI_Request request = MPI_REQUEST_NULL;
     std::unique_ptr<std::uint8_t[]> bytes;
+    int dest = -1;
   };
 
   /// Tests the posted receives; keeps what arrived and reposts. Never throws.
@@ -183,8 +184,9 @@ class HealthChannel {
   void post_notice_recv() noexcept;
   void post_control_recv() noexcept;
   void send_bytes(int dest, int tag, const void* data, std::size_t size) noexcept;
-  /// Waits (at most timeout_s) for the outgoing sends; frees the finished ones.
-  void settle_sends(double timeout_s) noexcept;
+  /// Waits (at most timeout_s) for the outgoing sends to the ranks `to` marks; frees every
+  /// finished one.
+  void settle_sends(double timeout_s, const std::vector<bool>& to) noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   Topology topo_;
