@@ -1,9 +1,7 @@
 // The memory monitor: config, the per-step hook, the rank-0 table and the metrics.jsonl line.
 #include "memory/memory_monitor.hpp"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,21 +16,6 @@ namespace wd::memory {
 namespace {
 
 std::string bytes_cell(std::uint64_t bytes) { return format_bytes(static_cast<double>(bytes)); }
-
-/// Appends `line` with one write(2) on an O_APPEND descriptor: the student leader appends its
-/// step lines to the same file, and whole-line appends keep the two writers from interleaving.
-void append_line(const std::string& path, const std::string& line) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    spdlog::warn("cannot append the memory report to {}: {}", path, std::strerror(errno));
-    return;
-  }
-  const std::string text = line + "\n";
-  if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    spdlog::warn("short write of the memory report to {}: {}", path, std::strerror(errno));
-  }
-  ::close(fd);
-}
 
 nlohmann::json device_json(const compat::DeviceMemory& d) {
   if (!d.available) return nullptr;
@@ -93,8 +76,7 @@ std::string format_memory_table(std::int64_t step, std::int64_t since,
   return table;
 }
 
-std::string memory_metrics_line(std::int64_t step, std::int64_t since,
-                                const std::vector<MemoryReport>& reports) {
+nlohmann::json memory_metrics(std::int64_t step, std::int64_t since, const std::vector<MemoryReport>& reports) {
   auto ranks = nlohmann::json::array();
   for (std::size_t r = 0; r < reports.size(); ++r) {
     const auto& m = reports[r];
@@ -108,14 +90,19 @@ std::string memory_metrics_line(std::int64_t step, std::int64_t since,
                      {"optimizer_state_bytes", m.model.optimizer_state_bytes},
                      {"device", device_json(m.device)}});
   }
-  return nlohmann::json{{"memory_step", step}, {"peaks_since_step", since}, {"ranks", ranks}}.dump();
+  return {{"memory_step", step}, {"peaks_since_step", since}, {"ranks", ranks}};
+}
+
+std::string memory_metrics_line(std::int64_t step, std::int64_t since,
+                                const std::vector<MemoryReport>& reports) {
+  return memory_metrics(step, since, reports).dump();
 }
 
 MemoryMonitor::MemoryMonitor(MemoryConfig config, Role role, Gather gather, std::string metrics_path)
-    : config_(config), role_(role), gather_(std::move(gather)), metrics_path_(std::move(metrics_path)) {}
+    : config_(config), role_(role), gather_(std::move(gather)), metrics_(std::move(metrics_path)) {}
 
 MemoryMonitor::MemoryMonitor(MemoryConfig config, Role role, AsyncGather gather, std::string metrics_path)
-    : config_(config), role_(role), async_(std::move(gather)), metrics_path_(std::move(metrics_path)) {}
+    : config_(config), role_(role), async_(std::move(gather)), metrics_(std::move(metrics_path)) {}
 
 MemoryMonitor::Gather MemoryMonitor::local_only() {
   return [](std::int64_t, const MemoryReport& mine) { return std::vector<MemoryReport>{mine}; };
@@ -185,7 +172,7 @@ void MemoryMonitor::finish() {
 void MemoryMonitor::publish(const Gathered& g, std::int64_t since) {
   if (g.reports.empty()) return;
   spdlog::info("{}", format_memory_table(g.step, since, g.reports));
-  if (!metrics_path_.empty()) append_line(metrics_path_, memory_metrics_line(g.step, since, g.reports));
+  metrics_.append(memory_metrics(g.step, since, g.reports));
 }
 
 }  // namespace wd::memory

@@ -1,5 +1,6 @@
 // MemoryMonitor (`[memory]`): every report_every steps one table from rank 0 with every rank's
-// memory, a metrics.jsonl line, and per-interval peaks; optional emptying of the CUDA cache.
+// memory, a metrics.jsonl line (and its TensorBoard scalars), and per-interval peaks; optional
+// emptying of the CUDA cache.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/metrics_writer.hpp"
 #include "memory/memory_report.hpp"
 
 namespace wd::memory {
@@ -28,6 +30,8 @@ std::string format_memory_table(std::int64_t step, std::int64_t since,
                                 const std::vector<MemoryReport>& reports);
 std::string memory_metrics_line(std::int64_t step, std::int64_t since,
                                 const std::vector<MemoryReport>& reports);
+/// The metrics.jsonl line as a JSON object (what MetricsWriter takes).
+nlohmann::json memory_metrics(std::int64_t step, std::int64_t since, const std::vector<MemoryReport>& reports);
 
 class MemoryMonitor {
  public:
@@ -50,8 +54,8 @@ class MemoryMonitor {
     std::function<std::optional<Gathered>(bool wait)> collect;
   };
 
-  /// `metrics_path`, when not empty, receives one JSON line per report (give it on the
-  /// reporting rank only).
+  /// `metrics_path`, when not empty, receives one JSON line per report and the TensorBoard run
+  /// memory/ beside it its scalars (give it on the reporting rank only).
   MemoryMonitor(MemoryConfig config, Role role, Gather gather, std::string metrics_path = "");
   /// With an asynchronous gather: a report is printed when its gather completes (checked after
   /// every step; at the latest when the next report is posted, or at finish()).
@@ -88,7 +92,7 @@ class MemoryMonitor {
   AsyncGather async_;
   bool pending_ = false;              ///< an asynchronous gather is in flight
   std::int64_t pending_since_ = 0;    ///< its interval start
-  std::string metrics_path_;
+  MetricsWriter metrics_;
   std::int64_t interval_start_ = 0;  ///< step of the last peak reset
   std::uint64_t past_peak_rss_ = 0;  ///< highest peak of the intervals already reset
   bool peak_reset_failed_ = false;   ///< said once; host peaks are then lifetime peaks

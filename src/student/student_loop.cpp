@@ -10,6 +10,7 @@
 
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "core/metrics_writer.hpp"
 
 namespace wd::student {
 
@@ -49,12 +50,6 @@ double evaluate(StudentJob& job, const std::vector<comm::TensorDict>& eval_set, 
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
-void append_metrics(const StudentJob& job, const nlohmann::json& line) {
-  if (!job.leader || job.metrics_path.empty()) return;
-  std::ofstream out(job.metrics_path, std::ios::app);
-  out << line.dump() << "\n";
-}
-
 }  // namespace
 
 torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out) {
@@ -72,6 +67,7 @@ StudentStats run_student(StudentJob& job) {
                                             .betas({job.train.beta1, job.train.beta2})
                                             .weight_decay(job.train.weight_decay));
   if (job.restore) job.restore(optimizer);
+  MetricsWriter metrics(job.leader ? job.metrics_path : "");  // metrics.jsonl and TensorBoard
   const auto first = job.plan.first_step, last = job.plan.train_steps;
 
   // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
@@ -85,7 +81,7 @@ StudentStats run_student(StudentJob& job) {
   if (!eval_set.empty()) {
     stats.first_eval_rel_mse = evaluate(job, eval_set, first);
     if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", first, stats.first_eval_rel_mse);
-    append_metrics(job, {{"eval_step", first}, {"rel_mse", stats.first_eval_rel_mse}});
+    metrics.append({{"eval_step", first}, {"rel_mse", stats.first_eval_rel_mse}});
   }
 
   const auto device = params.front().device();
@@ -149,8 +145,8 @@ StudentStats run_student(StudentJob& job) {
       const double eta = secs / steps_in_window * (last - step - 1);
       spdlog::info("step {}/{} loss {:.5f} lr {:.2e} {:.1f} samples/s wait {:.0f}% ETA {:.0f} s",
                    step + 1, last, stats.losses.back(), lr, samples_s, 100 * waited / secs, eta);
-      append_metrics(job, {{"step", step + 1}, {"loss", stats.losses.back()}, {"lr", lr},
-                           {"samples_per_s", samples_s}, {"wait_fraction", waited / secs}});
+      metrics.append({{"step", step + 1}, {"loss", stats.losses.back()}, {"lr", lr},
+                      {"samples_per_s", samples_s}, {"wait_fraction", waited / secs}});
     }
     if (log_now) {
       window_start = Clock::now();
@@ -160,7 +156,7 @@ StudentStats run_student(StudentJob& job) {
         step + 1 < last && !stop) {
       const double rel = evaluate(job, eval_set, step + 1);
       if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
-      append_metrics(job, {{"eval_step", step + 1}, {"rel_mse", rel}});
+      metrics.append({{"eval_step", step + 1}, {"rel_mse", rel}});
     }
     if (job.memory) job.memory->after_step(step + 1, device, model_memory);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;
@@ -184,8 +180,8 @@ StudentStats run_student(StudentJob& job) {
       spdlog::info("eval after training: relative MSE {:.5f} (at step {}: {:.5f})",
                    stats.final_eval_rel_mse, first, stats.first_eval_rel_mse);
     }
-    append_metrics(job, {{"eval_step", last}, {"rel_mse", stats.final_eval_rel_mse},
-                         {"rel_mse_before", stats.first_eval_rel_mse}});
+    metrics.append({{"eval_step", last}, {"rel_mse", stats.final_eval_rel_mse},
+                    {"rel_mse_before", stats.first_eval_rel_mse}});
   }
   stats.seconds = since(t0);
   stats.wait_seconds = job.transport.wait_seconds();

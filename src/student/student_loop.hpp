@@ -34,7 +34,7 @@ struct StudentJob {
   int world_rank = 0;
   std::vector<int> peers;     ///< world ranks of the other students (named on a timeout)
   bool leader = false;        ///< student rank 0: logs and writes metrics
-  std::string metrics_path;   ///< metrics.jsonl (leader only)
+  std::string metrics_path;   ///< metrics.jsonl (leader only); TensorBoard runs beside it
   CheckpointPolicy checkpointing;  ///< blocks recomputed in the training backward
   /// Called after every training step (memory reports gather every rank); null = none.
   memory::MemoryMonitor* memory = nullptr;
