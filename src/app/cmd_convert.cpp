@@ -1,4 +1,5 @@
-// `wan-distill convert`: rewrites a DiT checkpoint once in the dtype teachers run in (bf16).
+// `wan-distill convert`: rewrites a DiT checkpoint once in another dtype (bf16 for teachers) and
+// key layout (native, or diffusers for WanTransformer3DModel.from_pretrained).
 #include <spdlog/spdlog.h>
 
 #include "app/commands.hpp"
@@ -28,8 +29,8 @@ struct ConvertConfig {
         .bind("model-config", model_config, "config.json of the input (default: in / beside it)")
         .bind("dtype", dtype, "dtype to write: bf16 | fp16 | fp32")
         .bind("layout", layout,
-              "key names and config.json to write: native only (official Wan names); "
-              "diffusers output is not supported")
+              "key names and config.json to write: native (official Wan) | diffusers "
+              "(WanTransformer3DModel.from_pretrained(DIR) loads it)")
         .bind("shard-size", shard_size, "largest shard file, e.g. 5GB, 512MB, 2GiB")
         .bind("keep-fp32", keep_fp32,
               "keep fp32 the tensors the model only uses in fp32 (time MLP, time projection, "
@@ -50,11 +51,7 @@ struct ConvertConfig {
       problems.check(false, e.what());
     }
     try {
-      // The project has a reader but no writer for the diffusers config.json, so only the
-      // official layout can be produced; diffusers input is still read.
-      problems.check(parse_layout(layout) == KeyLayout::kNative,
-                     "layout(" + layout + ") cannot be written: convert writes the native (official "
-                     "Wan) key names and config.json only");
+      options.layout = parse_layout(layout);
     } catch (const ConfigError& e) {
       problems.check(false, e.what());
     }
@@ -78,15 +75,17 @@ int run_convert(const std::vector<std::string>& args) {
   cfg.bind(table);
   if (parse_options(args, table).help) {
     print_help(
-        "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native] "
+        "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers] "
         "[--shard-size 5GB] [--force]",
-        "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one) in another dtype, once, so\n"
-        "that teachers map bf16 weights straight from the file. Writes config.json, safetensors\n"
-        "shards and their index under native key names, one shard at a time (memory stays about\n"
-        "one shard), into a temporary directory renamed to DIR when complete. By default the\n"
-        "tensors the model uses only in fp32 stay fp32 (spec section 6; docs/placement.md).\n"
-        "Only the native layout can be written. Exit codes: 2 bad options or existing output,\n"
-        "3 bad input checkpoint.",
+        "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one, or a trained student's\n"
+        "RUN_DIR/student) in another dtype and key layout, once: bf16 so that teachers map\n"
+        "weights straight from the file; --layout diffusers for diffusers, whose\n"
+        "WanTransformer3DModel.from_pretrained(DIR) loads the result (config.json in its field\n"
+        "names, its key names). Writes config.json, safetensors shards and, when sharded, their\n"
+        "index, one shard at a time (memory stays about one shard), into a temporary directory\n"
+        "renamed to DIR when complete. By default the tensors the model uses only in fp32 stay\n"
+        "fp32 (spec section 6; docs/placement.md). Exit codes: 2 bad options, existing output or\n"
+        "a model the layout cannot express, 3 bad input checkpoint.",
         table);
     return kExitOk;
   }

@@ -26,7 +26,9 @@ struct ForwardConfig {
   RuntimeConfig runtime;
 
   void bind(OptionTable& t) {
-    t.require("weights", weights, "checkpoint directory or .safetensors file")
+    t.require("weights", weights,
+              "checkpoint directory (native or diffusers names; a diffusers pipeline folder is "
+              "read through its transformer/) or .safetensors file")
         .bind("model-config", model_config,
               "config.json to use (default: the one in / beside --weights)")
         .bind("inputs", inputs,

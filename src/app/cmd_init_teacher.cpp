@@ -37,7 +37,9 @@ struct InitTeacherConfig {
         .require("output", output, "directory to create (config.json, shards, index)")
         .bind("shard-size", shard_size, "largest shard file, e.g. 2GB, 512MB, 5GiB")
         .bind("dtype", dtype, "tensor dtype on disk: fp32 | bf16 | fp16")
-        .bind("layout", layout, "key names: native (official Wan) | diffusers")
+        .bind("layout", layout,
+              "key names and config.json: native (official Wan) | diffusers (WanTransformer3DModel; "
+              "with --experts 2 a pipeline folder)")
         .bind("seed", seed, "seed of the random initialisation (the high-noise expert uses seed+1)")
         .bind("experts", experts, "1: one DiT in --output; 2: the A14B layout, low_noise_model/ and "
                                   "high_noise_model/ with different weights")
@@ -84,9 +86,11 @@ int run_init_teacher(const std::vector<std::string>& args) {
   if (parse_options(args, table).help) {
     print_help("wan-distill init-teacher --output DIR [--preset NAME] [overrides] [options]",
                "Writes a randomly initialised Wan DiT (config.json, safetensors shards and index)\n"
-               "in the official layout, one tensor at a time, so even the 14B presets never sit\n"
-               "in memory. --experts 2 writes the Wan 2.2 A14B layout: low_noise_model/ and\n"
-               "high_noise_model/, each a complete checkpoint with its own config.json.",
+               "in the official or the diffusers layout, one tensor at a time, so even the 14B\n"
+               "presets never sit in memory. --experts 2 writes the Wan 2.2 A14B layout:\n"
+               "low_noise_model/ and high_noise_model/, each a complete checkpoint with its own\n"
+               "config.json; with --layout diffusers a pipeline folder instead: transformer_2/\n"
+               "(low-noise), transformer/ (high-noise) and model_index.json (boundary_ratio).",
                table);
     return kExitOk;
   }
@@ -124,8 +128,9 @@ int run_init_teacher(const std::vector<std::string>& args) {
                    "boundary", config.model_type, cfg.output);
     }
     const auto r = write_random_wan_experts(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);
-    spdlog::info("wrote {}/ ({} file(s)) and {}/ ({} file(s)) to {}", WanExperts::kLowDir,
-                 r.low.shard_files.size(), WanExperts::kHighDir, r.high.shard_files.size(), cfg.output);
+    const auto names = WanExperts::folders(cfg.output)->names;
+    spdlog::info("wrote {}/ ({} file(s), low-noise) and {}/ ({} file(s), high-noise) to {}",
+                 names[0], r.low.shard_files.size(), names[1], r.high.shard_files.size(), cfg.output);
     return kExitOk;
   }
   const auto result = write_random_wan_checkpoint(cfg.output, config, dtype, shard_bytes, cfg.seed, layout);

@@ -62,8 +62,11 @@ int run_inspect(const std::vector<std::string>& args) {
     print_help("wan-distill inspect PATH [--model-config FILE]",
                "Describes a checkpoint (directory with an index, directory with one file, or one\n"
                ".safetensors file): layout, config, tensors, parameters, dtypes, bytes, and every\n"
-               "problem found. A two-expert (A14B) folder gets both experts' reports and a check\n"
-               "that they share one architecture. Exit code 3 when there is any problem.",
+               "problem found. A diffusers pipeline folder is read through its transformer/. A\n"
+               "two-expert (A14B) folder, official (low_noise_model/, high_noise_model/) or a\n"
+               "diffusers pipeline (transformer_2/ low-noise, transformer/ high-noise,\n"
+               "boundary_ratio in model_index.json), gets both experts' reports and a check that\n"
+               "they share one architecture. Exit code 3 when there is any problem.",
                table);
     return kExitOk;
   }
@@ -76,36 +79,42 @@ int run_inspect(const std::vector<std::string>& args) {
   init_logging(Topology::single_process(), log.level);
 
   const auto& path = parsed.positional[0];
-  if (!WanExperts::is_two_expert_dir(path)) {
+  const auto folders = WanExperts::folders(path);
+  if (!folders) {
     const auto found = print_checkpoint(WanCheckpoint::open(path, model_config), "");
     return found == 0 ? kExitOk : kExitDataError;
   }
-  // A two-expert (A14B) folder: each expert's report, then whether they share one architecture.
+  // A two-expert (A14B) folder, official or diffusers pipeline: each expert's report, then
+  // whether they share one architecture.
   if (!model_config.empty()) {
     throw ConfigError("--model-config cannot be used with the two-expert folder " + path +
                       ": each expert has its own config.json");
   }
+  const auto& [low, high] = folders->names;
   const fs::path dir(path);
   std::vector<WanCheckpoint> experts;
-  for (const char* sub : {WanExperts::kLowDir, WanExperts::kHighDir}) {
+  for (const auto& sub : folders->names) {
     if (!fs::is_directory(dir / sub)) {
-      throw DataError(path, sub, "is missing: a two-expert checkpoint needs low_noise_model/ and "
-                                 "high_noise_model/");
+      throw DataError(path, sub, "is missing: a two-expert checkpoint needs " + low + "/ and " +
+                                     high + "/");
     }
     experts.push_back(WanCheckpoint::open((dir / sub).string()));
   }
-  const auto boundary = default_expert_boundary(experts[0].config().model_type);
+  const auto& type = experts[0].config().model_type;
+  const auto boundary = folders->boundary ? folders->boundary : default_expert_boundary(type);
   std::cout << "path:        " << path << "\n"
-            << "experts:     2 (" << WanExperts::kLowDir << ", " << WanExperts::kHighDir
+            << "experts:     2 (" << low << ", " << high
             << "), high-noise expert for t >= boundary*1000, boundary ";
-  if (boundary) {
-    std::cout << *boundary << " (default of " << experts[0].config().model_type << ")\n";
+  if (folders->boundary) {
+    std::cout << *boundary << " (boundary_ratio of model_index.json)\n";
+  } else if (boundary) {
+    std::cout << *boundary << " (default of " << type << ")\n";
   } else {
-    std::cout << "not set (model_type " << experts[0].config().model_type << " has no default)\n";
+    std::cout << "not set (model_type " << type << " has no default)\n";
   }
   std::size_t problems_found = 0;
   for (std::size_t i = 0; i < experts.size(); ++i) {
-    std::cout << (i == 0 ? WanExperts::kLowDir : WanExperts::kHighDir) << ":\n";
+    std::cout << folders->names[i] << (i == 0 ? " (low-noise)" : " (high-noise)") << ":\n";
     problems_found += print_checkpoint(experts[i], "  ");
   }
   try {

@@ -19,10 +19,12 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table{
       {"convert",
-       {wd::app::run_convert, "rewrite a DiT checkpoint in another dtype (bf16 for teachers)"}},
+       {wd::app::run_convert,
+        "rewrite a DiT checkpoint in another dtype (bf16 for teachers) or layout (diffusers)"}},
       {"forward", {wd::app::run_forward, "run the DiT on an inputs file (or random inputs)"}},
       {"init-teacher",
-       {wd::app::run_init_teacher, "write a randomly initialised DiT in the official layout"}},
+       {wd::app::run_init_teacher,
+        "write a randomly initialised DiT in the official or diffusers layout"}},
       {"inspect", {wd::app::run_inspect, "describe and validate a checkpoint"}},
       {"plan", {wd::app::run_plan, "predict each rank's memory per teacher placement (no MPI)"}},
       {"train", {wd::app::run_train, "distil a teacher into a student (run under mpirun)"}},

@@ -54,7 +54,7 @@ void make_builtin_assets(const RunConfig& cfg) {
                                 2'000'000'000ULL, kBuiltinSeed);
   }
   if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
-    const auto tc = WanCheckpoint::open(cfg.teacher_path(), cfg.teacher.model_config).config();
+    const auto tc = open_teacher(cfg).config();  // a two-expert folder too
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;

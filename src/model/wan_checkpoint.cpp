@@ -11,6 +11,7 @@
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "model/diffusers_pipeline.hpp"
 
 namespace wd {
 
@@ -68,6 +69,17 @@ WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& co
       throw DataError(path, "", "is a two-expert (A14B) checkpoint: open it with WanExperts (as "
                                 "teacher.checkpoint it is accepted whole), or pass "
                                 "high_noise_model/ or low_noise_model/ for one expert");
+    }
+    if (!fs::exists(p / kIndexName) && DiffusersPipeline::is_pipeline_dir(path)) {
+      // A diffusers pipeline folder: its DiT is transformer/ (e.g. Wan 2.2 TI2V-5B).
+      const auto pipeline = DiffusersPipeline::read(path);
+      if (pipeline.two_experts) {
+        throw DataError(path, "", "is a two-expert (A14B) diffusers pipeline: open it with "
+                                  "WanExperts (as teacher.checkpoint it is accepted whole), or pass "
+                                  "transformer/ (high-noise) or transformer_2/ (low-noise) for one "
+                                  "expert");
+      }
+      return open(pipeline.transformer_dir(), config_path);
     }
     if (fs::exists(p / kIndexName)) {
       const auto index_path = (p / kIndexName).string();
@@ -305,12 +317,17 @@ WanDiT load_wan_dit(const WanCheckpoint& ck, std::optional<c10::ScalarType> dtyp
   return model;
 }
 
+std::string wan_config_json(const WanConfig& config, KeyLayout layout) {
+  return layout == KeyLayout::kNative ? config.to_json() : config.to_diffusers_json();
+}
+
 ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const WanConfig& config,
                                                c10::ScalarType dtype, std::uint64_t shard_bytes,
                                                std::uint64_t seed, KeyLayout layout) {
   config.validate("init-teacher");
+  const auto config_json = wan_config_json(config, layout);
   fs::create_directories(dir);
-  write_file_atomically((fs::path(dir) / "config.json").string(), config.to_json());
+  write_file_atomically((fs::path(dir) / "config.json").string(), config_json);
   const auto specs = wan_param_specs(config);
   const auto elem = c10::elementSize(dtype);
   std::vector<TensorSource> sources;

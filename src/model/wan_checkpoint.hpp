@@ -23,7 +23,8 @@ inline constexpr const char* kCheckpointStem = "diffusion_pytorch_model";
 class WanCheckpoint {
  public:
   /// Opens `path`: a directory with `diffusion_pytorch_model.safetensors.index.json` and its
-  /// shards, a directory holding exactly one .safetensors file, or a single .safetensors file.
+  /// shards, a directory holding exactly one .safetensors file, a single .safetensors file, or
+  /// a diffusers pipeline folder with one DiT (its transformer/; a two-expert one is refused).
   /// The config is `config_path` when given, else config.json in the directory (or beside the
   /// file). Every file is mapped and validated; no tensor data is read.
   static WanCheckpoint open(const std::string& path, const std::string& config_path = "");
@@ -93,8 +94,12 @@ WanDiT load_wan_dit(const WanCheckpoint& checkpoint,
 /// The block index of a native key `blocks.<i>.…`, or -1 for the embeddings and the head.
 std::int64_t wan_block_of(const std::string& native_key);
 
-/// Writes a randomly initialised DiT in the official on-disk layout: config.json, then the
-/// tensors produced one shard at a time (never all in memory) into shards of at most
+/// The config.json of a checkpoint in `layout`: WanConfig::to_json (native) or
+/// to_diffusers_json (diffusers; throws wd::ConfigError for a model diffusers cannot express).
+std::string wan_config_json(const WanConfig& config, KeyLayout layout);
+
+/// Writes a randomly initialised DiT: config.json (in `layout`), then the tensors (names in
+/// `layout`) produced one shard at a time (never all in memory) into shards of at most
 /// `shard_bytes` with `diffusion_pytorch_model.safetensors.index.json`, or one
 /// `diffusion_pytorch_model.safetensors` when they fit.
 ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const WanConfig& config,

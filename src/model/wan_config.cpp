@@ -113,16 +113,22 @@ WanConfig from_diffusers(const json& j, const std::string& source) {
   c.num_layers = field<std::int64_t>(j, "num_layers", 40, source);
   c.cross_attn_norm = field<bool>(j, "cross_attn_norm", true, source);
   c.eps = field<double>(j, "eps", 1e-6, source);
+  // diffusers' WanAttention has norm_q / norm_k and applies them whatever this field says.
   const auto qk = field<std::string>(j, "qk_norm", "rms_norm_across_heads", source);
-  WD_CHECK_DATA(qk == "rms_norm_across_heads" || qk.empty(), source, "qk_norm",
+  WD_CHECK_DATA(qk == "rms_norm_across_heads", source, "qk_norm",
                 "is '" + qk + "'; only rms_norm_across_heads (the Wan 2.2 norm) is supported");
-  c.qk_norm = !qk.empty();
+  c.qk_norm = true;
   if (j.contains("patch_size")) c.patch_size = field<std::array<std::int64_t, 3>>(j, "patch_size", c.patch_size, source);
-  WD_CHECK_DATA(field<json>(j, "image_dim", json(), source).is_null(), source, "image_dim",
-                "is set: the Wan 2.1 image branch does not exist in Wan 2.2");
-  // diffusers has no model_type: the input channels tell the Wan 2.2 variants apart.
-  c.model_type = c.in_dim == 36 ? "i2v" : (c.in_dim == 48 ? "ti2v" : "t2v");
-  c.text_len = 512;  // diffusers pads prompts to max_sequence_length = 512 in the pipeline
+  for (const char* wan21 : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"}) {
+    WD_CHECK_DATA(field<json>(j, wan21, json(), source).is_null(), source, wan21,
+                  "is set: the Wan 2.1 image branch does not exist in Wan 2.2");
+  }
+  // diffusers has no model_type: the input channels tell the Wan 2.2 variants apart, unless
+  // our own writer recorded it (to_diffusers_json).
+  const auto inferred = c.in_dim == 36 ? "i2v" : (c.in_dim == 48 ? "ti2v" : "t2v");
+  c.model_type = field<std::string>(j, "_wan_model_type", inferred, source);
+  // diffusers pads prompts to max_sequence_length = 512 in the pipeline.
+  c.text_len = field<std::int64_t>(j, "_wan_text_len", 512, source);
   return c;
 }
 
@@ -188,6 +194,36 @@ std::string WanConfig::to_json() const {
   j["qk_norm"] = qk_norm;
   j["cross_attn_norm"] = cross_attn_norm;
   j["eps"] = eps;
+  return j.dump(2) + "\n";
+}
+
+std::string WanConfig::to_diffusers_json() const {
+  if (!qk_norm) {
+    throw ConfigError("qk_norm(false) cannot be written as a diffusers config: diffusers' "
+                      "WanTransformer3DModel always normalises q and k (norm_q, norm_k)");
+  }
+  // nlohmann::json keeps keys sorted, as diffusers' save_pretrained writes them.
+  json j;
+  j["_class_name"] = "WanTransformer3DModel";
+  j["_diffusers_version"] = kDiffusersVersion;
+  j["_wan_model_type"] = model_type;
+  j["_wan_text_len"] = text_len;
+  j["added_kv_proj_dim"] = nullptr;
+  j["attention_head_dim"] = head_dim();
+  j["cross_attn_norm"] = cross_attn_norm;
+  j["eps"] = eps;
+  j["ffn_dim"] = ffn_dim;
+  j["freq_dim"] = freq_dim;
+  j["image_dim"] = nullptr;
+  j["in_channels"] = in_dim;
+  j["num_attention_heads"] = num_heads;
+  j["num_layers"] = num_layers;
+  j["out_channels"] = out_dim;
+  j["patch_size"] = patch_size;
+  j["pos_embed_seq_len"] = nullptr;
+  j["qk_norm"] = "rms_norm_across_heads";
+  j["rope_max_seq_len"] = 1024;  // the official rope_params(1024, ...) table (spec §3.3)
+  j["text_dim"] = text_dim;
   return j.dump(2) + "\n";
 }
 

@@ -9,6 +9,10 @@
 
 namespace wd {
 
+/// The diffusers release whose `WanTransformer3DModel` the diffusers config.json we write was
+/// checked against (launch/requirements.txt; tests/python/test_diffusers_interop.py).
+inline constexpr const char* kDiffusersVersion = "0.42.1";
+
 /// Fields and defaults of the official `WanModel.__init__` (spec §1, §8).
 struct WanConfig {
   std::string model_type = "t2v";  ///< t2v | i2v | ti2v
@@ -41,12 +45,20 @@ struct WanConfig {
 
   /// Parses config.json text: native field names (absent fields take the constructor defaults,
   /// as the official loader does for `ignore_for_config` fields) or the diffusers
-  /// `WanTransformer3DModel` names. Errors are wd::DataError naming `source` and the field.
+  /// `WanTransformer3DModel` names (docs/checkpoints.md has the mapping; `_wan_model_type` and
+  /// `_wan_text_len` are read when present). Errors are wd::DataError naming `source` and the
+  /// field.
   static WanConfig from_json(const std::string& text, const std::string& source);
   /// Reads and parses a config.json file.
   static WanConfig load(const std::string& path);
   /// Native config.json with every field written (pretty, stable order).
   std::string to_json() const;
+  /// diffusers `WanTransformer3DModel` config.json: every argument of its constructor, keys
+  /// sorted as diffusers writes them, plus `_wan_model_type` and `_wan_text_len`, which diffusers
+  /// skips (private `_` fields) and from_json reads back, so nothing is lost. Throws
+  /// wd::ConfigError for a model diffusers cannot express (qk_norm false: its attention always
+  /// has norm_q / norm_k).
+  std::string to_diffusers_json() const;
 
   /// One line: "t2v dim 64 ffn 128 heads 4 layers 2 in 16 out 16 text 32x8".
   std::string summary() const;

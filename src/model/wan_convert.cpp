@@ -141,6 +141,8 @@ bool kept_in_fp32(const std::string& key) {
 ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
                                      const ConvertOptions& options) {
   input.check();  // every missing, unexpected or mis-shaped tensor, named, before any work
+  // The config first: it throws for a model the layout cannot express, before any work.
+  const auto config_json = wan_config_json(input.config(), options.layout);
   fs::path out = fs::path(output).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   if (out.empty()) throw ConfigError("output() must name a directory");
@@ -186,14 +188,15 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
                 format_bytes(static_cast<double>(space.available)) + " free; the converted copy needs " +
                 format_bytes(static_cast<double>(out_bytes)));
   }
-  spdlog::info("convert: {} ({}, {} layout{}) -> {} as {}{} in shards of at most {}", input.path(),
-               format_bytes(static_cast<double>(result.input_bytes)), layout_name(input.layout()),
-               input.prefixed() ? ", ComfyUI prefix" : "", out.string(), dtype_name(options.dtype),
+  spdlog::info("convert: {} ({}, {} layout{}) -> {} ({} layout) as {}{} in shards of at most {}",
+               input.path(), format_bytes(static_cast<double>(result.input_bytes)),
+               layout_name(input.layout()), input.prefixed() ? ", ComfyUI prefix" : "",
+               out.string(), layout_name(options.layout), dtype_name(options.dtype),
                result.kept_fp32 ? fmt::format(" ({} fp32 tensors kept fp32)", result.kept_fp32) : "",
                format_bytes(static_cast<double>(options.shard_bytes)));
 
   StagingDir staging(out);
-  write_file_atomically((staging.path() / "config.json").string(), input.config().to_json());
+  write_file_atomically((staging.path() / "config.json").string(), config_json);
 
   Progress progress("converting " + input.path(), static_cast<double>(result.input_bytes), "bytes");
   // Tensors written as they are stored are views of the input mapping: their pages can only be
@@ -201,7 +204,9 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
   std::vector<std::string> written_as_views;
   std::vector<TensorSource> sources;
   for (const auto& plan : plans) {
-    sources.push_back({plan.name, plan.out_bytes, [&input, &progress, &written_as_views, plan] {
+    const auto stored_as =
+        options.layout == KeyLayout::kNative ? plan.name : native_to_diffusers(plan.name);
+    sources.push_back({stored_as, plan.out_bytes, [&input, &progress, &written_as_views, plan] {
                          const auto [file, stored] = input.location(plan.name);
                          torch::Tensor converted;
                          try {

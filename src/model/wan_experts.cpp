@@ -11,6 +11,7 @@
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "model/diffusers_pipeline.hpp"
 
 namespace wd {
 
@@ -77,38 +78,50 @@ void check_same_architecture(const WanConfig& low, const std::string& low_path,
   throw DataError(low_path, "", msg);
 }
 
-bool WanExperts::is_two_expert_dir(const std::string& path) {
+std::optional<WanExperts::Folders> WanExperts::folders(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
-  return fs::is_directory(p, ec) &&
-         (fs::is_directory(p / kHighDir, ec) || fs::is_directory(p / kLowDir, ec));
+  if (!fs::is_directory(p, ec)) return std::nullopt;
+  if (fs::is_directory(p / kHighDir, ec) || fs::is_directory(p / kLowDir, ec)) {
+    return Folders{{kLowDir, kHighDir}, std::nullopt};
+  }
+  if (!DiffusersPipeline::is_pipeline_dir(path)) return std::nullopt;
+  const auto pipeline = DiffusersPipeline::read(path);
+  if (!pipeline.two_experts) return std::nullopt;
+  return Folders{{DiffusersPipeline::kTransformer2, DiffusersPipeline::kTransformer},
+                 pipeline.boundary_ratio};
 }
+
+bool WanExperts::is_two_expert_dir(const std::string& path) { return folders(path).has_value(); }
 
 WanExperts WanExperts::open(const std::string& path, std::optional<double> boundary,
                             const std::string& config_path) {
-  if (!is_two_expert_dir(path)) {
+  const auto sub = folders(path);
+  if (!sub) {
     std::vector<WanCheckpoint> one;
     one.push_back(WanCheckpoint::open(path, config_path));
     return from_checkpoints(std::move(one), boundary, path);
   }
+  const auto& [low, high] = sub->names;
   if (!config_path.empty()) {
-    throw ConfigError(
-        "model_config(" + config_path + ") cannot be used with the two-expert folder " + path +
-        ": each expert reads its own " + kLowDir + "/config.json and " + kHighDir + "/config.json");
+    throw ConfigError("model_config(" + config_path + ") cannot be used with the two-expert folder " +
+                      path + ": each expert reads its own " + low + "/config.json and " + high +
+                      "/config.json");
   }
   const fs::path p(path);
-  for (const char* sub : {kLowDir, kHighDir}) {
-    if (!fs::is_directory(p / sub)) {
-      throw DataError(path, sub,
-                      std::string("is missing: a two-expert (A14B) checkpoint needs both ") +
-                          kLowDir + "/ and " + kHighDir + "/ (found only " +
-                          (std::string(sub) == kLowDir ? kHighDir : kLowDir) + "/)");
+  for (const auto& name : sub->names) {
+    if (!fs::is_directory(p / name)) {
+      throw DataError(path, name,
+                      "is missing: a two-expert (A14B) checkpoint needs both " + low + "/ and " +
+                          high + "/ (found only " + (name == low ? high : low) + "/)");
     }
   }
   std::vector<WanCheckpoint> both;
-  both.push_back(WanCheckpoint::open((p / kLowDir).string()));
-  both.push_back(WanCheckpoint::open((p / kHighDir).string()));
-  return from_checkpoints(std::move(both), boundary, path);
+  both.push_back(WanCheckpoint::open((p / low).string()));
+  both.push_back(WanCheckpoint::open((p / high).string()));
+  auto out = from_checkpoints(std::move(both), boundary ? boundary : sub->boundary, path);
+  out.names_ = sub->names;
+  return out;
 }
 
 WanExperts WanExperts::from_checkpoints(std::vector<WanCheckpoint> experts,
@@ -143,7 +156,7 @@ WanExperts WanExperts::from_checkpoints(std::vector<WanCheckpoint> experts,
 
 std::string WanExperts::expert_name(std::size_t i) const {
   if (!two_experts()) return "model";
-  return i == kLow ? kLowDir : kHighDir;
+  return names_.at(i);
 }
 
 std::size_t WanExperts::expert_for(double t) const {
@@ -309,11 +322,18 @@ ExpertsWriteResult write_random_wan_experts(const std::string& dir, const WanCon
                                             c10::ScalarType dtype, std::uint64_t shard_bytes,
                                             std::uint64_t seed, KeyLayout layout) {
   const fs::path p(dir);
+  const bool diffusers = layout == KeyLayout::kDiffusers;
   ExpertsWriteResult r;
-  r.low = write_random_wan_checkpoint((p / WanExperts::kLowDir).string(), config, dtype,
-                                      shard_bytes, seed, layout);
-  r.high = write_random_wan_checkpoint((p / WanExperts::kHighDir).string(), config, dtype,
-                                       shard_bytes, seed + 1, layout);
+  r.low = write_random_wan_checkpoint(
+      (p / (diffusers ? DiffusersPipeline::kTransformer2 : WanExperts::kLowDir)).string(), config,
+      dtype, shard_bytes, seed, layout);
+  r.high = write_random_wan_checkpoint(
+      (p / (diffusers ? DiffusersPipeline::kTransformer : WanExperts::kHighDir)).string(), config,
+      dtype, shard_bytes, seed + 1, layout);
+  // Last, so that the folder is recognised as a pipeline only once both experts are in it.
+  if (diffusers) {
+    write_diffusers_model_index(dir, config, true, default_expert_boundary(config.model_type));
+  }
   return r;
 }
 

@@ -36,14 +36,26 @@ class WanExperts {
   static constexpr const char* kLowDir = "low_noise_model";
   static constexpr const char* kHighDir = "high_noise_model";
 
-  /// True when `path` is a directory with high_noise_model/ or low_noise_model/ in it.
+  /// The expert subfolders of a two-expert folder and the boundary the folder records.
+  struct Folders {
+    /// {low, high}: {low_noise_model, high_noise_model} (official) or {transformer_2,
+    /// transformer} (diffusers pipeline).
+    std::array<std::string, 2> names;
+    /// boundary_ratio of a diffusers pipeline's model_index.json, when set there.
+    std::optional<double> boundary;
+  };
+  /// The expert subfolders of `path` when it is a two-expert folder: the official layout (a
+  /// directory with high_noise_model/ or low_noise_model/ in it) or a diffusers pipeline whose
+  /// model_index.json names a transformer_2; nullopt for anything else.
+  static std::optional<Folders> folders(const std::string& path);
+  /// True when folders(path) finds a two-expert folder.
   static bool is_two_expert_dir(const std::string& path);
 
-  /// Opens `path`: a two-expert folder (high_noise_model/ + low_noise_model/, both required) or
-  /// anything WanCheckpoint::open takes (one expert). `boundary` (0 < b < 1) overrides the
-  /// model_type's default; a two-expert folder whose model_type has no default needs it.
-  /// `config_path` overrides the config of a single checkpoint; a two-expert folder refuses it
-  /// (each expert has its own config.json).
+  /// Opens `path`: a two-expert folder (both subfolders required) or anything
+  /// WanCheckpoint::open takes (one expert). `boundary` (0 < b < 1) overrides the folder's own
+  /// (a diffusers pipeline's boundary_ratio), which overrides the model_type's default; a
+  /// two-expert folder with neither needs it. `config_path` overrides the config of a single
+  /// checkpoint; a two-expert folder refuses it (each expert has its own config.json).
   static WanExperts open(const std::string& path, std::optional<double> boundary = std::nullopt,
                          const std::string& config_path = "");
   /// From opened checkpoints: {one} or {low, high}. Same checks as open.
@@ -61,7 +73,8 @@ class WanExperts {
   double boundary() const { return boundary_; }
   /// boundary · num_train_timesteps (1000), computed as the official pipelines do.
   double boundary_timestep() const { return boundary_ * 1000.0; }
-  /// "low_noise_model" / "high_noise_model", or "model" for a single checkpoint.
+  /// The expert's subfolder ("low_noise_model" / "high_noise_model", or "transformer_2" /
+  /// "transformer" in a diffusers pipeline), or "model" for a single checkpoint.
   std::string expert_name(std::size_t i) const;
 
   /// The expert for one model timestep t = 1000·σ': kHigh when trunc(t) >= boundary_timestep()
@@ -76,6 +89,7 @@ class WanExperts {
  private:
   std::string path_;
   std::vector<WanCheckpoint> experts_;
+  std::array<std::string, 2> names_{kLowDir, kHighDir};
   double boundary_ = 0.0;
 };
 
@@ -113,9 +127,11 @@ struct ExpertsWriteResult {
   ShardedWriteResult high;
 };
 
-/// Writes a random two-expert checkpoint in the official A14B layout: `dir`/low_noise_model/
+/// Writes a random two-expert checkpoint: in the official A14B layout `dir`/low_noise_model/
 /// (seed `seed`) and `dir`/high_noise_model/ (seed `seed + 1`, so the experts differ), each a
-/// complete write_random_wan_checkpoint with its own config.json.
+/// complete write_random_wan_checkpoint with its own config.json; in the diffusers layout a
+/// pipeline folder, transformer_2/ (low) and transformer/ (high) with model_index.json
+/// (boundary_ratio: the model_type's default, or null).
 ExpertsWriteResult write_random_wan_experts(const std::string& dir, const WanConfig& config,
                                             c10::ScalarType dtype, std::uint64_t shard_bytes,
                                             std::uint64_t seed,

@@ -117,9 +117,14 @@ TEST(Cli, ConvertInspectForwardAndRefusals) {
   for (const char* part : {"dtype(fp8)", "sideways", "shard-size"}) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   }
-  r = run("convert --input " + weights + " --output " + (dir / "x").string() + " --layout diffusers");
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("layout(diffusers) cannot be written"), std::string::npos) << r.output;
+  // The diffusers layout: its names and config.json, read back by inspect.
+  r = run("convert --input " + weights + " --output " + (dir / "d").string() + " --layout diffusers");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("inspect " + (dir / "d").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("format:      diffusers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dim 64 ffn 128 heads 4 layers 2 in 16 out 16 text 32x8"), std::string::npos)
+      << r.output;
   r = run("convert --input /nonexistent/ckpt --output " + (dir / "x").string());
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/ckpt"), std::string::npos) << r.output;
@@ -166,7 +171,8 @@ TEST(Cli, UsageErrorsAndHelp) {
   EXPECT_NE(r.output.find("--dtype arg (=bf16)"), std::string::npos) << r.output;
   r = run("convert --help");
   EXPECT_NE(r.output.find("--shard-size arg (=5GB)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("native only"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("native (official Wan) |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("WanTransformer3DModel.from_pretrained(DIR) loads"), std::string::npos) << r.output;
 }
 
 TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {

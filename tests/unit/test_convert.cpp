@@ -33,11 +33,11 @@ torch::Tensor bits(const torch::Tensor& t) {
 }
 
 /// Every tensor of `out` is `in`'s cast to `dtype` bit for bit, or `in`'s own bits when the
-/// precision rule kept it fp32 (and `keep_fp32` is on).
+/// precision rule kept it fp32 (and `keep_fp32` is on); `out` has `layout`'s key names.
 void expect_converted(const WanCheckpoint& in, const WanCheckpoint& out, c10::ScalarType dtype,
-                      bool keep_fp32) {
+                      bool keep_fp32, KeyLayout layout = KeyLayout::kNative) {
   ASSERT_TRUE(out.problems().empty());
-  EXPECT_EQ(out.layout(), KeyLayout::kNative);
+  EXPECT_EQ(out.layout(), layout);
   EXPECT_FALSE(out.prefixed());
   EXPECT_EQ(out.config().summary(), in.config().summary());
   for (const auto& spec : wan_param_specs(in.config())) {
@@ -112,6 +112,58 @@ TEST(Convert, DiffusersAndComfyPrefixedInputsBecomeNative) {
   ASSERT_TRUE(comfy.prefixed());
   convert_wan_checkpoint(comfy, d.str("from-comfy"), ConvertOptions{});
   expect_converted(comfy, WanCheckpoint::open(d.str("from-comfy")), torch::kBFloat16, true);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Convert, DiffusersLayoutWritesDiffusersNamesAndConfigThatReadBack) {
+  TempDir d;
+  const auto in = WanCheckpoint::open(kTinyAWeights);
+  ConvertOptions options;
+  options.layout = KeyLayout::kDiffusers;
+  options.shard_bytes = 50'000;
+  const auto result = convert_wan_checkpoint(in, d.str("diffusers"), options);
+  EXPECT_GT(result.files.shard_files.size(), 1u);
+  const auto out = WanCheckpoint::open(d.str("diffusers"));
+  expect_converted(in, out, torch::kBFloat16, true, KeyLayout::kDiffusers);
+  for (const auto& f : out.files()) {
+    for (const auto& t : f.tensors()) {
+      EXPECT_TRUE(looks_like_diffusers(t.name) || t.name.rfind("patch_embedding.", 0) == 0) << t.name;
+    }
+  }
+  // diffusers' field names, and the two native fields diffusers lacks as private fields.
+  const auto config = read_text(d.path() / "diffusers" / "config.json");
+  for (const char* field : {R"("_class_name": "WanTransformer3DModel")", R"("num_attention_heads": 4)",
+                            R"("attention_head_dim": 16)", R"("qk_norm": "rms_norm_across_heads")",
+                            R"("rope_max_seq_len": 1024)", R"("_wan_text_len": 8)", R"("_wan_model_type": "t2v")"}) {
+    EXPECT_TRUE(test::contains(config, field)) << field << "\n" << config;
+  }
+  EXPECT_FALSE(test::contains(config, R"("dim")")) << config;
+
+  // And back to native, bit for bit (fp32 -> fp32 keeps every bit).
+  options.layout = KeyLayout::kNative;
+  options.dtype = torch::kFloat;
+  convert_wan_checkpoint(out, d.str("native"), options);
+  expect_converted(out, WanCheckpoint::open(d.str("native")), torch::kFloat, true);
+}
+
+TEST(Convert, DiffusersLayoutRefusesAModelDiffusersCannotExpressBeforeWriting) {
+  TempDir d;
+  auto config = WanConfig::preset("tiny");
+  config.qk_norm = false;
+  write_random_wan_checkpoint(d.str("in"), config, torch::kFloat, 1'000'000, 3);
+  ConvertOptions options;
+  options.layout = KeyLayout::kDiffusers;
+  try {
+    convert_wan_checkpoint(WanCheckpoint::open(d.str("in")), d.str("out"), options);
+    FAIL() << "qk_norm false was written as diffusers";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "qk_norm(false)")) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d.path() / "out"));
 }
 
 TEST(Convert, TinyShardSizeWritesSeveralShardsAndAnIndexThatLoad) {

@@ -1,10 +1,13 @@
 // WanExperts: the A14B two-expert teacher — routing at the boundary, the reference MoE forward,
-// the checks on the folder and its configs, and init-teacher / inspect / plan on such a folder.
+// the checks on the folder (official or diffusers pipeline) and its configs, and init-teacher /
+// inspect / plan on such a folder.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "core/errors.hpp"
+#include "model/diffusers_pipeline.hpp"
 #include "model/wan_experts.hpp"
 #include "test_util.hpp"
 
@@ -168,6 +171,86 @@ TEST(WanExpertsOpen, MissingSubfolderAndOneExpertOpenedWhole) {
   const auto cfg_msg = error_of(
       [&] { WanExperts::open(dir.str(), std::nullopt, dir.str("low_noise_model/config.json")); });
   EXPECT_TRUE(contains(cfg_msg, "cannot be used with the two-expert folder")) << cfg_msg;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(WanExpertsOpen, DiffusersPipelineIsThePairWithItsBoundaryRatio) {
+  TempDir dir("wd-experts");
+  write_random_wan_experts(dir.str(), tiny(), torch::kFloat, 1ULL << 30, 7, KeyLayout::kDiffusers);
+  const auto folders = WanExperts::folders(dir.str());
+  ASSERT_TRUE(folders.has_value());
+  EXPECT_EQ(folders->names[WanExperts::kLow], "transformer_2");
+  EXPECT_EQ(folders->names[WanExperts::kHigh], "transformer");
+  EXPECT_EQ(folders->boundary, std::optional<double>(0.875));
+  const auto ex = WanExperts::open(dir.str());
+  ASSERT_TRUE(ex.two_experts());
+  EXPECT_EQ(ex.expert_name(WanExperts::kLow), "transformer_2");
+  EXPECT_EQ(ex.expert_name(WanExperts::kHigh), "transformer");
+  EXPECT_EQ(ex.expert(WanExperts::kLow).path(), dir.str("transformer_2"));
+  EXPECT_EQ(ex.expert(WanExperts::kHigh).layout(), KeyLayout::kDiffusers);
+  EXPECT_EQ(ex.config().summary(), tiny().summary());
+  // transformer_2/ (low-noise) holds seed 7's weights, transformer/ (high-noise) seed 8's.
+  const auto spec = wan_param_specs(ex.config()).back();
+  const auto index = wan_param_specs(ex.config()).size() - 1;
+  EXPECT_TRUE(torch::equal(ex.expert(WanExperts::kLow).tensor(spec.name),
+                           wan_random_parameter(spec, index, 7, torch::kFloat)));
+  EXPECT_TRUE(torch::equal(ex.expert(WanExperts::kHigh).tensor(spec.name),
+                           wan_random_parameter(spec, index, 8, torch::kFloat)));
+
+  // The file's boundary_ratio overrides the type's default; an explicit boundary overrides both.
+  const auto model_index = dir.str(DiffusersPipeline::kIndexName);
+  write_text(model_index, R"({"_class_name": "WanPipeline", "boundary_ratio": 0.9,
+      "transformer": ["diffusers", "WanTransformer3DModel"],
+      "transformer_2": ["diffusers", "WanTransformer3DModel"], "vae": ["diffusers", "AutoencoderKLWan"]})");
+  EXPECT_EQ(WanExperts::open(dir.str()).boundary(), 0.9);
+  EXPECT_EQ(WanExperts::open(dir.str(), 0.7).boundary(), 0.7);
+  // WanCheckpoint is one expert.
+  const auto ck_msg = error_of([&] { WanCheckpoint::open(dir.str()); });
+  EXPECT_TRUE(contains(ck_msg, "two-expert (A14B) diffusers pipeline")) << ck_msg;
+  EXPECT_TRUE(contains(ck_msg, "transformer/ (high-noise) or transformer_2/ (low-noise)")) << ck_msg;
+
+  // A bad model_index.json is named with the field.
+  write_text(model_index, R"({"transformer": ["diffusers", "FluxTransformer2DModel"]})");
+  auto msg = error_of([&] { WanExperts::open(dir.str()); });
+  EXPECT_TRUE(contains(msg, model_index + ": transformer: names FluxTransformer2DModel")) << msg;
+  write_text(model_index, R"({"boundary_ratio": 1.5, "transformer": ["diffusers", "WanTransformer3DModel"],
+      "transformer_2": ["diffusers", "WanTransformer3DModel"]})");
+  msg = error_of([&] { WanExperts::open(dir.str()); });
+  EXPECT_TRUE(contains(msg, "boundary_ratio: must be a number in (0, 1) or null, got 1.5")) << msg;
+}
+
+TEST(WanExpertsOpen, DiffusersPipelineWithOneTransformerIsOneModel) {
+  TempDir dir("wd-experts");
+  write_random_wan_checkpoint(dir.str(DiffusersPipeline::kTransformer), tiny("ti2v"), torch::kFloat,
+                              1ULL << 30, 3, KeyLayout::kDiffusers);
+  write_diffusers_model_index(dir.str(), tiny("ti2v"), false, std::nullopt);
+  EXPECT_FALSE(WanExperts::is_two_expert_dir(dir.str()));
+  const auto ex = WanExperts::open(dir.str());
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex.expert(0).path(), dir.str("transformer"));
+  EXPECT_EQ(ex.config().model_type, "ti2v");  // kept in config.json's _wan_model_type
+  const auto pipeline = DiffusersPipeline::read(dir.str());
+  EXPECT_EQ(pipeline.class_name, "WanPipeline");
+  EXPECT_FALSE(pipeline.two_experts);
+  EXPECT_FALSE(pipeline.boundary_ratio.has_value());
+}
+
+TEST(WanExpertsCli, InitTeacherWritesADiffusersPipelineThatInspectReads) {
+  TempDir dir("wd-experts");
+  const auto out = dir.str("pipeline");
+  auto r = test::run_command(kCli + " init-teacher --preset tiny --experts 2 --layout diffusers "
+                                    "--dtype bf16 --output " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "wrote transformer_2/ (1 file(s), low-noise) and transformer/")) << r.output;
+  r = test::run_command(kCli + " inspect " + out);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "experts:     2 (transformer_2, transformer)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "boundary 0.875 (boundary_ratio of model_index.json)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "transformer (high-noise):\n  path:        " + out + "/transformer\n"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "  format:      diffusers")) << r.output;
+  EXPECT_TRUE(contains(r.output, "architecture: shared")) << r.output;
 }
 
 TEST(WanExpertsForward, MixedBatchEqualsEachExpertOnItsSamples) {

@@ -293,6 +293,13 @@ TEST(WanConfigTest, NativeConfigDefaultsOmittedFieldsAndParsesDiffusers) {
   EXPECT_EQ(d.dim, 5120);
   EXPECT_EQ(d.model_type, "i2v");
   EXPECT_EQ(wan_param_count(d), 14'288'901'184);
+  // diffusers' own files carry no text_len (the pipelines pad to 512) and a null qk_norm still
+  // normalises (diffusers' attention always has norm_q / norm_k).
+  EXPECT_EQ(d.text_len, 512);
+  auto null_qk = WanConfig::from_json(R"({"_class_name":"WanTransformer3DModel","qk_norm":null})", "d.json");
+  EXPECT_TRUE(null_qk.qk_norm);
+  EXPECT_THROW(WanConfig::from_json(R"({"num_attention_heads":40,"added_kv_proj_dim":5120})", "d.json"),
+               DataError);
   try {
     WanConfig::from_json(R"({"dim":100,"num_heads":3,"window_size":[4,4]})", "bad.json");
     FAIL() << "accepted a bad config";
@@ -302,6 +309,28 @@ TEST(WanConfigTest, NativeConfigDefaultsOmittedFieldsAndParsesDiffusers) {
     EXPECT_NE(m.find("dim(100) must be divisible by num_heads(3)"), std::string::npos) << m;
     EXPECT_NE(m.find("window_size(4,4)"), std::string::npos) << m;
   }
+}
+
+TEST(WanConfigTest, DiffusersConfigRoundTripsEveryField) {
+  auto odd = WanConfig::preset("tiny");
+  odd.model_type = "ti2v";  // not what in_dim 16 would suggest
+  odd.text_len = 16;
+  odd.patch_size = {1, 2, 3};
+  odd.cross_attn_norm = false;
+  odd.eps = 1e-5;
+  for (const auto& c : {WanConfig::preset("wan22-ti2v-5b"), WanConfig::preset("wan22-i2v-a14b"), odd}) {
+    const auto back = WanConfig::from_json(c.to_diffusers_json(), "diffusers.json");
+    EXPECT_EQ(back.to_json(), c.to_json());
+  }
+  const auto five_b = WanConfig::preset("wan22-ti2v-5b").to_diffusers_json();
+  for (const char* field : {R"("_class_name": "WanTransformer3DModel")", R"("attention_head_dim": 128)",
+                            R"("num_attention_heads": 24)", R"("in_channels": 48)", R"("image_dim": null)",
+                            R"("added_kv_proj_dim": null)", R"("pos_embed_seq_len": null)"}) {
+    EXPECT_NE(five_b.find(field), std::string::npos) << field << "\n" << five_b;
+  }
+  auto no_qk = WanConfig::preset("tiny");
+  no_qk.qk_norm = false;
+  EXPECT_THROW(no_qk.to_diffusers_json(), ConfigError);
 }
 
 }  // namespace
