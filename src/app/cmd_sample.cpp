@@ -1,0 +1,319 @@
+// `wan-distill sample`: the teacher's and a student's flow-matching trajectories from the same
+// noise and context, their error per step and a collapse check on the student's latents.
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.hpp"
+#include "app/plan_input.hpp"
+#include "core/logging.hpp"
+#include "data/dataset.hpp"
+#include "data/flow_sampler.hpp"
+#include "data/splitmix64.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
+
+namespace wd::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t kSampleNoiseStream = 11;
+constexpr std::uint64_t kSampleContextStream = 12;
+
+struct SampleConfig {
+  std::string teacher;
+  double boundary = 0.0;
+  std::string student;
+  std::string data_path;
+  std::string samples = "0";
+  std::string latent = "1,4,4";
+  std::int64_t count = 1;
+  std::uint64_t seed = 0;
+  std::int64_t steps = 40;
+  double shift = 12.0;
+  std::string solver = "unipc";
+  double guidance = 1.0;
+  std::string negative;
+  double collapse_ratio = 0.1;
+  std::string output;
+  bool trajectory = false;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  LogConfig log;
+  RuntimeConfig runtime;
+
+  void bind(OptionTable& t) {
+    t.require("teacher.checkpoint", teacher,
+              "teacher checkpoint: a folder WanCheckpoint reads, or a two-expert (A14B) folder")
+        .bind("teacher.boundary", boundary, "two-expert teacher: boundary ratio (0 = the folder's or the model type's)")
+        .bind("student", student, "a student folder (RUN_DIR/student); empty = the teacher alone")
+        .bind("data.path", data_path, "HDF5 data set whose contexts (and latent shape) are used; empty = random contexts")
+        .bind("samples", samples, "data set sample indices, e.g. 0,3,7")
+        .bind("latent", latent, "random contexts only: F,H,W of the latent (C = the teacher's out_dim)")
+        .bind("count", count, "random contexts only: number of samples")
+        .bind("seed", seed, "seed of the noise (per sample index) and of random contexts")
+        .bind("steps", steps, "sampling steps (official Wan 2.2: 40 t2v/i2v, 50 ti2v)")
+        .bind("shift", shift, "σ shift: σ' = shift·σ / (1 + (shift−1)·σ) (official: 12 t2v-A14B, 5 i2v / ti2v)")
+        .bind("solver", solver, "euler | unipc (UniPC bh2, order 2, as the official sampler)")
+        .bind("guidance", guidance, "classifier-free guidance scale g: v_neg + g·(v − v_neg); 1 = off")
+        .bind("negative", negative,
+              "safetensors with `context` [L,text_dim] or [1,L,text_dim]: the negative context; empty = zeros")
+        .bind("collapse-ratio", collapse_ratio,
+              "the student is flagged when a channel's std falls below this fraction of the teacher's")
+        .bind("output", output, "directory for latents.safetensors, report.json (and trajectory.safetensors)")
+        .bind("trajectory", trajectory, "also write every step's latents of both models")
+        .bind("dtype", dtype, "weight dtype of both models: fp32 | bf16 | fp16 | auto (as stored)")
+        .bind("device", device, "cpu | cuda | cuda:N");
+    log.bind(t);
+    runtime.bind(t);
+  }
+
+  void validate() const {
+    ConfigProblems p;
+    auto show = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    p.check(steps >= 1, "steps(" + std::to_string(steps) + ") must be >= 1");
+    p.check(shift > 0, "shift(" + show(shift) + ") must be > 0");
+    p.check(solver == "euler" || solver == "unipc", "solver(" + solver + ") must be euler or unipc");
+    p.check(collapse_ratio > 0 && collapse_ratio < 1, "collapse-ratio(" + show(collapse_ratio) + ") must be in (0, 1)");
+    p.check(count >= 1, "count(" + std::to_string(count) + ") must be >= 1");
+    p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
+    p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
+            "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
+    log.validate(p);
+    runtime.validate(p);
+    p.throw_if_any("sample");
+  }
+};
+
+/// One model's velocity: the teacher (one or two experts) or a student with its channel
+/// projections (distill_heads/heads.safetensors) when its channels differ from the teacher's.
+struct Velocity {
+  std::vector<WanDiT> models;
+  std::optional<WanExperts> experts;  // the teacher
+  std::map<std::string, torch::Tensor> heads;
+
+  torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const {
+    if (!heads.count(name + ".weight")) return x;
+    auto y = torch::matmul(x.movedim(1, -1), heads.at(name + ".weight").t());
+    if (heads.count(name + ".bias")) y = y + heads.at(name + ".bias");
+    return y.movedim(-1, 1);
+  }
+  torch::Tensor operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
+                           const torch::Tensor& lens) {
+    const auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
+    const auto in = WanInputs::batched(over_channels("in_proj", x), t, context, lens);
+    auto out = experts ? experts_forward(models, *experts, in) : models.front()->forward(in);
+    return over_channels("out_proj", torch::stack(out).to(torch::kFloat));
+  }
+};
+
+struct Conditions {
+  torch::Tensor noise, context, lens, negative;
+  std::vector<std::int64_t> indices;
+};
+
+/// "0,3,7" into sample indices, each in [0, n).
+std::vector<std::int64_t> parse_indices(const std::string& text, std::int64_t n) {
+  std::vector<std::int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::size_t used = 0;
+    std::int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    WD_CHECK_AS(ConfigError, used == item.size() && !item.empty() && v >= 0 && v < n,
+                "samples(" << text << "): '" << item << "' is not a sample index in 0.." << n - 1);
+    out.push_back(v);
+  }
+  WD_CHECK_AS(ConfigError, !out.empty(), "samples(" << text << ") names no sample");
+  return out;
+}
+
+Conditions make_conditions(const SampleConfig& cfg, const WanConfig& tc, const c10::Device& device) {
+  Conditions c;
+  std::array<std::int64_t, 3> fhw{};
+  if (!cfg.data_path.empty()) {
+    const auto info = data::validate_dataset(cfg.data_path, dataset_expectations(tc));
+    c.indices = parse_indices(cfg.samples, info.samples);
+    data::DatasetReader reader(info);
+    const auto batch = reader.read(c.indices);
+    c.context = batch.context;
+    c.lens = batch.context_lens;
+    fhw = {info.latent_shape[1], info.latent_shape[2], info.latent_shape[3]};
+  } else {
+    const auto d = parse_dims(cfg.latent, 3, "latent");
+    fhw = {d[0], d[1], d[2]};
+    std::vector<torch::Tensor> ctx;
+    for (std::int64_t b = 0; b < cfg.count; ++b) {
+      c.indices.push_back(b);
+      auto gen = at::detail::createCPUGenerator(data::hash_keys(cfg.seed, kSampleContextStream, b));
+      ctx.push_back(torch::randn({tc.text_len, tc.text_dim}, gen));
+    }
+    c.context = torch::stack(ctx);
+    c.lens = torch::full({cfg.count}, tc.text_len, torch::kLong);
+  }
+  std::vector<torch::Tensor> noise;
+  for (const auto i : c.indices) {
+    auto gen = at::detail::createCPUGenerator(data::hash_keys(cfg.seed, kSampleNoiseStream, i));
+    noise.push_back(torch::randn({tc.out_dim, fhw[0], fhw[1], fhw[2]}, gen));
+  }
+  c.noise = torch::stack(noise);
+  const auto B = c.noise.size(0);
+  if (cfg.negative.empty()) {
+    c.negative = torch::zeros_like(c.context);
+  } else {
+    auto neg = SafetensorsFile::open(cfg.negative).tensor("context", torch::kFloat);
+    if (neg.dim() == 2) neg = neg.unsqueeze(0);
+    WD_CHECK_DATA(neg.dim() == 3 && neg.size(0) == 1 && neg.size(2) == tc.text_dim, cfg.negative, "context",
+                  "must be [L,text_dim] or [1,L,text_dim] with text_dim " << tc.text_dim);
+    c.negative = neg.expand({B, neg.size(1), neg.size(2)}).contiguous();
+  }
+  // One width for the batched [cond; uncond] forward; the lengths keep each context's own rows.
+  const auto width = std::max(c.context.size(1), c.negative.size(1));
+  c.context = torch::constant_pad_nd(c.context, {0, 0, 0, width - c.context.size(1)});
+  const auto neg_rows = c.negative.size(1);
+  c.negative = torch::constant_pad_nd(c.negative, {0, 0, 0, width - neg_rows});
+  const auto neg_lens = torch::full({B}, neg_rows, torch::kLong);
+  c.noise = c.noise.to(device);
+  c.context = c.context.to(device);
+  c.negative = c.negative.to(device);
+  c.lens = torch::cat({c.lens, neg_lens});  // [cond; uncond] rows for one batched forward
+  return c;
+}
+
+nlohmann::json stats_json(const data::ChannelStats& s) { return {{"mean", s.mean}, {"std", s.std}}; }
+
+std::string show_channels(const std::vector<double>& v) {
+  std::ostringstream os;
+  os.precision(4);
+  for (std::size_t c = 0; c < v.size(); ++c) os << (c ? " " : "") << v[c];
+  return os.str();
+}
+
+}  // namespace
+
+int run_sample(const std::vector<std::string>& args) {
+  SampleConfig cfg;
+  OptionTable table("sample options");
+  cfg.bind(table);
+  if (parse_options(args, table).help) {
+    print_help("wan-distill sample --teacher.checkpoint PATH [--student RUN_DIR/student] "
+               "[--data.path FILE --samples i,j] [--output DIR] [options]",
+               "Samples with the Wan flow-matching sampler (shifted σ schedule, Euler or UniPC, optional "
+               "classifier-free guidance) from the same seeded noise and context with the teacher and a "
+               "student; reports the student's relative MSE to the teacher per step and at the end, the "
+               "per-channel mean/std of both final latents and of what each sampler added to the noise, "
+               "and flags a collapsed student.",
+               table);
+    return kExitOk;
+  }
+  cfg.validate();
+  init_logging(Topology::single_process(), cfg.log.level);
+  cfg.runtime.apply();
+  const c10::Device device(cfg.device);
+  const std::optional<c10::ScalarType> dtype =
+      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+
+  Velocity teacher;
+  teacher.experts = WanExperts::open(cfg.teacher, cfg.boundary > 0 ? std::optional<double>(cfg.boundary) : std::nullopt);
+  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
+  const auto& tc = teacher.experts->config();
+  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sample: i2v teachers need image conditioning (y), not supported");
+  spdlog::info("teacher: {}", tc.summary());
+  std::optional<Velocity> student;
+  if (!cfg.student.empty()) {
+    student.emplace();
+    const auto ck = WanCheckpoint::open(cfg.student);
+    student->models.push_back(load_wan_dit(ck, dtype, device));
+    const auto heads = fs::path(cfg.student) / "distill_heads" / "heads.safetensors";
+    if (fs::exists(heads)) {
+      const auto f = SafetensorsFile::open(heads.string());
+      for (const auto& info : f.tensors()) student->heads[info.name] = f.tensor(info.name, torch::kFloat, device);
+    }
+    spdlog::info("student: {}", ck.config().summary());
+  }
+
+  const auto cond = make_conditions(cfg, tc, device);
+  const auto sigmas = data::sampling_sigmas(cfg.steps, cfg.shift);
+  const auto guided = [&](Velocity& model, const torch::Tensor& x, double sigma) {
+    torch::NoGradGuard no_grad;
+    if (cfg.guidance == 1.0) return model(x, sigma, cond.context, cond.lens.slice(0, 0, x.size(0)));
+    const auto both = model(torch::cat({x, x}), sigma, torch::cat({cond.context, cond.negative}), cond.lens);
+    return data::guide(both.slice(0, 0, x.size(0)), both.slice(0, x.size(0)), cfg.guidance);
+  };
+
+  data::FlowSampler teacher_sampler(cfg.solver, sigmas), student_sampler(cfg.solver, sigmas);
+  torch::Tensor xt = cond.noise, xs = cond.noise;
+  TensorMap trajectory{{"teacher.0", xt}};
+  if (student) trajectory["student.0"] = xs;
+  nlohmann::json report{{"solver", cfg.solver}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", cfg.guidance},
+                        {"sigmas", sigmas}, {"samples", cond.indices}};
+  for (std::int64_t i = 0; i < cfg.steps; ++i) {
+    const double sigma = sigmas[static_cast<std::size_t>(i)];
+    xt = teacher_sampler.step(i, xt, guided(teacher, xt, sigma));
+    if (cfg.trajectory) trajectory["teacher." + std::to_string(i + 1)] = xt;
+    if (!student) continue;
+    xs = student_sampler.step(i, xs, guided(*student, xs, sigma));
+    if (cfg.trajectory) trajectory["student." + std::to_string(i + 1)] = xs;
+    const double err = data::relative_mse(xs, xt);
+    report["rel_mse_per_step"].push_back(err);
+    spdlog::info("step {}/{}: σ {:.4f} -> {:.4f}, t {:.1f}, student-vs-teacher relative MSE {:.6f}", i + 1,
+                 cfg.steps, sigma, sigmas[static_cast<std::size_t>(i + 1)], 1000 * sigma, err);
+  }
+
+  // What the sampler added to the noise: a student that predicts no velocity leaves the noise
+  // in place (final latents with the noise's std) and shows up here instead.
+  const auto t_stats = data::channel_stats(xt), t_moved = data::channel_stats(xt - cond.noise);
+  spdlog::info("teacher final latents: mean [{}] std [{}]", show_channels(t_stats.mean), show_channels(t_stats.std));
+  report["teacher"] = {{"final", stats_json(t_stats)}, {"displacement", stats_json(t_moved)}};
+  TensorMap latents{{"noise", cond.noise}, {"teacher", xt}};
+  if (student) {
+    const auto s_stats = data::channel_stats(xs), s_moved = data::channel_stats(xs - cond.noise);
+    const double err = data::relative_mse(xs, xt);
+    const auto flat = data::collapsed_channels(s_stats, t_stats, cfg.collapse_ratio);
+    const auto still = data::collapsed_channels(s_moved, t_moved, cfg.collapse_ratio);
+    const bool collapsed = !flat.empty() || !still.empty();
+    spdlog::info("student final latents: mean [{}] std [{}]", show_channels(s_stats.mean), show_channels(s_stats.std));
+    spdlog::info("final student-vs-teacher relative MSE {:.6f}", err);
+    report["student"] = {{"final", stats_json(s_stats)}, {"displacement", stats_json(s_moved)}};
+    report["rel_mse_final"] = err;
+    report["collapse"] = {{"ratio", cfg.collapse_ratio}, {"collapsed", collapsed},
+                          {"flat_channels", flat}, {"static_channels", still}};
+    if (collapsed) {
+      spdlog::error("****************************************************************");
+      spdlog::error("*** COLLAPSED STUDENT: per-channel std below {} x the teacher's", cfg.collapse_ratio);
+      spdlog::error("*** final latents, channels [{}]; added to the noise, channels [{}]",
+                    fmt::join(flat, ","), fmt::join(still, ","));
+      spdlog::error("****************************************************************");
+    } else {
+      spdlog::info("collapse check passed: every channel's std >= {} x the teacher's", cfg.collapse_ratio);
+    }
+    latents["student"] = xs;
+  }
+  if (!cfg.output.empty()) {
+    fs::create_directories(cfg.output);
+    const std::map<std::string, std::string> meta{{"producer", "wan-distill sample"}, {"solver", cfg.solver}};
+    write_safetensors((fs::path(cfg.output) / "latents.safetensors").string(), latents, meta);
+    if (cfg.trajectory) write_safetensors((fs::path(cfg.output) / "trajectory.safetensors").string(), trajectory, meta);
+    std::ofstream((fs::path(cfg.output) / "report.json").string()) << report.dump(2) << "\n";
+    spdlog::info("wrote {}", cfg.output);
+  }
+  return kExitOk;
+}
+
+}  // namespace wd::app

@@ -1,0 +1,121 @@
+// `wan-distill sample` on the tiny job: a trained student's final latents are closer to the
+// teacher's than the untrained student's, and a student whose output head is zeroed is flagged
+// as collapsed.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <tuple>
+#include <utility>
+#include <nlohmann/json.hpp>
+
+#include "launch_util.hpp"
+#include "model/safetensors.hpp"
+
+namespace wd {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SampleRun {
+  int code = -1;
+  std::string output;
+  nlohmann::json report;
+};
+
+/// stdout and stderr of `wan-distill <args>`, and its exit code.
+std::pair<int, std::string> cli(const std::string& args) {
+  FILE* pipe = ::popen((std::string(WD_CLI) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = pipe ? ::pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// Runs `wan-distill sample` with the tiny job's teacher and data on samples 0-3.
+SampleRun sample(const fs::path& run, const fs::path& student, const fs::path& out) {
+  const std::string args = "sample --teacher.checkpoint " + (run / "cache" / "tiny-teacher").string() +
+                          " --data.path " + (run / "cache" / "tiny-data.h5").string() + " --samples 0,1,2,3" +
+                          " --student " + student.string() + " --output " + out.string() + " --runtime.threads 1";
+  SampleRun r;
+  std::tie(r.code, r.output) = cli(args);
+  std::ifstream in(out / "report.json");
+  if (in) r.report = nlohmann::json::parse(in);
+  return r;
+}
+
+/// A copy of `student` whose output head (head.head.weight and .bias) is zero: its velocity is
+/// zero everywhere, so sampling leaves the noise where it was.
+fs::path zero_head_copy(const fs::path& student, const fs::path& dir) {
+  fs::copy(student, dir, fs::copy_options::recursive);
+  const auto file = dir / "diffusion_pytorch_model.safetensors";
+  TensorMap tensors;
+  {
+    const auto f = SafetensorsFile::open(file.string());
+    for (const auto& info : f.tensors()) tensors[info.name] = f.tensor(info.name).clone();
+  }
+  int zeroed = 0;
+  for (auto& [name, t] : tensors) {
+    if (name.rfind("head.head.", 0) == 0) {
+      t.zero_();
+      ++zeroed;
+    }
+  }
+  EXPECT_EQ(zeroed, 2);
+  write_safetensors(file.string(), tensors, {{"format", "pt"}});
+  return dir;
+}
+
+TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
+  const auto [code, help] = cli("sample --help");
+  EXPECT_EQ(code, 0) << help;
+  for (const char* option : {"--teacher.checkpoint", "--student", "--steps", "--shift", "--solver", "--guidance",
+                             "--negative", "--collapse-ratio", "--trajectory", "--samples"}) {
+    EXPECT_NE(help.find(option), std::string::npos) << option << "\n" << help;
+  }
+  EXPECT_NE(help.find("unipc"), std::string::npos) << help;
+  const auto [bad, message] = cli("sample --teacher.checkpoint x --solver heun --steps 0");
+  EXPECT_EQ(bad, 2) << message;
+  EXPECT_NE(message.find("solver(heun)"), std::string::npos) << message;
+  EXPECT_NE(message.find("steps(0)"), std::string::npos) << message;
+}
+
+TEST(SampleLaunch, TrainingLowersTheErrorAndAZeroHeadIsFlagged) {
+  const auto dir = test::fresh_dir("sample");
+  const auto trained = dir / "trained", untrained = dir / "untrained";
+  // The tiny job with its builtin defaults, shortened.
+  const auto t = test::launch_train(3, "--run-dir " + trained.string() + " --train.steps 150");
+  ASSERT_EQ(t.code, 0) << t.output;
+  // The untrained student: the same job (same seed, so the same initial weights), one step
+  // at a learning rate that leaves every weight where it started.
+  const auto u = test::launch_train(3, "--run-dir " + untrained.string() + " --teacher.checkpoint " +
+                                           (trained / "cache" / "tiny-teacher").string() + " --data.path " +
+                                           (trained / "cache" / "tiny-data.h5").string() +
+                                           " --train.steps 1 --train.lr 1e-20 --train.min_lr 0");
+  ASSERT_EQ(u.code, 0) << u.output;
+
+  const auto after = sample(trained, trained / "student", dir / "after");
+  const auto before = sample(trained, untrained / "student", dir / "before");
+  ASSERT_EQ(after.code, 0) << after.output;
+  ASSERT_EQ(before.code, 0) << before.output;
+  const double err_after = after.report.at("rel_mse_final"), err_before = before.report.at("rel_mse_final");
+  std::printf("final relative MSE to the teacher: trained %.4f, untrained %.4f\n", err_after, err_before);
+  EXPECT_LT(err_after, 0.5 * err_before) << "trained " << err_after << ", untrained " << err_before;
+  EXPECT_EQ(after.report.at("rel_mse_per_step").size(), 40u);
+  EXPECT_FALSE(after.report.at("collapse").at("collapsed").get<bool>()) << after.output;
+  EXPECT_TRUE(fs::exists(dir / "after" / "latents.safetensors"));
+
+  const auto collapsed = sample(trained, zero_head_copy(trained / "student", dir / "collapsed"), dir / "zero");
+  ASSERT_EQ(collapsed.code, 0) << collapsed.output;
+  EXPECT_TRUE(collapsed.report.at("collapse").at("collapsed").get<bool>()) << collapsed.output;
+  // Every channel stays at the noise: nothing was added to it.
+  EXPECT_EQ(collapsed.report.at("collapse").at("static_channels").size(), 16u) << collapsed.output;
+  EXPECT_NE(collapsed.output.find("COLLAPSED STUDENT"), std::string::npos) << collapsed.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace wd
