@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""tools/prepare_data.py end to end, on tiny random models built here (nothing is downloaded).
+
+A random AutoencoderKLWan (16 latent channels, the Wan 2.1 layout), a random UMT5 encoder of
+width 64 and a Unigram tokenizer built from a word list are saved with save_pretrained; eight
+5-frame clips (PNG folders, GIFs, MP4s, one wider than tall, one taller than wide) get captions.
+  1. encode with 2 shards and --limit 1 stops with the shards part-done and nothing merged; the
+     rerun carries on (it says so) and merges: 8 samples in list order, in the schema of
+     docs/data-format.md; one shard killed with SIGKILL after a sample and rerun gives the same
+     file;
+  2. the file equals diffusers' own steps: VaeImageProcessor(resize_mode="crop") pixels, the VAE's
+     posterior mode normalised as WanImageToVideoPipeline.prepare_latents does, and
+     WanPipeline._get_t5_prompt_embeds for the context (float16 storage tolerance);
+  3. wan-distill trains 3 steps on it with the builtin tiny teacher (in_dim 16, text_dim 64,
+     text_len 16), which validates the file first;
+  4. an undecodable video and an empty caption stop the run with the file and the list's line in
+     the message; with --skip-bad both are left out and the other samples are merged.
+
+Usage: .venv/bin/python tests/python/test_prepare_data.py WAN_DISTILL
+Exit status 0 when everything holds, 1 otherwise (also when a package is missing).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "prepare_data.py"
+LAUNCHER = ROOT / "launch" / "mpirun.sh"
+
+try:
+    import av
+    import h5py
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+    from diffusers.image_processor import VaeImageProcessor
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer, T5TokenizerFast, UMT5Config, UMT5EncoderModel
+except ImportError as e:
+    sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
+
+FRAMES, HEIGHT, WIDTH, TEXT_LEN = 5, 32, 32, 16
+WORDS = "a cat dog runs walks on the grass red blue car in city at night over bridge slowly".split()
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+        print(f"FAIL: {message}")
+    return ok
+
+
+def run(label, command, code=0):
+    """Runs `command`, checks its exit code and returns its output (printed when the code is wrong)."""
+    started = time.monotonic()
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"  {label}: exit {result.returncode} in {time.monotonic() - started:.1f} s")
+    if os.environ.get("WD_VERBOSE"):
+        print(result.stdout)
+    if not check(result.returncode == code, f"{label}: exit {result.returncode}, expected {code}"):
+        print(result.stdout[-4000:])
+    return result.stdout
+
+
+def build_models(root):
+    """Saves a tiny VAE, text encoder and tokenizer; returns their folders."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    vae.save_pretrained(root / "vae")
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"\u2581{w}", -1.0 - i) for i, w in enumerate(WORDS)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                    extra_ids=0).save_pretrained(root / "tokenizer")
+    config = UMT5Config(vocab_size=len(vocab), d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                        relative_attention_num_buckets=8)
+    UMT5EncoderModel(config).save_pretrained(root / "text_encoder")
+    return root / "vae", root / "text_encoder", root / "tokenizer"
+
+
+def clip(seed, size):
+    """FRAMES smooth RGB frames of `size` (w, h) moving from one to the next."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w] / max(w, h)
+    frames = []
+    for t in range(FRAMES):
+        phase = rng.uniform(0, 6, 3) + t * 0.4
+        rgb = [np.sin(6 * xx + 4 * yy + p) for p in phase]
+        frames.append(Image.fromarray((127.5 + 120 * np.stack(rgb, -1)).astype(np.uint8)))
+    return frames
+
+
+def write_mp4(path, frames):
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=8)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_image(image)):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def write_clips(root):
+    """Eight clips of three kinds and sizes; returns (relative path, caption) per list line."""
+    entries = []
+    sizes = [(32, 32), (48, 36), (36, 52), (40, 40)]
+    for i in range(8):
+        frames = clip(i, sizes[i % 4])
+        kind = ("png", "gif", "mp4")[i % 3]
+        if kind == "png":
+            folder = root / f"clip{i}"
+            folder.mkdir()
+            for t, image in enumerate(frames):
+                image.save(folder / f"{t:03d}.png")
+            name = folder.name
+        elif kind == "gif":
+            name = f"clip{i}.gif"
+            frames[0].save(root / name, save_all=True, append_images=frames[1:], duration=100, loop=0)
+        else:
+            name = f"clip{i}.mp4"
+            write_mp4(root / name, frames)
+        words = [WORDS[(i * 3 + k) % len(WORDS)] for k in range(2 + i)]
+        entries.append((name, "  " + " ".join(words) + " &amp; more "))
+    return entries
+
+
+def write_list(path, entries):
+    path.write_text("# clips for test_prepare_data\n" + "".join(f"{p}\t{c}\n" for p, c in entries))
+
+
+def encode(models_, list_path, output, *extra):
+    """The tool's command line; the models as a pipeline folder (vae/ inside it) and as the
+    text_encoder/ subfolder, whose sibling tokenizer/ is found without --tokenizer."""
+    vae, text_encoder, _ = models_
+    return [sys.executable, str(TOOL), "encode", "--list", str(list_path), "--vae", str(vae.parent), "--text-encoder",
+            str(text_encoder), "--output", str(output), "--frames", str(FRAMES), "--height", str(HEIGHT), "--width",
+            str(WIDTH), "--text-len", str(TEXT_LEN), *extra]
+
+
+def reference(models_, root, entries):
+    """latents and context of every entry by diffusers' own code."""
+    vae_path, text_path, tok_path = models_
+    vae = AutoencoderKLWan.from_pretrained(vae_path).eval()
+    pipe = WanPipeline(tokenizer=AutoTokenizer.from_pretrained(tok_path),
+                       text_encoder=UMT5EncoderModel.from_pretrained(text_path).eval(), transformer=None, vae=vae,
+                       scheduler=FlowMatchEulerDiscreteScheduler())
+    processor = VaeImageProcessor(vae_scale_factor=8)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    out = []
+    with torch.no_grad():
+        for name, caption in entries:
+            path = root / name
+            if path.is_dir():
+                frames = [Image.open(p).convert("RGB") for p in sorted(path.iterdir())]
+            else:
+                with av.open(str(path)) as c:
+                    frames = [f.to_image().convert("RGB") for f in c.decode(video=0)][:FRAMES]
+            pixels = processor.preprocess(frames, height=HEIGHT, width=WIDTH, resize_mode="crop")  # [F, 3, H, W]
+            video = pixels.permute(1, 0, 2, 3).unsqueeze(0)
+            latents = (vae.encode(video).latent_dist.mode() - mean) * inv_std
+            context = pipe._get_t5_prompt_embeds(caption, max_sequence_length=TEXT_LEN, device=torch.device("cpu"),
+                                                 dtype=torch.float32)
+            lens = int(pipe.tokenizer(caption.strip(), return_tensors="pt").attention_mask.sum())
+            out.append((latents[0].numpy(), context[0].numpy(), lens))
+    return out
+
+
+def check_schema(path, entries, refs):
+    with h5py.File(path, "r") as f:
+        n = len(entries)
+        check(f.attrs["schema_version"] == 1 and f.attrs["latent_layout"] == "CFHW", "root attributes of the schema")
+        check(f["latents"].shape == (n, 16, 2, 4, 4) and f["latents"].dtype == np.float16,
+              f"/latents {f['latents'].shape} {f['latents'].dtype}, expected ({n}, 16, 2, 4, 4) float16")
+        check(f["context"].shape == (n, TEXT_LEN, 64), f"/context {f['context'].shape}, expected ({n}, {TEXT_LEN}, 64)")
+        check(f["latents"].chunks == (1, 16, 2, 4, 4), f"/latents chunks {f['latents'].chunks}: one sample each")
+        prompts = [p.decode() for p in f["prompts"][:]]
+        check(prompts == [" ".join(c.replace("&amp;", "&").split()) for _, c in entries],
+              f"/prompts in list order, cleaned: {prompts}")
+        for i, (lat, ctx, lens) in enumerate(refs):
+            got_lat, got_ctx, got_len = f["latents"][i].astype(np.float32), f["context"][i].astype(np.float32), \
+                int(f["context_lens"][i])
+            d_lat = np.abs(got_lat - lat).max() / np.abs(lat).max()
+            d_ctx = np.abs(got_ctx - ctx).max() / np.abs(ctx).max()
+            check(d_lat < 2e-3, f"sample {i}: latents differ from diffusers' by {d_lat:.2e} of max|z| (float16: < 2e-3)")
+            check(d_ctx < 2e-3, f"sample {i}: context differs from _get_t5_prompt_embeds by {d_ctx:.2e} (< 2e-3)")
+            check(got_len == lens, f"sample {i}: context_lens {got_len}, the tokenizer gives {lens}")
+            check(not got_ctx[got_len:].any(), f"sample {i}: context rows past {got_len} are zero")
+
+
+def main():
+    transformers.logging.disable_progress_bar()
+    if len(sys.argv) != 2:
+        sys.exit("usage: test_prepare_data.py WAN_DISTILL")
+    cli = sys.argv[1]
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="wd-prepare-") as tmp:
+        root = Path(tmp)
+        models_ = build_models(root / "models")
+        clips = root / "clips"
+        clips.mkdir()
+        entries = write_clips(clips)
+        list_path = clips / "list.tsv"
+        write_list(list_path, entries)
+        out = root / "data.h5"
+
+        print("1. two shards, stopped after one sample each, then resumed and merged")
+        log = run("encode --procs 2 --limit 1", encode(models_, list_path, out, "--procs", "2", "--limit", "1"), code=3)
+        check(not out.exists() and "not merged" in log, "a part-done run merges nothing and says so")
+        for i in range(2):
+            with h5py.File(f"{out}.shard-{i}-of-2.h5", "r") as f:
+                check(list(f["sample_index"][:]) == [i], f"shard {i} holds its first sample after --limit 1")
+        log = run("encode --procs 2 (resume)", encode(models_, list_path, out, "--procs", "2"))
+        check(log.count("resuming: 1 of 4") == 2, "both shards resume from their one finished sample")
+        check("ETA" in log, "progress lines with an ETA")
+        check(out.exists(), f"{out} merged")
+
+        print("1b. one shard killed (SIGKILL) after its first sample, then resumed")
+        killed = root / "killed.h5"
+        child = subprocess.Popen(encode(models_, list_path, killed), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        for line in child.stdout:
+            if "1/8 samples" in line:
+                child.kill()
+                break
+        child.wait()
+        check(child.returncode == -9 and not killed.exists(), f"killed in the middle (exit {child.returncode})")
+        log = run("encode (resume after SIGKILL)", encode(models_, list_path, killed))
+        check("resuming:" in log, "the rerun resumes after the kill")
+        if killed.exists() and out.exists():
+            with h5py.File(killed, "r") as a, h5py.File(out, "r") as b:
+                same = all(np.array_equal(a[k][:], b[k][:]) for k in ("latents", "context", "context_lens", "prompts"))
+                check(same, "one killed-and-resumed shard gives the file of two shards")
+
+        print("2. the file against diffusers' steps")
+        if out.exists():
+            check_schema(out, entries, reference(models_, clips, entries))
+
+        print("3. wan-distill trains on it")
+        log = run("train 3 steps", ["bash", str(LAUNCHER), "-np", "3", cli, "train", "--data.path", str(out),
+                                    "--run-dir", str(root / "run"), "--train.steps", "3", "--train.eval_samples", "4",
+                                    "--log.level", "info"])
+        metrics = root / "run" / "metrics.jsonl"
+        steps = [json.loads(l).get("step") for l in metrics.read_text().splitlines()] if metrics.exists() else []
+        check(3 in steps and "student saved" in log, f"train reaches step 3 and saves the student (steps {steps})")
+
+        print("4. a bad video and an empty caption")
+        (clips / "broken.mp4").write_bytes(b"not a video at all" * 10)
+        bad = entries[:3] + [("broken.mp4", "a car at night")] + entries[3:5] + [(entries[5][0], "   ")]
+        bad_list = clips / "bad.tsv"
+        write_list(bad_list, bad)
+        bad_out = root / "bad.h5"
+        log = run("encode, bad video", encode(models_, bad_list, bad_out), code=2)
+        check(f"{clips / 'broken.mp4'} ({bad_list}:5)" in log, "the message names the video and its list line")
+        Path(f"{bad_out}.shard-0-of-1.h5").unlink()  # its list changes below, so it cannot resume
+        no_video = [e for e in bad if e[0] != "broken.mp4"]
+        write_list(bad_list, no_video)
+        log = run("encode, empty caption", encode(models_, bad_list, bad_out), code=2)
+        check(f"{clips / entries[5][0]} ({bad_list}:7): empty caption" in log, "the message names the empty caption's file and line")
+        Path(f"{bad_out}.shard-0-of-1.h5").unlink(missing_ok=True)
+        write_list(bad_list, bad)
+        log = run("encode --skip-bad", encode(models_, bad_list, bad_out, "--skip-bad"))
+        check(log.count("skipped ") == 2, "two samples skipped, each named")
+        if bad_out.exists():
+            with h5py.File(bad_out, "r") as f:
+                check(list(f["sample_index"][:]) == [0, 1, 2, 4, 5], f"the good samples merged: {list(f['sample_index'][:])}")
+
+    print("PASS" if not failures else f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
