@@ -129,6 +129,13 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("train.eval_samples", eval_samples,
             "held-out samples (the last of the data set) for the relative-MSE evaluation")
       .bind("train.eval_every", eval_every, "steps between evaluations (0 = start and end only)")
+      .bind("train.sample_every", sample_every,
+            "steps between sampling probes: student rank 0 samples its student (UniPC) with the contexts of "
+            "the first held-out batch and flags a collapse against that batch's teacher outputs (0 = off)")
+      .bind("train.sample_steps", sample_steps, "sampling steps of a probe")
+      .bind("train.sample_shift", sample_shift, "σ shift of a probe's schedule (as wan-distill sample --shift)")
+      .bind("train.collapse_ratio", collapse_ratio,
+            "a probe flags the student when a channel's std falls below this fraction of the teacher's")
       .bind("train.seed", seed, "seed of the data order, the noise and the student init");
 }
 
@@ -146,6 +153,12 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(log_every >= 1, "train.log_every" + v(log_every) + " must be >= 1");
   p.check(eval_samples >= 0, "train.eval_samples" + v(eval_samples) + " must be >= 0");
   p.check(eval_every >= 0, "train.eval_every" + v(eval_every) + " must be >= 0");
+  p.check(sample_every >= 0, "train.sample_every" + v(sample_every) + " must be >= 0");
+  p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
+  p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
+  p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
+  p.check(sample_every == 0 || eval_samples > 0,
+          "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
 }
 
 double TrainConfig::lr_at(std::int64_t step) const {

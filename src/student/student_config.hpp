@@ -58,6 +58,10 @@ struct TrainConfig {
   std::int64_t log_every = 10;
   std::int64_t eval_samples = 8;   ///< held-out samples (the last ones of the data set)
   std::int64_t eval_every = 0;     ///< 0 = evaluate at the start and the end only
+  std::int64_t sample_every = 0;   ///< steps between sampling probes on student rank 0; 0 = off
+  std::int64_t sample_steps = 20;  ///< UniPC steps of a probe
+  double sample_shift = 12.0;      ///< σ shift of a probe's schedule
+  double collapse_ratio = 0.1;     ///< a probe flags a channel whose std ratio falls below this
   std::uint64_t seed = 0;
 
   void bind(OptionTable& t);

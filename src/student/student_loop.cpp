@@ -11,6 +11,7 @@
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
 #include "core/metrics_writer.hpp"
+#include "student/sample_probe.hpp"
 
 namespace wd::student {
 
@@ -48,6 +49,21 @@ double evaluate(StudentJob& job, const std::vector<comm::TensorDict>& eval_set, 
   }
   sum_over_students(job, sums, step, "allreduce eval");
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+/// One line per sampling probe (loud when the student collapsed) and a `sample_step` line in
+/// metrics.jsonl.
+void report_probe(const SampleProbe& p, std::int64_t step, const TrainConfig& train, MetricsWriter& metrics) {
+  if (p.collapsed()) {
+    spdlog::error("*** COLLAPSED STUDENT at step {}: sampled per-channel std below {} x the teacher's "
+                  "(final latents: channels [{}]; added to the noise: channels [{}]) ***",
+                  step, train.collapse_ratio, fmt::join(p.flat_channels, ","), fmt::join(p.static_channels, ","));
+  } else {
+    spdlog::info("sample probe at step {}: smallest std ratio to the teacher {:.3f} (final), {:.3f} (added "
+                 "to the noise)", step, p.final_ratio, p.moved_ratio);
+  }
+  metrics.append({{"sample_step", step}, {"std_ratio", p.final_ratio}, {"moved_std_ratio", p.moved_ratio},
+                  {"collapsed", p.collapsed()}});
 }
 
 }  // namespace
@@ -157,6 +173,9 @@ StudentStats run_student(StudentJob& job) {
       const double rel = evaluate(job, eval_set, step + 1);
       if (job.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
       metrics.append({{"eval_step", step + 1}, {"rel_mse", rel}});
+    }
+    if (job.leader && job.train.sample_every > 0 && (step + 1) % job.train.sample_every == 0 && !eval_set.empty()) {
+      report_probe(probe_sampling(job.parts, eval_set.front(), job.train), step + 1, job.train, metrics);
     }
     if (job.memory) job.memory->after_step(step + 1, device, model_memory);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;

@@ -1,6 +1,6 @@
 // `wan-distill sample` on the tiny job: a trained student's final latents are closer to the
 // teacher's than the untrained student's, and a student whose output head is zeroed is flagged
-// as collapsed.
+// as collapsed; train.sample_every's probes in the log and metrics.jsonl.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -86,9 +86,18 @@ TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
 TEST(SampleLaunch, TrainingLowersTheErrorAndAZeroHeadIsFlagged) {
   const auto dir = test::fresh_dir("sample");
   const auto trained = dir / "trained", untrained = dir / "untrained";
-  // The tiny job with its builtin defaults, shortened.
-  const auto t = test::launch_train(3, "--run-dir " + trained.string() + " --train.steps 150");
+  // The tiny job with its builtin defaults, shortened, with a sampling probe every 50 steps.
+  const auto t = test::launch_train(3, "--run-dir " + trained.string() + " --train.steps 150 --train.sample_every 50");
   ASSERT_EQ(t.code, 0) << t.output;
+  std::vector<std::int64_t> probed;
+  for (const auto& line : test::read_metrics(trained / "metrics.jsonl")) {
+    if (!line.contains("sample_step")) continue;
+    probed.push_back(line.at("sample_step"));
+    EXPECT_FALSE(line.at("collapsed").get<bool>()) << line.dump();
+    EXPECT_GT(line.at("moved_std_ratio").get<double>(), 0.1) << line.dump();
+  }
+  EXPECT_EQ(probed, (std::vector<std::int64_t>{50, 100, 150}));
+  EXPECT_EQ(test::count_of(t.output, "sample probe at step"), 3) << t.output;
   // The untrained student: the same job (same seed, so the same initial weights), one step
   // at a learning rate that leaves every weight where it started.
   const auto u = test::launch_train(3, "--run-dir " + untrained.string() + " --teacher.checkpoint " +

@@ -1,0 +1,59 @@
+// probe_sampling: the student's own samples against references from the teacher's outputs.
+#include "student/sample_probe.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "data/flow_sampler.hpp"
+#include "data/splitmix64.hpp"
+
+namespace wd::student {
+
+namespace {
+
+constexpr std::uint64_t kProbeNoiseStream = 21;
+
+/// Smallest student/teacher std ratio over channels, and the channels below `ratio`.
+double worst_ratio(const data::ChannelStats& student, const data::ChannelStats& teacher, double ratio,
+                   std::vector<std::int64_t>& below) {
+  below = data::collapsed_channels(student, teacher, ratio);
+  double worst = std::numeric_limits<double>::infinity();
+  for (std::size_t c = 0; c < student.std.size(); ++c) {
+    if (teacher.std[c] > 0) worst = std::min(worst, student.std[c] / teacher.std[c]);
+  }
+  return worst;
+}
+
+}  // namespace
+
+SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, const TrainConfig& train) {
+  torch::NoGradGuard no_grad;
+  const auto& x_t = batch.at("x_t");
+  const auto teacher_out = batch.at("teacher_out").to(torch::kFloat);
+  const auto B = x_t.size(0);
+  const auto sigma = (batch.at("t").to(torch::kFloat).view({B, -1}).amax(1) / 1000).to(x_t.device());
+  const auto x0_teacher = x_t.to(torch::kFloat) - sigma.view({B, 1, 1, 1, 1}) * teacher_out;
+
+  // The noise is drawn on the host with its own generator: the training RNG is untouched.
+  auto gen = at::detail::createCPUGenerator(data::hash_keys(train.seed, kProbeNoiseStream));
+  const auto noise = torch::randn(teacher_out.sizes(), gen).to(x_t.device());
+  comm::TensorDict inputs{{"context", batch.at("context")}, {"context_lens", batch.at("context_lens")}};
+  const auto velocity = [&](const torch::Tensor& x, double s) {
+    inputs["x_t"] = x.to(x_t.scalar_type());
+    inputs["t"] = torch::full({B}, static_cast<float>(1000.0 * s), x.options().dtype(torch::kFloat));
+    return parts.predict(inputs).to(torch::kFloat);
+  };
+  const auto sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
+  const auto sampled = data::sample_flow("unipc", sigmas, noise, velocity);
+
+  SampleProbe p;
+  p.final_ratio = worst_ratio(data::channel_stats(sampled), data::channel_stats(x0_teacher), train.collapse_ratio,
+                              p.flat_channels);
+  p.moved_ratio = worst_ratio(data::channel_stats(sampled - noise), data::channel_stats(teacher_out),
+                              train.collapse_ratio, p.static_channels);
+  return p;
+}
+
+}  // namespace wd::student
