@@ -205,6 +205,58 @@ std::string show_channels(const std::vector<double>& v) {
   return os.str();
 }
 
+/// The teacher (one or two experts) and, with --student, the student with its projections.
+std::pair<Velocity, std::optional<Velocity>> load_models(const SampleConfig& cfg, const c10::Device& device) {
+  const std::optional<c10::ScalarType> dtype =
+      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+  Velocity teacher;
+  teacher.experts = WanExperts::open(cfg.teacher, cfg.boundary > 0 ? std::optional<double>(cfg.boundary) : std::nullopt);
+  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
+  const auto& tc = teacher.experts->config();
+  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sample: i2v teachers need image conditioning (y), not supported");
+  spdlog::info("teacher: {}", tc.summary());
+  if (cfg.student.empty()) return {std::move(teacher), std::nullopt};
+  Velocity student;
+  const auto ck = WanCheckpoint::open(cfg.student);
+  student.models.push_back(load_wan_dit(ck, dtype, device));
+  const auto heads = fs::path(cfg.student) / "distill_heads" / "heads.safetensors";
+  if (fs::exists(heads)) {
+    const auto f = SafetensorsFile::open(heads.string());
+    for (const auto& info : f.tensors()) student.heads[info.name] = f.tensor(info.name, torch::kFloat, device);
+  }
+  spdlog::info("student: {}", ck.config().summary());
+  return {std::move(teacher), std::move(student)};
+}
+
+/// Compares the student's final latents with the teacher's, logs the statistics and the
+/// collapse verdict (a banner when collapsed) and records them in `report`.
+void check_collapse(const SampleConfig& cfg, const Conditions& cond, const torch::Tensor& xt, const torch::Tensor& xs,
+                    nlohmann::json& report) {
+  // What the sampler added to the noise: a student that predicts no velocity leaves the noise
+  // in place (final latents with the noise's std) and shows up here instead.
+  const auto t_stats = data::channel_stats(xt), t_moved = data::channel_stats(xt - cond.noise);
+  const auto s_stats = data::channel_stats(xs), s_moved = data::channel_stats(xs - cond.noise);
+  const double err = data::relative_mse(xs, xt);
+  const auto flat = data::collapsed_channels(s_stats, t_stats, cfg.collapse_ratio);
+  const auto still = data::collapsed_channels(s_moved, t_moved, cfg.collapse_ratio);
+  const bool collapsed = !flat.empty() || !still.empty();
+  spdlog::info("student final latents: mean [{}] std [{}]", show_channels(s_stats.mean), show_channels(s_stats.std));
+  spdlog::info("final student-vs-teacher relative MSE {:.6f}", err);
+  report["student"] = {{"final", stats_json(s_stats)}, {"displacement", stats_json(s_moved)}};
+  report["rel_mse_final"] = err;
+  report["collapse"] = {{"ratio", cfg.collapse_ratio}, {"collapsed", collapsed},
+                        {"flat_channels", flat}, {"static_channels", still}};
+  if (collapsed) {
+    spdlog::error("****************************************************************");
+    spdlog::error("*** COLLAPSED STUDENT: per-channel std below {} x the teacher's", cfg.collapse_ratio);
+    spdlog::error("*** final latents, channels [{}]; added to the noise, channels [{}]",
+                  fmt::join(flat, ","), fmt::join(still, ","));
+    spdlog::error("****************************************************************");
+  } else {
+    spdlog::info("collapse check passed: every channel's std >= {} x the teacher's", cfg.collapse_ratio);
+  }
+}
+
 }  // namespace
 
 int run_sample(const std::vector<std::string>& args) {
@@ -226,29 +278,8 @@ int run_sample(const std::vector<std::string>& args) {
   init_logging(Topology::single_process(), cfg.log.level);
   cfg.runtime.apply();
   const c10::Device device(cfg.device);
-  const std::optional<c10::ScalarType> dtype =
-      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
-
-  Velocity teacher;
-  teacher.experts = WanExperts::open(cfg.teacher, cfg.boundary > 0 ? std::optional<double>(cfg.boundary) : std::nullopt);
-  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
-  const auto& tc = teacher.experts->config();
-  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sample: i2v teachers need image conditioning (y), not supported");
-  spdlog::info("teacher: {}", tc.summary());
-  std::optional<Velocity> student;
-  if (!cfg.student.empty()) {
-    student.emplace();
-    const auto ck = WanCheckpoint::open(cfg.student);
-    student->models.push_back(load_wan_dit(ck, dtype, device));
-    const auto heads = fs::path(cfg.student) / "distill_heads" / "heads.safetensors";
-    if (fs::exists(heads)) {
-      const auto f = SafetensorsFile::open(heads.string());
-      for (const auto& info : f.tensors()) student->heads[info.name] = f.tensor(info.name, torch::kFloat, device);
-    }
-    spdlog::info("student: {}", ck.config().summary());
-  }
-
-  const auto cond = make_conditions(cfg, tc, device);
+  auto [teacher, student] = load_models(cfg, device);
+  const auto cond = make_conditions(cfg, teacher.experts->config(), device);
   const auto sigmas = data::sampling_sigmas(cfg.steps, cfg.shift);
   const auto guided = [&](Velocity& model, const torch::Tensor& x, double sigma) {
     torch::NoGradGuard no_grad;
@@ -257,6 +288,7 @@ int run_sample(const std::vector<std::string>& args) {
     return data::guide(both.slice(0, 0, x.size(0)), both.slice(0, x.size(0)), cfg.guidance);
   };
 
+  // Both trajectories side by side from the same noise, one step of each at a time.
   data::FlowSampler teacher_sampler(cfg.solver, sigmas), student_sampler(cfg.solver, sigmas);
   torch::Tensor xt = cond.noise, xs = cond.noise;
   TensorMap trajectory{{"teacher.0", xt}};
@@ -276,33 +308,12 @@ int run_sample(const std::vector<std::string>& args) {
                  cfg.steps, sigma, sigmas[static_cast<std::size_t>(i + 1)], 1000 * sigma, err);
   }
 
-  // What the sampler added to the noise: a student that predicts no velocity leaves the noise
-  // in place (final latents with the noise's std) and shows up here instead.
   const auto t_stats = data::channel_stats(xt), t_moved = data::channel_stats(xt - cond.noise);
   spdlog::info("teacher final latents: mean [{}] std [{}]", show_channels(t_stats.mean), show_channels(t_stats.std));
   report["teacher"] = {{"final", stats_json(t_stats)}, {"displacement", stats_json(t_moved)}};
   TensorMap latents{{"noise", cond.noise}, {"teacher", xt}};
   if (student) {
-    const auto s_stats = data::channel_stats(xs), s_moved = data::channel_stats(xs - cond.noise);
-    const double err = data::relative_mse(xs, xt);
-    const auto flat = data::collapsed_channels(s_stats, t_stats, cfg.collapse_ratio);
-    const auto still = data::collapsed_channels(s_moved, t_moved, cfg.collapse_ratio);
-    const bool collapsed = !flat.empty() || !still.empty();
-    spdlog::info("student final latents: mean [{}] std [{}]", show_channels(s_stats.mean), show_channels(s_stats.std));
-    spdlog::info("final student-vs-teacher relative MSE {:.6f}", err);
-    report["student"] = {{"final", stats_json(s_stats)}, {"displacement", stats_json(s_moved)}};
-    report["rel_mse_final"] = err;
-    report["collapse"] = {{"ratio", cfg.collapse_ratio}, {"collapsed", collapsed},
-                          {"flat_channels", flat}, {"static_channels", still}};
-    if (collapsed) {
-      spdlog::error("****************************************************************");
-      spdlog::error("*** COLLAPSED STUDENT: per-channel std below {} x the teacher's", cfg.collapse_ratio);
-      spdlog::error("*** final latents, channels [{}]; added to the noise, channels [{}]",
-                    fmt::join(flat, ","), fmt::join(still, ","));
-      spdlog::error("****************************************************************");
-    } else {
-      spdlog::info("collapse check passed: every channel's std >= {} x the teacher's", cfg.collapse_ratio);
-    }
+    check_collapse(cfg, cond, xt, xs, report);
     latents["student"] = xs;
   }
   if (!cfg.output.empty()) {

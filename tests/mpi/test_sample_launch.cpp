@@ -83,6 +83,34 @@ TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
   EXPECT_NE(message.find("steps(0)"), std::string::npos) << message;
 }
 
+/// The `teacher` tensor of a sample run's latents.safetensors.
+torch::Tensor teacher_latents(const fs::path& out) {
+  return SafetensorsFile::open((out / "latents.safetensors").string()).tensor("teacher").clone();
+}
+
+TEST(SampleLaunch, GuidanceWithATwoExpertTeacher) {
+  const auto dir = test::fresh_dir("sample-cfg");
+  const auto teacher = dir / "a14b";
+  const auto [init_code, init_out] =
+      cli("init-teacher --preset tiny --experts 2 --dtype fp32 --output " + teacher.string());
+  ASSERT_EQ(init_code, 0) << init_out;
+  const auto run = [&](const std::string& guidance) {
+    const auto out = dir / ("g" + guidance);
+    const auto [code, output] = cli("sample --teacher.checkpoint " + teacher.string() + " --teacher.boundary 0.9" +
+                                    " --count 2 --latent 2,4,4 --steps 8 --guidance " + guidance + " --output " +
+                                    out.string());
+    EXPECT_EQ(code, 0) << output;
+    return teacher_latents(out);
+  };
+  const auto plain = run("1"), batched = run("1.000001"), guided = run("4");
+  // g = 1 skips the negative half; a g just above 1 runs [cond; uncond] as one batch and must
+  // give the same trajectory up to g's own difference.
+  const double scale = plain.abs().max().item<double>();
+  EXPECT_LT((batched - plain).abs().max().item<double>(), 1e-4 * scale);
+  EXPECT_GT((guided - plain).abs().max().item<double>(), 1e-2 * scale);
+  fs::remove_all(dir);
+}
+
 TEST(SampleLaunch, TrainingLowersTheErrorAndAZeroHeadIsFlagged) {
   const auto dir = test::fresh_dir("sample");
   const auto trained = dir / "trained", untrained = dir / "untrained";
