@@ -37,14 +37,7 @@ try:
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print(f"FAIL: {message}")
-    return ok
+from wd_test_support import check, failures  # noqa: E402  (shared with the other Python tests)
 
 
 def float32(x):

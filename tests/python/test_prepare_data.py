@@ -48,14 +48,7 @@ except ImportError as e:
 
 FRAMES, HEIGHT, WIDTH, TEXT_LEN = 5, 32, 32, 16
 WORDS = "a cat dog runs walks on the grass red blue car in city at night over bridge slowly".split()
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print(f"FAIL: {message}")
-    return ok
+from wd_test_support import check, failures  # noqa: E402  (shared with the other Python tests)
 
 
 def run(label, command, code=0):

@@ -53,26 +53,7 @@ except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-
-
-def official_sinusoid(freq_dim, t):
-    """Wan's sinusoidal_embedding_1d (wan/modules/model.py): fp64, cos half first."""
-    half = freq_dim // 2
-    position = t.to(torch.float64)
-    omega = torch.pow(10000, -torch.arange(half, dtype=torch.float64).div(half))
-    sinusoid = torch.outer(position, omega)
-    return torch.cat([torch.cos(sinusoid), torch.sin(sinusoid)], dim=1)
-
-
-class OfficialTimesteps(torch.nn.Module):
-    """Stands in for diffusers' fp32 `Timesteps`; its caller casts the result to fp32."""
-
-    def __init__(self, freq_dim):
-        super().__init__()
-        self.freq_dim = freq_dim
-
-    def forward(self, t):
-        return official_sinusoid(self.freq_dim, t)
+from wd_test_support import OfficialTimesteps  # noqa: E402  (shared with the other Python tests)
 
 
 def diffusers_model(native_config, native_state):
