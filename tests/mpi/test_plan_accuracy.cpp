@@ -102,15 +102,17 @@ TEST(PlanAccuracy, LargerTeacherAndStudent) {
   const auto teacher = test::fresh_dir("plan-teacher-d256");
   run_cli("init-teacher --preset tiny --dim 256 --ffn-dim 1024 --num-heads 4 --num-layers 4 --dtype bf16 "
           "--log.level warn --output " + teacher.string());
-  const int checked = expect_prediction_within_15_percent(
+  // The students' formulas are over half of their prediction with Debian's LibTorch (192 MiB
+  // per process) and under half with the CUDA LibTorch's 392 MiB: checked where they are.
+  expect_prediction_within_15_percent(
       "d256", "--teacher.checkpoint " + teacher.string() +
                   " --student.dim 256 --student.ffn_dim 1024 --student.num_heads 4 --student.num_layers 4");
-  EXPECT_EQ(checked, 2) << "the students' formulas predict over half of their memory";
   fs::remove_all(teacher);
 }
 
 TEST(PlanAccuracy, FormulasOfALargeStudent) {
-  // Weights, gradients, AdamW state and activations of a dim-512 student are ~4x the constant.
+  // Weights, gradients, AdamW state and activations of a dim-512 student: over half of its
+  // prediction in both builds (3.3x the constant of Debian's LibTorch, 1.6x the CUDA LibTorch's).
   const int checked = expect_prediction_within_15_percent(
       "student-d512", "--student.dim 512 --student.ffn_dim 2048 --student.num_heads 8 --student.num_layers 4");
   EXPECT_EQ(checked, 2);
