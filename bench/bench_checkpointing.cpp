@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "core/threads.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/logging.hpp"
@@ -125,9 +126,7 @@ int run(const std::vector<std::string>& args) {
   // glibc otherwise raises its mmap threshold to the largest block freed so far (up to 32 MiB),
   // keeping freed activations in the heap, where RSS would count them after they died.
   if (cfg.mmap_threshold_kib > 0) mallopt(M_MMAP_THRESHOLD, cfg.mmap_threshold_kib * 1024);
-  const OpenBlas blas;
-  torch::set_num_threads(cfg.threads);
-  blas.set_threads(cfg.threads);
+  set_intra_op_threads(cfg.threads);  // LibTorch's pool and OpenBLAS's
 
   WanConfig c;
   c.num_layers = cfg.layers;
@@ -154,7 +153,7 @@ int run(const std::vector<std::string>& args) {
 
   std::printf("## bench_checkpointing\n\n");
   std::printf("- LibTorch %s; BLAS: %s; %d thread(s)\n", compat::torch_version(),
-              blas.describe().c_str(), cfg.threads);
+              blas_config().c_str(), cfg.threads);
   std::printf("- student: %s, %.1f M parameters (fp32)\n", c.summary().c_str(),
               static_cast<double>(wan_param_count(c)) / 1e6);
   std::printf("- batch %d × latent [%lld, %d, %d, %d] = %lld tokens each; loss: MSE to a random "

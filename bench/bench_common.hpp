@@ -2,7 +2,6 @@
 // and the OpenBLAS thread control.
 #pragma once
 
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -96,30 +95,6 @@ inline std::vector<int> parse_int_list(const std::string& flag, const std::strin
   if (out.empty()) throw ConfigError(flag + "(" + text + ") must name at least one value");
   return out;
 }
-
-/// OpenBLAS keeps its own thread pool, which torch::set_num_threads does not reach (it only
-/// sets OpenMP's, and MKL's in MKL builds). Debian's LibTorch runs fp32 GEMMs in whatever
-/// libblas.so.3 is active, so a thread sweep must set both. The symbols are looked up at run
-/// time because the reference BLAS or BLIS may be the active libblas.so.3 instead.
-struct OpenBlas {
-  using SetFn = void (*)(int);
-  using GetFn = int (*)();
-  using ConfigFn = char* (*)();
-  SetFn set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  GetFn get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  ConfigFn config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-
-  bool present() const { return set != nullptr; }
-  /// "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Zen MAX_THREADS=64", or a note that it is not loaded.
-  std::string describe() const {
-    return config ? std::string(config()) : "not loaded (libblas.so.3 is not OpenBLAS)";
-  }
-  void set_threads(int n) const {
-    if (set) set(n);
-  }
-  /// OpenBLAS's current thread count, or 0 when OpenBLAS is not loaded.
-  int threads() const { return get ? get() : 0; }
-};
 
 /// The body of every benchmark's main(): runs `run` on the arguments after the program name
 /// and turns an error into one line on stderr and exit code 1.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "core/threads.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/logging.hpp"
@@ -154,10 +155,9 @@ int run(const std::vector<std::string>& args) {
   for (const auto& s : split_list(cfg.sizes)) sizes.emplace_back(s, bench_size(s));
   init_logging(Topology::single_process(), cfg.log.level);
   torch::NoGradGuard no_grad;
-  const OpenBlas blas;
 
   std::printf("## bench_forward\n\n");
-  std::printf("- LibTorch %s; BLAS: %s\n", compat::torch_version(), blas.describe().c_str());
+  std::printf("- LibTorch %s; BLAS: %s\n", compat::torch_version(), blas_config().c_str());
   const c10::Device device(cfg.device);
   std::printf("- device %s; latent per sample [C, %d, %d, %d]; warm-up %d, then median of %d forwards\n",
               device.str().c_str(), cfg.frames, cfg.height, cfg.width, cfg.warmup, cfg.runs);
@@ -178,8 +178,7 @@ int run(const std::vector<std::string>& args) {
       model->to(device);
       model->eval();
       for (const int threads : thread_counts) {
-        torch::set_num_threads(threads);
-        blas.set_threads(threads);
+        set_intra_op_threads(threads);  // LibTorch's pool and OpenBLAS's
         for (const int batch : batch_sizes) {
           torch::manual_seed(cfg.seed);
           const auto in = make_inputs(c, cfg, batch, device);

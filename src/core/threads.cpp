@@ -13,6 +13,7 @@ using GetFn = int (*)();
 
 SetFn openblas_set() { return reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")); }
 GetFn openblas_get() { return reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")); }
+using ConfigFn = char* (*)();
 
 }  // namespace
 
@@ -34,6 +35,11 @@ ScopedIntraOpThreads::~ScopedIntraOpThreads() {
 int openblas_threads() {
   const auto get = openblas_get();
   return get ? get() : 0;
+}
+
+std::string blas_config() {
+  const auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  return config ? std::string(config()) : "not loaded (libblas.so.3 is not OpenBLAS)";
 }
 
 std::string describe_blas_threads() {

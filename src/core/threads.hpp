@@ -29,6 +29,10 @@ class ScopedIntraOpThreads {
 /// OpenBLAS's thread count, or 0 when the active BLAS is not OpenBLAS.
 int openblas_threads();
 
+/// OpenBLAS's build line ("OpenBLAS 0.3.21 DYNAMIC_ARCH ... Zen MAX_THREADS=64"), or a note
+/// that the active libblas.so.3 is not OpenBLAS: for benchmark headers.
+std::string blas_config();
+
 /// "OpenBLAS 2 thread(s)" or "" when OpenBLAS is not loaded: for log lines.
 std::string describe_blas_threads();
 
