@@ -14,6 +14,10 @@ if [[ $(id -u) -eq 0 ]]; then flags+=(--allow-run-as-root); fi
 # One BLAS/OpenMP thread per rank: LibTorch's intra-op threads are set by the program itself
 # (runtime.threads, default cores / ranks on the node), and nested BLAS threads oversubscribe.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# Several processes often share one GPU (teacher and students, colocated runs): expandable
+# segments let each process's caching allocator grow and give back memory without the
+# fragmentation of fixed segments. LibTorch reads this in C++ as Python does.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 # After any non-zero exit mpirun sleeps through its kill sequence (twice the grace) even when
 # every rank has already left. When the ranks agreed on an error before training (a bad config
 # or data set), world rank 0 writes the exit code to WD_LAUNCH_STATUS; once mpirun has no rank
@@ -24,7 +28,7 @@ export WD_LAUNCH_STATUS=$status
 # mpirun runs in a session of its own, so that a signal reaches it exactly once: from the
 # launcher, which passes on TERM, INT (a terminal's Ctrl-C), HUP and USR1 (requeue); mpirun
 # passes them to the ranks (a second TERM would make mpirun kill them without their stop).
-setsid mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x WD_LAUNCH_STATUS "$@" &
+setsid mpirun "${flags[@]}" -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x PYTORCH_CUDA_ALLOC_CONF -x WD_LAUNCH_STATUS "$@" &
 pid=$!
 for sig in TERM INT HUP USR1; do
   # shellcheck disable=SC2064  # $sig now, $pid when the signal comes

@@ -13,9 +13,11 @@
 
 #include "comm/transport.hpp"
 #include "core/errors.hpp"
+#include "core/torch_compat.hpp"
 #include "core/threads.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
+#include "student/student_loop.hpp"
 #include "student/student_parts.hpp"
 #include "teacher/compute_dtype.hpp"
 
@@ -160,8 +162,8 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   c.student_s_per_sample = median_run([&] {
                              parts.zero_grad();
                              parts.micro_step(message, 1.0, policy);
-                             if (cfg.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(parts.trainable(), cfg.train.grad_clip);
-                             optimizer.step();
+                             if (cfg.train.grad_clip > 0) student::clip_grad_norm(parts.trainable(), cfg.train.grad_clip);
+                             if (!compat::fused_adamw_step(optimizer)) optimizer.step();
                              parts.after_optimizer_step();
                              static_cast<void>(parts.trainable().front().sum().item<float>());
                            }) /

@@ -149,6 +149,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
   const auto& tc = ck.config();
   const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(tc));
   const auto device = student::student_device(cfg.student.device, 0);
+  compat::set_current_device(device);  // world rank 0 times on its own device
   PlanContext ctx;
   ctx.teacher = tc;
   ctx.stored_elem_bytes = stored_elem_bytes(ck);
@@ -245,6 +246,7 @@ void choose_teacher_micro_batch(TrainJob& job) {
     const auto weights = timed_weight_dtype(cfg, stored_elem_bytes(ck));
     const auto device = job.layout.colocated() ? student::student_device(cfg.student.device, 0)
                                                : teacher::teacher_device(cfg.teacher, job.placement, 0);
+    compat::set_current_device(device);
     const auto choice = choose_micro_batch(ck.config(), weights, job.compute, job.plan.latent, job.plan.context_len,
                                            job.per_replica, device);
     spdlog::info("{}", choice.reason);
@@ -378,6 +380,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
       // job here, before anything is loaded.
       device = teacher::teacher_device(cfg.teacher, p, 0);
     }
+    compat::set_current_device(device);
     chosen[0] = static_cast<std::int64_t>(p);
     // teacher.dtype auto keeps each tensor as stored (fp32 islands included): no one dtype to
     // measure, so the matmuls follow the weights.

@@ -48,7 +48,7 @@ struct OwnTeacher {
         noiser(job.cfg.noise, job.cfg.train.seed),
         eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL),  // as run_teacher_rank's
         transport({stage, reader, schedule, noiser, eval_noiser, job.plan, job.layout.replica_of(job.world_rank()),
-                   job.layout.replicas, job.train_samples}) {}
+                   job.layout.replicas, job.train_samples, device}) {}
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
     teacher::StageLoad how;
@@ -69,6 +69,10 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   const auto& plan = job.plan;
   const int rank = job.world_rank();
   const auto device = student::student_device(cfg.student.device, job.topo.local_rank);
+  // Before anything is allocated (pinned link and gradient buffers open a CUDA context on the
+  // current device): every rank on its own GPU, none on GPU 0 by default.
+  compat::set_current_device(device);
+  if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
   services.memory.device = device;
   warn_if_gpu_shared(job.topo, device);
   if (rank == layout.teacher_ranks) {

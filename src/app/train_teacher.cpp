@@ -3,6 +3,7 @@
 
 #include "app/plan_input.hpp"
 #include "app/train_job.hpp"
+#include "core/torch_compat.hpp"
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
@@ -42,6 +43,8 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   how.placement = job.placement;
   how.dtype = teacher_dtype(cfg);
   how.device = teacher::teacher_device(cfg.teacher, job.placement, job.topo.local_rank);
+  // Before the pinned link buffers: cudaHostAlloc opens a context on the current device.
+  compat::set_current_device(how.device);
   how.blocks = ranges[static_cast<std::size_t>(stage)];
   how.stream_ahead = cfg.teacher.stream_ahead;
   how.timeout_s = cfg.comm.timeout_s;

@@ -5,12 +5,14 @@
 #include <torch/version.h>
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if TORCH_VERSION_MAJOR >= 2
 #define WD_TORCH_HAS_SDPA 1
@@ -153,6 +155,52 @@ inline void synchronize_device(const c10::Device& device) {
 #endif
 }
 
+/// Makes `device` this thread's current CUDA device, in LibTorch and in the CUDA runtime, so
+/// that what the rank allocates next (pinned host buffers included: cudaHostAlloc opens a
+/// context on the current device) lands on its own GPU and not on GPU 0. No-op for the host
+/// and in builds without CUDA.
+inline void set_current_device(const c10::Device& device) {
+#if WD_TORCH_CUDA
+  if (!device.is_cuda()) return;
+  const auto index = device.has_index() ? device.index() : c10::DeviceIndex{0};
+  c10::cuda::set_device(index);
+  cudaSetDevice(index);  // the runtime's own notion, for code that calls CUDA directly
+#else
+  (void)device;
+#endif
+}
+
+/// The CUDA device index this thread computes on (-1 where the build has no CUDA).
+inline int current_cuda_device() {
+#if WD_TORCH_CUDA
+  return static_cast<int>(c10::cuda::current_device());
+#else
+  return -1;
+#endif
+}
+
+/// Whether fp32 matmuls on CUDA may use TF32 (10-bit mantissa inputs, fp32 accumulation): about
+/// 8x the fp32 rate on Hopper. Process-wide; CPU matmuls are not affected by "high" precision
+/// in either LibTorch. `allow` false gives exact fp32 ("highest", LibTorch's default).
+inline void allow_tf32_matmul(bool allow) {
+  at::globalContext().setFloat32MatmulPrecision(allow ? "high" : "highest");
+}
+
+/// Zeroes every tensor of `tensors` (one multi-tensor kernel launch per device and dtype).
+inline void zero_all(std::vector<torch::Tensor>& tensors) {
+  if (!tensors.empty()) at::_foreach_zero_(tensors);
+}
+
+/// `to[i].copy_(from[i])` for every i (one multi-tensor copy where this LibTorch has it).
+inline void copy_all(std::vector<torch::Tensor>& to, const std::vector<torch::Tensor>& from) {
+  if (to.empty()) return;
+#if TORCH_VERSION_MAJOR >= 2
+  at::_foreach_copy_(to, from);
+#else
+  for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+#endif
+}
+
 /// Starts a new peak interval for `device` (no-op where device_memory is not available).
 inline void reset_device_peak(const c10::Device& device) {
 #if WD_TORCH_CUDA
@@ -228,6 +276,71 @@ Key optimizer_state_key(const torch::Tensor& p) {
   } else {
     return static_cast<Key>(static_cast<void*>(p.unsafeGetTensorImpl()));
   }
+}
+
+/// True where fused_adamw_step can run (LibTorch 2.x).
+constexpr bool fused_adamw_step_available() { return TORCH_VERSION_MAJOR >= 2; }
+
+/// One AdamW step of `optimizer` as LibTorch's fused multi-tensor kernel (a handful of launches
+/// for all parameters instead of ~8 per parameter), where this LibTorch has it and every
+/// parameter with a gradient is on a CUDA device; returns false, having done nothing, otherwise
+/// (the caller then runs optimizer.step(), the exact per-parameter update). The moments and the
+/// step count live in the optimizer's own state, so checkpoints and resume see no difference.
+/// `force` runs the fused kernel on host parameters too (tests: 2.x has a CPU kernel).
+template <typename Key = OptimizerStateKey>
+bool fused_adamw_step(torch::optim::AdamW& optimizer, bool force = false) {
+#if TORCH_VERSION_MAJOR >= 2
+  // A dry pass first: the fused path is all or nothing.
+  bool any = false;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!force && !p.is_cuda()) return false;
+      any = true;
+    }
+  }
+  if (!any) return false;
+  torch::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps;
+    std::map<std::pair<std::int64_t, std::string>, torch::Tensor> step_of;  // one per (count, device)
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const Key key = optimizer_state_key<Key>(p);
+      auto& states = optimizer.state();
+      if (states.find(key) == states.end()) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        if (o.amsgrad()) fresh->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        states[key] = std::move(fresh);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*states[key]);
+      st.step(st.step() + 1);
+      auto& count = step_of[{st.step(), p.device().str()}];
+      if (!count.defined()) {
+        count = torch::full({}, static_cast<double>(st.step()), torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      }
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(st.exp_avg());
+      exp_avg_sqs.push_back(st.exp_avg_sq());
+      if (o.amsgrad()) max_sqs.push_back(st.max_exp_avg_sq());
+      steps.push_back(count);
+    }
+    if (params.empty()) continue;
+    const auto [beta1, beta2] = o.betas();
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1, beta2,
+                      o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
+  }
+  return true;
+#else
+  (void)optimizer;
+  (void)force;
+  return false;
+#endif
 }
 
 }  // namespace wd::compat

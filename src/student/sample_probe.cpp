@@ -30,16 +30,18 @@ double worst_ratio(const data::ChannelStats& student, const data::ChannelStats& 
 
 SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, const TrainConfig& train) {
   torch::NoGradGuard no_grad;
-  const auto& x_t = batch.at("x_t");
-  const auto teacher_out = batch.at("teacher_out").to(torch::kFloat);
+  // Everything on the student's device, whatever device each message tensor arrived on.
+  const auto& device = parts.device();
+  const auto x_t = batch.at("x_t").to(device);
+  const auto teacher_out = batch.at("teacher_out").to(device, torch::kFloat);
   const auto B = x_t.size(0);
-  const auto sigma = (batch.at("t").to(torch::kFloat).view({B, -1}).amax(1) / 1000).to(x_t.device());
+  const auto sigma = (batch.at("t").to(device, torch::kFloat).view({B, -1}).amax(1) / 1000);
   const auto x0_teacher = x_t.to(torch::kFloat) - sigma.view({B, 1, 1, 1, 1}) * teacher_out;
 
   // The noise is drawn on the host with its own generator: the training RNG is untouched.
   auto gen = at::detail::createCPUGenerator(data::hash_keys(train.seed, kProbeNoiseStream));
-  const auto noise = torch::randn(teacher_out.sizes(), gen).to(x_t.device());
-  comm::TensorDict inputs{{"context", batch.at("context")}, {"context_lens", batch.at("context_lens")}};
+  const auto noise = torch::randn(teacher_out.sizes(), gen).to(device);
+  comm::TensorDict inputs{{"context", batch.at("context").to(device)}, {"context_lens", batch.at("context_lens")}};
   const auto velocity = [&](const torch::Tensor& x, double s) {
     inputs["x_t"] = x.to(x_t.scalar_type());
     inputs["t"] = torch::full({B}, static_cast<float>(1000.0 * s), x.options().dtype(torch::kFloat));

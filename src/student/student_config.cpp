@@ -30,6 +30,10 @@ void StudentConfig::bind(OptionTable& t) {
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
+      .bind("student.tf32", tf32,
+            "on a CUDA student, fp32 matmuls may use TF32 tensor cores (about 8x the fp32 rate "
+            "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
+            "effect on the host (docs/gpu-numerics.md)")
       .bind("student.device", device,
             "auto | cpu | cuda: where each student trains. auto: a GPU when this build has CUDA "
             "and the rank sees one, else the host. A rank uses GPU <node-local rank mod GPUs on "

@@ -10,6 +10,8 @@
 
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "core/host_sync.hpp"
+#include "core/torch_compat.hpp"
 #include "core/metrics_writer.hpp"
 #include "student/sample_probe.hpp"
 
@@ -75,6 +77,24 @@ torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor&
   return torch::mse_loss(prediction, target);
 }
 
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> norms;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    norms.push_back(p.grad().norm(2.0));
+  }
+  if (grads.empty()) return torch::zeros({});
+  // The operations of LibTorch's clip_grad_norm_, in its order (the same bits), without its
+  // closing .item(): the clamped factor multiplies on the device; a factor of 1 changes nothing.
+  const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  const auto factor = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  torch::NoGradGuard no_grad;
+  for (auto& g : grads) g.mul_(factor);
+  return total;
+}
+
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
@@ -121,6 +141,7 @@ StudentStats run_student(StudentJob& job) {
     job.parts.zero_grad();
     // [0]: this rank's mean loss; [1]: requeue asked for on this rank (summed: any student).
     std::vector<double> reduced{0.0, 0.0};
+    std::vector<torch::Tensor> micro_losses;  // on the device until the step reads them once
     for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
       const auto ts = job.plan.transport_step(step, micro);
       const auto& batch = job.transport.recv(ts).tensors;
@@ -130,17 +151,25 @@ StudentStats run_student(StudentJob& job) {
       // micro_step releases its prediction, loss and graph when it returns (backward has run);
       // release() then hands the batch's ring slot back, so nothing of this micro-batch
       // survives into the next receive. Only the accumulated grads stay.
-      const double loss = job.parts.micro_step(batch, micro_scale, job.checkpointing).total;
+      micro_losses.push_back(job.parts.micro_step(batch, micro_scale, job.checkpointing).total);
       job.transport.release(ts);
-      // Before the gradients leave this rank: a NaN must not reach the other students' weights.
+    }
+    // Before the gradients leave this rank: a NaN must not reach the other students' weights.
+    // The step's one read of its losses (a host synchronisation on a GPU).
+    const auto losses = torch::stack(micro_losses).to(torch::kDouble);
+    note_host_sync("step losses");
+    const auto host_losses = losses.cpu();
+    for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
+      const double loss = host_losses[micro].item<double>();
       WD_CHECK_AS(NumericalError, std::isfinite(loss),
                   "the loss of step " << step + 1 << " (micro-batch " << micro << ") is " << loss
                                       << " on rank " << job.world_rank);
       reduced[0] += micro_scale * loss;
     }
     job.reducer.average(step);
-    if (job.train.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, job.train.grad_clip);
-    optimizer.step();
+    if (job.train.grad_clip > 0) clip_grad_norm(params, job.train.grad_clip);
+    // CUDA students: LibTorch's fused multi-tensor AdamW; the host keeps the exact per-parameter one.
+    if (!compat::fused_adamw_step(optimizer)) optimizer.step();
     job.parts.after_optimizer_step();
     if (job.tracked_memory) *job.tracked_memory = model_memory();
 

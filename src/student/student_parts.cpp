@@ -7,6 +7,8 @@
 #include <filesystem>
 
 #include "core/errors.hpp"
+#include "core/host_sync.hpp"
+#include "core/torch_compat.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 
@@ -53,6 +55,14 @@ torch::nn::Linear seeded_linear(std::int64_t in, std::int64_t out, std::uint64_t
 }
 
 }  // namespace
+
+MicroLossValues MicroLosses::read() const {
+  const auto values = torch::stack({total, output, features}).to(torch::kDouble);
+  note_host_sync("micro-step losses");
+  const auto host = values.cpu();
+  const auto* v = host.data_ptr<double>();
+  return {v[0], v[1], v[2]};
+}
 
 StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
     : setup_(setup), model_(std::move(model)), compute_(model_) {
@@ -112,6 +122,10 @@ torch::Tensor StudentParts::project_out(const torch::Tensor& y) {
 
 torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, const CheckpointPolicy& policy,
                                     std::map<std::int64_t, torch::Tensor>* hidden) {
+  WD_CHECK(b.at("x_t").device() == setup_.device && b.at("teacher_out").device() == setup_.device,
+           "a student batch must arrive on the student's device " << setup_.device << "; x_t is on "
+                                                                  << b.at("x_t").device() << ", teacher_out on "
+                                                                  << b.at("teacher_out").device());
   const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
   return project_out(torch::stack(student_forward(dit, in, policy, hidden)));
 }
@@ -122,18 +136,19 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   for (const auto& [s, t] : setup_.feature_pairs) hidden[s] = torch::Tensor();
   MicroLosses losses;
   auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"));
-  losses.output = loss.item<double>();
+  losses.output = loss.detach().to(torch::kFloat);
+  losses.features = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(setup_.device));
   if (!setup_.feature_pairs.empty()) {
-    torch::Tensor feature_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(setup_.device));
+    torch::Tensor feature_loss = losses.features;
     for (const auto& [s, t] : setup_.feature_pairs) {
       auto mapped = heads_[head_name(s, t)]->as<torch::nn::Linear>()->forward(hidden[s].to(torch::kFloat));
       feature_loss = feature_loss + distill_loss(mapped, batch.at("feat." + std::to_string(t)));
     }
     feature_loss = feature_loss / static_cast<double>(setup_.feature_pairs.size());
-    losses.features = feature_loss.item<double>();
+    losses.features = feature_loss.detach();
     loss = loss + setup_.feature_weight * feature_loss;
   }
-  losses.total = loss.item<double>();
+  losses.total = loss.detach().to(torch::kFloat);
   (loss * scale).backward();
   // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
   for (auto& [master, compute] : master_compute_) {
@@ -154,14 +169,21 @@ torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {
 }
 
 void StudentParts::zero_grad() {
+  std::vector<torch::Tensor> grads;
   for (auto& p : trainable_) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
+    if (p.grad().defined()) grads.push_back(p.mutable_grad());
   }
+  compat::zero_all(grads);
 }
 
 void StudentParts::after_optimizer_step() {
   torch::NoGradGuard no_grad;
-  for (auto& [master, compute] : master_compute_) compute.copy_(master);
+  std::vector<torch::Tensor> to, from;
+  for (auto& [master, compute] : master_compute_) {
+    to.push_back(compute);
+    from.push_back(master);
+  }
+  compat::copy_all(to, from);
 }
 
 std::size_t StudentParts::module_count() const {

@@ -30,11 +30,22 @@ struct PartsSetup {
   c10::Device device = torch::kCPU;  ///< where every part lives and trains (student.device)
 };
 
-/// Losses of one micro-batch (unscaled).
-struct MicroLosses {
+/// Losses of one micro-batch (unscaled), as read on the host.
+struct MicroLossValues {
   double total = 0;
   double output = 0;    ///< MSE to teacher_out
   double features = 0;  ///< mean MSE of the feature pairs (0 without pairs)
+};
+
+/// Losses of one micro-batch (unscaled), as detached 0-d fp32 tensors on the student's device:
+/// the step keeps them there, so a CUDA student queues its backward without waiting for the
+/// forward, and the host reads them once per step.
+struct MicroLosses {
+  torch::Tensor total;
+  torch::Tensor output;    ///< MSE to teacher_out
+  torch::Tensor features;  ///< mean MSE of the feature pairs (zero without pairs)
+  /// The three on the host: one counted host synchronisation.
+  MicroLossValues read() const;
 };
 
 class StudentParts {
@@ -57,7 +68,10 @@ class StudentParts {
   /// A stable name for each trainable() tensor, same order: the DiT's own parameter names and
   /// "distill_heads.<head>.<weight|bias>" for projections and feature heads.
   const std::vector<std::string>& trainable_names() const { return trainable_names_; }
+  /// Zeroes every trainable gradient that exists (one multi-tensor kernel where LibTorch has it).
   void zero_grad();
+  /// Where every part lives and trains (student.device).
+  const c10::Device& device() const { return setup_.device; }
   /// After optimizer.step(): refresh the bf16 compute copy from the master weights in place.
   void after_optimizer_step();
 

@@ -139,6 +139,12 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
   }
 }
 
+BlockStreamer::~BlockStreamer() {
+  // The engine's destructor joins its worker and synchronises its copy stream; only then may
+  // the slots' device buffers return to the allocator (member order alone would free them first).
+  engine_.reset();
+}
+
 std::size_t BlockStreamer::slots_for(int ahead, std::int64_t blocks) {
   return static_cast<std::size_t>(std::min<std::int64_t>(ahead, blocks - 1)) + 1;
 }

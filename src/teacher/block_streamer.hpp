@@ -52,6 +52,9 @@ class BlockStreamer {
   BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end, int ahead,
                 const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
                 std::unique_ptr<CopyEngine> engine);
+  /// Drains the copy engine before the device slots go: uploads are always in flight at the
+  /// end (before() prefetches the next forward's first blocks).
+  ~BlockStreamer();
   BlockStreamer(const BlockStreamer&) = delete;
   /// The buffers a streamer of `blocks` blocks holds for `ahead`: ahead + 1, but never more
   /// than the blocks (copying ahead more blocks than there are others would copy the

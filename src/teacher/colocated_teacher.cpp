@@ -4,9 +4,18 @@
 #include <chrono>
 
 #include "core/errors.hpp"
+#include "core/host_sync.hpp"
 #include "teacher/teacher_loop.hpp"
 
 namespace wd::teacher {
+
+comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::Device& device) {
+  comm::TensorDict moved;
+  for (const auto& [name, t] : message) {
+    moved[name] = name == "context_lens" ? t.to(torch::kCPU) : t.to(device, /*non_blocking=*/true);
+  }
+  return moved;
+}
 
 ColocatedTeacher::ColocatedTeacher(ColocatedSource source) : src_(source) {}
 
@@ -40,11 +49,13 @@ const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
                              position, src_.noiser);
   }
   src_.stage.run(batch);
-  if (!torch::isfinite(batch.out).all().item<bool>()) {
+  if (!read_scalar<bool>(torch::isfinite(batch.out).all(), "colocated teacher finite check")) {
     throw NumericalError("the colocated teacher's output for step " + std::to_string(step) + " has NaN/Inf values");
   }
   held_.step = step;
-  held_.tensors = student_message(batch, 0, b);
+  // The batch was read on the host and the stage computed on its device: the student gets it
+  // all on its own device (the stage's).
+  held_.tensors = message_on_device(student_message(batch, 0, b), src_.device);
   next_ = step + 1;
   compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return held_;

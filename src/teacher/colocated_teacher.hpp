@@ -27,7 +27,13 @@ struct ColocatedSource {
   int replica = 0;
   int replicas = 1;
   std::int64_t train_samples = 0;
+  c10::Device device = torch::kCPU;  ///< the student's device: where every message tensor goes
 };
+
+/// `message` with every tensor on `device` (asynchronous copies from the host), except
+/// `context_lens`, which stays on the host: the DiT reads the lengths on the host, and a copy
+/// on the device would cost it a synchronisation at every forward.
+comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::Device& device);
 
 /// A receive-only Transport whose messages are computed here. Steps come in order, one held at
 /// a time: recv(s) after release(s - 1). wait_seconds() is 0 (nothing is waited for);

@@ -57,10 +57,10 @@ TEST(StudentParts, GradAccumulationEqualsOneStepOverTheConcatenatedBatch) {
   }
   const auto b = batch(4, 11);
   accum.zero_grad();
-  const auto l1 = accum.micro_step(slice(b, 0, 2), 0.5, kOff);
-  const auto l2 = accum.micro_step(slice(b, 2, 4), 0.5, kOff);
+  const auto l1 = accum.micro_step(slice(b, 0, 2), 0.5, kOff).read();
+  const auto l2 = accum.micro_step(slice(b, 2, 4), 0.5, kOff).read();
   whole.zero_grad();
-  const auto l = whole.micro_step(b, 1.0, kOff);
+  const auto l = whole.micro_step(b, 1.0, kOff).read();
   EXPECT_NEAR(0.5 * (l1.total + l2.total), l.total, 1e-6);
   EXPECT_LE(max_grad_diff(accum.trainable(), whole.trainable()), 1e-6);
 }
@@ -114,8 +114,8 @@ TEST(StudentParts, MixedPrecisionKeepsFp32MastersAndFollowsFp32Gradients) {
   const auto b = batch(2, 9);
   fp32.zero_grad();
   mixed.zero_grad();
-  const auto lf = fp32.micro_step(b, 1.0, kOff);
-  const auto lm = mixed.micro_step(b, 1.0, kOff);
+  const auto lf = fp32.micro_step(b, 1.0, kOff).read();
+  const auto lm = mixed.micro_step(b, 1.0, kOff).read();
   EXPECT_NEAR(lm.total, lf.total, 2e-2 * lf.total);
   double num = 0, den = 0;
   for (std::size_t i = 0; i < fp32.trainable().size(); ++i) {
@@ -139,7 +139,7 @@ TEST(StudentParts, FeatureHeadsLearnFromTheTeachersHiddenStates) {
   s.feature_weight = 1.0;
   StudentParts parts(WanDiT(small(), WanInit::kRandom, torch::kFloat, 6), s);
   parts.zero_grad();
-  const auto l = parts.micro_step(batch(2, 7), 1.0, kOff);
+  const auto l = parts.micro_step(batch(2, 7), 1.0, kOff).read();
   EXPECT_GT(l.features, 0.0);
   EXPECT_NEAR(l.total, l.output + l.features, 1e-5);
   EXPECT_GT(parts.trainable().back().grad().abs().sum().item<float>(), 0.f);

@@ -73,8 +73,8 @@ struct Trainee {
     auto b = batch(2, 100 + static_cast<std::uint64_t>(step));
     b["x_t"] = b["x_t"] + 0.1 * torch::randn_like(b["x_t"]);
     parts->zero_grad();
-    double loss = 0.5 * parts->micro_step(slice(b, 0, 1), 0.5, kOff).total;
-    loss += 0.5 * parts->micro_step(slice(b, 1, 2), 0.5, kOff).total;
+    double loss = 0.5 * parts->micro_step(slice(b, 0, 1), 0.5, kOff).read().total;
+    loss += 0.5 * parts->micro_step(slice(b, 1, 2), 0.5, kOff).read().total;
     optimizer->step();
     parts->after_optimizer_step();
     return loss;
