@@ -44,7 +44,7 @@
 # <step>.ranks (world rank and exit code of each rank), and the train runs' metrics.jsonl,
 # summary.json and diagnosis.txt. Exit code 0 once the summary is written; the verdicts are in it.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 repo=$PWD
 t_start=$SECONDS
 
@@ -71,7 +71,8 @@ mkdir -p "$out"
 # --- Records and the summary -------------------------------------------------------------------
 # Each step's record lives in R["<step>/<field>"] (status, rc, seconds, cmd, note, figures);
 # summary.md is written from it in bash alone (forks cost tens of ms on a loaded machine).
-order=(preflight build $steps)
+read -r -a chosen <<<"$steps"
+order=(preflight build "${chosen[@]}")
 declare -A R=()
 # record STEP STATUS RC SECONDS CMD NOTE FIGURES: sets the record and rewrites summary.md.
 record() {
@@ -103,6 +104,12 @@ write_summary() {
         rest+=("$s")
       fi
       echo "| $s | $status | ${R[$s/rc]:-} | ${R[$s/seconds]:-} | ${R[$s/figures]:-} | ${R[$s/note]:-} |"
+    done
+    echo
+    echo "Commands:"
+    echo
+    for s in "${order[@]}"; do
+      [[ -n ${R[$s/cmd]:-} && ${R[$s/cmd]} != - ]] && echo "- $s: \`${R[$s/cmd]}\`"
     done
     if ((${#rest[@]})); then
       echo
@@ -362,6 +369,7 @@ elif [[ $preflight_ok != yes ]]; then
 elif [[ -z $targets ]]; then
   skip build "skipped" "no chosen step needs a program"
 else
+  # shellcheck disable=SC2086  # build_cmd is a command line ("bash .../build.sh")
   run_step build 540 "targets: $targets" env BUILD_DIR="$build" TARGETS="$targets" LOG_DIR="$out" $build_cmd
   finish_step build "targets: $targets"
 fi
@@ -465,7 +473,7 @@ for s in $steps; do
       # The gpu-labelled tests' programs are built here, not in the build step, so that they
       # do not delay the steps above.
       tests_targets=$(gpu_test_targets)
-      # shellcheck disable=SC2086  # CTEST_ARGS and the targets are lists
+      # shellcheck disable=SC2086,SC2016  # CTEST_ARGS is a list; the script's $1, $2 are its own
       run_step ctest_gpu 300 "targets: ${tests_targets:-none}" bash -c \
         'set -e; [[ -z $2 ]] || cmake --build "$1" --target $2; shift 2; ctest "$@"' wd-ctest \
         "$build" "$tests_targets" --test-dir "$build" -L gpu --output-on-failure --parallel 2 ${CTEST_ARGS:-}

@@ -9,7 +9,7 @@
 # Prints one line per check ("ok", "WARN" or "FAIL") and last a line starting "preflight:" with
 # the figures all.sh puts in its summary. A WARN lets the build go on; a FAIL stops it.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 
 build=$(realpath -m "${BUILD_DIR:-build-gpu}")
 python=${PYTHON:-python3}
@@ -254,7 +254,7 @@ if [[ -n $cuda_root ]]; then
       plain=${plain%%.so.*}.so
       if [[ ! -e $shim/lib/$plain ]]; then
         # The shortest versioned name (libcudart.so.13 before libcudart.so.13.0.88).
-        target=$(ls "$shim/lib/${plain}".[0-9]* | awk '{ print length, $0 }' | sort -n | head -1 | cut -d' ' -f2-)
+        target=$(printf '%s\n' "$shim/lib/${plain}".[0-9]* | awk '{ print length, $0 }' | sort -n | head -1 | cut -d' ' -f2-)
         ln -s "$(basename "$target")" "$shim/lib/$plain"
         made+=("$plain")
       fi

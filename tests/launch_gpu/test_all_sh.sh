@@ -26,6 +26,13 @@ fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
 }
+# alive PID: whether PID runs (a zombie, killed and waiting for its parent to reap it, does not).
+alive() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]]
+}
 # row FILE STEP: the status cell of STEP's row in the summary FILE.
 row() { awk -F'|' -v s="$2" '$2 == " " s " " { sub(/^ /, "", $3); sub(/ $/, "", $3); print $3 }' "$1"; }
 # expect FILE STEP REGEX: STEP's status in FILE matches REGEX.
@@ -273,6 +280,7 @@ expect_text "$sum" '\| train_mpi \| failed \| 1 \|.*rank:exit 0:0 1:1' "train_mp
 expect_text "$sum" '\| train \| ok \| 0 \|.*step 200/200 loss 0.01234 512.3 samples/s; relative MSE 0.04321; rank:exit 0:0 1:0' "train's figures"
 expect_text "$sum" '\| forward \|.*250 ms/forward, 428000.0 GFLOP/s, MFU 43.3%' "forward's figures, from a step cut off"
 expect_text "$sum" '\| preflight \| ok \|.*torch 2.11.0\+cu130.*compute mode Default, libcudart: shim' "preflight's figures"
+# shellcheck disable=SC2016  # backquotes of the markdown
 expect_text "$sum" 'Not run here: `STEPS="stream checkpointing ctest_gpu" bash launch/gpu/all.sh`' "the next command"
 expect_text "$sum" 'GPU: NVIDIA H100 80GB HBM3 x1, compute mode Default' "the GPU line"
 expect_text "$one/build.log" 'TARGETS=bench_checkpointing bench_forward bench_stream nccl_bandwidth test_nccl_mpi wan-distill' "the build's targets"
@@ -295,7 +303,7 @@ expect_text "$tmp/build-one/preflight.env" "^WD_NVCC=$shim/bin/nvcc\$" "prefligh
 sleep 0.5
 while read -r pid; do
   checks=$((checks + 1))
-  kill -0 "$pid" 2>/dev/null && fail "process $pid of the hung step still runs"
+  alive "$pid" && fail "process $pid of the hung step still runs: $(ps -o pid=,ppid=,pgid=,stat=,args= -p "$pid")"
 done <"$pids_file"
 : >"$pids_file"
 
@@ -317,6 +325,7 @@ wait "$two_pid" 2>/dev/null
 expect "$sum" nccl '^ok$'
 expect "$sum" train '^running \(up to [0-9]+ s; if this stays, the command was cut off here\)$'
 expect "$sum" oom '^not reached$'
+# shellcheck disable=SC2016
 expect_text "$sum" 'Not run here: `STEPS="train train_mpi oom' "the next command after a cut-off"
 checks=$((checks + 1))
 [[ -s $pids_file ]] || fail "run 2 left no hung process to find (the stand-in did not start?)"
@@ -331,7 +340,7 @@ expect_text "$tmp/three/preflight.log" 'FAIL +torch +.*cannot import torch' "pre
 sleep 0.5
 while read -r pid; do
   checks=$((checks + 1))
-  kill -0 "$pid" 2>/dev/null && fail "process $pid left by the killed command still runs after the next one started"
+  alive "$pid" && fail "process $pid left by the killed command still runs after the next one started: $(ps -o pid=,ppid=,pgid=,stat=,args= -p "$pid")"
 done <"$pids_file"
 : >"$pids_file"
 
