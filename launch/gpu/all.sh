@@ -241,8 +241,26 @@ figures() {
   esac
 }
 
+# first_error LOG: the first line of LOG that reports an error (the program's own [error] lines
+# first, else any that says so, else the last line), without the timestamp, cut to 200 characters.
+first_error() {
+  local line
+  line=$(grep -v '^#' "$1" 2>/dev/null | grep -m1 -E '\[(error|critical)\]') ||
+    line=$(grep -v '^#' "$1" 2>/dev/null | grep -m1 -E 'error|Error|ERROR|FAIL|what\(\)|Aborted|Segmentation') ||
+    line=$(grep -v '^#' "$1" 2>/dev/null | grep . | tail -1) || return 0
+  line=${line#\[*\] }
+  line=${line#"${line%%[! ]*}"}
+  echo "${line:0:200}"
+}
+
 finish_step() {  # STEP [NOTE]: records the step from run_step's results.
-  record "$1" "$step_status" "$step_rc" "$step_seconds" "$step_cmd" "${2:-}" "$(figures "$1" | tr '|' '/' | head -c 400)"
+  local fig err
+  fig=$(figures "$1" | head -c 400)
+  if [[ $step_status != ok* && $step_status != "not run"* ]]; then
+    err=$(first_error "$out/$1.log")
+    [[ -n $err ]] && fig="${fig:+$fig; }first error: $err"
+  fi
+  record "$1" "$step_status" "$step_rc" "$step_seconds" "$step_cmd" "${2:-}" "$(tr '|' '/' <<<"$fig")"
 }
 
 skip() {  # STEP STATUS NOTE
