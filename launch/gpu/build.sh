@@ -10,11 +10,19 @@
 #   BUILD_DIR    build tree (default build-gpu)      BUILD_TYPE  (default Release)
 #   CUDA_ARCHS   CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200); TORCH_CUDA_ARCH_LIST follows
 #   JOBS         build jobs (default nproc)          TARGETS     ninja targets (default: all)
+#   GPU_OPT      the compiler's optimisation for Release (default -O2: the GPU work is inside
+#                LibTorch; -O2 compiles the project's own code faster than -O3)
 #   PYTHON       the python holding torch (default python3)
+#   LOG_DIR      a second folder for configure.log, written as it grows (all.sh: $OUT, whose
+#                build.log is this script's whole output, so a command cut off still returns both)
 #   MPI_NO_WRAPPER=1  hand FindMPI the header folder and libmpi.so instead of mpicc's answers
 # --env-only stops after unpacking, the environment and the library checks (no CMake);
 # --configure-only stops after CMake's configure step.
-# A build cut off by the device's 10-minute limit resumes where it stopped when run again.
+# The CUDA toolkit (nvcc, its root or the shim of links preflight.sh made) comes from
+# $BUILD_DIR/preflight.env; without that file, preflight.sh runs first. CMake's configure step
+# is skipped when build.ninja exists and its arguments are unchanged (ninja re-runs CMake when a
+# CMakeLists.txt changes). A build cut off by the device's 10-minute limit resumes where it
+# stopped when run again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -184,16 +192,35 @@ if [[ $mode == env-only ]]; then
 fi
 
 # --- 4. Torch, CUDA and NCCL from the machine's own Python and toolkit. ---------------------
+if [[ ! -f $build/preflight.env ]]; then
+  say "no $build/preflight.env: running launch/gpu/preflight.sh first"
+  BUILD_DIR=$build bash "$repo/launch/gpu/preflight.sh" || die "preflight.sh found a problem the build cannot pass (above)"
+fi
+# shellcheck source=/dev/null
+. "$build/preflight.env"
 python=${PYTHON:-python3}
-torch_info=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__, "CUDA", torch.version.cuda)') ||
-  die "$python cannot import torch"
-torch_cmake=$(sed -n 1p <<<"$torch_info")
-torch_version=$(sed -n 2p <<<"$torch_info")
-# The wheel nvidia-nccl-cu13 ships nccl.h and libnccl.so.2 (no unversioned libnccl.so, which
-# find_library looks for): name both for the project's NCCL lookup.
-nccl_dir=$("$python" -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null || true)
-nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-[[ -x $nvcc ]] || die "no nvcc on PATH or in /usr/local/cuda/bin"
+# Torch's CMake folder and NCCL's wheel: preflight.sh asked Python already (importing torch
+# takes seconds); asked again only where its file lacks them.
+torch_cmake=${WD_TORCH_CMAKE:-}
+torch_version=${WD_TORCH_VERSION:-}
+nccl_dir=${WD_NCCL_DIR:-}
+if [[ -z $torch_cmake ]]; then
+  torch_info=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path); print(torch.__version__)') ||
+    die "$python cannot import torch"
+  torch_cmake=$(sed -n 1p <<<"$torch_info")
+  torch_version=$(sed -n 2p <<<"$torch_info")
+  # The wheel nvidia-nccl-cu13 ships nccl.h and libnccl.so.2 (no unversioned libnccl.so, which
+  # find_library looks for): name both for the project's NCCL lookup.
+  nccl_dir=$("$python" -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null || true)
+fi
+# nvcc and the toolkit root CMake is given: the toolkit's own, or the shim preflight.sh made
+# where the toolkit lacks unversioned libraries (libcudart.so).
+nvcc=${WD_NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[[ -x $nvcc ]] || die "no nvcc at $nvcc (preflight.env), on PATH or in /usr/local/cuda/bin"
+cuda_root=${WD_CUDA_ROOT:-$(dirname "$(dirname "$(realpath "$nvcc")")")}
+if [[ -n ${WD_NVCC_APPEND_FLAGS:-} ]]; then
+  export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }$WD_NVCC_APPEND_FLAGS"
+fi
 nvcc_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 cuda_archs=${CUDA_ARCHS:-90}
 # 90 -> 9.0, 90a -> 9.0a, 100 -> 10.0: the same architectures in Torch's notation.
@@ -202,9 +229,12 @@ torch_archs=$(tr ';,' '  ' <<<"$cuda_archs" | xargs -n1 | sed -E 's/^([0-9]+)([0
 cmake_args=(
   -G Ninja -S "$repo" -B "$build"
   -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}"
+  -DCMAKE_CXX_FLAGS_RELEASE="${GPU_OPT:--O2} -DNDEBUG"
   -DCMAKE_PREFIX_PATH="$torch_cmake;$prefix/usr;$prefix/$arch_dir/cmake;$prefix/usr/share/cmake"
   -DCMAKE_CUDA_COMPILER="$nvcc"
-  -DCUDAToolkit_ROOT="$(dirname "$(dirname "$(realpath "$nvcc")")")"
+  # CMake's FindCUDAToolkit reads the first, Torch's own FindCUDA the second.
+  -DCUDAToolkit_ROOT="$cuda_root"
+  -DCUDA_TOOLKIT_ROOT_DIR="$cuda_root"
   -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs"
   -DTORCH_CUDA_ARCH_LIST="$torch_archs"
   # mpiexec from the prefix, never a system one: it is what the multi-rank tests run.
@@ -236,18 +266,45 @@ echo "  Open MPI     : $ompi_version; mpirun -np 2: $mpi_smoke"
 echo "  HDF5         : $hdf5_version ($prefix/$arch_dir/hdf5/serial)"
 echo "  Boost        : $boost_version"
 echo "  Torch        : $torch_version ($torch_cmake)"
-echo "  nvcc         : $nvcc_version ($nvcc)"
+echo "  nvcc         : $nvcc_version ($nvcc; toolkit root for CMake: $cuda_root${WD_NVCC_APPEND_FLAGS:+; NVCC_APPEND_FLAGS=$WD_NVCC_APPEND_FLAGS})"
 echo "  NCCL         : ${nccl_dir:-not found (no nvidia.nccl in $python)}"
 echo "  CUDA archs   : $cuda_archs (Torch: $torch_archs)"
 echo "  CMake        : $(cmake --version | head -1), $(command -v ninja || echo 'no ninja')"
 echo "  GPU          : $(nvidia-smi -L 2>/dev/null | head -1 || echo 'nvidia-smi failed')"
 echo "  build dir    : $build (environment: $env_file)"
 
-say "cmake ${cmake_args[*]}"
-cmake "${cmake_args[@]}" 2>&1 | tee "$build/configure.log"
+# tee_logs NAME [--copy]: the output into $build/NAME and, with --copy and LOG_DIR set, also
+# LOG_DIR/NAME, as it comes.
+tee_logs() {
+  local files=("$build/$1")
+  [[ ${2:-} == --copy && -n ${LOG_DIR:-} ]] && mkdir -p "$LOG_DIR" && files+=("$LOG_DIR/$1")
+  tee "${files[@]}"
+}
+
+# The configure step costs tens of seconds (Torch's CMake files probe CUDA): skipped when the
+# tree was configured with these arguments and generated build.ninja.
+args_stamp=$build/.configure-args
+args_now=$(printf '%s\n' "${cmake_args[@]}" "NVCC_APPEND_FLAGS=${NVCC_APPEND_FLAGS:-}")
+if [[ -f $build/build.ninja && -f $args_stamp && $(cat "$args_stamp") == "$args_now" ]]; then
+  say "configured already with these arguments: skipping CMake's configure step"
+  echo "(configure skipped: $build/build.ninja is current for these arguments)" | tee_logs configure.log --copy
+else
+  rm -f "$args_stamp"
+  say "cmake ${cmake_args[*]}"
+  set +e
+  cmake "${cmake_args[@]}" 2>&1 | tee_logs configure.log --copy
+  rc=${PIPESTATUS[0]}
+  set -e
+  ((rc == 0)) || die "CMake's configure step failed (exit $rc): $build/configure.log"
+  echo "$args_now" >"$args_stamp"
+fi
 [[ $mode == configure-only ]] && exit 0
 
 jobs=${JOBS:-$(nproc)}
+set +e
 # shellcheck disable=SC2086  # TARGETS is a list of names
-cmake --build "$build" -j"$jobs" ${TARGETS:+--target $TARGETS} 2>&1 | tee "$build/build.log"
-say "built $build; next: bash launch/gpu/run.sh"
+cmake --build "$build" -j"$jobs" ${TARGETS:+--target $TARGETS} 2>&1 | tee_logs build.log
+rc=${PIPESTATUS[0]}
+set -e
+((rc == 0)) || die "the build failed (exit $rc): $build/build.log"
+say "built $build${TARGETS:+ (targets: $TARGETS)}; next: bash launch/gpu/all.sh"
