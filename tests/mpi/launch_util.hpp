@@ -29,15 +29,67 @@ struct LaunchResult {
 inline const std::string kPinnedKernels =
     "-x ATEN_CPU_CAPABILITY=avx2 -x OPENBLAS_CORETYPE=Haswell -x MKL_CBWR=AVX2 ";
 
-/// Runs `wan-distill train <args>` on `ranks` ranks. mpirun's --timeout bounds a hang;
-/// `kill_grace_s` is how long mpirun lets the other ranks finish after one exits non-zero
-/// (long enough for the failure protocol, see launch/mpirun.sh).
+/// Where `args` gives the option `key` (`--key VALUE` or `--key=VALUE`): the position just past
+/// the key, or npos.
+inline std::size_t option_end(const std::string& args, const std::string& key) {
+  const std::string flag = "--" + key;
+  for (auto pos = args.find(flag); pos != std::string::npos; pos = args.find(flag, pos + 1)) {
+    const auto end = pos + flag.size();
+    const bool starts = pos == 0 || args[pos - 1] == ' ';
+    if (starts && (end == args.size() || args[end] == ' ' || args[end] == '=')) return end;
+  }
+  return std::string::npos;
+}
+
+/// Whether `args` sets the option `key` itself.
+inline bool sets_option(const std::string& args, const std::string& key) {
+  return option_end(args, key) != std::string::npos;
+}
+
+/// The value `args` gives the option `key` ("" when it does not set it).
+inline std::string option_value(const std::string& args, const std::string& key) {
+  const auto end = option_end(args, key);
+  if (end == std::string::npos || end == args.size()) return "";
+  const auto from = args.find_first_not_of(' ', end + 1);
+  return from == std::string::npos ? "" : args.substr(from, args.find(' ', from) - from);
+}
+
+/// The job settings a launched `train` (and `plan`, which reads the same keys) assumes, so that
+/// it gives the same answers on a GPU host as here. Left at their defaults, each would change
+/// with the host: runtime.threads 0 shares the node's cores out over its ranks (the summation
+/// order, hence the golden curve, follows the core count); student.device and teacher.placement
+/// `auto` pick a visible GPU; a stream or shard teacher computes on cuda:<local rank> whenever
+/// one exists. A key that `args` sets keeps the test's value (boost refuses a key given twice),
+/// and teacher.device is left alone where the test asks for a GPU (teacher.placement gpu,
+/// student.device cuda[:N]): there it would put that GPU's teacher on the host. A --config file
+/// does not count as setting a key: pass these on the command line instead.
+inline std::string pinned_options(const std::string& args) {
+  std::string pins;
+  const auto pin = [&](const std::string& key, const std::string& value) {
+    if (!sets_option(args, key)) pins += " --" + key + " " + value;
+  };
+  pin("runtime.threads", "1");
+  pin("student.device", "cpu");
+  pin("teacher.placement", "cpu");
+  const bool asks_for_a_gpu = option_value(args, "teacher.placement") == "gpu" ||
+                              option_value(args, "student.device").rfind("cuda", 0) == 0;
+  if (!asks_for_a_gpu) pin("teacher.device", "cpu");
+  return pins;
+}
+
+/// `args` with pinned_options(args) added: the whole command line of a launched job.
+inline std::string pinned_args(const std::string& args) { return args + pinned_options(args); }
+
+/// Runs `wan-distill train <args>` on `ranks` ranks, pinned to the host (pinned_args) and to
+/// kPinnedKernels. mpirun's --timeout bounds a hang; `kill_grace_s` is how long mpirun lets the
+/// other ranks finish after one exits non-zero (long enough for the failure protocol, see
+/// launch/mpirun.sh).
 inline LaunchResult launch_train(int ranks, const std::string& args, int timeout_s = 240, int kill_grace_s = 3) {
   const std::string cmd = std::string(WD_MPIEXEC) + " -n " + std::to_string(ranks) +
                           " --oversubscribe --allow-run-as-root --bind-to none --timeout " + std::to_string(timeout_s) +
                           " --mca odls_base_sigkill_timeout " + std::to_string(kill_grace_s) +
                           " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + kPinnedKernels + WD_CLI + " train " +
-                          args + " 2>&1";
+                          pinned_args(args) + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string out;

@@ -180,13 +180,18 @@ TEST(FailureDiagnosis, OutOfMemoryRemediesComeWithTheAdjustedCommand) {
   EXPECT_EQ(count_of(r.output, "request: "), 1) << r.output;
   EXPECT_EQ(count_of(r.output, "--student.checkpointing all recomputes"), 1) << r.output;
   EXPECT_EQ(count_of(r.output, "batch 16 -> 8 per student"), 1) << r.output;
-  EXPECT_EQ(count_of(r.output, "wan-distill train --run-dir " + dir.string() + job + " --student.checkpointing all"), 1)
+  // The command as the ranks were given it, launch_train's pins included.
+  EXPECT_EQ(count_of(r.output, "wan-distill train " + test::pinned_args("--run-dir " + dir.string() + job) +
+                                   " --student.checkpointing all"),
+            1)
       << r.output;
 }
 
 TEST(FailureDiagnosis, ARequestBeyondTheMachineIsCalledAWrongShape) {
   // A student asks the allocator for 256 TiB, as a tensor sized from a bad dimension would: no
-  // memory setting helps, and the diagnosis says so instead of offering checkpointing.
+  // memory setting helps, and the diagnosis says so instead of offering checkpointing. The student
+  // is on the host on every machine (launch_train pins student.device cpu): a GPU student's
+  // diagnosis would weigh the request against its GPU memory instead.
   const auto dir = test::fresh_dir("fail-wrong-shape");
   const auto r = launch_train(kRanks, "--run-dir " + dir.string() + " --train.steps 20 --train.batch_size 4 "
                                       "--train.eval_samples 8 --comm.timeout_s 4 --inject-fault oom_huge@student:0:2");

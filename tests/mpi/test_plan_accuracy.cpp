@@ -52,7 +52,10 @@ Predicted predicted_for(const nlohmann::json& role) {
 /// number of ranks whose formula part was checked.
 int expect_prediction_within_15_percent(const std::string& name, const std::string& job_args) {
   const auto dir = test::fresh_dir("plan-" + name);
-  const std::string args = "--run-dir " + dir.string() + " --train.steps 20 --memory.report_every 0 " + job_args;
+  // The run's own pins (threads, host devices) in the plan's arguments too: `plan --cpu` then
+  // predicts the very job that launch_train starts, on any machine.
+  const std::string args =
+      test::pinned_args("--run-dir " + dir.string() + " --train.steps 20 --memory.report_every 0 " + job_args);
   const auto plan = nlohmann::json::parse(run_cli("plan --cpu --np 3 --json " + args));
   nlohmann::json cpu;
   for (const auto& p : plan["placements"]) {

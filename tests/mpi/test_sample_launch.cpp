@@ -35,11 +35,13 @@ std::pair<int, std::string> cli(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-/// Runs `wan-distill sample` with the tiny job's teacher and data on samples 0-3.
+/// Runs `wan-distill sample` with the tiny job's teacher and data on samples 0-3, on the host with
+/// one thread whatever the machine (as launch_train pins its jobs).
 SampleRun sample(const fs::path& run, const fs::path& student, const fs::path& out) {
   const std::string args = "sample --teacher.checkpoint " + (run / "cache" / "tiny-teacher").string() +
                           " --data.path " + (run / "cache" / "tiny-data.h5").string() + " --samples 0,1,2,3" +
-                          " --student " + student.string() + " --output " + out.string() + " --runtime.threads 1";
+                          " --student " + student.string() + " --output " + out.string() +
+                          " --runtime.threads 1 --device cpu";
   SampleRun r;
   std::tie(r.code, r.output) = cli(args);
   std::ifstream in(out / "report.json");

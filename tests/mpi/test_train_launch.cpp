@@ -175,7 +175,8 @@ TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
   // returns within the documented 5 s (about 1 s here), with its exit code.
   const auto launcher = fs::path(kFixtures).parent_path().parent_path() / "launch" / "mpirun.sh";
   const auto run = [&](const std::string& args) {
-    const std::string cmd = "timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " + args + " 2>&1";
+    const std::string cmd =
+        "timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " + test::pinned_args(args) + " 2>&1";
     const auto t0 = std::chrono::steady_clock::now();
     FILE* pipe = ::popen(cmd.c_str(), "r");
     std::string out;

@@ -56,7 +56,7 @@ except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from wd_test_support import OfficialTimesteps  # noqa: E402  (shared with the other Python tests)
+from wd_test_support import CPU_JOB, OfficialTimesteps  # noqa: E402  (shared with the other Python tests)
 
 FP32_TOLERANCE = 1e-5
 OWN_SINUSOID_TOLERANCE = 1e-4
@@ -251,7 +251,7 @@ def kept_in_fp32(key):
 def ours_to_diffusers(cli, work, checks):
     print("\n2. a trained student -> wan-distill convert --layout diffusers -> diffusers from_pretrained:")
     run_dir = work / "run"
-    cli.run("train", "--run-dir", run_dir, "--train.steps", 5, launcher=("bash", cli.mpirun, "-np", 3))
+    cli.run("train", "--run-dir", run_dir, "--train.steps", 5, *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 3))
     student_dir = run_dir / "student"
     student = load_file(str(student_dir / "diffusion_pytorch_model.safetensors"))
     text_len = json.loads((student_dir / "config.json").read_text())["text_len"]
@@ -319,7 +319,7 @@ def two_experts(cli, work, checks):
         problems = {k: v for k, v in info.items() if v}
         checks.expect(not problems, f"init-teacher's {sub}/ loads in diffusers with no key problems {problems or ''}")
     out = cli.run("train", "--run-dir", work / "run-pipeline", "--teacher.checkpoint", ours, "--train.steps", 3,
-                  launcher=("bash", cli.mpirun, "-np", 3))
+                  *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 3))
     line = "two experts, transformer for t >= 875 and transformer_2 below (boundary 0.875)"
     if not checks.expect(line in out, f"train takes the pipeline as its teacher: '{line}'"):
         print(out)

@@ -37,7 +37,7 @@ try:
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-from wd_test_support import check, failures  # noqa: E402  (shared with the other Python tests)
+from wd_test_support import CPU_JOB, check, failures  # noqa: E402  (shared with the other Python tests)
 
 
 def float32(x):
@@ -46,7 +46,7 @@ def float32(x):
 
 def train_command(cli, run_dir, *extra):
     return ["bash", str(LAUNCHER), "-np", "3", cli, "train", "--run-dir", str(run_dir),
-            "--train.log_every", "2", "--train.eval_every", "4", "--memory.report_every", "2", *extra]
+            "--train.log_every", "2", "--train.eval_every", "4", "--memory.report_every", "2", *CPU_JOB, *extra]
 
 
 def run(label, command, fails=False, env=None):

@@ -48,7 +48,7 @@ except ImportError as e:
 
 FRAMES, HEIGHT, WIDTH, TEXT_LEN = 5, 32, 32, 16
 WORDS = "a cat dog runs walks on the grass red blue car in city at night over bridge slowly".split()
-from wd_test_support import check, failures  # noqa: E402  (shared with the other Python tests)
+from wd_test_support import CPU_JOB, check, failures  # noqa: E402  (shared with the other Python tests)
 
 
 def run(label, command, code=0):
@@ -243,7 +243,7 @@ def main():
         print("3. wan-distill trains on it")
         log = run("train 3 steps", ["bash", str(LAUNCHER), "-np", "3", cli, "train", "--data.path", str(out),
                                     "--run-dir", str(root / "run"), "--train.steps", "3", "--train.eval_samples", "4",
-                                    "--log.level", "info"])
+                                    "--log.level", "info", *CPU_JOB])
         metrics = root / "run" / "metrics.jsonl"
         steps = [json.loads(l).get("step") for l in metrics.read_text().splitlines()] if metrics.exists() else []
         check(3 in steps and "student saved" in log, f"train reaches step 3 and saves the student (steps {steps})")

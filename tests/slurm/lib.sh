@@ -53,14 +53,19 @@ pass() {
   exit 0
 }
 
+# What every job a test submits assumes, as tests/mpi/launch_util.hpp pins it: one intra-op
+# thread per rank and the students and teacher on the host, even where a GPU is visible.
+CPU_JOB_ARGS="--runtime.threads 1 --student.device cpu --teacher.placement cpu --teacher.device cpu"
+
 # submit TEMPLATE RUN_DIR [sbatch options...]: submits a template with the builtin tiny job
-# (CONFIG empty, 1 teacher rank); EXTRA_ARGS, TEACHER_RANKS and the OMPI_* settings in the
-# environment pass through to the job. Prints the job id.
+# (CONFIG empty, 1 teacher rank) pinned to the host (CPU_JOB_ARGS); EXTRA_ARGS, TEACHER_RANKS
+# and the OMPI_* settings in the environment pass through to the job. Prints the job id.
 submit() {
   local template=$1 run_dir=$2
   shift 2
   mkdir -p "$CLUSTER_DIR/jobs"
   CONFIG="" TEACHER_RANKS=${TEACHER_RANKS:-1} RUN_DIR=$run_dir WD_BIN=$WD_BIN WD_ROOT=$SLURM_TEST_ROOT \
+    EXTRA_ARGS="$CPU_JOB_ARGS ${EXTRA_ARGS:-}" \
     sbatch --parsable --chdir="$CLUSTER_DIR" --output="$CLUSTER_DIR/jobs/%j.out" --time=20 \
     --cpus-per-task=1 "$@" "$SLURM_TEST_ROOT/$template"
 }
