@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -37,6 +38,33 @@ int env_int(const char* name) {
 std::string or_dash(int v) { return v < 0 ? "-" : std::to_string(v); }
 
 }  // namespace
+
+std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double timeout_s) {
+  std::vector<char> mine(MPI_MAX_PROCESSOR_NAME, '\0');
+  std::vector<char> all(static_cast<std::size_t>(MPI_MAX_PROCESSOR_NAME) * static_cast<std::size_t>(world_size));
+  int len = 0;
+  WD_CHECK_MPI(MPI_Get_processor_name(mine.data(), &len));
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Iallgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                              MPI_CHAR, MPI_COMM_WORLD, &req));
+  std::vector<int> peers;
+  for (int r = 0; r < world_size; ++r) {
+    if (r != world_rank) peers.push_back(r);
+  }
+  comm::wait_with_deadline(req, {"gather host names", -1, all.size(), peers}, std::chrono::duration<double>(timeout_s),
+                           world_rank);
+  // Hosts are numbered in order of their first world rank.
+  std::vector<std::string> hosts;
+  std::vector<int> node;
+  for (int r = 0; r < world_size; ++r) {
+    const char* name = all.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    const std::string host(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+    const auto it = std::find(hosts.begin(), hosts.end(), host);
+    node.push_back(static_cast<int>(it - hosts.begin()));
+    if (it == hosts.end()) hosts.push_back(host);
+  }
+  return node;
+}
 
 void log_rank_placement(const Topology& topo, double timeout_s) {
   Placement mine;
