@@ -324,13 +324,12 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   const int rank = mpi.rank();
   // Identical on every rank (same arguments): no communication needed to agree.
   cfg.validate();
-  // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
-  // single replica is always a valid split, so it serves until then).
+  // Roles depend on teacher.ranks and, where each replica can have a node to itself, on the
+  // nodes and the replicas' size; the stages wait for the placement (a single replica is always
+  // a valid split, so it serves until then, and on several nodes the final layout may move a
+  // role: below). teacher.layout auto sets them again once the layout is chosen.
   bool colocated = cfg.teacher.placement == "colocated";
-  // Each replica's ranks share a node where the counts allow, so roles depend on the nodes.
   const auto nodes = gather_node_of_ranks(rank, mpi.size(), cfg.comm.timeout_s);
-  // teacher.layout auto: these roles serve until the layout is chosen, then are set again; on
-  // several nodes the final stages may move a role (below).
   const auto roles = [&](const comm::Layout& layout, bool final) {
     job.topo = layout.topology(rank, mpi.local_rank(), mpi.local_size());
     init_logging(job.topo, cfg.log.level);

@@ -48,13 +48,15 @@ void check_groups(const Layout& l) {
   // The sender broadcasts its world rank over the link; each student must hear its replica's.
   if (g.link() != MPI_COMM_NULL) {
     int sender = rank;
-    if (l.role_of(rank) == Role::kStudent) EXPECT_EQ(rank_in(g.link()), 1 + l.student_slot(rank));
-    else EXPECT_EQ(rank_in(g.link()), 0);
+    const int want = l.role_of(rank) == Role::kStudent ? 1 + l.student_slot(rank) : 0;
+    EXPECT_EQ(rank_in(g.link()), want);
     ASSERT_EQ(MPI_Bcast(&sender, 1, MPI_INT, 0, g.link()), MPI_SUCCESS);
     EXPECT_EQ(sender, l.sender_of_replica(l.replica_of(rank)));
   }
   // A stage hands its world rank to the next one.
-  if (g.stage_out() != MPI_COMM_NULL) ASSERT_EQ(MPI_Send(&rank, 1, MPI_INT, 1, 7, g.stage_out()), MPI_SUCCESS);
+  if (g.stage_out() != MPI_COMM_NULL) {
+    ASSERT_EQ(MPI_Send(&rank, 1, MPI_INT, 1, 7, g.stage_out()), MPI_SUCCESS);
+  }
   if (g.stage_in() != MPI_COMM_NULL) {
     int from = -1;
     ASSERT_EQ(MPI_Recv(&from, 1, MPI_INT, 0, 7, g.stage_in(), MPI_STATUS_IGNORE), MPI_SUCCESS);

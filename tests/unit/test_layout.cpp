@@ -87,7 +87,9 @@ TEST(LayoutCommand, ReplicasThatDoNotFitANodeKeepTeachersFirst) {
   ASSERT_EQ(t.size(), 8u) << r.output;
   for (int w = 0; w < 8; ++w) {
     EXPECT_EQ(t[static_cast<std::size_t>(w)][4], w == 0 ? "teacher" : "student") << r.output;
-    if (w > 0) EXPECT_EQ(t[static_cast<std::size_t>(w)][6], std::to_string(w - 1)) << r.output;
+    if (w > 0) {
+      EXPECT_EQ(t[static_cast<std::size_t>(w)][6], std::to_string(w - 1)) << r.output;
+    }
   }
   EXPECT_NE(r.output.find("teachers first (world ranks 0-0), replicas may span nodes: node 0 has 4 rank(s), not a "
                           "multiple of a replica's 8 (1 teacher stage(s) + 7 student(s))"),
@@ -105,8 +107,9 @@ TEST(LayoutCommand, ReadsTeacherRanksFromTheConfigAndTheFlagWins) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(rows(r.output).size(), 16u);
-  // Two replicas of 1 teacher + 3 students on each node: teachers at 0, 1 and 8, 9.
-  EXPECT_NE(r.output.find("replica 2: teacher rank 8 on node1 streams to students 12-14 on node1 (within the node)"),
+  // Two replicas of 1 teacher + 3 students on each node: teachers at 0, 1 and 8, 9, then their
+  // students in replica order.
+  EXPECT_NE(r.output.find("replica 2: teacher rank 8 on node1 streams to students 10-12 on node1 (within the node)"),
             std::string::npos)
       << r.output;
 
@@ -197,7 +200,7 @@ TEST(LayoutCommand, ShardStagesAndTheirLinks) {
             std::string::npos)
       << r.output;
   // Two replicas of 2 stages + 6 students: one per node, stages on their students' node.
-  r = run("--nodes 2 --gpus-per-node 8 --teacher.ranks 4 --teacher.placement shard");
+  r = run("--nodes 2 --gpus-per-node 8 --teacher.ranks 4 --teacher.placement shard --teacher.stages 2");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("replica 1: teacher rank 9 on node1 streams to students 10-15 on node1 (within the node)"),
             std::string::npos)
