@@ -19,7 +19,8 @@ namespace {
 
 /// The allocation the job will get; ranks are placed in blocks (srun --distribution=block,
 /// mpirun --map-by ppr:N:node), by default one per GPU, so rank r runs on node r / N as
-/// node-local rank r % N, on GPU (r % N) mod G (train's rule, gpu_of_local_rank).
+/// node-local rank r % N, on GPU (r % N) mod G (train's rule, gpu_of_local_rank). Which rank
+/// is teacher or student follows from the nodes as in train (Layout::make).
 struct AllocationConfig {
   int nodes = 1;
   int gpus_per_node = 8;
@@ -94,11 +95,16 @@ TrainKeys train_keys_in(const std::string& file) {
   return keys;
 }
 
-/// "2-8" or "5" for a sorted run of ranks.
+/// "2-8" for a run of consecutive ranks, "5" for one, "1,3,5" otherwise.
 std::string rank_range(const std::vector<int>& ranks) {
   if (ranks.empty()) return "none";
   if (ranks.size() == 1) return std::to_string(ranks.front());
-  return std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
+  bool run = true;
+  for (std::size_t i = 1; i < ranks.size(); ++i) run = run && ranks[i] == ranks[i - 1] + 1;
+  if (run) return std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
 }
 
 std::string join(const std::set<std::string>& items) {
@@ -180,10 +186,12 @@ int run_layout(const std::vector<std::string>& args) {
   stage_keys.stages = keys.teacher_stages;
   stage_keys.shard_map = keys.teacher_shard_map;
   const bool shard = keys.teacher_placement == "shard";
+  std::vector<int> node_of_rank;
+  for (int r = 0; r < world; ++r) node_of_rank.push_back(r / per_node);
   const auto layout = comm::Layout::make(
       world, keys.teacher_ranks,
-      teacher::stages_for(stage_keys, shard ? memory::Placement::kShard : memory::Placement::kGpu));
-  const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(rank / per_node)]; };
+      teacher::stages_for(stage_keys, shard ? memory::Placement::kShard : memory::Placement::kGpu), node_of_rank);
+  const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(layout.node_of(rank))]; };
   // Each rank's device as train resolves it on a node with these GPUs.
   const auto device_of = [&](int rank) {
     const bool teacher = layout.role_of(rank) == Role::kTeacher;
@@ -194,7 +202,7 @@ int run_layout(const std::vector<std::string>& args) {
   std::cout << "layout: " << world << " ranks on " << alloc.nodes << " node(s) x " << alloc.gpus_per_node
             << " GPU(s): " << layout.teacher_ranks << " teacher rank(s) in " << layout.replicas
             << " replica(s), " << layout.student_ranks << " student rank(s), "
-            << layout.students_per_replica() << " per replica\n";
+            << layout.students_per_replica() << " per replica; " << layout.placement << "\n";
   std::printf("  %4s  %-16s %5s  %-7s  %-7s  %7s  %4s\n", "rank", "node", "local", "device", "role",
               "replica", "slot");
   for (int r = 0; r < world; ++r) {
@@ -230,8 +238,7 @@ int run_layout(const std::vector<std::string>& args) {
   // Shard stages hand activations down each replica's pipeline, link by link (make_stage_transports).
   for (int rep = 0; rep < layout.replicas && layout.stages > 1; ++rep) {
     for (int k = 0; k + 1 < layout.stages; ++k) {
-      const int from = rep * layout.stages + k;
-      const auto a = device_of(from), b = device_of(from + 1);
+      const auto a = device_of(layout.teacher_of(rep, k)), b = device_of(layout.teacher_of(rep, k + 1));
       const auto choice =
           comm::choose_backend(keys.comm_backend, {a, b}, comm::nccl_built(), comm::stage_link_name(rep, k));
       std::cout << "replica " << rep << ": stage " << k << " (" << a.describe() << ") -> stage " << k + 1
@@ -244,7 +251,7 @@ int run_layout(const std::vector<std::string>& args) {
               << " teacher ranks are replicas or shard stages; --teacher.placement shard shows the stages\n";
   }
   std::vector<comm::RankDevice> students;
-  for (int r = layout.teacher_ranks; r < world; ++r) students.push_back(device_of(r));
+  for (int r : layout.student_world_ranks()) students.push_back(device_of(r));
   const auto reduce = comm::choose_backend(keys.comm_backend, students, comm::nccl_built(), "the gradient all-reduce");
   std::cout << "gradient all-reduce over " << comm::backend_name(reduce.backend) << " (" << reduce.reason << ")\n";
   return kExitOk;

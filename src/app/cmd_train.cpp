@@ -133,7 +133,7 @@ FailureSetup failure_setup_for(const TrainJob& job) {
                     job.layout.stages, cfg.teacher.stream_ahead};
   setup.timeout_s = cfg.comm.timeout_s;
   setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
-  setup.teacher_ranks = job.layout.teacher_ranks;
+  for (int r = 0; r < job.layout.world_size; ++r) setup.roles.push_back(job.layout.role_of(r));
   return setup;
 }
 
@@ -180,7 +180,7 @@ int run_train(const std::vector<std::string>& args) {
     watchdog.emplace(*health, cfg.comm.watchdog_limit(), exit_code(FailureKind::kPeerLost));
     const bool teacher = job.topo.role == Role::kTeacher;
     const FaultInjector faults(FaultSpec::parse(cfg.inject_fault), job.topo.role,
-                               teacher ? rank : rank - job.layout.teacher_ranks);
+                               teacher ? job.layout.teacher_index(rank) : job.layout.student_index(rank));
     // World rank 0 prints the memory table and writes its metrics.jsonl line (docs/memory.md).
     memory::MemoryMonitor monitor(cfg.memory, job.topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size()),
                                   rank == 0 ? (fs::path(cfg.run_dir) / "metrics.jsonl").string() : "");

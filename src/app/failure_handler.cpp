@@ -44,7 +44,7 @@ memory::DiagnosisInput make_diagnosis(const comm::FailureExchange& ex, const com
       return std::find(ex.lost.begin(), ex.lost.end(), r) != ex.lost.end();
     });
     in.failed_rank = silent != named.end() ? *silent : named.front();
-    in.failed_role = in.failed_rank < setup.teacher_ranks ? Role::kTeacher : Role::kStudent;
+    in.failed_role = setup.role_of(in.failed_rank);
     in.op = "no answer to rank " + std::to_string(primary.rank) + "'s " + primary.op_text();
   }
   in.context = setup.remedies;
@@ -65,8 +65,7 @@ memory::DiagnosisInput make_diagnosis(const comm::FailureExchange& ex, const com
         std::memcpy(&state.memory, report->payload, sizeof(memory::MemoryReport));
       }
     } else {
-      // Roles follow the layout: the teacher ranks come first.
-      state.role = state.rank < setup.teacher_ranks ? Role::kTeacher : Role::kStudent;
+      state.role = setup.role_of(state.rank);
     }
     in.ranks.push_back(state);
   }

@@ -4,9 +4,11 @@
 
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "comm/health.hpp"
 #include "comm/mpi_runtime.hpp"
+#include "core/topology.hpp"
 #include "memory/diagnosis.hpp"
 #include "memory/memory_report.hpp"
 
@@ -17,7 +19,14 @@ struct FailureSetup {
   memory::RemedyContext remedies;  ///< config values and command line for the remedies
   double timeout_s = 120;          ///< comm.timeout_s: bounds the protocol's waits
   std::string diagnosis_path;      ///< the diagnosis is also written here (run-dir/diagnosis.txt)
-  int teacher_ranks = 1;           ///< world ranks below this are teachers
+  /// Each world rank's role, from the layout; empty before it is made (then rank 0 is taken
+  /// for the teacher, as in every layout on one node).
+  std::vector<Role> roles;
+
+  Role role_of(int rank) const {
+    if (rank >= 0 && static_cast<std::size_t>(rank) < roles.size()) return roles[static_cast<std::size_t>(rank)];
+    return rank == 0 ? Role::kTeacher : Role::kStudent;
+  }
 };
 
 /// Runs the failure protocol for `failure` caught on this rank (its own, or a PeerFailure

@@ -38,6 +38,31 @@ std::string or_dash(int v) { return v < 0 ? "-" : std::to_string(v); }
 
 }  // namespace
 
+std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double timeout_s) {
+  // The node is the shared-memory group that also numbers each rank's local rank (and so its
+  // GPU), named by its lowest world rank: host names can repeat across SLURM nodes on one host.
+  MPI_Comm node = MPI_COMM_NULL;
+  WD_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+  struct Freed {
+    MPI_Comm& comm;
+    ~Freed() { MPI_Comm_free(&comm); }
+  } freed{node};
+  int leader = world_rank;
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node, &req));
+  comm::wait_with_deadline(req, {"find this node's first rank", -1, sizeof(int), {}},
+                           std::chrono::duration<double>(timeout_s), world_rank);
+  std::vector<int> leaders(static_cast<std::size_t>(world_size), -1);
+  WD_CHECK_MPI(MPI_Iallgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD, &req));
+  std::vector<int> peers;
+  for (int r = 0; r < world_size; ++r) {
+    if (r != world_rank) peers.push_back(r);
+  }
+  comm::wait_with_deadline(req, {"gather every rank's node", -1, leaders.size() * sizeof(int), peers},
+                           std::chrono::duration<double>(timeout_s), world_rank);
+  return leaders;
+}
+
 void log_rank_placement(const Topology& topo, double timeout_s) {
   Placement mine;
   int len = 0;

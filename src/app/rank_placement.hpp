@@ -1,9 +1,17 @@
-// Where the ranks of a job run: the rank placement log (host from MPI, SLURM ids for reference).
+// Where the ranks of a job run: every rank's node (MPI's shared-memory groups) and the rank
+// placement log (host from MPI, SLURM ids for reference).
 #pragma once
+
+#include <vector>
 
 #include "core/topology.hpp"
 
 namespace wd::app {
+
+/// The node of every world rank, as ids the layout renumbers (the lowest world rank of the
+/// rank's MPI_COMM_TYPE_SHARED group, the group that numbers its local rank and GPU).
+/// Collective over MPI_COMM_WORLD; each wait ends within `timeout_s`.
+std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double timeout_s);
 
 /// Gathers every rank's host (MPI_Get_processor_name), local rank and, when set, SLURM's job,
 /// node name and task ids to world rank 0, which logs one table. Logging only: the layout

@@ -292,7 +292,7 @@ void validate_with_layout(const RunConfig& cfg, const comm::Layout& layout, std:
 /// opening one clears what crashed saves left), and the checkpoint's path.
 void find_resume_point(TrainJob& job) {
   const auto& cfg = job.cfg;
-  const int leader = job.layout.teacher_ranks;
+  const int leader = job.layout.student_world_ranks().front();
   std::vector<std::int64_t> resume_step{0};
   agreed("finding the checkpoint to resume from", cfg, [&] {
     if (job.world_rank() != leader) return;
@@ -326,18 +326,22 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   const int rank = mpi.rank();
   // Identical on every rank (same arguments): no communication needed to agree.
   cfg.validate();
-  // Roles depend on teacher.ranks alone; the replicas and stages wait for the placement (a
-  // single replica is always a valid split, so it serves until then).
+  // Roles depend on teacher.ranks and, where each replica can have a node to itself, on the
+  // nodes and the replicas' size; the stages wait for the placement (a single replica is always
+  // a valid split, so it serves until then, and on several nodes the final layout may move a
+  // role: below). teacher.layout auto sets them again once the layout is chosen.
   bool colocated = cfg.teacher.placement == "colocated";
-  // teacher.layout auto: these roles serve until the layout is chosen, then are set again.
-  const auto roles = [&](bool final) {
-    job.topo = (colocated ? comm::Layout::colocated(mpi.size())
-                          : comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks)))
-                   .topology(rank, mpi.local_rank(), mpi.local_size());
+  const auto nodes = gather_node_of_ranks(rank, mpi.size(), cfg.comm.timeout_s);
+  const auto roles = [&](const comm::Layout& layout, bool final) {
+    job.topo = layout.topology(rank, mpi.local_rank(), mpi.local_size());
     init_logging(job.topo, cfg.log.level);
     if (final) set_threads(cfg, job.topo);
   };
-  roles(cfg.teacher.layout != "auto");
+  const auto first_roles = [&] {
+    return colocated ? comm::Layout::colocated(mpi.size())
+                     : comm::Layout::make(mpi.size(), cfg.teacher.ranks, std::max(1, cfg.teacher.ranks), nodes);
+  };
+  roles(first_roles(), cfg.teacher.layout != "auto");
 
   agreed("preparing the run directory", cfg, [&] {
     if (rank != 0) return;
@@ -360,9 +364,8 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     teacher.placement = colocated ? "colocated" : pick[2] > 1 ? "shard" : fixed_by_layout ? "auto" : teacher.placement;
     // The pick's teacher micro-batch, unless one was given as a number of samples.
     if (teacher.micro_batch_samples().value_or(0) == 0) teacher.micro_batch = std::to_string(pick[3]);
-    roles(true);
+    roles(first_roles(), true);
   }
-  log_rank_placement(job.topo, cfg.comm.timeout_s);
   // {placement, compute dtype (-1: the weights')}: decided once, on world rank 0, so that every
   // rank computes alike.
   std::vector<std::int64_t> chosen{0, -1};
@@ -394,17 +397,20 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.placement = static_cast<memory::Placement>(chosen[0]);
   if (chosen[1] >= 0) job.compute = static_cast<c10::ScalarType>(chosen[1]);
   job.layout = colocated ? comm::Layout::colocated(mpi.size())
-                         : comm::Layout::make(mpi.size(), cfg.teacher.ranks, teacher::stages_for(cfg.teacher, job.placement));
+                         : comm::Layout::make(mpi.size(), cfg.teacher.ranks,
+                                              teacher::stages_for(cfg.teacher, job.placement), nodes);
   const auto& layout = job.layout;
+  if (layout.role_of(rank) != job.topo.role) roles(layout, true);
+  log_rank_placement(job.topo, cfg.comm.timeout_s);
   job.groups.emplace(layout, rank);
   if (rank == 0 && colocated) {
     spdlog::info("train: teacher.placement colocated: {} student rank(s), each computing its own targets with "
                  "the teacher on its {} (mapped once per node), no teacher ranks, run dir {}",
                  layout.student_ranks, job.placement == memory::Placement::kGpu ? "GPU" : "host", cfg.run_dir);
   } else if (rank == 0) {
-    spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), run dir {}",
+    spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), {}, run dir {}",
                  layout.teacher_ranks, layout.replicas, layout.stages, memory::placement_name(job.placement),
-                 layout.student_ranks, cfg.run_dir);
+                 layout.student_ranks, layout.placement, cfg.run_dir);
   }
 
   // Every rank maps the teacher checkpoint (cheap) to learn its config; teachers check data.

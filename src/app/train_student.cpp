@@ -75,7 +75,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
   services.memory.device = device;
   warn_if_gpu_shared(job.topo, device);
-  if (rank == layout.teacher_ranks) {
+  if (rank == layout.student_world_ranks().front()) {
     spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
                  cfg.student.device);
   }
@@ -117,7 +117,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;
-  for (int r = layout.teacher_ranks; r < layout.world_size; ++r) {
+  for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
   }
   student::StudentJob loop{parts, transport, *reducer, plan, cfg.train, job.groups->students(),
@@ -127,7 +127,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.memory = &services.monitor;
   loop.health = &services.health;
   loop.faults = &services.faults;
-  for (int r = 0; r < layout.teacher_ranks; ++r) loop.teachers.push_back(r);
+  loop.teachers = layout.teacher_world_ranks();
   loop.tracked_memory = &services.memory.model;
   loop.checkpoint_every = cfg.checkpoint.every;
   if (!job.resume_path.empty()) {

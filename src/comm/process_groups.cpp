@@ -1,6 +1,7 @@
 // Layout arithmetic (roles, replicas, slots) and the communicators split for each group.
 #include "comm/process_groups.hpp"
 
+#include <algorithm>
 #include <exception>
 
 #include "comm/mpi_runtime.hpp"
@@ -15,7 +16,69 @@ std::string named(const char* name, int value) {
 
 }  // namespace
 
-Layout Layout::make(int world_size, int teacher_ranks, int stages) {
+namespace {
+
+/// Node ids renumbered by first appearance in world-rank order (world rank 0's node is 0).
+std::vector<int> renumbered(const std::vector<int>& ids) {
+  std::vector<int> seen, out;
+  for (int id : ids) {
+    auto it = std::find(seen.begin(), seen.end(), id);
+    if (it == seen.end()) it = seen.insert(seen.end(), id);
+    out.push_back(static_cast<int>(it - seen.begin()));
+  }
+  return out;
+}
+
+}  // namespace
+
+void Layout::place_replicas() {
+  Layout& layout = *this;
+  const int nodes = layout.nodes.empty() ? 1 : *std::max_element(layout.nodes.begin(), layout.nodes.end()) + 1;
+  if (layout.colocated()) {
+    layout.placement = "colocated: every rank is its own replica";
+    return;
+  }
+  if (nodes == 1) {
+    layout.placement = "one node: teachers first (world ranks 0-" + std::to_string(layout.teacher_ranks - 1) + ")";
+    return;
+  }
+  const int per = layout.students_per_replica();
+  const int unit = layout.stages + per;  // ranks of one replica
+  std::vector<std::vector<int>> ranks_on(static_cast<std::size_t>(nodes));
+  for (int w = 0; w < layout.world_size; ++w) ranks_on[static_cast<std::size_t>(layout.nodes[static_cast<std::size_t>(w)])].push_back(w);
+  for (int n = 0; n < nodes; ++n) {
+    const int count = static_cast<int>(ranks_on[static_cast<std::size_t>(n)].size());
+    if (count % unit != 0) {
+      layout.placement = "teachers first (world ranks 0-" + std::to_string(layout.teacher_ranks - 1) +
+                         "), replicas may span nodes: node " + std::to_string(n) + " has " +
+                         std::to_string(count) + " rank(s), not a multiple of a replica's " + std::to_string(unit) +
+                         " (" + std::to_string(layout.stages) + " teacher stage(s) + " + std::to_string(per) +
+                         " student(s))";
+      return;
+    }
+  }
+  // Node n takes the next count/unit replicas: its lowest world ranks their teacher stages,
+  // the rest their students, each in logical order.
+  layout.world_of_logical_.assign(static_cast<std::size_t>(layout.world_size), -1);
+  int replica = 0;
+  for (const auto& on_node : ranks_on) {
+    const int held = static_cast<int>(on_node.size()) / unit;
+    std::size_t next = 0;
+    for (int i = 0; i < held * layout.stages; ++i)
+      layout.world_of_logical_[static_cast<std::size_t>(replica * layout.stages + i)] = on_node[next++];
+    for (int i = 0; i < held * per; ++i)
+      layout.world_of_logical_[static_cast<std::size_t>(layout.teacher_ranks + replica * per + i)] = on_node[next++];
+    replica += held;
+  }
+  layout.logical_of_world_.assign(static_cast<std::size_t>(layout.world_size), -1);
+  for (int l = 0; l < layout.world_size; ++l)
+    layout.logical_of_world_[static_cast<std::size_t>(layout.world_of_logical_[static_cast<std::size_t>(l)])] = l;
+  layout.placement = "each replica on one node (" + std::to_string(layout.stages) + " teacher stage(s) + " +
+                     std::to_string(per) + " student(s) of " + std::to_string(unit) + " ranks; " +
+                     std::to_string(nodes) + " nodes)";
+}
+
+Layout Layout::make(int world_size, int teacher_ranks, int stages, const std::vector<int>& node_of_rank) {
   ConfigProblems problems;
   const int students = world_size - teacher_ranks;
   problems.check(teacher_ranks >= 1, named("teacher.ranks", teacher_ranks) + " must be >= 1");
@@ -24,6 +87,9 @@ Layout Layout::make(int world_size, int teacher_ranks, int stages) {
                                     named("teacher.ranks", teacher_ranks) + " = " +
                                     std::to_string(students) +
                                     " students; at least 1 student rank is needed");
+  problems.check(node_of_rank.empty() || static_cast<int>(node_of_rank.size()) == world_size,
+                 "the node list names " + std::to_string(node_of_rank.size()) + " rank(s) but " +
+                     named("world_size", world_size));
   if (teacher_ranks >= 1 && stages >= 1) {
     const bool whole = teacher_ranks % stages == 0;
     problems.check(whole, named("teacher.ranks", teacher_ranks) + " must be divisible by " +
@@ -45,6 +111,8 @@ Layout Layout::make(int world_size, int teacher_ranks, int stages) {
   layout.student_ranks = students;
   layout.stages = stages;
   layout.replicas = teacher_ranks / stages;
+  layout.nodes = renumbered(node_of_rank);
+  layout.place_replicas();
   return layout;
 }
 
@@ -56,31 +124,43 @@ Layout Layout::colocated(int world_size) {
   layout.student_ranks = world_size;
   layout.stages = 1;
   layout.replicas = world_size;
+  layout.place_replicas();
   return layout;
 }
 
-Role Layout::role_of(int world_rank) const {
+int Layout::logical(int world_rank) const {
   WD_CHECK(world_rank >= 0 && world_rank < world_size,
            "rank " << world_rank << " is outside the world of " << world_size << " ranks");
-  return world_rank < teacher_ranks ? Role::kTeacher : Role::kStudent;
+  return logical_of_world_.empty() ? world_rank : logical_of_world_[static_cast<std::size_t>(world_rank)];
+}
+
+int Layout::world(int logical_rank) const {
+  return world_of_logical_.empty() ? logical_rank : world_of_logical_[static_cast<std::size_t>(logical_rank)];
+}
+
+Role Layout::role_of(int world_rank) const {
+  return logical(world_rank) < teacher_ranks ? Role::kTeacher : Role::kStudent;
 }
 
 int Layout::replica_of(int world_rank) const {
-  if (role_of(world_rank) == Role::kTeacher) return world_rank / stages;
-  return (world_rank - teacher_ranks) / students_per_replica();
+  if (role_of(world_rank) == Role::kTeacher) return teacher_index(world_rank) / stages;
+  return student_index(world_rank) / students_per_replica();
 }
 
 int Layout::stage_of(int world_rank) const {
-  WD_CHECK(role_of(world_rank) == Role::kTeacher,
-           "rank " << world_rank << " is a student, not a teacher stage");
-  return world_rank % stages;
+  return teacher_index(world_rank) % stages;
+}
+
+int Layout::teacher_of(int replica, int stage) const {
+  WD_CHECK(replica >= 0 && replica < replicas,
+           "replica " << replica << " does not exist (" << replicas << " replicas)");
+  WD_CHECK(stage >= 0 && stage < stages, "stage " << stage << " does not exist (" << stages << " stages)");
+  return world(replica * stages + stage);
 }
 
 int Layout::sender_of_replica(int replica) const {
-  WD_CHECK(replica >= 0 && replica < replicas,
-           "replica " << replica << " does not exist (" << replicas << " replicas)");
   // The last pipeline stage holds the teacher's output, so it is the one that streams.
-  return replica * stages + stages - 1;
+  return teacher_of(replica, stages - 1);
 }
 
 std::vector<int> Layout::students_of_replica(int replica) const {
@@ -88,15 +168,41 @@ std::vector<int> Layout::students_of_replica(int replica) const {
            "replica " << replica << " does not exist (" << replicas << " replicas)");
   const int per = students_per_replica();
   std::vector<int> ranks(static_cast<std::size_t>(per));
-  for (int i = 0; i < per; ++i)
-    ranks[static_cast<std::size_t>(i)] = teacher_ranks + replica * per + i;
+  for (int i = 0; i < per; ++i) ranks[static_cast<std::size_t>(i)] = world(teacher_ranks + replica * per + i);
   return ranks;
 }
 
 int Layout::student_slot(int world_rank) const {
-  WD_CHECK(role_of(world_rank) == Role::kStudent,
-           "rank " << world_rank << " is a teacher, not a student");
-  return (world_rank - teacher_ranks) % students_per_replica();
+  return student_index(world_rank) % students_per_replica();
+}
+
+int Layout::teacher_index(int world_rank) const {
+  const int l = logical(world_rank);
+  WD_CHECK(l < teacher_ranks, "rank " << world_rank << " is a student, not a teacher stage");
+  return l;
+}
+
+int Layout::student_index(int world_rank) const {
+  const int l = logical(world_rank);
+  WD_CHECK(l >= teacher_ranks, "rank " << world_rank << " is a teacher, not a student");
+  return l - teacher_ranks;
+}
+
+std::vector<int> Layout::teacher_world_ranks() const {
+  std::vector<int> ranks;
+  for (int l = 0; l < teacher_ranks; ++l) ranks.push_back(world(l));
+  return ranks;
+}
+
+std::vector<int> Layout::student_world_ranks() const {
+  std::vector<int> ranks;
+  for (int l = teacher_ranks; l < world_size; ++l) ranks.push_back(world(l));
+  return ranks;
+}
+
+int Layout::node_of(int world_rank) const {
+  logical(world_rank);  // range check
+  return nodes.empty() ? 0 : nodes[static_cast<std::size_t>(world_rank)];
 }
 
 Topology Layout::topology(int world_rank, int local_rank, int local_size) const {
@@ -146,8 +252,9 @@ ProcessGroups::ProcessGroups(const Layout& layout, int world_rank) : layout_(lay
   // Every split is collective over the world, so each rank makes all six calls in the same
   // order; a failure half-way frees what was already made.
   try {
-    teachers_ = split(teacher ? 0 : MPI_UNDEFINED, world_rank);
-    students_ = split(teacher ? MPI_UNDEFINED : 1, world_rank);
+    // Keyed by index, so each group's ranks follow the logical order whatever the nodes.
+    teachers_ = split(teacher ? 0 : MPI_UNDEFINED, teacher ? layout.teacher_index(world_rank) : 0);
+    students_ = split(teacher ? MPI_UNDEFINED : 1, teacher ? 0 : layout.student_index(world_rank));
     const int replica = layout.replica_of(world_rank);
     int color = MPI_UNDEFINED, key = 0;
     if (!teacher && !layout.colocated()) {  // colocated students have no link
