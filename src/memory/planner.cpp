@@ -225,12 +225,18 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   place(kStudentActivations, s_act);
   St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
 
-  // Budgets: every rank's device, and the fullest node's host memory (the first node holds the
-  // teacher ranks, world ranks 0..T-1, then students).
+  // Budgets: every rank's device, and the fullest node's host memory. Where every node holds
+  // whole replicas (comm::Layout places each replica's teacher stages on its students' node),
+  // every node holds the same; otherwise the first node holds the teacher ranks, then students.
   const int world = in.teacher_ranks + in.student_ranks;
   const int per_node = in.cpu_job ? world : std::max(1, in.gpus_per_node);
-  const int teachers_on_node = std::min(in.teacher_ranks, per_node);
-  const int students_on_node = std::min(in.student_ranks, per_node - teachers_on_node);
+  const int replica_ranks = P + (replicas > 0 ? in.student_ranks / replicas : in.student_ranks);
+  const bool by_replica = world > per_node && world % per_node == 0 && per_node % replica_ranks == 0 &&
+                          replicas > 0 && in.student_ranks % replicas == 0;
+  const int teachers_on_node =
+      by_replica ? per_node / replica_ranks * P : std::min(in.teacher_ranks, per_node);
+  const int students_on_node =
+      by_replica ? per_node - teachers_on_node : std::min(in.student_ranks, per_node - teachers_on_node);
   const u64 teacher_private_host = out.teacher.host_total() - shared_page_cache;
   const u64 node0 = n(teachers_on_node) * teacher_private_host + (teachers_on_node > 0 ? shared_page_cache : 0) +
                     n(students_on_node) * out.student.host_total();
