@@ -1,7 +1,10 @@
 // The Wan 2.2 DiT forward pass (spec §3-§6), staged as embed → blocks → unembed.
 #include "model/wan_dit.hpp"
 
+#include <algorithm>
+
 #include "core/errors.hpp"
+#include "core/host_sync.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 
@@ -17,6 +20,47 @@ std::pair<torch::Tensor, torch::Tensor> rope_axis(std::int64_t width) {
   auto freqs = 1.0 / torch::pow(10000.0, torch::arange(0, width, 2, f64).div(width));
   auto angles = torch::outer(torch::arange(kRopePositions, f64), freqs);
   return {angles.cos(), angles.sin()};
+}
+
+/// The B context lengths as host integers (`full` each when `lens` is undefined). Teachers and
+/// students hold them on the host, so reading them costs no device synchronisation; a device
+/// tensor is moved once, and that wait is counted.
+std::vector<std::int64_t> context_lens_on_host(const torch::Tensor& lens, std::int64_t B, std::int64_t full) {
+  if (!lens.defined()) return std::vector<std::int64_t>(B, full);
+  WD_CHECK(lens.numel() == B, "context_lens has " << lens.numel() << " entries, batch is " << B);
+  auto host = lens;
+  if (!host.device().is_cpu()) {
+    note_host_sync("WanInputs::batched context_lens");
+    host = host.to(torch::kCPU);
+  }
+  host = host.to(torch::kLong).contiguous();
+  const auto* p = host.data_ptr<std::int64_t>();
+  return std::vector<std::int64_t>(p, p + B);
+}
+
+/// True when `batch` is defined and every list entry still is `batch[b]` (the same memory, shape
+/// and strides), or with `leading_rows` its first rows: the list is then a view of the batch and
+/// the batch can be moved in one copy.
+bool list_views_batch(const std::vector<torch::Tensor>& list, const torch::Tensor& batch,
+                      bool leading_rows = false) {
+  if (!batch.defined() || batch.dim() < 1 || batch.size(0) != static_cast<std::int64_t>(list.size())) return false;
+  for (std::size_t b = 0; b < list.size(); ++b) {
+    const auto whole = batch[static_cast<std::int64_t>(b)];
+    const auto& e = list[b];
+    if (!e.defined() || e.device() != whole.device() || e.dim() != whole.dim() || e.data_ptr() != whole.data_ptr() ||
+        e.strides() != whole.strides()) {
+      return false;
+    }
+    const auto rows_ok = leading_rows ? e.size(0) <= whole.size(0) : e.size(0) == whole.size(0);
+    if (!rows_ok || e.sizes().slice(1) != whole.sizes().slice(1)) return false;
+  }
+  return true;
+}
+
+/// `t` on `device` in `dtype`. Asynchronous with respect to the host: a pageable host source is
+/// staged by the driver before the call returns, a pinned one is read by the copy engine later.
+torch::Tensor upload(const torch::Tensor& t, const c10::Device& device, c10::ScalarType dtype) {
+  return t.to(device, dtype, /*non_blocking=*/true);
 }
 
 }  // namespace
@@ -65,14 +109,14 @@ WanInputs WanInputs::batched(const torch::Tensor& x, const torch::Tensor& t,
   WanInputs in;
   in.t = t;
   in.seq_len = seq_len;
-  const auto lens = context_lens.defined() ? context_lens.to(torch::kLong).cpu() : torch::Tensor();
-  if (lens.defined()) {
-    WD_CHECK(lens.numel() == B, "context_lens has " << lens.numel() << " entries, batch is " << B);
-  }
+  in.x_batch = x;
+  in.y_batch = y;
+  in.context_batch = context;
+  const auto lens = context_lens_on_host(context_lens, B, context.size(1));
   for (std::int64_t b = 0; b < B; ++b) {
     in.x.push_back(x[b]);
     if (y.defined()) in.y.push_back(y[b]);
-    const auto len = lens.defined() ? lens[b].item<std::int64_t>() : context.size(1);
+    const auto len = lens[b];
     WD_CHECK(len >= 0 && len <= context.size(1),
              "context_lens[" << b << "] = " << len << " outside 0.." << context.size(1));
     in.context.push_back(context[b].slice(0, 0, len));
@@ -184,6 +228,16 @@ torch::Tensor WanDiTImpl::layer_norm(const torch::Tensor& x, const torch::Tensor
   return at::layer_norm(x.to(torch::kFloat), {config_.dim}, w, b, config_.eps).to(x.scalar_type());
 }
 
+std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::rope_tables_on(const c10::Device& device) const {
+  std::lock_guard<std::mutex> lock(rope_mutex_);
+  for (const auto& [d, tables] : rope_on_device_) {
+    if (d == device) return tables;
+  }
+  auto tables = std::make_pair(rope_cos_.to(device), rope_sin_.to(device));
+  rope_on_device_.emplace_back(device, tables);
+  return tables;
+}
+
 torch::Tensor WanDiTImpl::apply_rope(const torch::Tensor& x, const WanState& s) const {
   // x [B,S,n,d] -> adjacent channel pairs as complex numbers, rotated in float64.
   const auto shape = x.sizes().vec();
@@ -200,7 +254,8 @@ torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Ten
   const auto B = q.size(0), S = q.size(1);
   auto out = compat::attention(
       q.to(c).transpose(1, 2), k.to(c).transpose(1, 2), v.to(c).transpose(1, 2),
-      masked_by ? std::optional<torch::Tensor>(masked_by->key_mask) : std::nullopt);
+      masked_by && masked_by->key_mask.defined() ? std::optional<torch::Tensor>(masked_by->key_mask)
+                                                 : std::nullopt);
   return out.transpose(1, 2).reshape({B, S, config_.dim});
 }
 
@@ -239,62 +294,113 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
   const auto& p = c.patch_size;
   const auto D = c.dim;
 
+  // Shapes first, from the host-side metadata, so bad input is refused before anything moves.
   WanState s;
-  std::vector<torch::Tensor> tokens;
   std::int64_t max_tokens = 0;
   for (std::int64_t b = 0; b < B; ++b) {
-    auto xb = in.y.empty() ? in.x[b] : torch::cat({in.x[b], in.y[b]}, 0);
-    WD_CHECK(xb.dim() == 4 && xb.size(0) == c.in_dim,
+    const auto& xs = in.x[b];
+    auto shape = xs.sizes().vec();
+    if (!in.y.empty()) {
+      const auto& ys = in.y[b];
+      WD_CHECK(xs.dim() == 4 && ys.dim() == 4 && xs.sizes().slice(1) == ys.sizes().slice(1),
+               "sample " << b << ": x " << format_shape(xs.sizes()) << " and y " << format_shape(ys.sizes())
+                         << " must both be [C,F,H,W] with the same F,H,W");
+      shape[0] += ys.size(0);
+    }
+    WD_CHECK(shape.size() == 4 && shape[0] == c.in_dim,
              "sample " << b << ": latent (x" << (in.y.empty() ? "" : " + y") << ") must be [in_dim="
-                       << c.in_dim << ",F,H,W], got " << format_shape(xb.sizes()));
+                       << c.in_dim << ",F,H,W], got " << format_shape(shape));
     std::array<std::int64_t, 3> grid{};
     for (int a = 0; a < 3; ++a) {
-      WD_CHECK(xb.size(a + 1) % p[a] == 0,
-               "sample " << b << ": latent " << format_shape(xb.sizes()) << " is not divisible by patch size ("
+      WD_CHECK(shape[a + 1] % p[a] == 0,
+               "sample " << b << ": latent " << format_shape(shape) << " is not divisible by patch size ("
                          << p[0] << "," << p[1] << "," << p[2] << ")");
-      grid[a] = xb.size(a + 1) / p[a];
+      grid[a] = shape[a + 1] / p[a];
       WD_CHECK(grid[a] <= kRopePositions, "sample " << b << ": patch grid axis " << a << " is "
                                                     << grid[a] << ", the RoPE table covers 1024");
     }
     s.grids.push_back(grid);
-    auto patches = wan_patchify(xb.to(device, cdt), p);
-    tokens.push_back(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
-    max_tokens = std::max(max_tokens, patches.size(0));
+    max_tokens = std::max(max_tokens, grid[0] * grid[1] * grid[2]);
   }
   const auto S = in.seq_len > 0 ? in.seq_len : max_tokens;
   WD_CHECK(max_tokens <= S, "seq_len " << S << " is smaller than the largest sample's "
                                        << max_tokens << " tokens");
 
+  // Latents on the device: one copy per batch tensor when the list views one (WanInputs::batched),
+  // else one per sample; neither waits for the device.
+  const auto latents = [&](const std::vector<torch::Tensor>& list, const torch::Tensor& batch) {
+    std::vector<torch::Tensor> out;
+    if (list_views_batch(list, batch)) {
+      const auto moved = upload(batch, device, cdt);
+      for (std::int64_t b = 0; b < B; ++b) out.push_back(moved[b]);
+    } else {
+      for (const auto& e : list) out.push_back(upload(e, device, cdt));
+    }
+    return out;
+  };
+  const auto xs = latents(in.x, in.x_batch);
+  const auto ys = in.y.empty() ? std::vector<torch::Tensor>() : latents(in.y, in.y_batch);
+
   // Tokens right-padded with zeros to S; the masks and RoPE tables follow each sample's length.
   s.x = torch::zeros({B, S, D}, torch::TensorOptions().dtype(cdt).device(device));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto xb = ys.empty() ? xs[b] : torch::cat({xs[b], ys[b]}, 0);
+    const auto patches = wan_patchify(xb, p);
+    s.x[b].slice(0, 0, patches.size(0)).copy_(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
+  }
+
   const auto half_d = c.head_dim() / 2;
   auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
-  s.rope_cos = torch::ones({B, S, 1, half_d}, f64);
-  s.rope_sin = torch::zeros({B, S, 1, half_d}, f64);
-  s.key_mask = torch::zeros({B, 1, 1, S}, torch::TensorOptions().dtype(torch::kBool).device(device));
   const auto cf = half_d - 2 * (half_d / 3), ch = half_d / 3;
-  const auto cos_t = rope_cos_.to(device), sin_t = rope_sin_.to(device);
-  for (std::int64_t b = 0; b < B; ++b) {
-    const auto [f, h, w] = s.grids[b];
-    const auto L = f * h * w;
-    s.x[b].slice(0, 0, L).copy_(tokens[b]);
-    s.key_mask[b].slice(-1, 0, L).fill_(true);
-    const auto rows = [&](const torch::Tensor& table) {
-      return torch::cat({table.slice(1, 0, cf).slice(0, 0, f).view({f, 1, 1, cf}).expand({f, h, w, cf}),
-                         table.slice(1, cf, cf + ch).slice(0, 0, h).view({1, h, 1, ch}).expand({f, h, w, ch}),
-                         table.slice(1, cf + ch, half_d).slice(0, 0, w).view({1, 1, w, ch}).expand({f, h, w, ch})},
-                        -1)
-          .reshape({L, 1, half_d});
-    };
-    s.rope_cos[b].slice(0, 0, L).copy_(rows(cos_t));
-    s.rope_sin[b].slice(0, 0, L).copy_(rows(sin_t));
+  const auto tables = rope_tables_on(device);
+  const auto& cos_t = tables.first;
+  const auto& sin_t = tables.second;
+  const auto rope_rows = [&](const torch::Tensor& table, const std::array<std::int64_t, 3>& grid) {
+    const auto [f, h, w] = grid;
+    return torch::cat({table.slice(1, 0, cf).slice(0, 0, f).view({f, 1, 1, cf}).expand({f, h, w, cf}),
+                       table.slice(1, cf, cf + ch).slice(0, 0, h).view({1, h, 1, ch}).expand({f, h, w, ch}),
+                       table.slice(1, cf + ch, half_d).slice(0, 0, w).view({1, 1, w, ch}).expand({f, h, w, ch})},
+                      -1)
+        .reshape({f * h * w, 1, half_d});
+  };
+  // Padded to S rows: cos 1 and sin 0 past the sample's tokens, a rotation by zero.
+  const auto padded_rows = [&](const torch::Tensor& table, const std::array<std::int64_t, 3>& grid, double pad) {
+    auto rows = rope_rows(table, grid);
+    if (rows.size(0) == S) return rows;
+    auto out = torch::full({S, 1, half_d}, pad, f64);
+    out.slice(0, 0, rows.size(0)).copy_(rows);
+    return out;
+  };
+  const bool same_grid = std::all_of(s.grids.begin(), s.grids.end(), [&](const auto& g) { return g == s.grids[0]; });
+  if (same_grid) {
+    // The usual fixed-shape batch: one table, broadcast over the samples.
+    s.rope_cos = padded_rows(cos_t, s.grids[0], 1.0).unsqueeze(0).expand({B, S, 1, half_d});
+    s.rope_sin = padded_rows(sin_t, s.grids[0], 0.0).unsqueeze(0).expand({B, S, 1, half_d});
+  } else {
+    std::vector<torch::Tensor> cos_rows, sin_rows;
+    for (const auto& g : s.grids) {
+      cos_rows.push_back(padded_rows(cos_t, g, 1.0));
+      sin_rows.push_back(padded_rows(sin_t, g, 0.0));
+    }
+    s.rope_cos = torch::stack(cos_rows);
+    s.rope_sin = torch::stack(sin_rows);
+  }
+  // No mask when no sample is padded: SDPA takes no flash kernel with a mask.
+  const bool padded = std::any_of(s.grids.begin(), s.grids.end(),
+                                  [&](const auto& g) { return g[0] * g[1] * g[2] < S; });
+  if (padded) {
+    s.key_mask = torch::zeros({B, 1, 1, S}, torch::TensorOptions().dtype(torch::kBool).device(device));
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto [f, h, w] = s.grids[b];
+      s.key_mask[b].slice(-1, 0, f * h * w).fill_(true);
+    }
   }
 
   // Timesteps (spec §5): [B] per sample, [B,S] per token (TI2V). The official code expands a
   // per-sample t to every token and runs the time MLP on B·S identical rows; here it runs once
   // per sample and e [B,1,D] / e0 [B,1,6,D] broadcast over the tokens: the same values without
   // S-fold the MLP's FLOPs and the [B,S,6,D] modulation tensors of every block.
-  torch::Tensor t = in.t.to(device);
+  torch::Tensor t = in.t.to(torch::TensorOptions().device(device), /*non_blocking=*/true);
   if (t.dim() == 0) t = t.view({1});
   if (t.dim() == 1) {
     WD_CHECK(t.size(0) == B, "t has " << t.size(0) << " entries for " << B << " samples");
@@ -312,17 +418,35 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
   s.e0 = linear_f32(torch::silu(s.e), time_proj_).view({B, rows, 6, D});
 
   // Text (spec §3.6): zero-pad each context to text_len, embed, never mask.
-  std::vector<torch::Tensor> ctx;
   for (std::int64_t b = 0; b < B; ++b) {
     const auto& cb = in.context[b];
     WD_CHECK(cb.dim() == 2 && cb.size(1) == c.text_dim && cb.size(0) <= c.text_len,
              "sample " << b << ": context must be [L<=" << c.text_len << "," << c.text_dim
                        << "], got " << format_shape(cb.sizes()));
-    auto padded = torch::zeros({c.text_len, c.text_dim}, torch::TensorOptions().dtype(cdt).device(device));
-    padded.slice(0, 0, cb.size(0)).copy_(cb);
-    ctx.push_back(padded);
   }
-  s.context = linear(torch::gelu(linear(torch::stack(ctx), text0_), "tanh"), text2_);
+  torch::Tensor ctx;
+  if (list_views_batch(in.context, in.context_batch, /*leading_rows=*/true)) {
+    const auto moved = upload(in.context_batch, device, cdt);
+    const bool full = moved.size(1) == c.text_len &&
+                      std::all_of(in.context.begin(), in.context.end(),
+                                  [&](const torch::Tensor& cb) { return cb.size(0) == c.text_len; });
+    if (full) {
+      ctx = moved.contiguous();
+    } else {
+      ctx = torch::zeros({B, c.text_len, c.text_dim}, torch::TensorOptions().dtype(cdt).device(device));
+      for (std::int64_t b = 0; b < B; ++b) {
+        const auto len = in.context[b].size(0);
+        ctx[b].slice(0, 0, len).copy_(moved[b].slice(0, 0, len));
+      }
+    }
+  } else {
+    ctx = torch::zeros({B, c.text_len, c.text_dim}, torch::TensorOptions().dtype(cdt).device(device));
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto& cb = in.context[b];
+      ctx[b].slice(0, 0, cb.size(0)).copy_(cb, /*non_blocking=*/true);
+    }
+  }
+  s.context = linear(torch::gelu(linear(ctx, text0_), "tanh"), text2_);
 
   if (trace) {
     trace->patch_tokens = s.x;

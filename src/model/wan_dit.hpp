@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -21,10 +22,16 @@ struct WanInputs {
   torch::Tensor t;                     ///< [B] per sample, or [B, S] per token (TI2V)
   std::vector<torch::Tensor> context;  ///< B × [L_b, text_dim], L_b <= text_len
   std::int64_t seq_len = 0;            ///< S; 0 = the largest token count of the batch
+  /// Set by `batched`: the tensors the entries of x, y and context are views of. Where every
+  /// entry still is `batch[b]` (x, y) or its leading rows (context), embed moves each batch to
+  /// the model's device and dtype in one copy instead of one per sample; otherwise they are
+  /// ignored. Undefined for inputs built as lists.
+  torch::Tensor x_batch, y_batch, context_batch;
 
   /// Builds the list form from batched tensors: x [B,C,F,H,W], context [B,L,text_dim] with
   /// `context_lens` [B] (rows past a sample's length are dropped; undefined = all L rows),
-  /// and y [B,C_y,F,H,W] for i2v (undefined otherwise).
+  /// and y [B,C_y,F,H,W] for i2v (undefined otherwise). A host `context_lens` is read without
+  /// a device synchronisation; a device one costs one (counted by wd::note_host_sync).
   static WanInputs batched(const torch::Tensor& x, const torch::Tensor& t,
                            const torch::Tensor& context, const torch::Tensor& context_lens = {},
                            std::int64_t seq_len = 0, const torch::Tensor& y = {});
@@ -47,9 +54,12 @@ struct WanState {
   torch::Tensor e;         ///< [B,1,D] (per-sample t) or [B,S,D] (per-token t) fp32 time embedding (head)
   torch::Tensor e0;        ///< [B,1,6,D] or [B,S,6,D] fp32 time projection (shared by all blocks)
   torch::Tensor context;   ///< [B,text_len,D] embedded text
-  torch::Tensor rope_cos;  ///< [B,S,1,d/2] float64; 1 on padded tokens
-  torch::Tensor rope_sin;  ///< [B,S,1,d/2] float64; 0 on padded tokens
-  torch::Tensor key_mask;  ///< [B,1,1,S] bool, true for a sample's real tokens
+  torch::Tensor rope_cos;  ///< [B,S,1,d/2] float64; 1 on padded tokens (a view broadcast over B
+                           ///< when every sample has the same patch grid)
+  torch::Tensor rope_sin;  ///< [B,S,1,d/2] float64; 0 on padded tokens (likewise)
+  /// [B,1,1,S] bool, true for a sample's real tokens; undefined when every sample has S tokens,
+  /// so self-attention passes no mask and SDPA may pick its flash kernel.
+  torch::Tensor key_mask;
   std::vector<std::array<std::int64_t, 3>> grids;  ///< per-sample patch grid (f,h,w)
 };
 
@@ -90,8 +100,8 @@ class WanDiTImpl : public torch::nn::Module {
   /// order; the tensors run_block reads, so a caller can make them inputs of its own autograd node.
   std::vector<torch::Tensor> block_parameters(std::int64_t index) const;
 
-  /// The float64 RoPE table for positions 0..1023 as (cos, sin), each [1024, head_dim/2];
-  /// columns are the frame, height and width groups in that order.
+  /// The float64 RoPE table for positions 0..1023 as (cos, sin), each [1024, head_dim/2], on
+  /// the host; columns are the frame, height and width groups in that order.
   const torch::Tensor& rope_cos_table() const { return rope_cos_; }
   const torch::Tensor& rope_sin_table() const { return rope_sin_; }
 
@@ -122,6 +132,9 @@ class WanDiTImpl : public torch::nn::Module {
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
   torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight = {},
                            const torch::Tensor& bias = {}) const;
+  /// The RoPE tables on `device`, copied there on first use and kept (the host tables are not
+  /// parameters or buffers, so Module::to does not move them).
+  std::pair<torch::Tensor, torch::Tensor> rope_tables_on(const c10::Device& device) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const WanState& state) const;
   torch::Tensor attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const WanState* masked_by) const;
@@ -131,6 +144,8 @@ class WanDiTImpl : public torch::nn::Module {
   WanConfig config_;
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
+  mutable std::mutex rope_mutex_;  ///< guards rope_on_device_ (stages may share a module)
+  mutable std::vector<std::pair<c10::Device, std::pair<torch::Tensor, torch::Tensor>>> rope_on_device_;
   std::optional<c10::ScalarType> compute_override_;
   std::unordered_map<std::string, torch::Tensor> params_;  ///< native name -> registered tensor
   torch::Tensor patch_weight_, patch_bias_, head_modulation_;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/errors.hpp"
+#include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_dit.hpp"
@@ -240,6 +241,92 @@ TEST(WanDiT, StagedForwardEqualsForward) {
   auto state = model->embed(in);
   for (std::int64_t i = 0; i < 2; ++i) model->run_block(i, state);
   EXPECT_EQ(max_abs_diff(model->unembed(state)[0], model->forward(in)[0]), 0.0);
+}
+
+// Issue 23 (P1): a batch whose samples all fill S passes no key mask, so SDPA may take its flash
+// kernel on a GPU. On the CPU the answer must not move: the reference formula's masked_fill with
+// an all-true mask changes no score, and LibTorch 2.x's SDPA turns a boolean mask into an
+// additive 0, which changes none either; so the comparison is exact, with gradients too.
+TEST(WanDiT, UnpaddedBatchPassesNoMaskAndEqualsTheMaskedForwardExactly) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 12);
+  torch::manual_seed(5);
+  const auto x = torch::randn({3, 4, 2, 4, 6}), ctx = torch::randn({3, 6, 16});
+  const auto in = WanInputs::batched(x, torch::tensor({10.f, 500.f, 990.f}), ctx, torch::tensor({6, 3, 5}));
+  const auto run = [&](bool force_mask, torch::Tensor& grad_q) {
+    model->zero_grad();
+    auto state = model->embed(in);
+    EXPECT_FALSE(state.key_mask.defined()) << "every sample has S = 12 tokens";
+    if (force_mask) state.key_mask = torch::ones({3, 1, 1, state.x.size(1)}, torch::kBool);
+    for (std::int64_t i = 0; i < 2; ++i) model->run_block(i, state);
+    auto out = torch::stack(model->unembed(state));
+    out.pow(2).sum().backward();
+    grad_q = model->named_parameters()["blocks.0.self_attn.q.weight"].grad().clone();
+    return out.detach();
+  };
+  torch::Tensor grad_plain, grad_masked;
+  const auto plain = run(false, grad_plain);
+  const auto masked = run(true, grad_masked);
+  EXPECT_TRUE(torch::equal(plain, masked)) << "max diff " << max_abs_diff(plain, masked);
+  EXPECT_TRUE(torch::equal(grad_plain, grad_masked)) << "max diff " << max_abs_diff(grad_plain, grad_masked);
+
+  // Padding, by seq_len or by a smaller sample, brings the mask back, true on the real tokens.
+  torch::NoGradGuard no_grad;
+  auto longer = in;
+  longer.seq_len = 16;
+  const auto mask = model->embed(longer).key_mask;
+  ASSERT_TRUE(mask.defined());
+  EXPECT_EQ(mask.sizes(), (std::vector<std::int64_t>{3, 1, 1, 16}));
+  EXPECT_EQ(mask.sum().item<std::int64_t>(), 3 * 12);
+  EXPECT_TRUE(mask.slice(-1, 0, 12).all().item<bool>());
+  const WanInputs mixed{{x[0], torch::randn({4, 2, 2, 6})}, {}, torch::tensor({1.f, 2.f}), {ctx[0], ctx[1]}, 0};
+  const auto mixed_mask = model->embed(mixed).key_mask;
+  ASSERT_TRUE(mixed_mask.defined());
+  EXPECT_EQ(mixed_mask[1].sum().item<std::int64_t>(), 6);
+  // Different grids with equal token counts (2x4x6 and 2x6x4 latents: 12 tokens each) need none.
+  const WanInputs turned{{x[0], torch::randn({4, 2, 6, 4})}, {}, torch::tensor({1.f, 2.f}), {ctx[0], ctx[1]}, 0};
+  EXPECT_FALSE(model->embed(turned).key_mask.defined());
+}
+
+// Issue 23 (P3): the model's forward on host tensors makes no host synchronisation. The context
+// lengths arrive as a host tensor and are read there; a device tensor would cost one counted
+// wait, which this CPU-only run cannot make. Every other read of the inputs is shape metadata.
+TEST(WanDiT, ForwardOnHostInputsMakesNoHostSync) {
+  WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 13);
+  torch::manual_seed(6);
+  const auto x = torch::randn({2, 4, 2, 4, 4}), ctx = torch::randn({2, 6, 16});
+  const auto lens = torch::tensor({6, 4}, torch::kInt);
+  const auto before = host_sync_count();
+  const auto in = WanInputs::batched(x, torch::tensor({100.f, 700.f}), ctx, lens);
+  auto out = torch::stack(model->forward(in));
+  out.sum().backward();
+  EXPECT_EQ(host_sync_count() - before, 0);
+  EXPECT_EQ(in.context[1].size(0), 4);
+}
+
+// Issue 23 (P7): WanInputs::batched keeps the batch tensors, so embed moves each in one copy;
+// the answer equals the per-sample path of the same inputs given as lists, bit for bit, and a
+// list entry replaced after batched() is honoured (the stale batch is not used).
+TEST(WanDiT, BatchedUploadEqualsPerSampleUploadExactly) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto cfg = small_config();
+    cfg.model_type = "i2v";
+    cfg.in_dim = 6;  // 4 latent channels + 2 of y
+    WanDiT model(cfg, WanInit::kRandom, dtype, 14);
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(7);
+    const auto x = torch::randn({2, 4, 2, 4, 4}), y = torch::randn({2, 2, 2, 4, 4});
+    const auto ctx = torch::randn({2, 5, 16}, torch::kDouble);  // converted on the way, as a list would be
+    const auto t = torch::tensor({100.f, 700.f});
+    auto in = WanInputs::batched(x, t, ctx, torch::tensor({5, 2}), 0, y);
+    const WanInputs listed{{x[0], x[1]}, {y[0], y[1]}, t, {ctx[0], ctx[1].slice(0, 0, 2)}, 0};
+    const auto a = torch::stack(model->forward(in)), b = torch::stack(model->forward(listed));
+    EXPECT_TRUE(torch::equal(a, b)) << "max diff " << max_abs_diff(a, b);
+    in.x[1] = torch::randn({4, 2, 4, 4});
+    in.context[0] = torch::randn({3, 16});
+    const WanInputs changed{{x[0], in.x[1]}, {y[0], y[1]}, t, {in.context[0], ctx[1].slice(0, 0, 2)}, 0};
+    EXPECT_TRUE(torch::equal(torch::stack(model->forward(in)), torch::stack(model->forward(changed))));
+  }
 }
 
 TEST(Compat, AttentionEqualsReferenceInFp32) {
