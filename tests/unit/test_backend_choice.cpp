@@ -142,6 +142,19 @@ TEST(BackendChoice, WithoutBusIdsTheIndexDecides) {
 
 TEST(BackendChoice, HostDevicesHaveNoBusId) { EXPECT_EQ(gpu_bus_id(c10::Device(c10::kCPU)), ""); }
 
+// With a GPU (CUDA build): "dddd:bb:dd.f", the runtime's PCI bus id; without one, or in a CPU
+// build, "" (then the (host, index) rule applies) and no exception.
+TEST(BackendChoice, CudaDevicesHaveABusIdWhereTheRuntimeKnowsIt) {
+  const std::string id = gpu_bus_id(c10::Device(c10::kCUDA, 0));
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(id, "");
+    return;
+  }
+  ASSERT_GE(id.size(), 12u) << id;  // the domain has 4 hex digits or more
+  const std::size_t n = id.size();
+  EXPECT_EQ(id.substr(n - 9, 1) + id.substr(n - 6, 1) + id.substr(n - 2, 1), "::.") << id;
+}
+
 TEST(BackendChoice, UnknownBackendIsAConfigError) {
   EXPECT_THROW(choose_backend("gloo", group({{0, "a", 0}}), true, "the link"), ConfigError);
 }
