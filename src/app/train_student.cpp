@@ -1,6 +1,7 @@
 // run_student_rank: a student rank's wiring (device, link, parts, gradient reducer) and its loop.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "app/train_job.hpp"
@@ -21,14 +22,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// Warns when this rank's GPU is shared with other ranks of the node (more ranks than GPUs).
-void warn_if_gpu_shared(const Topology& topo, const c10::Device& device) {
-  if (!device.is_cuda()) return;
-  const auto gpus = static_cast<int>(torch::cuda::device_count());
-  if (topo.local_size <= gpus) return;
-  spdlog::warn("{} ranks on this node share {} GPU(s): this rank's {} is shared, so its links to "
-               "ranks on the same GPU go over MPI (NCCL refuses two ranks on one GPU)",
-               topo.local_size, gpus, device.str());
+/// Warns when this rank's GPU is shared with other students. A GPU is told by its PCI bus id,
+/// gathered from every student (collective over the student group), not by its CUDA index:
+/// under per-rank CUDA_VISIBLE_DEVICES every rank sees its own GPU as cuda:0. A teacher on this
+/// GPU shows in the link's backend line instead.
+void warn_if_gpu_shared(const TrainJob& job, const c10::Device& device) {
+  if (!device.is_cuda()) return;  // student.device is one setting: every student returns here alike
+  const auto ends = comm::gather_devices(job.groups->students(), job.world_rank(), device,
+                                         job.cfg.comm.timeout_s, "exchange student devices");
+  const auto others = comm::sharing_gpu_with(ends, job.world_rank());
+  if (others.empty()) return;
+  std::string names;
+  for (const auto& other : others) names += (names.empty() ? "" : ", ") + other.describe();
+  const auto me = std::find_if(ends.begin(), ends.end(),
+                               [&](const comm::RankDevice& e) { return e.world_rank == job.world_rank(); });
+  spdlog::warn("this rank's GPU, {}, is shared with {}: links and the gradient all-reduce between "
+               "ranks on one GPU go over MPI (NCCL refuses two ranks on one GPU)",
+               me->describe(), names);
 }
 
 /// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
@@ -74,7 +84,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   compat::set_current_device(device);
   if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
   services.memory.device = device;
-  warn_if_gpu_shared(job.topo, device);
+  warn_if_gpu_shared(job, device);
   if (rank == layout.student_world_ranks().front()) {
     spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
                  cfg.student.device);

@@ -2,6 +2,7 @@
 #include "comm/backend_choice.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "comm/mpi_check.hpp"
@@ -13,8 +14,26 @@ namespace wd::comm {
 const char* backend_name(Backend backend) { return backend == Backend::kNccl ? "nccl" : "mpi"; }
 
 std::string RankDevice::describe() const {
-  const std::string where = cuda_index < 0 ? "host" : "cuda:" + std::to_string(cuda_index);
+  std::string where = cuda_index < 0 ? "host" : "cuda:" + std::to_string(cuda_index);
+  if (cuda_index >= 0 && !bus_id.empty()) where += " [" + bus_id + "]";
   return "rank " + std::to_string(world_rank) + " (" + where + " on " + host + ")";
+}
+
+bool same_gpu(const RankDevice& a, const RankDevice& b) {
+  if (a.cuda_index < 0 || b.cuda_index < 0 || a.host != b.host) return false;
+  if (!a.bus_id.empty() && !b.bus_id.empty()) return a.bus_id == b.bus_id;
+  return a.cuda_index == b.cuda_index;
+}
+
+std::vector<RankDevice> sharing_gpu_with(const std::vector<RankDevice>& ends, int world_rank) {
+  const auto me = std::find_if(ends.begin(), ends.end(),
+                               [&](const RankDevice& e) { return e.world_rank == world_rank; });
+  std::vector<RankDevice> others;
+  if (me == ends.end()) return others;
+  for (const RankDevice& e : ends) {
+    if (e.world_rank != world_rank && same_gpu(*me, e)) others.push_back(e);
+  }
+  return others;
 }
 
 std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10::Device& device,
@@ -24,6 +43,7 @@ std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10:
     int world_rank;
     int cuda_index;
     char host[MPI_MAX_PROCESSOR_NAME];
+    char bus_id[32];  // "0000:3B:00.0" needs 13
   };
   int size = 0;
   WD_CHECK_MPI(MPI_Comm_size(comm, &size));
@@ -34,6 +54,8 @@ std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10:
   mine.cuda_index = device.is_cuda() ? (device.has_index() ? device.index() : 0) : -1;
   int length = 0;
   WD_CHECK_MPI(MPI_Get_processor_name(mine.host, &length));
+  const std::string bus = device.is_cuda() ? gpu_bus_id(device) : std::string();
+  std::snprintf(mine.bus_id, sizeof mine.bus_id, "%s", bus.c_str());
   MPI_Request request;
   WD_CHECK_MPI(MPI_Iallgather(&mine, sizeof(Record), MPI_BYTE, records, sizeof(Record), MPI_BYTE,
                               comm, &request));
@@ -49,7 +71,8 @@ std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10:
   std::vector<RankDevice> ends;
   for (int i = 0; i < size; ++i) {
     records[i].host[MPI_MAX_PROCESSOR_NAME - 1] = '\0';
-    ends.push_back({records[i].world_rank, records[i].host, records[i].cuda_index});
+    records[i].bus_id[sizeof records[i].bus_id - 1] = '\0';
+    ends.push_back({records[i].world_rank, records[i].host, records[i].cuda_index, records[i].bus_id});
   }
   return ends;
 }
@@ -67,7 +90,7 @@ BackendChoice choose_backend(const std::string& requested, const std::vector<Ran
       break;
     }
     for (std::size_t j = i + 1; j < ends.size(); ++j) {
-      if (ends[j].cuda_index == ends[i].cuda_index && ends[j].host == ends[i].host) {
+      if (same_gpu(ends[i], ends[j])) {
         obstacle = ends[i].describe() + " and " + ends[j].describe() +
                    " share one GPU (NCCL refuses two ranks of one communicator on one GPU)";
         break;

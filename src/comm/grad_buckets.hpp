@@ -12,7 +12,10 @@ namespace wd::comm {
 /// Consecutive parameters (indices into the reducer's list) and their flattened fp32 grads.
 struct GradBucket {
   std::vector<std::size_t> params;
-  torch::Tensor flat;
+  torch::Tensor flat;  ///< on the parameters' device (the MPI reducer's host params: the host)
+  /// The MPI reducer of device gradients: `flat`'s pinned host twin, which MPI reduces (one
+  /// copy each way per bucket); undefined otherwise.
+  torch::Tensor host;
 };
 
 /// Splits `params` in order into buckets of at most `bucket_bytes` of fp32 (a larger parameter

@@ -12,6 +12,7 @@
 
 #include "comm/backend_choice.hpp"
 #include "comm/grad_buckets.hpp"
+#include "comm/stream_mark.hpp"
 #include "comm/wait.hpp"
 
 namespace wd::comm {
@@ -43,8 +44,10 @@ class GradientReducer {
   FaultHook fault_hook_;
 };
 
-/// Over MPI: one MPI_Iallreduce per bucket. The buckets live on the host (pinned when the
-/// parameters are on a CUDA device, so the device -> host copies are DMA transfers).
+/// Over MPI: one MPI_Iallreduce per bucket. Host parameters are packed straight into host
+/// buckets. Device parameters are packed on the device into a flat bucket, copied to a pinned
+/// host twin (one asynchronous copy per bucket, one host wait for all, with deadline), reduced
+/// there, copied back (one copy per bucket) and unpacked on the device.
 class MpiGradientReducer final : public GradientReducer {
  public:
   MpiGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
@@ -58,6 +61,8 @@ class MpiGradientReducer final : public GradientReducer {
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
   std::vector<GradBucket> buckets_;
+  bool staged_ = false;  ///< device parameters: buckets have a pinned host twin
+  StreamMark packed_;    ///< after the copies into the host twins
   std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages
   int group_size_ = 1;
   double timeout_s_;
@@ -65,8 +70,24 @@ class MpiGradientReducer final : public GradientReducer {
   double wait_seconds_ = 0;
 };
 
-/// The reducer for `params` on `device` over `students`: NCCL when every student's parameters
-/// are on a distinct CUDA device and the build has NCCL (or `backend` says nccl), MPI
+/// A group of one student: its gradients already are the group's average, so nothing is
+/// copied, sent or waited for (no communicator at all). Missing grads are created as zeros, as
+/// the other reducers do; the fault hook runs where an all-reduce would.
+class LocalGradientReducer final : public GradientReducer {
+ public:
+  explicit LocalGradientReducer(std::vector<torch::Tensor> params) : params_(std::move(params)) {}
+  void average(std::int64_t step) override;
+  std::size_t bucket_count() const override { return 0; }
+  double wait_seconds() const override { return 0; }
+  const char* backend() const override { return "none"; }
+
+ private:
+  std::vector<torch::Tensor> params_;
+};
+
+/// The reducer for `params` on `device` over `students`: LocalGradientReducer for a group of
+/// one (whatever `backend` says: there is nothing to carry); else NCCL when every student's
+/// parameters are on a distinct GPU and the build has NCCL (or `backend` says nccl), MPI
 /// otherwise. Collective over `students` (the students agree on the choice from the same
 /// gathered facts); logs the choice and its reason once per group. Throws ConfigError when
 /// `backend` asks for NCCL where it cannot work.

@@ -175,6 +175,7 @@ NcclComm::NcclComm(NcclComm&& other) noexcept
       world_ranks_(std::move(other.world_ranks_)),
       timeout_(other.timeout_),
       failed_(other.failed_),
+      open_groups_(std::exchange(other.open_groups_, 0)),
       streams_(std::move(other.streams_)) {}
 
 NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
@@ -188,6 +189,7 @@ NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
     world_ranks_ = std::move(other.world_ranks_);
     timeout_ = other.timeout_;
     failed_ = other.failed_;
+    open_groups_ = std::exchange(other.open_groups_, 0);
     streams_ = std::move(other.streams_);
   }
   return *this;
@@ -280,9 +282,24 @@ void NcclComm::note_stream(cudaStream_t stream) {
   if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) streams_.push_back(stream);
 }
 
-void NcclComm::group_start() { WD_CHECK_NCCL(ncclGroupStart()); }
+void NcclComm::group_start() {
+  WD_CHECK_NCCL(ncclGroupStart());
+  ++open_groups_;
+}
 
-void NcclComm::group_end() { enqueued(ncclGroupEnd(), "ncclGroupEnd", __FILE__, __LINE__); }
+void NcclComm::group_end() {
+  if (open_groups_ == 0) return;  // abort() closed it already
+  --open_groups_;
+  enqueued(ncclGroupEnd(), "ncclGroupEnd", __FILE__, __LINE__);
+}
+
+void NcclComm::abandon_group() noexcept {
+  if (open_groups_ > 0) {
+    --open_groups_;
+    ncclGroupEnd();
+  }
+  abort();
+}
 
 void NcclComm::send(const void* data, std::size_t bytes, int peer, cudaStream_t stream) {
   WD_CHECK(!failed_, "ncclSend to rank " << peer << " on rank " << world_rank_
@@ -315,6 +332,9 @@ void NcclComm::all_reduce_sum(float* data, std::size_t count, cudaStream_t strea
 }
 
 void NcclComm::abort() noexcept {
+  // Aborting inside an open group is undefined: end it first (NCCL drops a group whose
+  // operations failed to enqueue; the abort stops whatever it launched).
+  for (; open_groups_ > 0; --open_groups_) ncclGroupEnd();
   if (!comm_ || failed_) return;
   failed_ = true;
   ncclCommAbort(comm_);
@@ -322,6 +342,7 @@ void NcclComm::abort() noexcept {
 }
 
 void NcclComm::release() noexcept {
+  for (; open_groups_ > 0; --open_groups_) ncclGroupEnd();  // never destroy inside a group
   if (!comm_) return;
   bool quiet = !failed_;
   for (const cudaStream_t s : streams_) quiet = quiet && cudaStreamQuery(s) == cudaSuccess;

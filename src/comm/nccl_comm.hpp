@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/cuda_check.hpp"
+#include "comm/group_guard.hpp"
 #include "comm/wait.hpp"
 #include "core/errors.hpp"
 
@@ -127,6 +128,15 @@ class NcclComm {
   void group_start();
   /// ncclGroupEnd; a non-blocking communicator may still be enqueuing: polled with deadline.
   void group_end();
+  /// An exception left an open group: ncclGroupEnd (errors ignored), then abort(), since part
+  /// of the group's operations may have reached the peers. Never throws.
+  void abandon_group() noexcept;
+  /// group_start now; the guard's end() is group_end, and its destructor abandon_group when an
+  /// exception leaves the scope first (so no group stays open on the thread).
+  auto group() {
+    return GroupGuard([this] { group_start(); }, [this] { group_end(); },
+                      [this]() noexcept { abandon_group(); });
+  }
   void send(const void* data, std::size_t bytes, int peer, cudaStream_t stream);
   void recv(void* data, std::size_t bytes, int peer, cudaStream_t stream);
   /// ncclBroadcast of `bytes` from `root`'s `send` into every rank's `recv` (may alias).
@@ -161,6 +171,7 @@ class NcclComm {
   std::vector<int> world_ranks_;
   std::chrono::duration<double> timeout_{0};
   bool failed_ = false;
+  int open_groups_ = 0;  ///< group_start calls not yet ended (NCCL's depth is per thread)
   std::vector<cudaStream_t> streams_;  ///< streams that carried this communicator's work
 };
 

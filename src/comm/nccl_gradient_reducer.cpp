@@ -10,6 +10,7 @@
 
 #include "comm/grad_buckets.hpp"
 #include "comm/nccl_comm.hpp"
+#include "core/host_sync.hpp"
 
 namespace wd::comm {
 
@@ -61,16 +62,17 @@ struct NcclGradientReducer::Impl {
     }
     packed.record(compute);
     packed.block(stream.get());
-    comm->group_start();
+    auto group = comm->group();
     for (GradBucket& bucket : buckets) {
       comm->all_reduce_sum(bucket.flat.data_ptr<float>(),
                            static_cast<std::size_t>(bucket.flat.numel()), stream.get());
     }
-    comm->group_end();
+    group.end();
     done.record(stream.get());
     const auto begin = Clock::now();
     try {
       posted();
+      note_host_sync("NcclGradientReducer::average");
       comm->wait(done.get(), WaitInfo{"allreduce grads", step, total_bytes, peers}, timeout);
     } catch (...) {
       waited += std::chrono::duration<double>(Clock::now() - begin).count();

@@ -14,6 +14,7 @@
 #include "comm/ring_transport.hpp"
 #include "comm/startup.hpp"
 #include "comm/transport_factory.hpp"
+#include "core/host_sync.hpp"
 #include "core/logging.hpp"
 
 namespace wd::comm {
@@ -130,17 +131,18 @@ class NcclSender final : public SendingTransport {
       void* data = s.buffer.data_ptr();
       comm_->broadcast(data, data, w_.payload, comm_->rank(), stream_.get());
     } else {
-      comm_->group_start();  // one fused launch: the receivers' sends proceed in parallel
+      auto group = comm_->group();  // one fused launch: the receivers' sends proceed in parallel
       for (std::size_t i = 0; i < ends().peers.size(); ++i) {
         comm_->send(s.buffer.data_ptr<std::uint8_t>() + i * w_.payload, w_.payload,
                     ends().peer_ranks[i], stream_.get());
       }
-      comm_->group_end();
+      group.end();
     }
     s.sent.record(stream_.get());
   }
 
   void wait_sent(std::size_t slot, std::int64_t step) override {
+    note_host_sync("NcclSender::wait_sent");
     comm_->wait(ring_[slot].sent.get(),
                 WaitInfo{"send batch", step, w_.payload * ends().peers.size(), ends().peers}, w_.timeout);
   }
@@ -193,6 +195,7 @@ class NcclReceiver final : public ReceivingTransport {
   }
 
   void wait_received(std::size_t slot, std::int64_t step) override {
+    note_host_sync("NcclReceiver::wait_received");
     comm_->wait(ring_[slot].received.get(), WaitInfo{"recv batch", step, w_.payload, {sender()}}, w_.timeout);
   }
 

@@ -1,20 +1,50 @@
 // StagingTransport: host ring in, device tensors out.
 #include "comm/staging_transport.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include "core/errors.hpp"
-#include "core/torch_compat.hpp"
 
 namespace wd::comm {
 
+namespace {
+/// How long teardown waits for a queued copy out of the host ring before it keeps the ring.
+constexpr std::chrono::seconds kDrainGrace{5};
+}  // namespace
+
 StagingTransport::StagingTransport(std::unique_ptr<Transport> host, const MessageSpec& spec,
                                    const c10::Device& device, std::size_t slots,
-                                   std::int64_t first_step)
-    : host_(std::move(host)), device_(device), first_step_(first_step), slots_(slots) {
+                                   std::int64_t first_step, double timeout_s, int world_rank)
+    : host_(std::move(host)),
+      device_(device),
+      first_step_(first_step),
+      timeout_s_(timeout_s),
+      world_rank_(world_rank),
+      bytes_(spec.bytes()) {
   WD_CHECK(slots > 0, "a staging transport needs at least one slot");
-  for (auto& slot : slots_) {
+  slots_.reserve(slots);
+  for (std::size_t i = 0; i < slots; ++i) {
+    Slot slot{Message{}, StreamMark(device_)};
     for (const auto& t : spec.tensors) {
-      slot.tensors[t.name] = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype).device(device_));
+      slot.message.tensors[t.name] =
+          torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype).device(device_));
     }
+    slots_.push_back(std::move(slot));
+  }
+}
+
+StagingTransport::~StagingTransport() {
+  bool drained = true;
+  for (const Slot& slot : slots_) {
+    if (slot.message.step != -1) drained = slot.copied.settle(kDrainGrace) && drained;
+  }
+  if (!drained) {
+    // A copy may still read the ring's pinned buffers: freeing them would let a new pinned
+    // allocation reuse memory under it. Only reached on a failure path, just before exit.
+    spdlog::warn("staging transport of rank {}: a copy out of the receive ring did not finish "
+                 "within {} s; its buffers are kept until exit",
+                 world_rank_, kDrainGrace.count());
+    (void)host_.release();
   }
 }
 
@@ -29,23 +59,28 @@ void StagingTransport::broadcast(std::int64_t step, const TensorDict& message) {
 void StagingTransport::flush() { host_->flush(); }
 
 const Message& StagingTransport::recv(std::int64_t step) {
-  Message& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
-  if (slot.step == step) return slot;
-  WD_CHECK(slot.step == -1, "recv(step " << step << "): step " << slot.step
-                                         << " still holds its device slot; release it first");
+  Slot& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
+  if (slot.message.step == step) return slot.message;
+  WD_CHECK(slot.message.step == -1, "recv(step " << step << "): step " << slot.message.step
+                                                 << " still holds its device slot; release it first");
   const Message& received = host_->recv(step);
   // Asynchronous from pinned memory: the copy overlaps whatever the device still runs.
-  for (auto& [name, tensor] : slot.tensors) tensor.copy_(received.at(name), /*non_blocking=*/true);
-  slot.step = step;
-  return slot;
+  for (auto& [name, tensor] : slot.message.tensors) {
+    tensor.copy_(received.at(name), /*non_blocking=*/true);
+  }
+  slot.copied.record();
+  slot.message.step = step;
+  return slot.message;
 }
 
 void StagingTransport::release(std::int64_t step) {
-  Message& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
-  WD_CHECK(slot.step == step, "release(step " << step << ") before recv(step " << step << ")");
-  // The host buffer is reposted to MPI on release: the copy out of it must have finished.
-  compat::synchronize_device(device_);
-  slot.step = -1;
+  Slot& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
+  WD_CHECK(slot.message.step == step, "release(step " << step << ") before recv(step " << step << ")");
+  // The host buffer is reposted to MPI on release: the copy out of it must have finished (the
+  // forward and backward queued after it need not).
+  slot.copied.wait(WaitInfo{"staging copy", step, bytes_, {}}, std::chrono::duration<double>(timeout_s_),
+                   world_rank_, "StagingTransport::release");
+  slot.message.step = -1;
   host_->release(step);
 }
 

@@ -28,7 +28,7 @@ std::unique_ptr<Transport> make_stream(const StreamEnd& end, const MessageSpec& 
   if (end.sending || !device.is_cuda()) return host;
   return std::make_unique<StagingTransport>(
       std::move(host), spec, device, ring_slots(config.prefetch_depth, first_step, end_step),
-      first_step);
+      first_step, config.timeout_s, end.world_rank);
 }
 
 std::unique_ptr<Transport> make_transport(const ProcessGroups& groups, int world_rank,

@@ -617,5 +617,50 @@ TEST(GradientReducer, FactoryChoosesMpiForHostParametersAndRefusesNccl) {
   }
 }
 
+// A group of one student: make_gradient_reducer gives the local reducer (no communicator, no
+// copies) whatever comm.backend says, and it leaves every gradient bit for bit as it was (the
+// average over one), equal to what the MPI reducer over a 1-rank group computes; a missing
+// grad becomes zeros as with the others, and the fault hook still runs.
+TEST(GradientReducer, AGroupOfOneMovesNothingAndLeavesGradientsBitIdentical) {
+  const int rank = world_rank();
+  torch::manual_seed(100 + rank);
+  auto model = tiny_model();
+  auto unused = torch::ones({4}, torch::requires_grad());
+  auto params = model->parameters();
+  params.push_back(unused);
+  const auto x = torch::randn({5, 6});
+  torch::mse_loss(model->forward(x), torch::randn({5, 3})).backward();
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.grad().clone());
+
+  for (const char* backend : {"auto", "mpi", "nccl"}) {
+    SCOPED_TRACE(backend);
+    auto local = make_gradient_reducer(MPI_COMM_SELF, params, 1 << 20, 30, rank, c10::Device(c10::kCPU),
+                                       backend);
+    EXPECT_STREQ(local->backend(), "none");
+    EXPECT_EQ(local->bucket_count(), 0u);
+    std::vector<std::int64_t> hooked;
+    local->set_fault_hook([&](std::int64_t step) { hooked.push_back(step); });
+    local->average(7);
+    EXPECT_EQ(hooked, (std::vector<std::int64_t>{7}));
+    EXPECT_EQ(local->wait_seconds(), 0.0);
+    const auto got = model->parameters();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[i].grad(), before[i])) << "parameter " << i;
+    }
+    ASSERT_TRUE(unused.grad().defined());
+    EXPECT_EQ(unused.grad().abs().sum().item<double>(), 0.0);
+    unused.mutable_grad() = torch::Tensor();
+  }
+
+  // The MPI reducer over one rank: the same bits (pack to fp32, divide by 1, copy back).
+  MpiGradientReducer mpi(MPI_COMM_SELF, params, 1 << 20, 30, rank);
+  mpi.average(0);
+  const auto got = model->parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got[i].grad(), before[i])) << "parameter " << i;
+  }
+}
+
 }  // namespace
 }  // namespace wd::comm

@@ -97,7 +97,7 @@ TEST(TransportFactory, StagingTransportDeliversEveryStepThroughItsSlots) {
     return;
   }
   const int slot = layout.student_slot(rank);
-  StagingTransport staged(std::move(host), spec(), c10::Device(c10::kCPU), 2, 0);
+  StagingTransport staged(std::move(host), spec(), c10::Device(c10::kCPU), 2, 0, 30, rank);
   std::set<const void*> buffers;
   for (std::int64_t s = 0; s < kSteps; ++s) {
     const Message& m = staged.recv(s);
