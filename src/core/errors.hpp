@@ -57,6 +57,7 @@ class CudaError : public Error {
 
   /// `code` 0 (cudaSuccess): the failure did not come with a CUDA code (no device visible).
   explicit CudaError(const std::string& what, int code = 0) : Error(what), code_(code) {}
+  /// The cudaError_t of the failed call, as an int.
   int code() const noexcept { return code_; }
 
  private:
