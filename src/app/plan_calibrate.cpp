@@ -20,6 +20,7 @@
 #include "student/student_loop.hpp"
 #include "student/student_parts.hpp"
 #include "teacher/compute_dtype.hpp"
+#include "teacher/matmul_probe.hpp"
 
 namespace wd::app {
 namespace {
@@ -197,10 +198,15 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   const int threads = host ? std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world)) : torch::get_num_threads();
   const ScopedIntraOpThreads pools(threads);  // rates and timings as one rank of the job sees them
   const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, *device);
-  const double matmul = teacher::matmul_gflops(compute.dtype.value_or(weights), *device);
-  const double fp32 = teacher::matmul_gflops(torch::kFloat, *device);
-  if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul;
-  if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32;
+  // On a GPU the probe times large products with CUDA events: the host's small product would
+  // time launch latency there and make `auto` skip calibration (gpu-review C5).
+  const auto teacher_dtype = compute.dtype.value_or(weights);
+  const auto matmul = teacher::measure_matmul_rate(teacher_dtype, *device);
+  const auto fp32 = teacher::measure_matmul_rate(torch::kFloat, *device);
+  spdlog::info("matmul rate on {}: {:.1f} GFLOP/s ({}), fp32 {:.1f} GFLOP/s", device->str(), matmul.gflops,
+               matmul.describe(teacher_dtype), fp32.gflops);
+  if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul.gflops;
+  if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32.gflops;
   const double batch_forward_s =
       memory::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
       (s.teacher_gflops * 1e9);

@@ -56,7 +56,8 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
 /// The speed model's input for `world` ranks: shapes from the memory plan's input; seconds per
 /// sample from rates when both are given (GFLOP/s of one rank), else measured on `device` by
 /// running the job's models (calibrate: yes; auto = when a teacher forward of one batch is
-/// estimated under a minute; no), else a matmul timed on `device` times the fitted efficiencies.
+/// estimated under a minute; no), else the matmul rate of `device` (teacher::measure_matmul_rate: on a
+/// GPU large products timed with CUDA events) times the fitted efficiencies.
 /// On the host the ranks share `cores` (-1: this host's); on a GPU each has its own. No device
 /// and no rates: no input (this host cannot tell a GPU's speed).
 std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,

@@ -47,9 +47,21 @@ class NcclError : public Error {
   using Error::Error;
 };
 
+/// A failed CUDA runtime call. Keeps CUDA's error code (a cudaError_t, held as an int so that
+/// core needs no CUDA headers): a failed allocation (device or pinned host memory) is an out of
+/// memory and exits 4, every other code is an error.
 class CudaError : public Error {
  public:
-  using Error::Error;
+  /// cudaErrorMemoryAllocation in CUDA's cudaError enum (comm/cuda_check.hpp asserts it).
+  static constexpr int kMemoryAllocation = 2;
+
+  /// `code` 0 (cudaSuccess): the failure did not come with a CUDA code (no device visible).
+  explicit CudaError(const std::string& what, int code = 0) : Error(what), code_(code) {}
+  /// The cudaError_t of the failed call, as an int.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
 };
 
 /// Out of memory on the host or a device; raised where we can tell it from other failures.

@@ -18,6 +18,24 @@ bool is_allocator_failure(const std::string& text) {
          text.find("out of memory") != std::string::npos;
 }
 
+/// cuBLAS, cuDNN, cuSOLVER and cuSPARSE report a failed workspace or handle allocation as
+/// <LIB>_STATUS_ALLOC_FAILED; LibTorch's checks put that name into a c10::Error ("CUDA error:
+/// CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "cuDNN error:
+/// CUDNN_STATUS_ALLOC_FAILED") without the words "out of memory".
+bool is_library_alloc_failure(const std::string& text) { return text.find("ALLOC_FAILED") != std::string::npos; }
+
+/// NCCL returns ncclUnhandledCudaError or ncclSystemError for a failed allocation; its last
+/// warning, which nccl_error_message appends, says which: "Cuda failure 'out of memory'"
+/// (CUDACHECK), "Cuda failure 2 'out of memory'" (CUCHECK on the driver API), or, when its
+/// allocation helpers warn after the CUDA call, "Failed to CUDA malloc|calloc|host alloc N bytes"
+/// and, for host memory, "Failed to malloc N bytes".
+bool is_nccl_alloc_failure(const std::string& text) {
+  return text.find("out of memory") != std::string::npos || text.find("Failed to CUDA malloc") != std::string::npos ||
+         text.find("Failed to CUDA calloc") != std::string::npos ||
+         text.find("Failed to CUDA host alloc") != std::string::npos ||
+         text.find("Failed to malloc") != std::string::npos;
+}
+
 }  // namespace
 
 int exit_code(FailureKind kind) { return static_cast<int>(kind); }
@@ -50,13 +68,18 @@ FailureKind classify_failure(std::exception_ptr failure) {
     return FailureKind::kOutOfMemory;
   } catch (const NumericalError&) {
     return FailureKind::kNumerical;
+  } catch (const CudaError& e) {
+    return e.code() == CudaError::kMemoryAllocation ? FailureKind::kOutOfMemory : FailureKind::kError;
+  } catch (const NcclError& e) {
+    return is_nccl_alloc_failure(e.what()) ? FailureKind::kOutOfMemory : FailureKind::kError;
   } catch (const std::bad_alloc&) {
     return FailureKind::kOutOfMemory;
   } catch (const c10::OutOfMemoryError&) {
     return FailureKind::kOutOfMemory;
   } catch (const c10::Error& e) {
-    return is_allocator_failure(e.what_without_backtrace()) ? FailureKind::kOutOfMemory
-                                                            : FailureKind::kError;
+    const std::string text = e.what_without_backtrace();
+    return is_allocator_failure(text) || is_library_alloc_failure(text) ? FailureKind::kOutOfMemory
+                                                                        : FailureKind::kError;
   } catch (...) {
     return FailureKind::kError;
   }

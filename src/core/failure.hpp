@@ -29,8 +29,10 @@ constexpr int kExitRequeue = 75;
 const char* failure_kind_name(FailureKind kind);
 
 /// The kind of a caught exception: wd::ConfigError, DataError, OutOfMemory, NumericalError;
-/// std::bad_alloc and LibTorch's allocator failures (CUDA OutOfMemoryError and the CPU
-/// allocator's "can't allocate memory") are kOutOfMemory; everything else kError. Exceptions
+/// kOutOfMemory also for std::bad_alloc, LibTorch's allocator failures (CUDA OutOfMemoryError
+/// and the CPU allocator's "can't allocate memory"), a CudaError with CUDA's
+/// cudaErrorMemoryAllocation code, an NcclError whose text names a failed allocation, and a
+/// c10::Error carrying a CUDA library's *_STATUS_ALLOC_FAILED; everything else kError. Exceptions
 /// that carry their own kind (a peer's failure, a signal) report it through `KindedError`.
 FailureKind classify_failure(std::exception_ptr failure);
 

@@ -29,6 +29,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -199,6 +200,39 @@ inline void copy_all(std::vector<torch::Tensor>& to, const std::vector<torch::Te
 #else
   for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
 #endif
+}
+
+/// Seconds the work that `run` queues on `device`'s current stream takes on the device, from two
+/// CUDA events recorded around it (a host clock would add the launch latency, which dwarfs a
+/// small kernel). Waits for the second event. nullopt, and `run` not called, where `device` is
+/// not a CUDA device of a CUDA build.
+template <typename Run>
+std::optional<double> cuda_event_seconds(const c10::Device& device, Run&& run) {
+#if WD_TORCH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    struct Events {  // destroyed on every path, run() may throw
+      cudaEvent_t start = nullptr, stop = nullptr;
+      ~Events() {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+      }
+    } ev;
+    C10_CUDA_CHECK(cudaEventCreate(&ev.start));
+    C10_CUDA_CHECK(cudaEventCreate(&ev.stop));
+    C10_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    run();
+    C10_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    C10_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+    return ms / 1e3;
+  }
+#endif
+  (void)device;
+  (void)run;
+  return std::nullopt;
 }
 
 /// Starts a new peak interval for `device` (no-op where device_memory is not available).

@@ -5,6 +5,7 @@
 #include <map>
 #include <new>
 #include <optional>
+#include <string>
 
 #include "core/errors.hpp"
 #include "core/failure.hpp"
@@ -46,6 +47,73 @@ TEST(Failure, LibTorchsCpuAllocatorFailureIsOutOfMemory) {
   }
   ASSERT_TRUE(failure);
   EXPECT_EQ(classify_failure(failure), FailureKind::kOutOfMemory) << failure_message(failure);
+}
+
+/// The kind of the c10::Error LibTorch's own checks raise with `text` (TORCH_CHECK, as
+/// TORCH_CUDABLAS_CHECK and AT_CUDNN_CHECK do).
+FailureKind kind_of_torch_check(const std::string& text) {
+  try {
+    TORCH_CHECK(false, text);
+  } catch (...) {
+    return classify_failure(std::current_exception());
+  }
+  return FailureKind::kNone;
+}
+
+// A device OOM reaches us through four libraries, each wording it its own way; every one must
+// exit 4 with the memory diagnosis, not 1. The texts are the libraries' own (sources named).
+TEST(Failure, DeviceAllocationFailuresOfEveryLibraryAreOutOfMemory) {
+  // WD_CHECK_CUDA around cudaHostAlloc / cudaMalloc: CUDA's code 2, cudaErrorMemoryAllocation,
+  // whose cudaGetErrorString is "out of memory".
+  EXPECT_EQ(kind_of(CudaError("cudaHostAlloc(&staging, bytes, cudaHostAllocDefault) failed: out of memory "
+                              "(cudaErrorMemoryAllocation) (rank 3, at cuda_copy_engine.cpp:84)",
+                              2)),
+            FailureKind::kOutOfMemory);
+  // NCCL (src/include/checks.h CUDACHECK: WARN("Cuda failure '%s'"); cudawrap.h CUCHECK:
+  // WARN("Cuda failure %d '%s'"); alloc.h: WARN("Failed to CUDA calloc async %ld bytes") and,
+  // for host memory, WARN("Failed to malloc %ld bytes") with ncclSystemError), the last warning
+  // appended by nccl_error_message to ncclGetErrorString's text.
+  const std::string init = "ncclCommInitRankConfig failed: ";
+  const std::string cuda = "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+  const std::string system = "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+  for (const std::string& text :
+       {init + cuda + " [Cuda failure 'out of memory'] (rank 1, at nccl_comm.cpp:153)",
+        init + cuda + " [Cuda failure 2 'out of memory'] (rank 1, at nccl_comm.cpp:153)",
+        init + cuda + " [Failed to CUDA calloc async 4 bytes] (rank 1, at nccl_comm.cpp:153)",
+        init + cuda + " [Failed to CUDA malloc 33554432 bytes] (rank 1, at nccl_comm.cpp:153)",
+        init + cuda + " [Failed to CUDA host alloc 8388608 bytes] (rank 1, at nccl_comm.cpp:153)",
+        init + system + " [Failed to malloc 1048576 bytes] (rank 1, at nccl_comm.cpp:153)"}) {
+    EXPECT_EQ(kind_of(NcclError(text)), FailureKind::kOutOfMemory) << text;
+  }
+  // PyTorch's TORCH_CUDABLAS_CHECK ("CUDA error: ", _cublasGetErrorEnum(status), " when calling
+  // `" #EXPR "`", aten/src/ATen/cuda/Exceptions.h) and AT_CUDNN_CHECK ("cuDNN error: ",
+  // cudnnGetErrorString(status)).
+  EXPECT_EQ(kind_of_torch_check("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+            FailureKind::kOutOfMemory);
+  EXPECT_EQ(kind_of_torch_check("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), FailureKind::kOutOfMemory);
+  EXPECT_EQ(exit_code(kind_of(CudaError("x", CudaError::kMemoryAllocation))), 4);
+}
+
+TEST(Failure, OtherDeviceFailuresStayErrors) {
+  // cudaErrorIllegalAddress (700), and a CudaError without a CUDA code (no device visible).
+  EXPECT_EQ(kind_of(CudaError("cudaStreamQuery(stream) failed: an illegal memory access was encountered "
+                              "(cudaErrorIllegalAddress) (rank 0, at nccl_comm.cpp:239)",
+                              700)),
+            FailureKind::kError);
+  EXPECT_EQ(kind_of(CudaError("NCCL transport: no CUDA device visible on rank 0")), FailureKind::kError);
+  // The code decides, not the words: an illegal address is no OOM whatever the message says.
+  EXPECT_EQ(kind_of(CudaError("out of memory", 700)), FailureKind::kError);
+  EXPECT_EQ(kind_of(NcclError("ncclCommGetAsyncError failed: remote process exited or there was a network error "
+                              "(rank 2, at nccl_comm.cpp:215) during gradient all-reduce of step 7")),
+            FailureKind::kError);
+  EXPECT_EQ(kind_of(NcclError("ncclCommInitRankConfig failed: " + std::string("unhandled cuda error (run with "
+                              "NCCL_DEBUG=INFO for details) [Cuda failure 'invalid device ordinal']"))),
+            FailureKind::kError);
+  EXPECT_EQ(kind_of_torch_check("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(handle, "
+                                "opa, opb, m, n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, "
+                                "CUDA_R_16BF, ldc, CUDA_R_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`"),
+            FailureKind::kError);
+  EXPECT_EQ(kind_of_torch_check("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"), FailureKind::kError);
 }
 
 TEST(FaultSpec, ParsesTheDocumentedFormAndRejectsEverythingElse) {
