@@ -252,6 +252,10 @@ int run_layout(const std::vector<std::string>& args) {
   }
   std::vector<comm::RankDevice> students;
   for (int r : layout.student_world_ranks()) students.push_back(device_of(r));
+  if (students.size() == 1) {  // make_gradient_reducer's rule: nothing to average with
+    std::cout << "gradient all-reduce: none (a group of one student: its gradients are the average)\n";
+    return kExitOk;
+  }
   const auto reduce = comm::choose_backend(keys.comm_backend, students, comm::nccl_built(), "the gradient all-reduce");
   std::cout << "gradient all-reduce over " << comm::backend_name(reduce.backend) << " (" << reduce.reason << ")\n";
   return kExitOk;

@@ -197,6 +197,7 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   // GPU rank keeps its process's threads.
   const int threads = host ? std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world)) : torch::get_num_threads();
   const ScopedIntraOpThreads pools(threads);  // rates and timings as one rank of the job sees them
+  compat::set_current_device(*device);        // time on that device, not on GPU 0 by default
   const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, *device);
   // On a GPU the probe times large products with CUDA events: the host's small product would
   // time launch latency there and make `auto` skip calibration (gpu-review C5).

@@ -26,8 +26,8 @@ StagingTransport::StagingTransport(std::unique_ptr<Transport> host, const Messag
   for (std::size_t i = 0; i < slots; ++i) {
     Slot slot{Message{}, StreamMark(device_)};
     for (const auto& t : spec.tensors) {
-      slot.message.tensors[t.name] =
-          torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype).device(device_));
+      const auto where = host_resident(t.name) ? c10::Device(torch::kCPU) : device_;
+      slot.message.tensors[t.name] = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype).device(where));
     }
     slots_.push_back(std::move(slot));
   }
@@ -64,7 +64,8 @@ const Message& StagingTransport::recv(std::int64_t step) {
   WD_CHECK(slot.message.step == -1, "recv(step " << step << "): step " << slot.message.step
                                                  << " still holds its device slot; release it first");
   const Message& received = host_->recv(step);
-  // Asynchronous from pinned memory: the copy overlaps whatever the device still runs.
+  // Asynchronous from pinned memory: the copy overlaps whatever the device still runs (the
+  // host-resident lengths are a plain host copy, done when copy_ returns).
   for (auto& [name, tensor] : slot.message.tensors) {
     tensor.copy_(received.at(name), /*non_blocking=*/true);
   }

@@ -434,11 +434,11 @@ StageEnds stage_ends(const ProcessGroups& groups, int world_rank) {
   // Each stage link has two ranks: the sending stage is rank 0, the receiving stage rank 1.
   StageEnds out;
   if (groups.stage_in() != MPI_COMM_NULL) {
-    out.in = {groups.stage_in(), world_rank, false, {world_rank - 1}, {0}, false,
+    out.in = {groups.stage_in(), world_rank, false, {layout.teacher_of(replica, stage - 1)}, {0}, false,
               stage_link_name(replica, stage - 1)};
   }
   if (groups.stage_out() != MPI_COMM_NULL) {
-    out.out = {groups.stage_out(), world_rank, true, {world_rank + 1}, {1}, false,
+    out.out = {groups.stage_out(), world_rank, true, {layout.teacher_of(replica, stage + 1)}, {1}, false,
                stage_link_name(replica, stage)};
   }
   return out;

@@ -55,6 +55,11 @@ struct MessageSpec {
 /// Named tensors of one message.
 using TensorDict = std::map<std::string, torch::Tensor>;
 
+/// True for the message tensors a receiver keeps on the host whatever its device: the sample
+/// lengths (`context_lens`, B integers), which the DiT reads on the host; on the device they
+/// would cost a synchronisation at every forward.
+inline bool host_resident(const std::string& name) { return name == "context_lens"; }
+
 /// Throws wd::Error unless `dict` holds exactly the spec's tensors, each defined and of the
 /// spec's shape; the message names `who` it is for and the step.
 void check_message(const MessageSpec& spec, const TensorDict& dict, std::int64_t step, const std::string& who);

@@ -12,7 +12,7 @@ namespace wd::teacher {
 comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::Device& device) {
   comm::TensorDict moved;
   for (const auto& [name, t] : message) {
-    moved[name] = name == "context_lens" ? t.to(torch::kCPU) : t.to(device, /*non_blocking=*/true);
+    moved[name] = comm::host_resident(name) ? t.to(torch::kCPU) : t.to(device, /*non_blocking=*/true);
   }
   return moved;
 }
