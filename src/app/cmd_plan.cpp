@@ -114,7 +114,8 @@ int run_plan(const std::vector<std::string>& args) {
             "times memory::kTrainEfficiency)")
       .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
       .bind("calibrate", calibrate,
-            "with --cpu: time one teacher forward and one student step of this job here (random "
+            "with --cpu, or on a machine with a GPU (cuda:0, taken to be like the job's): time one "
+            "teacher forward and one student step of this job there (random "
             "weights) for the speed prediction: yes, no, or auto (yes when the forward of one batch "
             "is estimated under 60 s)")
       .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
@@ -218,9 +219,16 @@ int run_plan(const std::vector<std::string>& args) {
   const auto in = make_plan_input(cfg, ctx);
   const auto plan = memory::make_plan(in);
   const auto weights = timed_weight_dtype(cfg, stored_bytes);
-  const auto speed = speed_input(cfg, in, tc, weights, lat, world,
-                                 cpu ? std::optional<c10::Device>(torch::kCPU) : std::nullopt, cores,
-                                 teacher_gflops, student_gflops, calibrate);
+  // Rates are measured where the job will compute: the host for a CPU job, else a GPU of this
+  // machine when it has one (taken to be like the job's; CUDA events time large matmuls there).
+  std::optional<c10::Device> measure_on;
+  if (cpu) {
+    measure_on = c10::Device(torch::kCPU);
+  } else if (compat::cuda_available()) {
+    measure_on = c10::Device(torch::kCUDA, 0);
+  }
+  const auto speed = speed_input(cfg, in, tc, weights, lat, world, measure_on, cores, teacher_gflops,
+                                 student_gflops, calibrate);
   const auto layouts = speed ? memory::predict_layouts(*speed) : std::vector<memory::LayoutSpeed>{};
   if (json) {
     auto j = plan_json(plan);
@@ -241,7 +249,8 @@ int run_plan(const std::vector<std::string>& args) {
             << memory::format_plan(in, plan) << "\n"
             << (speed ? memory::format_speeds(*speed, layouts)
                       : "speed: not predicted; give --teacher-gflops and --student-gflops (the sustained rates "
-                        "of one GPU), or plan a CPU job with --cpu\n");
+                        "of one GPU), run plan on a machine with a GPU like the job's, or plan a CPU job with "
+                        "--cpu\n");
   return kExitOk;
 }
 
