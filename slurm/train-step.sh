@@ -46,7 +46,8 @@ started=$log_dir/started
 touch "$started"
 case $LAUNCHER in
   srun)
-    # Ranks in blocks (teachers, world ranks 0..T-1, land on the first node), one log per rank.
+    # Ranks in blocks, one log per rank. train picks the roles: each replica on its students'
+    # node when every node holds whole replicas, else teachers (world ranks 0..T-1) first.
     # --kill-on-bad-exit: when a rank exits non-zero the others are stopped, after it has
     # printed the diagnosis (every rank runs the failure protocol before exiting).
     srun --mpi=pmix --kill-on-bad-exit=1 --distribution=block:block --ntasks-per-node="$per_node" \
