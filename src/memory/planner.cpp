@@ -244,7 +244,8 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   const u64 teacher_private_host = out.teacher.host_total() - shared_page_cache;
   const u64 node0 = n(teachers_on_node) * teacher_private_host + (teachers_on_node > 0 ? shared_page_cache : 0) +
                     n(students_on_node) * out.student.host_total();
-  const int students_left = in.student_ranks - students_on_node;
+  // With whole replicas on every node there is no node of students alone.
+  const int students_left = by_replica ? 0 : in.student_ranks - students_on_node;
   const u64 student_node = n(std::min(students_left, per_node)) * out.student.host_total();
   out.host_per_node = std::max(node0, student_node);
   std::vector<std::string> over;
