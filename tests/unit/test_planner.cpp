@@ -89,15 +89,15 @@ TEST(Planner, CpuJobStudentCategories) {
   EXPECT_EQ(s.at(kFrameworkOverhead).host, kHostProcessBytes);
   EXPECT_EQ(s.device_total(), 0u);
   EXPECT_EQ(s.host_total(), 1200u * 6 + 5000 + student_activation_bytes(in, 0) + kHostProcessBytes);
-  // One student: nothing to all-reduce with, so no MPI scratch.
+  // One student: nothing to all-reduce with, so no buckets and no MPI scratch (no reducer).
   in.student_ranks = 1;
-  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 2 * 1200u);
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 1200u);
   // bf16-mixed: a bf16 copy of the weights and transient bf16 grads.
   in.student_bf16_mixed = true;
   const auto mixed = make_plan(in);
   const auto& m = placement(mixed, Placement::kCpu).student;
   EXPECT_EQ(m.at(kStudentWeights).host, 1800u);
-  EXPECT_EQ(m.at(kGradients).host, 2 * 1200u + 600u);
+  EXPECT_EQ(m.at(kGradients).host, 1200u + 600u);
   // Only the cpu placement applies to a CPU job.
   for (const auto p : {Placement::kGpu, Placement::kStream, Placement::kShard}) {
     EXPECT_FALSE(placement(plan, p).applicable) << placement_name(p);
@@ -130,6 +130,26 @@ TEST(Planner, TeacherWeightsAndTransportPerPlacement) {
   // Broadcast: one message per slot.
   in.broadcast = true;
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).teacher.at(kTransportBuffers).device, 2 * 1000u);
+}
+
+// Host memory per node follows comm::Layout's rank order: with whole replicas on every node
+// (2 nodes x 8 GPUs, 2 teachers, 7 students each) every node holds one teacher and its students;
+// where they do not fit so (3 teachers) the first node holds every teacher.
+TEST(Planner, HostPerNodeFollowsWhereTheLayoutPutsTheReplicas) {
+  auto in = small_job();
+  in.gpus_per_node = 8;
+  in.teacher_ranks = 2;
+  in.student_ranks = 14;
+  const auto gpu = placement(make_plan(in), Placement::kCpu);  // a host teacher: its memory counts
+  const auto teacher = gpu.teacher.host_total(), student = gpu.student.host_total();
+  const auto shared = std::uint64_t{(10 * 1000 + 500) * 2};  // the mapped checkpoint, once per node
+  EXPECT_EQ(gpu.host_per_node, (teacher - shared) + shared + 7 * student);
+  in.teacher_ranks = 3;
+  in.student_ranks = 12;  // 15 ranks: a replica of 5 does not divide a node of 8
+  in.gpus_per_node = 8;
+  const auto mixed = placement(make_plan(in), Placement::kCpu);
+  const auto node0 = 3 * (mixed.teacher.host_total() - shared) + shared + 5 * mixed.student.host_total();
+  EXPECT_EQ(mixed.host_per_node, std::max<std::uint64_t>(node0, 7 * mixed.student.host_total()));
 }
 
 TEST(Planner, ConvertingTheCheckpointKeepsTheMappedFileToo) {
