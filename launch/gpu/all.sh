@@ -24,8 +24,12 @@
 # whole suite; many tests assume a CPU-only host).
 #
 # Environment:
-#   OUT            folder for summary.md and the logs (the device tool sets it; default
-#                  bench/results/gpu-raw)
+#   OUT            the folder that comes back (the device tool sets it): summary.md, logs.tar.gz
+#                  and the running step's log; default bench/results/gpu-raw, which then holds
+#                  every file as it is
+#   LOGS_DIR       where the step files are written when OUT is set (default build-gpu/gpu-logs,
+#                  emptied at the start): the device tool returns at most 8 files from OUT, so
+#                  OUT gets them packed, logs.tar.gz rewritten after every step
 #   GPU_BUDGET_S   seconds for the whole command (default 560: the device's 600 s less the time
 #                  to stop a step and return the files); a step that cannot start with at least
 #                  MIN_STEP_S (20) left is recorded "not run"
@@ -39,10 +43,13 @@
 #   FORWARD_ARGS, STREAM_ARGS, CHECKPOINTING_ARGS, NCCL_ARGS, CTEST_ARGS: replace the defaults
 #   BUILD_DIR (build-gpu), PYTHON (python3), WD_GPU_BUILD (the build command; default
 #   launch/gpu/build.sh, replaced by the tests of this script)
-# Writes into $OUT: summary.md (rewritten before and after every step), <step>.log for each step
-# as it runs (preflight.log, build.log: configure and build), configure.log as it grows,
+# Writes into LOGS_DIR: summary.md (rewritten before and after every step), <step>.log for each
+# step as it runs (preflight.log, build.log: configure and build), configure.log as it grows,
 # <step>.ranks (world rank and exit code of each rank), and the train runs' metrics.jsonl,
-# summary.json and diagnosis.txt. Exit code 0 once the summary is written; the verdicts are in it.
+# summary.json and diagnosis.txt. Into OUT: a copy of summary.md each time it is rewritten,
+# logs.tar.gz (LOGS_DIR packed after every step) and the log of the step now running (it moves
+# into LOGS_DIR when the step ends), so a command cut off still returns all it had.
+# Exit code 0 once the summary is written; the verdicts are in it.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 repo=$PWD
@@ -57,7 +64,15 @@ kill_after=${KILL_AFTER:-15}
 train_steps=${TRAIN_STEPS:-200}
 peak=${PEAK_TFLOPS:-989}
 build=$(realpath -m "${BUILD_DIR:-build-gpu}")
-out=$(realpath -m "${OUT:-bench/results/gpu-raw}")
+publish=$(realpath -m "${OUT:-bench/results/gpu-raw}")
+if [[ -n ${LOGS_DIR:-} ]]; then
+  out=$(realpath -m "$LOGS_DIR")
+elif [[ -n ${OUT:-} ]]; then
+  out=$build/gpu-logs
+  rm -rf "$out"  # an earlier command's logs on a warm machine went back with that command
+else
+  out=$publish
+fi
 bin=$build/src/app/wan-distill
 build_cmd=${WD_GPU_BUILD:-bash $repo/launch/gpu/build.sh}
 
@@ -66,7 +81,7 @@ say() { echo "all.sh: $*" >&2; }
 for s in $steps; do
   [[ " $known_steps " == *" $s "* ]] || { say "unknown step '$s'; steps: $known_steps"; exit 2; }
 done
-mkdir -p "$out"
+mkdir -p "$out" "$publish"
 
 # --- Records and the summary -------------------------------------------------------------------
 # Each step's record lives in R["<step>/<field>"] (status, rc, seconds, cmd, note, figures);
@@ -94,7 +109,11 @@ write_summary() {
     echo "- GPU: $gpu_line"
     echo "- started $start_text; this summary written at ${used} s of GPU_BUDGET_S=$budget"
     echo "- command: \`STEPS=\"$steps\" bash launch/gpu/all.sh\`; build tree \`$build\`"
-    echo "- logs: \`<step>.log\` beside this file (build.log: configure and build); \`configure.log\`"
+    if [[ $out == "$publish" ]]; then
+      echo "- logs: \`<step>.log\` beside this file (build.log: configure and build); \`configure.log\`"
+    else
+      echo "- logs: \`logs.tar.gz\` beside this file (\`<step>.log\`, build.log: configure and build, \`configure.log\`; packed from \`$out\` after every step), and the log of a step still running"
+    fi
     echo
     echo "| step | status | exit | seconds | key figures | note |"
     echo "|---|---|---|---|---|---|"
@@ -117,6 +136,21 @@ write_summary() {
     fi
   } >"$out/summary.md.tmp"
   mv "$out/summary.md.tmp" "$out/summary.md"
+  if [[ $out != "$publish" ]]; then
+    cp "$out/summary.md" "$publish/summary.md.tmp" && mv "$publish/summary.md.tmp" "$publish/summary.md"
+  fi
+}
+
+# publish_step STEP: the step's log, written into OUT while it ran (through a link from
+# LOGS_DIR), moves into LOGS_DIR, and OUT's logs.tar.gz is packed anew from LOGS_DIR.
+publish_step() {
+  [[ $out != "$publish" ]] || return 0
+  if [[ -L $out/$1.log ]]; then
+    rm -f "$out/$1.log"
+    mv "$publish/$1.log" "$out/$1.log" 2>/dev/null || :
+  fi
+  tar -C "$out" --exclude=summary.md.tmp -czf "$publish/logs.tar.gz.tmp" . 2>/dev/null &&
+    mv "$publish/logs.tar.gz.tmp" "$publish/logs.tar.gz"
 }
 
 # --- Running a step --------------------------------------------------------------------------
@@ -180,6 +214,11 @@ run_step() {
   fi
   record "$step" "running (up to ${limit} s; if this stays, the command was cut off here)" - - "$step_cmd" "$note" ""
   say "$step: $step_cmd (up to ${limit}s) > $out/$step.log"
+  if [[ $out != "$publish" ]]; then
+    rm -f "$out/$step.log"
+    : >"$publish/$step.log"
+    ln -s "$publish/$step.log" "$out/$step.log"
+  fi
   {
     echo "# $step_cmd"
     echo "# started $(date -u '+%Y-%m-%d %H:%M:%S UTC'), limit ${limit}s"
@@ -261,6 +300,7 @@ finish_step() {  # STEP [NOTE]: records the step from run_step's results.
     [[ -n $err ]] && fig="${fig:+$fig; }first error: $err"
   fi
   record "$1" "$step_status" "$step_rc" "$step_seconds" "$step_cmd" "${2:-}" "$(tr '|' '/' <<<"$fig")"
+  publish_step "$1"
 }
 
 skip() {  # STEP STATUS NOTE
@@ -506,6 +546,7 @@ for s in $steps; do
 done
 
 write_summary
+publish_step -
 say "summary: $out/summary.md ($((SECONDS - t_start)) s)"
 cat "$out/summary.md"
 exit 0

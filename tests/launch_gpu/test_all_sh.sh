@@ -228,12 +228,13 @@ export PATH=$fake:$tmp/cuda/bin:$PATH
 export PYTHON=$fake/python WD_GPU_BUILD=$fake/fake-build FAKE_NCCL=$tmp/nccl
 export FAKE_TORCH=2.11.0+cu130 KILL_AFTER=2 MIN_STEP_S=5
 
-# all_sh NAME [VAR=VALUE...]: runs all.sh with its own OUT and build tree.
+# all_sh NAME [VAR=VALUE...]: runs all.sh with its own logs folder ($tmp/NAME), OUT (what the
+# device tool returns, $tmp/NAME-out) and build tree.
 all_sh() {
   local name=$1
   shift
   rm -rf "$tmp/snap" && mkdir -p "$tmp/snap"
-  env OUT="$tmp/$name" BUILD_DIR="$tmp/build-$name" "$@" bash "$repo/launch/gpu/all.sh" >"$tmp/$name.stdout" 2>&1
+  env OUT="$tmp/$name-out" LOGS_DIR="$tmp/$name" BUILD_DIR="$tmp/build-$name" "$@" bash "$repo/launch/gpu/all.sh" >"$tmp/$name.stdout" 2>&1
 }
 
 # --- 1. Every step, one hung past its timeout, one cut off by the budget. ----------------------
@@ -289,7 +290,18 @@ expect_text "$one/train.summary.json" 'fake' "train's summary.json copied"
 expect_text "$one/preflight.log" 'WARN|ok +libcudart +shim' "preflight's log"
 for s in preflight build smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward; do
   checks=$((checks + 1))
-  [[ -s $one/$s.log ]] || fail "no log $one/$s.log"
+  [[ -s $one/$s.log && ! -L $one/$s.log ]] || fail "no log $one/$s.log (or still a link into OUT)"
+done
+# OUT holds what the device tool returns (at most 8 files): the summary and the packed logs.
+checks=$((checks + 1))
+[[ $(cd "$one-out" && find . -type f | sort | paste -sd' ') == "./logs.tar.gz ./summary.md" ]] ||
+  fail "OUT holds $(cd "$one-out" && find . | sort | paste -sd' '), not just summary.md and logs.tar.gz"
+checks=$((checks + 1))
+cmp -s "$sum" "$one-out/summary.md" || fail "OUT's summary.md differs from the logs folder's"
+packed=$(tar -tzf "$one-out/logs.tar.gz" 2>/dev/null | sed 's|^\./||' | sort | paste -sd' ')
+for f in build.log train.log train.summary.json oom.diagnosis.txt forward.log; do
+  checks=$((checks + 1))
+  [[ " $packed " == *" $f "* ]] || fail "logs.tar.gz lacks $f (has: $packed)"
 done
 # The toolkit shim: libcudart.so added, pointing at the versioned file; nvcc called through it.
 shim=$tmp/build-one/cuda-shim
@@ -311,8 +323,8 @@ done <"$pids_file"
 # all.sh is killed outright once its summary shows train running; what the summary says then is
 # what a cut-off command returns.
 rm -rf "$tmp/snap" && mkdir -p "$tmp/snap"
-sum=$tmp/two/summary.md
-OUT=$tmp/two BUILD_DIR=$tmp/build-two FAKE_SLEEP_train=300 FAKE_IGNORE_TERM_train=1 \
+sum=$tmp/two-out/summary.md
+OUT=$tmp/two-out LOGS_DIR=$tmp/two BUILD_DIR=$tmp/build-two FAKE_SLEEP_train=300 FAKE_IGNORE_TERM_train=1 \
   bash "$repo/launch/gpu/all.sh" >"$tmp/two.stdout" 2>&1 &
 two_pid=$!
 for _ in $(seq 600); do
@@ -327,6 +339,10 @@ expect "$sum" train '^running \(up to [0-9]+ s; if this stays, the command was c
 expect "$sum" oom '^not reached$'
 # shellcheck disable=SC2016
 expect_text "$sum" 'Not run here: `STEPS="train train_mpi oom' "the next command after a cut-off"
+# What a cut-off command returns: the running step's log as it stood, and the steps before it.
+expect_text "$tmp/two-out/train.log" '^# .*wan-distill train' "the running step's log in OUT"
+checks=$((checks + 1))
+tar -tzf "$tmp/two-out/logs.tar.gz" 2>/dev/null | grep -qx '\./nccl\.log' || fail "run 2's logs.tar.gz lacks nccl.log"
 checks=$((checks + 1))
 [[ -s $pids_file ]] || fail "run 2 left no hung process to find (the stand-in did not start?)"
 
