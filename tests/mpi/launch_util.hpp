@@ -25,9 +25,13 @@ struct LaunchResult {
 /// LibTorch dispatches by ISA (AVX-512 where the CPU has it), OpenBLAS by its detected core, MKL
 /// (the pip LibTorch's BLAS) likewise, and each choice changes the summation order. Pinned to
 /// what every x86-64 machine here has (AVX2), losses are reproducible to the last bit across
-/// them, so the golden loss curve holds on any of them.
+/// them, so the golden loss curve holds on any of them. oneDNN (bf16 matmul, and in LibTorch
+/// 2.11 the packing of bf16 flash attention) picks its code by CPU apart from ATen: on a CPU with
+/// AMX it changed the bf16 teacher's numbers (LibTorch 1.13) and, with ATen pinned to AVX2, made
+/// LibTorch 2.11 throw "pack_vnni2 is only supported when avx512 is supported". Capped at
+/// AVX512_CORE it reproduces both golden curves there (2026-11-26, an Intel Xeon with AMX).
 inline const std::string kPinnedKernels =
-    "-x ATEN_CPU_CAPABILITY=avx2 -x OPENBLAS_CORETYPE=Haswell -x MKL_CBWR=AVX2 ";
+    "-x ATEN_CPU_CAPABILITY=avx2 -x OPENBLAS_CORETYPE=Haswell -x MKL_CBWR=AVX2 -x ONEDNN_MAX_CPU_ISA=AVX512_CORE ";
 
 /// Where `args` gives the option `key` (`--key VALUE` or `--key=VALUE`): the position just past
 /// the key, or npos.
