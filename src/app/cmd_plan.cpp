@@ -17,7 +17,7 @@
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_info.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_experts.hpp"

@@ -10,7 +10,7 @@
 
 #include "app/run_config.hpp"
 #include "comm/stream_plan.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_info.hpp"
 #include "model/wan_config.hpp"
 #include "model/wan_experts.hpp"
 #include "plan/planner.hpp"

@@ -17,7 +17,7 @@
 #include "core/checkpoint_store.hpp"
 #include "core/fault_injection.hpp"
 #include "core/topology.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_info.hpp"
 #include "memory/memory_monitor.hpp"
 #include "memory/memory_report.hpp"
 #include "model/wan_experts.hpp"

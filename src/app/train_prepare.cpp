@@ -18,6 +18,7 @@
 #include "core/threads.hpp"
 #include "core/torch_compat.hpp"
 #include "data/data_config.hpp"
+#include "data/synthetic_dataset.hpp"
 #include "memory/host_memory.hpp"
 #include "model/safetensors.hpp"
 #include "plan/speed.hpp"
