@@ -15,8 +15,8 @@
 #include "core/logging.hpp"
 #include "core/topology.hpp"
 #include "core/torch_compat.hpp"
-#include "memory/planner.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "plan/planner.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::bench {
@@ -103,7 +103,7 @@ int run(const std::vector<std::string>& args) {
     std::uint64_t buffers = 0;    ///< the streamer's device slots
     std::uint64_t device_peak = 0;  ///< the CUDA allocator's peak (0 on the host)
   };
-  const auto time_stage = [&](memory::Placement p, int ahead) {
+  const auto time_stage = [&](plan::Placement p, int ahead) {
     compat::reset_device_peak(device);
     teacher::StageLoad how;
     how.placement = p;
@@ -135,9 +135,9 @@ int run(const std::vector<std::string>& args) {
     return device.is_cuda() ? format_bytes(static_cast<double>(p.device_peak)) : std::string("-");
   };
   // The resident reference on the same device: the host copy (cpu) or the whole teacher on the GPU.
-  const auto resident_placement = device.is_cuda() ? memory::Placement::kGpu : memory::Placement::kCpu;
+  const auto resident_placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
   const auto resident = time_stage(resident_placement, 0);
-  const auto resident_name = memory::placement_name(resident_placement);
+  const auto resident_name = plan::placement_name(resident_placement);
   std::printf("teacher %s: %s, batch %d, latent %lldx%dx%dx%d, device %s, one LibTorch thread\n\n", path.c_str(),
               c.summary().c_str(), cfg.batch, static_cast<long long>(c.in_dim), cfg.frames, cfg.height, cfg.width,
               device.str().c_str());
@@ -150,7 +150,7 @@ int run(const std::vector<std::string>& args) {
   std::fflush(stdout);
   for (const auto& a : split_list(cfg.aheads)) {
     const int ahead = std::stoi(a);
-    const auto p = time_stage(memory::Placement::kStream, ahead);
+    const auto p = time_stage(plan::Placement::kStream, ahead);
     std::printf("| stream | %d | %.1f | %.2f | %.1f | %s | %s | %s |\n", ahead, p.seconds * 1e3,
                 p.seconds / resident.seconds, p.waited * 1e3 / (cfg.runs + 1),
                 format_bytes(static_cast<double>(p.copied) / (cfg.runs + 1)).c_str(),

@@ -190,7 +190,7 @@ int run_layout(const std::vector<std::string>& args) {
   for (int r = 0; r < world; ++r) node_of_rank.push_back(r / per_node);
   const auto layout = comm::Layout::make(
       world, keys.teacher_ranks,
-      teacher::stages_for(stage_keys, shard ? memory::Placement::kShard : memory::Placement::kGpu), node_of_rank);
+      teacher::stages_for(stage_keys, shard ? plan::Placement::kShard : plan::Placement::kGpu), node_of_rank);
   const auto node_of = [&](int rank) { return names[static_cast<std::size_t>(layout.node_of(rank))]; };
   // Each rank's device as train resolves it on a node with these GPUs.
   const auto device_of = [&](int rank) {

@@ -3,7 +3,7 @@
 
 #include "app/commands.hpp"
 #include "core/logging.hpp"
-#include "data/dataset.hpp"
+#include "data/synthetic_dataset.hpp"
 
 namespace wd::app {
 

@@ -17,12 +17,12 @@
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
-#include "data/dataset.hpp"
-#include "memory/planner.hpp"
-#include "memory/speed.hpp"
+#include "data/dataset_info.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_experts.hpp"
+#include "plan/planner.hpp"
+#include "plan/speed.hpp"
 #include "student/checkpointing.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
@@ -33,7 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json rank_json(const memory::RankPlan& r) {
+nlohmann::json rank_json(const plan::RankPlan& r) {
   nlohmann::json items = nlohmann::json::array();
   for (const auto& i : r.items) {
     items.push_back({{"name", i.name}, {"device_bytes", i.device}, {"host_bytes", i.host}, {"note", i.note}});
@@ -42,10 +42,10 @@ nlohmann::json rank_json(const memory::RankPlan& r) {
 }
 
 /// The plan as JSON (for scripts and the accuracy test).
-nlohmann::json plan_json(const memory::Plan& plan) {
+nlohmann::json plan_json(const plan::Plan& plan) {
   nlohmann::json placements = nlohmann::json::array();
   for (const auto& pp : plan.placements) {
-    nlohmann::json j{{"placement", memory::placement_name(pp.placement)}, {"applicable", pp.applicable},
+    nlohmann::json j{{"placement", plan::placement_name(pp.placement)}, {"applicable", pp.applicable},
                      {"fits", pp.fits}, {"why_not", pp.why_not}};
     if (pp.applicable) {
       j["teacher"] = rank_json(pp.teacher);
@@ -57,26 +57,26 @@ nlohmann::json plan_json(const memory::Plan& plan) {
     placements.push_back(j);
   }
   return {{"placements", placements},
-          {"recommended", plan.recommended ? memory::placement_name(*plan.recommended) : ""},
+          {"recommended", plan.recommended ? plan::placement_name(*plan.recommended) : ""},
           {"reason", plan.reason}};
 }
 
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
 
-nlohmann::json speed_json(const memory::SpeedInput& in, const std::vector<memory::LayoutSpeed>& layouts) {
+nlohmann::json speed_json(const plan::SpeedInput& in, const std::vector<plan::LayoutSpeed>& layouts) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& l : layouts) {
     rows.push_back({{"layout", l.name}, {"colocated", l.colocated}, {"teacher_ranks", l.teacher_ranks},
                     {"stages", l.stages}, {"students", l.students}, {"samples_per_s", l.samples_per_s},
                     {"student_wait", l.student_wait}, {"bound", l.bound}, {"replica_batch", l.replica_batch},
-                    {"micro_batch", l.micro_batch}, {"flags", memory::layout_flags(l)}});
+                    {"micro_batch", l.micro_batch}, {"flags", plan::layout_flags(l)}});
   }
   nlohmann::json by_size = nlohmann::json::array();
   for (const auto& [n, seconds] : in.teacher_measured_by_size) by_size.push_back({{"size", n}, {"s_per_sample", seconds}});
   return {{"teacher_gflops", in.teacher_gflops}, {"student_gflops", in.student_gflops},
           {"teacher_by_size", by_size},
-          {"teacher_s_per_sample", memory::teacher_seconds_per_sample(in)},
-          {"student_s_per_sample", memory::student_seconds_per_sample(in)},
+          {"teacher_s_per_sample", plan::teacher_seconds_per_sample(in)},
+          {"student_s_per_sample", plan::student_seconds_per_sample(in)},
           {"measured", in.teacher_measured_s > 0 && in.student_measured_s > 0}, {"cores", in.cores},
           {"layouts", rows}};
 }
@@ -108,10 +108,10 @@ int run_plan(const std::vector<std::string>& args) {
       .bind("json", json, "print the plan as JSON instead of tables")
       .bind("teacher-gflops", teacher_gflops,
             "sustained GFLOP/s of one rank's teacher forward; 0 = measured here (a matmul in the "
-            "teacher's compute dtype, one thread, times memory::kForwardEfficiency)")
+            "teacher's compute dtype, one thread, times plan::kForwardEfficiency)")
       .bind("student-gflops", student_gflops,
             "sustained GFLOP/s of one rank's student step; 0 = measured here (fp32, one thread, "
-            "times memory::kTrainEfficiency)")
+            "times plan::kTrainEfficiency)")
       .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
       .bind("calibrate", calibrate,
             "with --cpu, or on a machine with a GPU (cuda:0, taken to be like the job's): time one "
@@ -175,7 +175,7 @@ int run_plan(const std::vector<std::string>& args) {
   if (experts == 0) experts = 1;
   // The same checks `train` makes once it knows the teacher.
   ConfigProblems with_teacher;
-  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, memory::Placement::kShard), with_teacher);
+  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, plan::Placement::kShard), with_teacher);
   with_teacher.throw_if_any("plan");
   const auto sc = cfg.student.model_config(tc);
 
@@ -217,7 +217,7 @@ int run_plan(const std::vector<std::string>& args) {
   ctx.host_bytes = host_bytes;
   ctx.gpus_per_node = gpus_per_node;
   const auto in = make_plan_input(cfg, ctx);
-  const auto plan = memory::make_plan(in);
+  const auto plan = plan::make_plan(in);
   const auto weights = timed_weight_dtype(cfg, stored_bytes);
   // Rates are measured where the job will compute: the host for a CPU job, else a GPU of this
   // machine when it has one (taken to be like the job's; CUDA events time large matmuls there).
@@ -229,7 +229,7 @@ int run_plan(const std::vector<std::string>& args) {
   }
   const auto speed = speed_input(cfg, in, tc, weights, lat, world, measure_on, cores, teacher_gflops,
                                  student_gflops, calibrate);
-  const auto layouts = speed ? memory::predict_layouts(*speed) : std::vector<memory::LayoutSpeed>{};
+  const auto layouts = speed ? plan::predict_layouts(*speed) : std::vector<plan::LayoutSpeed>{};
   if (json) {
     auto j = plan_json(plan);
     j["speed"] = speed ? speed_json(*speed, layouts) : nlohmann::json();
@@ -246,8 +246,8 @@ int run_plan(const std::vector<std::string>& args) {
             << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
             << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
             << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
-            << memory::format_plan(in, plan) << "\n"
-            << (speed ? memory::format_speeds(*speed, layouts)
+            << plan::format_plan(in, plan) << "\n"
+            << (speed ? plan::format_speeds(*speed, layouts)
                       : "speed: not predicted; give --teacher-gflops and --student-gflops (the sustained rates "
                         "of one GPU), run plan on a machine with a GPU like the job's, or plan a CPU job with "
                         "--cpu\n");

@@ -12,7 +12,7 @@
 #include "app/commands.hpp"
 #include "app/plan_input.hpp"
 #include "core/logging.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_reader.hpp"
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
 #include "model/wan_checkpoint.hpp"

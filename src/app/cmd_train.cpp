@@ -129,7 +129,7 @@ FailureSetup failure_setup_for(const TrainJob& job) {
                     cfg.comm.timeout_s,
                     cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()
                         ? "checkpoints in " + cfg.checkpoint_root() : "",
-                    job.args, memory::placement_name(job.placement), job.layout.teacher_ranks,
+                    job.args, plan::placement_name(job.placement), job.layout.teacher_ranks,
                     job.layout.stages, cfg.teacher.stream_ahead};
   setup.timeout_s = cfg.comm.timeout_s;
   setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();

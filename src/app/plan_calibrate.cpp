@@ -103,11 +103,11 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
   auto dit = random_teacher(teacher, weights, compute, device);
   std::vector<std::pair<std::int64_t, double>> by_size;
   std::string timings;
-  for (const auto slice : memory::teacher_forward_sizes(batch)) {
+  for (const auto slice : plan::teacher_forward_sizes(batch)) {
     by_size.emplace_back(slice, forward_seconds_per_sample(dit, in, slice, nullptr));
     timings += fmt::format("{}{} a forward {:.3g} s/sample", timings.empty() ? "" : ", ", slice, by_size.back().second);
   }
-  const auto pick = memory::fastest_forward(by_size, batch);
+  const auto pick = plan::fastest_forward(by_size, batch);
   MicroBatchChoice choice;
   choice.samples = pick.micro_batch;
   choice.seconds_per_sample = pick.seconds_per_sample;
@@ -172,12 +172,12 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   return c;
 }
 
-std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,
+std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::PlanInput& in, const WanConfig& tc,
                                               c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
                                               int world, std::optional<c10::Device> device, int cores,
                                               double teacher_gflops, double student_gflops,
                                               const std::string& calibrate) {
-  memory::SpeedInput s;
+  plan::SpeedInput s;
   s.teacher = in.teacher;
   s.student = in.student;
   s.tokens = in.tokens;
@@ -206,10 +206,10 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
   const auto fp32 = teacher::measure_matmul_rate(torch::kFloat, *device);
   spdlog::info("matmul rate on {}: {:.1f} GFLOP/s ({}), fp32 {:.1f} GFLOP/s", device->str(), matmul.gflops,
                matmul.describe(teacher_dtype), fp32.gflops);
-  if (teacher_gflops <= 0) s.teacher_gflops = memory::kForwardEfficiency * matmul.gflops;
-  if (student_gflops <= 0) s.student_gflops = memory::kTrainEfficiency * fp32.gflops;
+  if (teacher_gflops <= 0) s.teacher_gflops = plan::kForwardEfficiency * matmul.gflops;
+  if (student_gflops <= 0) s.student_gflops = plan::kTrainEfficiency * fp32.gflops;
   const double batch_forward_s =
-      memory::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
+      plan::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
       (s.teacher_gflops * 1e9);
   if (calibrate == "yes" || (calibrate == "auto" && batch_forward_s < 60)) {
     spdlog::info("timing the teacher forward and the student step of this job on {} ({} thread(s))", device->str(),
@@ -219,7 +219,7 @@ std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory
     // and cost calibration time and memory).
     const auto largest = in.batch * std::clamp<std::int64_t>(world - 1, 1, 4);
     const auto c = calibrate_speed(cfg, tc, weights, compute.dtype, latent, in.tokens, in.context_len, in.batch,
-                                   memory::teacher_forward_sizes(largest), threads, *device);
+                                   plan::teacher_forward_sizes(largest), threads, *device);
     s.teacher_measured_s = c.teacher_s_per_sample;
     s.teacher_measured_by_size = c.teacher_by_size;
     s.student_measured_s = c.student_s_per_sample;

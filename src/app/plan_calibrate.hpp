@@ -12,9 +12,9 @@
 
 #include "app/run_config.hpp"
 #include "core/torch_compat.hpp"
-#include "memory/planner.hpp"
-#include "memory/speed.hpp"
 #include "model/wan_config.hpp"
+#include "plan/planner.hpp"
+#include "plan/speed.hpp"
 
 namespace wd::app {
 
@@ -28,7 +28,7 @@ struct Calibration {
 
 /// Builds the teacher (random weights in `weights`, matmuls in `compute` when given) and the
 /// student of `cfg` on the host, and times the teacher's forward over teacher_sizes.front()
-/// samples in slices of each of `teacher_sizes` (memory::teacher_forward_sizes) and the
+/// samples in slices of each of `teacher_sizes` (plan::teacher_forward_sizes) and the
 /// student's step on `batch` samples, of latent `latent` (`tokens` tokens) with `context_len`
 /// text rows: one untimed run, then the median of at least three (of as many as fit in a
 /// second). Nothing is read from disk.
@@ -48,7 +48,7 @@ struct MicroBatchChoice {
 /// teacher.micro_batch auto: times the no-grad forward of the teacher `teacher` (random
 /// weights in `weights`, matmuls in `compute`) on `device` with this thread's intra-op threads,
 /// over a batch of `batch` samples run whole and in slices of its halvings (ceil: 4, 2, 1),
-/// and takes the size memory::fastest_forward picks (the planner's rule).
+/// and takes the size plan::fastest_forward picks (the planner's rule).
 MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType weights,
                                     std::optional<c10::ScalarType> compute, const std::array<std::int64_t, 4>& latent,
                                     std::int64_t context_len, std::int64_t batch, const c10::Device& device);
@@ -60,7 +60,7 @@ MicroBatchChoice choose_micro_batch(const WanConfig& teacher, c10::ScalarType we
 /// GPU large products timed with CUDA events) times the fitted efficiencies.
 /// On the host the ranks share `cores` (-1: this host's); on a GPU each has its own. No device
 /// and no rates: no input (this host cannot tell a GPU's speed).
-std::optional<memory::SpeedInput> speed_input(const RunConfig& cfg, const memory::PlanInput& in, const WanConfig& tc,
+std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::PlanInput& in, const WanConfig& tc,
                                               c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
                                               int world, std::optional<c10::Device> device, int cores,
                                               double teacher_gflops, double student_gflops,

@@ -89,8 +89,8 @@ c10::ScalarType timed_weight_dtype(const RunConfig& cfg, std::int64_t stored_ele
   return teacher_dtype(cfg).value_or(stored_elem_bytes == 2 ? torch::kBFloat16 : torch::kFloat);
 }
 
-memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
-  memory::DitShape s;
+plan::DitShape dit_shape(const WanConfig& c, std::int64_t experts) {
+  plan::DitShape s;
   s.dim = c.dim;
   s.ffn_dim = c.ffn_dim;
   s.num_heads = c.num_heads;
@@ -125,7 +125,7 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   return stream;
 }
 
-memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
+plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto& tc = ctx.teacher;
   const auto& lat = ctx.latent;
   const auto sc = cfg.student.model_config(tc);
@@ -136,7 +136,7 @@ memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) 
   const auto stream = stream_plan_for(cfg, tc, lat, ctx.context_len);
   const auto pairs = cfg.student.feature_pairs();
 
-  memory::PlanInput in;
+  plan::PlanInput in;
   in.teacher = dit_shape(tc, ctx.experts);
   in.student = dit_shape(sc, 1);
   const auto dtype = teacher_dtype(cfg);
@@ -160,7 +160,7 @@ memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) 
   in.student_ranks = layout.student_ranks;
   in.broadcast = broadcast;
   in.cpu_job = ctx.cpu_job;
-  in.host_process_bytes = compat::kHasCuda ? memory::kHostProcessBytesCudaLibTorch : memory::kHostProcessBytes;
+  in.host_process_bytes = compat::kHasCuda ? plan::kHostProcessBytesCudaLibTorch : plan::kHostProcessBytes;
   // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
   in.fused_attention = !ctx.cpu_job || compat::kHasFusedAttention;
   in.per_token_time = ctx.teacher.model_type == "ti2v";

@@ -10,10 +10,10 @@
 
 #include "app/run_config.hpp"
 #include "comm/stream_plan.hpp"
-#include "data/dataset.hpp"
-#include "memory/planner.hpp"
+#include "data/dataset_info.hpp"
 #include "model/wan_config.hpp"
 #include "model/wan_experts.hpp"
+#include "plan/planner.hpp"
 
 namespace wd::app {
 
@@ -67,9 +67,9 @@ std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg);
 /// checkpoint's (bf16 for `stored_elem_bytes` 2, else fp32).
 c10::ScalarType timed_weight_dtype(const RunConfig& cfg, std::int64_t stored_elem_bytes);
 
-memory::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx);
+plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx);
 
 /// A WanConfig reduced to what the planner needs.
-memory::DitShape dit_shape(const WanConfig& c, std::int64_t experts);
+plan::DitShape dit_shape(const WanConfig& c, std::int64_t experts);
 
 }  // namespace wd::app

@@ -17,11 +17,11 @@
 #include "core/checkpoint_store.hpp"
 #include "core/fault_injection.hpp"
 #include "core/topology.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_info.hpp"
 #include "memory/memory_monitor.hpp"
 #include "memory/memory_report.hpp"
-#include "memory/planner.hpp"
 #include "model/wan_experts.hpp"
+#include "plan/planner.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::app {
@@ -32,7 +32,7 @@ struct TrainJob {
   std::vector<std::string> args;  ///< the command line (the diagnosis adjusts it)
   std::string config_ini;         ///< the effective config, saved with every checkpoint
   Topology topo;
-  memory::Placement placement = memory::Placement::kCpu;
+  plan::Placement placement = plan::Placement::kCpu;
   std::optional<c10::ScalarType> compute;  ///< teacher.compute's choice; nullopt: the weights' dtype
   comm::Layout layout;
   std::optional<comm::ProcessGroups> groups;

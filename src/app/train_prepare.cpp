@@ -18,9 +18,10 @@
 #include "core/threads.hpp"
 #include "core/torch_compat.hpp"
 #include "data/data_config.hpp"
+#include "data/synthetic_dataset.hpp"
 #include "memory/host_memory.hpp"
-#include "memory/speed.hpp"
 #include "model/safetensors.hpp"
+#include "plan/speed.hpp"
 #include "student/student_device.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
@@ -93,10 +94,10 @@ void set_threads(const RunConfig& cfg, const Topology& topo) {
 
 /// teacher.placement = auto: what the planner recommends for this job, with the memory the
 /// config gives or that is detected (rank 0 only; it reads the data set's shapes).
-memory::Placement choose_placement(const RunConfig& cfg, int world) {
+plan::Placement choose_placement(const RunConfig& cfg, int world) {
   if (!compat::cuda_available()) {
     spdlog::info("teacher.placement auto: cpu (no CUDA device is usable here, so the teacher computes on the host)");
-    return memory::Placement::kCpu;
+    return plan::Placement::kCpu;
   }
   const auto experts = open_teacher(cfg);
   const auto& ck = experts.expert(0);
@@ -117,20 +118,20 @@ memory::Placement choose_placement(const RunConfig& cfg, int world) {
   ctx.host_bytes = cfg.teacher.host_memory.empty() ? memory::host_total_bytes()
                                                    : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
   const auto in = make_plan_input(cfg, ctx);
-  const auto plan = memory::make_plan(in);
+  const auto plan = plan::make_plan(in);
   WD_CHECK_AS(ConfigError, plan.recommended.has_value(),
               "teacher.placement auto: no placement fits " << format_bytes(static_cast<double>(ctx.gpu_bytes))
                                                            << " per GPU and " << format_bytes(static_cast<double>(ctx.host_bytes))
                                                            << " per node: " << plan.reason
                                                            << " (see `wan-distill plan` with the same config)");
   spdlog::info("teacher.placement auto: {} ({}; planned with {} per GPU, {} per node)",
-               memory::placement_name(*plan.recommended), plan.reason,
+               plan::placement_name(*plan.recommended), plan.reason,
                format_bytes(static_cast<double>(ctx.gpu_bytes)), format_bytes(static_cast<double>(ctx.host_bytes)));
   return *plan.recommended;
 }
 
 /// teacher.layout auto (world rank 0): {colocated, teacher ranks, stages, teacher micro-batch}
-/// of the fastest layout of `world` ranks for this job: memory::predict_layouts on the job's own
+/// of the fastest layout of `world` ranks for this job: plan::predict_layouts on the job's own
 /// teacher forward and student step, timed on the student's device, among the layouts whose
 /// global batch divides train.eval_samples and, on a GPU, where a colocated teacher fits beside
 /// the student. A resumed run keeps what its first start chose (layout.json in the run
@@ -168,16 +169,16 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
   const auto in = make_plan_input(cfg, ctx);
   const auto weights = timed_weight_dtype(cfg, ctx.stored_elem_bytes);
   const auto speed = speed_input(cfg, in, tc, weights, info.latent_shape, world, device, -1, 0, 0, "yes");
-  const auto layouts = memory::predict_layouts(*speed);
-  spdlog::info("teacher.layout auto:\n{}", memory::format_speeds(*speed, layouts));
+  const auto layouts = plan::predict_layouts(*speed);
+  spdlog::info("teacher.layout auto:\n{}", plan::format_speeds(*speed, layouts));
 
   // A colocated rank holds the teacher on its GPU beside the student: the `gpu` placement's
   // teacher rank and a student rank on one device.
   std::string colocated_fit;
   if (device.is_cuda()) {
-    const auto plan = memory::make_plan(in);
+    const auto plan = plan::make_plan(in);
     for (const auto& p : plan.placements) {
-      if (p.placement != memory::Placement::kGpu) continue;
+      if (p.placement != plan::Placement::kGpu) continue;
       const auto need = p.teacher.device_total() + p.student.device_total();
       if (need > ctx.gpu_bytes) {
         colocated_fit = "the teacher and a student need " + format_bytes(static_cast<double>(need)) + " on one GPU of " +
@@ -188,7 +189,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
   // Every layout ruled out is named with its reason, faster or slower than the pick: a user
   // who expected it learns why not.
   const bool broadcast = cfg.comm.mode == "broadcast";
-  const memory::LayoutSpeed* pick = nullptr;
+  const plan::LayoutSpeed* pick = nullptr;
   for (const auto& l : layouts) {
     const int replicas = l.colocated ? l.students : l.teacher_ranks / l.stages;
     const auto global = cfg.train.batch_size * (broadcast ? replicas : l.students);
@@ -211,7 +212,7 @@ std::vector<std::int64_t> pick_layout(const RunConfig& cfg, int world) {
                  100 * l.student_wait);
     std::ofstream(saved) << nlohmann::json{{"layout", l.name}, {"colocated", l.colocated},
                                            {"teacher_ranks", l.teacher_ranks}, {"stages", l.stages},
-                                           {"micro_batch", l.micro_batch}, {"flags", memory::layout_flags(l)},
+                                           {"micro_batch", l.micro_batch}, {"flags", plan::layout_flags(l)},
                                            {"samples_per_s", l.samples_per_s}}
                                 .dump(2)
                          << "\n";
@@ -371,11 +372,11 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   std::vector<std::int64_t> chosen{0, -1};
   agreed("choosing the teacher placement", cfg, [&] {
     if (rank != 0) return;
-    memory::Placement p = memory::Placement::kCpu;
+    plan::Placement p = plan::Placement::kCpu;
     c10::Device device(torch::kCPU);
     if (colocated) {  // the teacher lives where the student computes
       device = student::student_device(cfg.student.device, 0);
-      p = device.is_cuda() ? memory::Placement::kGpu : memory::Placement::kCpu;
+      p = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
     } else {
       p = cfg.teacher.placement == "auto" ? choose_placement(cfg, mpi.size())
                                           : teacher::parse_placement(cfg.teacher.placement);
@@ -394,7 +395,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     spdlog::info("{}", compute.reason);
   });
   comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
-  job.placement = static_cast<memory::Placement>(chosen[0]);
+  job.placement = static_cast<plan::Placement>(chosen[0]);
   if (chosen[1] >= 0) job.compute = static_cast<c10::ScalarType>(chosen[1]);
   job.layout = colocated ? comm::Layout::colocated(mpi.size())
                          : comm::Layout::make(mpi.size(), cfg.teacher.ranks,
@@ -406,10 +407,10 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
   if (rank == 0 && colocated) {
     spdlog::info("train: teacher.placement colocated: {} student rank(s), each computing its own targets with "
                  "the teacher on its {} (mapped once per node), no teacher ranks, run dir {}",
-                 layout.student_ranks, job.placement == memory::Placement::kGpu ? "GPU" : "host", cfg.run_dir);
+                 layout.student_ranks, job.placement == plan::Placement::kGpu ? "GPU" : "host", cfg.run_dir);
   } else if (rank == 0) {
     spdlog::info("train: {} teacher rank(s) ({} replica(s) x {} stage(s), placement {}), {} student rank(s), {}, run dir {}",
-                 layout.teacher_ranks, layout.replicas, layout.stages, memory::placement_name(job.placement),
+                 layout.teacher_ranks, layout.replicas, layout.stages, plan::placement_name(job.placement),
                  layout.student_ranks, layout.placement, cfg.run_dir);
   }
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/metrics_writer.hpp"
+#include "metrics/metrics_writer.hpp"
 #include "memory/memory_report.hpp"
 
 namespace wd::memory {
@@ -92,7 +92,7 @@ class MemoryMonitor {
   AsyncGather async_;
   bool pending_ = false;              ///< an asynchronous gather is in flight
   std::int64_t pending_since_ = 0;    ///< its interval start
-  MetricsWriter metrics_;
+  metrics::MetricsWriter metrics_;
   std::int64_t interval_start_ = 0;  ///< step of the last peak reset
   std::uint64_t past_peak_rss_ = 0;  ///< highest peak of the intervals already reset
   bool peak_reset_failed_ = false;   ///< said once; host peaks are then lifetime peaks

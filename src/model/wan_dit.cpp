@@ -2,6 +2,7 @@
 #include "model/wan_dit.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
@@ -61,6 +62,79 @@ bool list_views_batch(const std::vector<torch::Tensor>& list, const torch::Tenso
 /// staged by the driver before the call returns, a pinned one is read by the copy engine later.
 torch::Tensor upload(const torch::Tensor& t, const c10::Device& device, c10::ScalarType dtype) {
   return t.to(device, dtype, /*non_blocking=*/true);
+}
+
+using Grid = std::array<std::int64_t, 3>;
+
+/// Each sample's patch grid (f,h,w) from the host-side shapes of x (+ y), checked against the
+/// config: in_dim channels, divisible by the patch size, within the RoPE table.
+std::vector<Grid> patch_grids(const WanConfig& c, const WanInputs& in) {
+  const auto& p = c.patch_size;
+  std::vector<Grid> grids;
+  for (std::int64_t b = 0; b < static_cast<std::int64_t>(in.x.size()); ++b) {
+    const auto& xs = in.x[b];
+    auto shape = xs.sizes().vec();
+    if (!in.y.empty()) {
+      const auto& ys = in.y[b];
+      WD_CHECK(xs.dim() == 4 && ys.dim() == 4 && xs.sizes().slice(1) == ys.sizes().slice(1),
+               "sample " << b << ": x " << format_shape(xs.sizes()) << " and y " << format_shape(ys.sizes())
+                         << " must both be [C,F,H,W] with the same F,H,W");
+      shape[0] += ys.size(0);
+    }
+    WD_CHECK(shape.size() == 4 && shape[0] == c.in_dim,
+             "sample " << b << ": latent (x" << (in.y.empty() ? "" : " + y") << ") must be [in_dim="
+                       << c.in_dim << ",F,H,W], got " << format_shape(shape));
+    Grid grid{};
+    for (int a = 0; a < 3; ++a) {
+      WD_CHECK(shape[a + 1] % p[a] == 0,
+               "sample " << b << ": latent " << format_shape(shape) << " is not divisible by patch size ("
+                         << p[0] << "," << p[1] << "," << p[2] << ")");
+      grid[a] = shape[a + 1] / p[a];
+      WD_CHECK(grid[a] <= kRopePositions, "sample " << b << ": patch grid axis " << a << " is "
+                                                    << grid[a] << ", the RoPE table covers 1024");
+    }
+    grids.push_back(grid);
+  }
+  return grids;
+}
+
+/// S, the tokens every sample is padded to: `seq_len` when set (it must hold the largest
+/// sample), else the largest sample's token count.
+std::int64_t padded_length(const std::vector<Grid>& grids, std::int64_t seq_len) {
+  std::int64_t max_tokens = 0;
+  for (const auto& g : grids) max_tokens = std::max(max_tokens, g[0] * g[1] * g[2]);
+  const auto S = seq_len > 0 ? seq_len : max_tokens;
+  WD_CHECK(max_tokens <= S, "seq_len " << S << " is smaller than the largest sample's "
+                                       << max_tokens << " tokens");
+  return S;
+}
+
+/// Latents on the device: one copy of the batch tensor when the list views one
+/// (WanInputs::batched), else one per sample; neither waits for the device.
+std::vector<torch::Tensor> upload_latents(const std::vector<torch::Tensor>& list, const torch::Tensor& batch,
+                                          const c10::Device& device, c10::ScalarType dtype) {
+  std::vector<torch::Tensor> out;
+  if (list_views_batch(list, batch)) {
+    const auto moved = upload(batch, device, dtype);
+    for (std::int64_t b = 0; b < static_cast<std::int64_t>(list.size()); ++b) out.push_back(moved[b]);
+  } else {
+    for (const auto& e : list) out.push_back(upload(e, device, dtype));
+  }
+  return out;
+}
+
+/// [B,1,1,S] true on each sample's real tokens; undefined when no sample is padded, because
+/// SDPA takes no flash kernel with a mask.
+torch::Tensor key_mask(const std::vector<Grid>& grids, std::int64_t S, const c10::Device& device) {
+  const bool padded = std::any_of(grids.begin(), grids.end(), [&](const auto& g) { return g[0] * g[1] * g[2] < S; });
+  if (!padded) return {};
+  const auto B = static_cast<std::int64_t>(grids.size());
+  auto mask = torch::zeros({B, 1, 1, S}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto [f, h, w] = grids[b];
+    mask[b].slice(-1, 0, f * h * w).fill_(true);
+  }
+  return mask;
 }
 
 }  // namespace
@@ -280,81 +354,61 @@ torch::Tensor WanDiTImpl::cross_attention(const torch::Tensor& x, const Attentio
 }
 
 WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
-  const auto& c = config_;
   const auto B = static_cast<std::int64_t>(in.x.size());
   WD_CHECK(B >= 1, "forward needs at least one sample");
   WD_CHECK(in.context.size() == in.x.size(),
            "forward got " << in.context.size() << " contexts for " << B << " samples");
   WD_CHECK(in.y.empty() || in.y.size() == in.x.size(),
            "forward got " << in.y.size() << " y tensors for " << B << " samples");
-  WD_CHECK(c.model_type != "i2v" || !in.y.empty(),
+  WD_CHECK(config_.model_type != "i2v" || !in.y.empty(),
            "model_type i2v needs y (mask + image latent channels) for every sample");
+
+  WanState s;
+  s.grids = patch_grids(config_, in);  // before anything moves to the device
+  const auto S = padded_length(s.grids, in.seq_len);
+  s.x = embed_patches(in, S);
+  std::tie(s.rope_cos, s.rope_sin) = token_rope(s.grids, S);
+  s.key_mask = key_mask(s.grids, S, patch_weight_.device());
+  std::tie(s.e, s.e0) = embed_time(in.t, B, S);
+  s.context = embed_text(in);
+
+  if (trace) {
+    const auto D = config_.dim;
+    trace->patch_tokens = s.x;
+    trace->time_emb_e = s.e.expand({B, S, D});
+    trace->time_proj_e0 = s.e0.expand({B, S, 6, D});
+    trace->context_emb = s.context;
+  }
+  return s;
+}
+
+torch::Tensor WanDiTImpl::embed_patches(const WanInputs& in, std::int64_t S) const {
+  const auto B = static_cast<std::int64_t>(in.x.size());
+  const auto D = config_.dim;
   const auto device = patch_weight_.device();
   const auto cdt = compute_dtype();
-  const auto& p = c.patch_size;
-  const auto D = c.dim;
+  const auto xs = upload_latents(in.x, in.x_batch, device, cdt);
+  const auto ys = in.y.empty() ? std::vector<torch::Tensor>() : upload_latents(in.y, in.y_batch, device, cdt);
 
-  // Shapes first, from the host-side metadata, so bad input is refused before anything moves.
-  WanState s;
-  std::int64_t max_tokens = 0;
-  for (std::int64_t b = 0; b < B; ++b) {
-    const auto& xs = in.x[b];
-    auto shape = xs.sizes().vec();
-    if (!in.y.empty()) {
-      const auto& ys = in.y[b];
-      WD_CHECK(xs.dim() == 4 && ys.dim() == 4 && xs.sizes().slice(1) == ys.sizes().slice(1),
-               "sample " << b << ": x " << format_shape(xs.sizes()) << " and y " << format_shape(ys.sizes())
-                         << " must both be [C,F,H,W] with the same F,H,W");
-      shape[0] += ys.size(0);
-    }
-    WD_CHECK(shape.size() == 4 && shape[0] == c.in_dim,
-             "sample " << b << ": latent (x" << (in.y.empty() ? "" : " + y") << ") must be [in_dim="
-                       << c.in_dim << ",F,H,W], got " << format_shape(shape));
-    std::array<std::int64_t, 3> grid{};
-    for (int a = 0; a < 3; ++a) {
-      WD_CHECK(shape[a + 1] % p[a] == 0,
-               "sample " << b << ": latent " << format_shape(shape) << " is not divisible by patch size ("
-                         << p[0] << "," << p[1] << "," << p[2] << ")");
-      grid[a] = shape[a + 1] / p[a];
-      WD_CHECK(grid[a] <= kRopePositions, "sample " << b << ": patch grid axis " << a << " is "
-                                                    << grid[a] << ", the RoPE table covers 1024");
-    }
-    s.grids.push_back(grid);
-    max_tokens = std::max(max_tokens, grid[0] * grid[1] * grid[2]);
-  }
-  const auto S = in.seq_len > 0 ? in.seq_len : max_tokens;
-  WD_CHECK(max_tokens <= S, "seq_len " << S << " is smaller than the largest sample's "
-                                       << max_tokens << " tokens");
-
-  // Latents on the device: one copy per batch tensor when the list views one (WanInputs::batched),
-  // else one per sample; neither waits for the device.
-  const auto latents = [&](const std::vector<torch::Tensor>& list, const torch::Tensor& batch) {
-    std::vector<torch::Tensor> out;
-    if (list_views_batch(list, batch)) {
-      const auto moved = upload(batch, device, cdt);
-      for (std::int64_t b = 0; b < B; ++b) out.push_back(moved[b]);
-    } else {
-      for (const auto& e : list) out.push_back(upload(e, device, cdt));
-    }
-    return out;
-  };
-  const auto xs = latents(in.x, in.x_batch);
-  const auto ys = in.y.empty() ? std::vector<torch::Tensor>() : latents(in.y, in.y_batch);
-
-  // Tokens right-padded with zeros to S; the masks and RoPE tables follow each sample's length.
-  s.x = torch::zeros({B, S, D}, torch::TensorOptions().dtype(cdt).device(device));
+  // Tokens right-padded with zeros to S (the masks and RoPE rows follow each sample's length).
+  auto x = torch::zeros({B, S, D}, torch::TensorOptions().dtype(cdt).device(device));
   for (std::int64_t b = 0; b < B; ++b) {
     const auto xb = ys.empty() ? xs[b] : torch::cat({xs[b], ys[b]}, 0);
-    const auto patches = wan_patchify(xb, p);
-    s.x[b].slice(0, 0, patches.size(0)).copy_(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
+    const auto patches = wan_patchify(xb, config_.patch_size);
+    x[b].slice(0, 0, patches.size(0)).copy_(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
   }
+  return x;
+}
 
-  const auto half_d = c.head_dim() / 2;
+std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::token_rope(const std::vector<std::array<std::int64_t, 3>>& grids,
+                                                               std::int64_t S) const {
+  const auto B = static_cast<std::int64_t>(grids.size());
+  const auto device = patch_weight_.device();
+  const auto half_d = config_.head_dim() / 2;
   auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  // The frame axis takes what the two spatial axes (a third each) leave of the head's pairs.
   const auto cf = half_d - 2 * (half_d / 3), ch = half_d / 3;
   const auto tables = rope_tables_on(device);
-  const auto& cos_t = tables.first;
-  const auto& sin_t = tables.second;
   const auto rope_rows = [&](const torch::Tensor& table, const std::array<std::int64_t, 3>& grid) {
     const auto [f, h, w] = grid;
     return torch::cat({table.slice(1, 0, cf).slice(0, 0, f).view({f, 1, 1, cf}).expand({f, h, w, cf}),
@@ -371,53 +425,54 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
     out.slice(0, 0, rows.size(0)).copy_(rows);
     return out;
   };
-  const bool same_grid = std::all_of(s.grids.begin(), s.grids.end(), [&](const auto& g) { return g == s.grids[0]; });
+  const bool same_grid = std::all_of(grids.begin(), grids.end(), [&](const auto& g) { return g == grids[0]; });
   if (same_grid) {
     // The usual fixed-shape batch: one table, broadcast over the samples.
-    s.rope_cos = padded_rows(cos_t, s.grids[0], 1.0).unsqueeze(0).expand({B, S, 1, half_d});
-    s.rope_sin = padded_rows(sin_t, s.grids[0], 0.0).unsqueeze(0).expand({B, S, 1, half_d});
-  } else {
-    std::vector<torch::Tensor> cos_rows, sin_rows;
-    for (const auto& g : s.grids) {
-      cos_rows.push_back(padded_rows(cos_t, g, 1.0));
-      sin_rows.push_back(padded_rows(sin_t, g, 0.0));
-    }
-    s.rope_cos = torch::stack(cos_rows);
-    s.rope_sin = torch::stack(sin_rows);
+    return {padded_rows(tables.first, grids[0], 1.0).unsqueeze(0).expand({B, S, 1, half_d}),
+            padded_rows(tables.second, grids[0], 0.0).unsqueeze(0).expand({B, S, 1, half_d})};
   }
-  // No mask when no sample is padded: SDPA takes no flash kernel with a mask.
-  const bool padded = std::any_of(s.grids.begin(), s.grids.end(),
-                                  [&](const auto& g) { return g[0] * g[1] * g[2] < S; });
-  if (padded) {
-    s.key_mask = torch::zeros({B, 1, 1, S}, torch::TensorOptions().dtype(torch::kBool).device(device));
-    for (std::int64_t b = 0; b < B; ++b) {
-      const auto [f, h, w] = s.grids[b];
-      s.key_mask[b].slice(-1, 0, f * h * w).fill_(true);
-    }
+  std::vector<torch::Tensor> cos_rows, sin_rows;
+  for (const auto& g : grids) {
+    cos_rows.push_back(padded_rows(tables.first, g, 1.0));
+    sin_rows.push_back(padded_rows(tables.second, g, 0.0));
   }
+  return {torch::stack(cos_rows), torch::stack(sin_rows)};
+}
 
-  // Timesteps (spec §5): [B] per sample, [B,S] per token (TI2V). The official code expands a
+std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::embed_time(const torch::Tensor& timesteps, std::int64_t B,
+                                                               std::int64_t S) const {
+  const auto& c = config_;
+  const auto device = patch_weight_.device();
+  // Spec §5: t is [B] per sample, [B,S] per token (TI2V). The official code expands a
   // per-sample t to every token and runs the time MLP on B·S identical rows; here it runs once
   // per sample and e [B,1,D] / e0 [B,1,6,D] broadcast over the tokens: the same values without
   // S-fold the MLP's FLOPs and the [B,S,6,D] modulation tensors of every block.
-  torch::Tensor t = in.t.to(torch::TensorOptions().device(device), /*non_blocking=*/true);
+  torch::Tensor t = timesteps.to(torch::TensorOptions().device(device), /*non_blocking=*/true);
   if (t.dim() == 0) t = t.view({1});
   if (t.dim() == 1) {
     WD_CHECK(t.size(0) == B, "t has " << t.size(0) << " entries for " << B << " samples");
     t = t.view({B, 1});
   } else {
     WD_CHECK(t.dim() == 2 && t.size(0) == B && t.size(1) == S,
-             "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(in.t.sizes()));
+             "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(timesteps.sizes()));
   }
   const auto rows = t.size(1);
   const auto half = c.freq_dim / 2;
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
   auto omega = torch::pow(10000.0, -torch::arange(half, f64).div(half));
   auto sinusoid = torch::outer(t.reshape({-1}).to(torch::kDouble), omega);
   auto freq = torch::cat({sinusoid.cos(), sinusoid.sin()}, 1).view({B, rows, c.freq_dim}).to(torch::kFloat);
-  s.e = linear_f32(torch::silu(linear_f32(freq, time0_)), time2_);
-  s.e0 = linear_f32(torch::silu(s.e), time_proj_).view({B, rows, 6, D});
+  auto e = linear_f32(torch::silu(linear_f32(freq, time0_)), time2_);
+  auto e0 = linear_f32(torch::silu(e), time_proj_).view({B, rows, 6, c.dim});
+  return {e, e0};
+}
 
-  // Text (spec §3.6): zero-pad each context to text_len, embed, never mask.
+torch::Tensor WanDiTImpl::embed_text(const WanInputs& in) const {
+  // Spec §3.6: zero-pad each context to text_len, embed, never mask.
+  const auto& c = config_;
+  const auto B = static_cast<std::int64_t>(in.context.size());
+  const auto device = patch_weight_.device();
+  const auto cdt = compute_dtype();
   for (std::int64_t b = 0; b < B; ++b) {
     const auto& cb = in.context[b];
     WD_CHECK(cb.dim() == 2 && cb.size(1) == c.text_dim && cb.size(0) <= c.text_len,
@@ -446,15 +501,7 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
       ctx[b].slice(0, 0, cb.size(0)).copy_(cb, /*non_blocking=*/true);
     }
   }
-  s.context = linear(torch::gelu(linear(ctx, text0_), "tanh"), text2_);
-
-  if (trace) {
-    trace->patch_tokens = s.x;
-    trace->time_emb_e = s.e.expand({B, S, D});
-    trace->time_proj_e0 = s.e0.expand({B, S, 6, D});
-    trace->context_emb = s.context;
-  }
-  return s;
+  return linear(torch::gelu(linear(ctx, text0_), "tanh"), text2_);
 }
 
 void WanDiTImpl::run_block(std::int64_t index, WanState& s) {

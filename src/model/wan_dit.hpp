@@ -136,6 +136,13 @@ class WanDiTImpl : public torch::nn::Module {
   /// parameters or buffers, so Module::to does not move them).
   std::pair<torch::Tensor, torch::Tensor> rope_tables_on(const c10::Device& device) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const WanState& state) const;
+  // The parts of `embed`, in its order: [B,S,D] patch tokens zero-padded to S; the [B,S,1,d/2]
+  // RoPE cos/sin rows of each sample's grid; e and e0 of the timesteps; the embedded text.
+  torch::Tensor embed_patches(const WanInputs& in, std::int64_t S) const;
+  std::pair<torch::Tensor, torch::Tensor> token_rope(const std::vector<std::array<std::int64_t, 3>>& grids,
+                                                     std::int64_t S) const;
+  std::pair<torch::Tensor, torch::Tensor> embed_time(const torch::Tensor& t, std::int64_t B, std::int64_t S) const;
+  torch::Tensor embed_text(const WanInputs& in) const;
   torch::Tensor attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const WanState* masked_by) const;
   torch::Tensor self_attention(const torch::Tensor& x, const Attention& a, const WanState& s) const;

@@ -12,8 +12,10 @@
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
-#include "core/metrics_writer.hpp"
+#include "metrics/metrics_writer.hpp"
 #include "student/sample_probe.hpp"
+
+using wd::metrics::MetricsWriter;
 
 namespace wd::student {
 

@@ -7,7 +7,7 @@
 
 #include "comm/stream_plan.hpp"
 #include "comm/transport.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "teacher/teacher_stage.hpp"

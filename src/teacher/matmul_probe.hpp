@@ -23,7 +23,7 @@ struct MatmulRate {
 inline constexpr std::int64_t kGpuProbeSide = 8192;
 
 /// The matmul rate of `device` in `dtype`. On the host: matmul_gflops, the [256 x 512] x [512 x
-/// 512] product with this thread's intra-op threads (the rate memory::kForwardEfficiency and
+/// 512] product with this thread's intra-op threads (the rate plan::kForwardEfficiency and
 /// kTrainEfficiency were fitted on). On a CUDA device: kGpuProbeSide-square products, one
 /// untimed run of four (kernel choice, allocator, clocks), then the median of three runs of four
 /// timed with CUDA events; one small product timed on the host would measure launch latency,

@@ -12,9 +12,9 @@
 
 namespace wd::teacher {
 
-memory::Placement parse_placement(const std::string& name) {
-  for (const auto p : memory::all_placements()) {
-    if (memory::placement_name(p) == name) return p;
+plan::Placement parse_placement(const std::string& name) {
+  for (const auto p : plan::all_placements()) {
+    if (plan::placement_name(p) == name) return p;
   }
   throw ConfigError("teacher.placement(" + name + ") must be gpu, cpu, stream or shard here");
 }
@@ -108,8 +108,8 @@ std::vector<BlockRange> balance_shards(const std::vector<std::uint64_t>& block_b
   return ranges;
 }
 
-int stages_for(const TeacherConfig& config, memory::Placement placement) {
-  if (placement != memory::Placement::kShard) return 1;
+int stages_for(const TeacherConfig& config, plan::Placement placement) {
+  if (placement != plan::Placement::kShard) return 1;
   if (config.stages > 0) return config.stages;
   if (!config.shard_map.empty()) {
     return static_cast<int>(std::count(config.shard_map.begin(), config.shard_map.end(), ',')) + 1;
@@ -128,8 +128,8 @@ std::vector<BlockRange> stage_ranges(const TeacherConfig& config, int stages,
   return ranges;
 }
 
-c10::Device teacher_device(const TeacherConfig& config, memory::Placement placement, int local_rank) {
-  if (placement == memory::Placement::kCpu) return torch::kCPU;
+c10::Device teacher_device(const TeacherConfig& config, plan::Placement placement, int local_rank) {
+  if (placement == plan::Placement::kCpu) return torch::kCPU;
   if (!config.device.empty()) {
     const c10::Device device(config.device);
     WD_CHECK_AS(ConfigError, device.is_cpu() || compat::cuda_available(),
@@ -140,7 +140,7 @@ c10::Device teacher_device(const TeacherConfig& config, memory::Placement placem
     const auto count = static_cast<int>(torch::cuda::device_count());
     return {torch::kCUDA, static_cast<c10::DeviceIndex>(gpu_of_local_rank(local_rank, count))};
   }
-  WD_CHECK_AS(ConfigError, placement != memory::Placement::kGpu,
+  WD_CHECK_AS(ConfigError, placement != plan::Placement::kGpu,
               "teacher.placement(gpu) needs a GPU: "
                   << (compat::kHasCuda ? "this rank sees none (CUDA_VISIBLE_DEVICES, the driver)"
                                        : "this build's LibTorch has no CUDA")

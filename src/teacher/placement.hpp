@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/planner.hpp"
+#include "plan/planner.hpp"
 #include "teacher/teacher_config.hpp"
 
 namespace wd::teacher {
@@ -22,7 +22,7 @@ struct BlockRange {
 };
 
 /// "gpu" | "cpu" | "stream" | "shard" (not "auto": resolve it first).
-memory::Placement parse_placement(const std::string& name);
+plan::Placement parse_placement(const std::string& name);
 
 /// Parses `teacher.shard_map` ("0-13,14-27,28-39"): contiguous ranges covering blocks
 /// 0..num_layers-1 in order, each at least one block. Throws ConfigError naming the map, the
@@ -37,7 +37,7 @@ std::vector<BlockRange> balance_shards(const std::vector<std::uint64_t>& block_b
 
 /// Pipeline stages per replica for a resolved placement: 1 unless shard; for shard
 /// teacher.stages, else the ranges of shard_map, else teacher.ranks.
-int stages_for(const TeacherConfig& config, memory::Placement placement);
+int stages_for(const TeacherConfig& config, plan::Placement placement);
 
 /// The block ranges of every stage for the config (shard_map or balanced).
 std::vector<BlockRange> stage_ranges(const TeacherConfig& config, int stages,
@@ -47,6 +47,6 @@ std::vector<BlockRange> stage_ranges(const TeacherConfig& config, int stages,
 /// The device a teacher rank computes on. cpu: the host. gpu/stream/shard: teacher.device, or
 /// cuda:<local_rank mod GPUs>; in a build whose LibTorch has no CUDA, stream and shard run
 /// with the host as their device (so their scheduling is tested on CPU) and gpu is refused.
-c10::Device teacher_device(const TeacherConfig& config, memory::Placement placement, int local_rank);
+c10::Device teacher_device(const TeacherConfig& config, plan::Placement placement, int local_rank);
 
 }  // namespace wd::teacher

@@ -7,7 +7,7 @@
 #include "comm/stream_plan.hpp"
 #include "core/fault_injection.hpp"
 #include "comm/transport.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "memory/memory_monitor.hpp"

@@ -13,7 +13,7 @@ namespace wd::teacher {
 
 StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
   const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
-  if (how.placement != memory::Placement::kStream) {
+  if (how.placement != plan::Placement::kStream) {
     return {load_wan_dit(ck, how.dtype, how.device, range), nullptr};
   }
   // Stream: every tensor first bound zero-copy to the mapping; the embeddings and head then go

@@ -38,7 +38,7 @@ struct StageModel {
 
 /// How one rank loads its model (one expert's, for an A14B teacher).
 struct StageLoad {
-  memory::Placement placement = memory::Placement::kCpu;
+  plan::Placement placement = plan::Placement::kCpu;
   std::optional<c10::ScalarType> dtype;  ///< nullopt = each tensor as stored (teacher.dtype auto)
   c10::Device device = torch::kCPU;
   BlockRange blocks;                     ///< all blocks unless shard

@@ -15,9 +15,10 @@
 
 #include "core/config.hpp"
 #include "core/errors.hpp"
-#include "data/dataset.hpp"
+#include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "data/synthetic_dataset.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;

@@ -7,11 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/event_file_writer.hpp"
-#include "core/metrics_writer.hpp"
+#include "metrics/event_file_writer.hpp"
+#include "metrics/metrics_writer.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::metrics {
 namespace {
 
 namespace fs = std::filesystem;
@@ -300,4 +300,4 @@ TEST(MetricsWriter, AppendsJsonLinesAndARunPerKindEachProcessStartingAFileOfItsO
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::metrics

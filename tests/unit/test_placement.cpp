@@ -13,7 +13,7 @@
 namespace wd::teacher {
 namespace {
 
-using memory::Placement;
+using plan::Placement;
 
 TEST(ShardMap, ParsesContiguousRanges) {
   const auto r = parse_shard_map("0-13, 14-27,28-39", 40);

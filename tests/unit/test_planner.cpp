@@ -4,10 +4,10 @@
 
 #include <map>
 
-#include "memory/planner.hpp"
-#include "memory/speed.hpp"
+#include "plan/planner.hpp"
+#include "plan/speed.hpp"
 
-namespace wd::memory {
+namespace wd::plan {
 namespace {
 
 constexpr std::uint64_t kGiB = 1ull << 30;
@@ -201,9 +201,9 @@ TEST(Planner, RecommendsTheFastestPlacementThatFits) {
 }
 
 }  // namespace
-}  // namespace wd::memory
+}  // namespace wd::plan
 
-namespace wd::memory {
+namespace wd::plan {
 namespace {
 
 DitShape dit(std::int64_t dim, std::int64_t ffn, std::int64_t heads, std::int64_t layers, std::int64_t freq) {
@@ -389,4 +389,4 @@ TEST(Speed, AHeavyTeacherOnADeviceEachIsRankedByItsSlowestRank) {
 }
 
 }  // namespace
-}  // namespace wd::memory
+}  // namespace wd::plan

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "memory/planner.hpp"
+#include "plan/planner.hpp"
 
-namespace wd::memory {
+namespace wd::plan {
 
 /// Share of the one-thread matmul micro-benchmark's rate (teacher::matmul_gflops, 256x512x512)
 /// that a whole teacher forward / student training step sustains on the host, fitted on the
@@ -118,4 +118,4 @@ std::string layout_flags(const LayoutSpeed& l);
 /// The table `plan` prints: one row per layout, the recommendation, and the rates used.
 std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& layouts);
 
-}  // namespace wd::memory
+}  // namespace wd::plan

@@ -1,5 +1,5 @@
 // TensorBoard event files: CRC-32C, TFRecord framing, Event encoding and the appending writer.
-#include "core/event_file_writer.hpp"
+#include "metrics/event_file_writer.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "core/errors.hpp"
 
-namespace wd {
+namespace wd::metrics {
 
 namespace {
 
@@ -213,4 +213,4 @@ void EventFileWriter::write_record(const std::string& event) {
   }
 }
 
-}  // namespace wd
+}  // namespace wd::metrics

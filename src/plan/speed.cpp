@@ -1,5 +1,5 @@
 // The speed model: per-sample seconds from FLOP counts and rates, then each layout's bound.
-#include "memory/speed.hpp"
+#include "plan/speed.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 
 #include "core/errors.hpp"
 
-namespace wd::memory {
+namespace wd::plan {
 
 double dit_forward_flops(const DitShape& d, std::int64_t tokens, std::int64_t context_len) {
   const double D = static_cast<double>(d.dim), F = static_cast<double>(d.ffn_dim);
@@ -288,4 +288,4 @@ std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& 
   return s;
 }
 
-}  // namespace wd::memory
+}  // namespace wd::plan

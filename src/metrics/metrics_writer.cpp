@@ -1,5 +1,5 @@
 // MetricsWriter: metrics.jsonl lines and their TensorBoard scalars, one run per kind of line.
-#include "core/metrics_writer.hpp"
+#include "metrics/metrics_writer.hpp"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-namespace wd {
+namespace wd::metrics {
 
 namespace {
 
@@ -97,4 +97,4 @@ void MetricsWriter::append(const nlohmann::json& line) {
   }
 }
 
-}  // namespace wd
+}  // namespace wd::metrics

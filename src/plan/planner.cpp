@@ -1,5 +1,5 @@
 // The memory planner's formulas (derivations in docs/placement.md, "Memory planner").
-#include "memory/planner.hpp"
+#include "plan/planner.hpp"
 
 #include <algorithm>
 #include <sstream>
@@ -7,7 +7,7 @@
 #include "core/errors.hpp"
 #include "core/logging.hpp"
 
-namespace wd::memory {
+namespace wd::plan {
 
 namespace {
 
@@ -342,4 +342,4 @@ std::string format_plan(const PlanInput& in, const Plan& plan) {
   return os.str();
 }
 
-}  // namespace wd::memory
+}  // namespace wd::plan

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/event_file_writer.hpp"
+#include "metrics/event_file_writer.hpp"
 
-namespace wd {
+namespace wd::metrics {
 
 /// The TensorBoard view of one metrics.jsonl line.
 struct MetricScalars {
@@ -50,4 +50,4 @@ class MetricsWriter {
   std::map<std::string, std::optional<EventFileWriter>> runs_;
 };
 
-}  // namespace wd
+}  // namespace wd::metrics

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace wd {
+namespace wd::metrics {
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `size` bytes: "123456789" -> 0xE3069283.
 std::uint32_t crc32c(const void* data, std::size_t size);
@@ -74,4 +74,4 @@ class EventFileWriter {
   std::string path_;
 };
 
-}  // namespace wd
+}  // namespace wd::metrics

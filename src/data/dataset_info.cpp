@@ -1,37 +1,18 @@
-// The HDF5 data set (docs/data-format.md): validation, per-sample reads, the synthetic writer.
-#include "data/dataset.hpp"
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
-#include <unistd.h>
+// Validation of an HDF5 data set against the schema and the teacher's expectations.
+#include "data/dataset_info.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <sstream>
 
-#include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "data/dataset_schema.hpp"
 #include "data/h5_file.hpp"
-#include "data/splitmix64.hpp"
 
 namespace wd::data {
 namespace {
-
-constexpr std::int64_t kSchemaVersion = 1;
-constexpr const char* kLatentLayout = "CFHW";
-constexpr const char* kLatents = "/latents";
-constexpr const char* kContext = "/context";
-constexpr const char* kContextLens = "/context_lens";
-constexpr const char* kPrompts = "/prompts";
-constexpr const char* kSchemaAttr = "schema_version";
-constexpr const char* kLayoutAttr = "latent_layout";
-
-std::string root_attr(const char* name) { return std::string("root attribute ") + name; }
 
 std::string class_name(H5T_class_t cls) {
   switch (cls) {
@@ -248,14 +229,6 @@ std::string read_string_attr(hid_t file, const std::string& path, const char* na
   return value;
 }
 
-/// Float16 data in the IEEE binary16 layout (what we and h5py write) is read raw and widened by
-/// Torch, which is much faster than HDF5's soft conversion; any other float16 flavour (say,
-/// big-endian) is converted to float32 by HDF5.
-bool is_ieee_half(hid_t type) {
-  const H5Datatype half = h5_float16_type();
-  return H5Tequal(type, half.get()) > 0;
-}
-
 /// Every /context_lens value must be in 1..L. Values are read in their own signedness, so a
 /// huge unsigned value is reported as stored rather than clipped, and in blocks, so a crafted
 /// (compressed) dataset of billions of samples cannot exhaust memory here.
@@ -290,25 +263,6 @@ void check_context_lens(const Opened& lens, const std::string& path, std::int64_
                           " (L of /context)");
     }
   }
-}
-
-/// Writes the whole of `data` into the row `index` of a dataset whose first dimension is N.
-void write_row(hid_t dataset, hid_t mem_type, const void* data, std::int64_t index,
-               const std::string& path, const char* name) {
-  const H5Dataspace file_space(WD_CHECK_H5(H5Dget_space(dataset), path, name));
-  const int rank = H5Sget_simple_extent_ndims(file_space.get());
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  H5Sget_simple_extent_dims(file_space.get(), dims.data(), nullptr);
-  std::vector<hsize_t> start(dims.size(), 0), count = dims;
-  start[0] = static_cast<hsize_t>(index);
-  count[0] = 1;
-  WD_CHECK_H5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                  count.data(), nullptr),
-              path, name);
-  const H5Dataspace mem_space(
-      WD_CHECK_H5(H5Screate_simple(rank, count.data(), nullptr), path, name));
-  WD_CHECK_H5(H5Dwrite(dataset, mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, data),
-              path, name);
 }
 
 }  // namespace
@@ -394,298 +348,6 @@ DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations&
     info.has_prompts = true;
   }
   return info;
-}
-
-struct DatasetReader::Impl {
-  DatasetInfo info;
-  H5File file;
-  H5Dataset latents;
-  H5Dataset context;
-  H5Datatype half_type = h5_float16_type();
-  bool latents_raw_half = false;
-  bool context_raw_half = false;
-  std::vector<std::int64_t> lens;
-
-  /// Reads row `index` of `dataset` into `dst`, a contiguous float32 tensor of the row's shape.
-  void read_row(hid_t dataset, bool raw_half, const char* name, std::int64_t index,
-                torch::Tensor dst) const {
-    const std::string& path = info.path;
-    const H5Dataspace file_space(WD_CHECK_H5(H5Dget_space(dataset), path, name));
-    const int rank = H5Sget_simple_extent_ndims(file_space.get());
-    std::vector<hsize_t> start(static_cast<std::size_t>(rank), 0);
-    std::vector<hsize_t> count(static_cast<std::size_t>(rank), 1);
-    start[0] = static_cast<hsize_t>(index);
-    for (int d = 1; d < rank; ++d) count[d] = static_cast<hsize_t>(dst.size(d - 1));
-    WD_CHECK_H5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                    count.data(), nullptr),
-                path, name);
-    const H5Dataspace mem_space(
-        WD_CHECK_H5(H5Screate_simple(rank, count.data(), nullptr), path, name));
-    if (raw_half) {
-      auto half = torch::empty(dst.sizes(), torch::kHalf);
-      WD_CHECK_H5(H5Dread(dataset, half_type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT,
-                          half.data_ptr()),
-                  path, name);
-      dst.copy_(half);
-    } else {
-      WD_CHECK_H5(H5Dread(dataset, H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT,
-                          dst.data_ptr()),
-                  path, name);
-    }
-  }
-};
-
-DatasetReader::DatasetReader(const DatasetInfo& info) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.info = info;
-  m.file = h5_open_read_only(info.path);
-  const std::string& path = info.path;
-  m.latents = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kLatents, H5P_DEFAULT), path, kLatents));
-  m.context = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kContext, H5P_DEFAULT), path, kContext));
-  // The file may have been replaced since validation; reading a different shape would be wrong.
-  const auto& c = info.latent_shape;
-  const std::vector<std::int64_t> latent_dims{info.samples, c[0], c[1], c[2], c[3]};
-  const std::vector<std::int64_t> context_dims{info.samples, info.context_len, info.text_dim};
-  WD_CHECK_DATA(h5_dims(m.latents.get(), path, kLatents) == latent_dims, path, kLatents,
-                "shape changed since validation, expected " << format_shape(latent_dims));
-  WD_CHECK_DATA(h5_dims(m.context.get(), path, kContext) == context_dims, path, kContext,
-                "shape changed since validation, expected " << format_shape(context_dims));
-  const H5Datatype latent_type(WD_CHECK_H5(H5Dget_type(m.latents.get()), path, kLatents));
-  const H5Datatype context_type(WD_CHECK_H5(H5Dget_type(m.context.get()), path, kContext));
-  m.latents_raw_half = is_ieee_half(latent_type.get());
-  m.context_raw_half = is_ieee_half(context_type.get());
-
-  const H5Dataset lens(
-      WD_CHECK_H5(H5Dopen2(m.file.get(), kContextLens, H5P_DEFAULT), path, kContextLens));
-  m.lens.resize(static_cast<std::size_t>(info.samples));
-  WD_CHECK_H5(H5Dread(lens.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, m.lens.data()),
-              path, kContextLens);
-  // read() narrows /context by these lengths, so a file replaced since validation must not
-  // smuggle in a length outside 1..L.
-  for (std::size_t i = 0; i < m.lens.size(); ++i) {
-    WD_CHECK_DATA(m.lens[i] >= 1 && m.lens[i] <= info.context_len, path,
-                  std::string(kContextLens) + "[" + std::to_string(i) + "]",
-                  "is " << m.lens[i] << " (changed since validation), expected 1.."
-                        << info.context_len);
-  }
-}
-
-DatasetReader::~DatasetReader() = default;
-DatasetReader::DatasetReader(DatasetReader&&) noexcept = default;
-DatasetReader& DatasetReader::operator=(DatasetReader&&) noexcept = default;
-
-const DatasetInfo& DatasetReader::info() const { return impl_->info; }
-
-CleanBatch DatasetReader::read(const std::vector<std::int64_t>& indices) {
-  const Impl& m = *impl_;
-  const DatasetInfo& info = m.info;
-  const auto batch = static_cast<std::int64_t>(indices.size());
-  const auto& c = info.latent_shape;
-  CleanBatch out;
-  out.indices = indices;
-  out.latents = torch::empty({batch, c[0], c[1], c[2], c[3]}, torch::kFloat);
-  out.context = torch::empty({batch, info.context_len, info.text_dim}, torch::kFloat);
-  out.context_lens = torch::empty({batch}, torch::kLong);
-  auto lens = out.context_lens.accessor<std::int64_t, 1>();
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t index = indices[static_cast<std::size_t>(b)];
-    WD_CHECK_DATA(index >= 0 && index < info.samples, info.path, kLatents,
-                  "sample index " << index << " is outside 0.." << info.samples - 1);
-    m.read_row(m.latents.get(), m.latents_raw_half, kLatents, index, out.latents[b]);
-    m.read_row(m.context.get(), m.context_raw_half, kContext, index, out.context[b]);
-    const std::int64_t len = m.lens[static_cast<std::size_t>(index)];
-    lens[b] = len;
-    // Rows past the prompt's length are padding whatever the file holds; the teacher's text
-    // embedding expects them to be zero, as Wan pads its T5 output.
-    out.context[b].narrow(0, len, info.context_len - len).zero_();
-  }
-  return out;
-}
-
-namespace {
-
-/// Removes the temporary file unless it was renamed into place.
-class TempFile {
- public:
-  explicit TempFile(std::string final_path)
-      : final_(std::move(final_path)), tmp_(final_ + ".tmp." + std::to_string(::getpid())) {}
-  ~TempFile() {
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  const std::string& path() const { return tmp_; }
-
-  /// fsyncs the closed temporary file, renames it to the final name and fsyncs the directory,
-  /// so a crash leaves either the old file or the complete new one.
-  void commit() {
-    fsync_path(tmp_, O_RDONLY);
-    WD_CHECK_SYS(::rename(tmp_.c_str(), final_.c_str()), tmp_ + " -> " + final_);
-    committed_ = true;
-    const auto dir = std::filesystem::absolute(final_).parent_path();
-    fsync_path(dir.string(), O_RDONLY | O_DIRECTORY);
-  }
-
- private:
-  static void fsync_path(const std::string& path, int flags) {
-    const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-    WD_CHECK_SYS(fd, path);
-    const int rc = ::fsync(fd);
-    ::close(fd);
-    WD_CHECK_SYS(rc, path);
-  }
-
-  std::string final_;
-  std::string tmp_;
-  bool committed_ = false;
-};
-
-/// Spatially (and temporally) smooth latents: white noise on a grid 4x coarser in H and W and
-/// 2x in F, trilinearly upsampled, then scaled to unit std like real VAE latents.
-torch::Tensor smooth_latent(const std::array<std::int64_t, 4>& shape, at::Generator& gen) {
-  const auto [channels, frames, height, width] = shape;
-  const auto coarse = [](std::int64_t n, std::int64_t f) {
-    return std::max<std::int64_t>(1, (n + f - 1) / f);
-  };
-  auto low = torch::randn({1, channels, coarse(frames, 2), coarse(height, 4), coarse(width, 4)},
-                          gen, torch::TensorOptions().dtype(torch::kFloat));
-  namespace F = torch::nn::functional;
-  auto x = F::interpolate(low, F::InterpolateFuncOptions()
-                                   .size(std::vector<std::int64_t>{frames, height, width})
-                                   .mode(torch::kTrilinear)
-                                   .align_corners(true))[0];
-  const double std = x.std(/*unbiased=*/false).item<double>();
-  return std > 1e-6 ? x.div_(std) : x;
-}
-
-void check_spec(const SyntheticDatasetSpec& spec) {
-  ConfigProblems problems;
-  problems.check(!spec.output.empty(), "output must be given");
-  problems.check(spec.samples >= 1, "samples(" + std::to_string(spec.samples) + ") must be >= 1");
-  for (int d = 0; d < 4; ++d) {
-    problems.check(spec.latent[d] >= 1, std::string("latent ") + "CFHW"[d] + "(" +
-                                            std::to_string(spec.latent[d]) + ") must be >= 1");
-  }
-  problems.check(spec.text_len >= 1,
-                 "text_len(" + std::to_string(spec.text_len) + ") must be >= 1");
-  problems.check(spec.text_dim >= 1,
-                 "text_dim(" + std::to_string(spec.text_dim) + ") must be >= 1");
-  problems.throw_if_any("make-dataset");
-}
-
-H5Dataset create_chunked(hid_t file, const std::string& path, const char* name, hid_t type,
-                         const std::vector<hsize_t>& dims) {
-  const H5Dataspace space(WD_CHECK_H5(
-      H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path, name));
-  const H5PropertyList dcpl(WD_CHECK_H5(H5Pcreate(H5P_DATASET_CREATE), path, name));
-  // One chunk per sample: a reader fetching one sample touches exactly one chunk.
-  std::vector<hsize_t> chunk = dims;
-  chunk[0] = 1;
-  WD_CHECK_H5(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), path, name);
-  return H5Dataset(WD_CHECK_H5(
-      H5Dcreate2(file, name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), path, name));
-}
-
-H5Dataset create_contiguous(hid_t file, const std::string& path, const char* name, hid_t type,
-                            hsize_t n) {
-  const H5Dataspace space(WD_CHECK_H5(H5Screate_simple(1, &n, nullptr), path, name));
-  return H5Dataset(
-      WD_CHECK_H5(H5Dcreate2(file, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                  path, name));
-}
-
-void write_root_attrs(hid_t file, const std::string& path) {
-  const H5Dataspace scalar(WD_CHECK_H5(H5Screate(H5S_SCALAR), path, ""));
-  const std::int32_t version = static_cast<std::int32_t>(kSchemaVersion);
-  const H5Attribute v(WD_CHECK_H5(
-      H5Acreate2(file, kSchemaAttr, H5T_STD_I32LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT), path,
-      root_attr(kSchemaAttr)));
-  WD_CHECK_H5(H5Awrite(v.get(), H5T_NATIVE_INT32, &version), path, root_attr(kSchemaAttr));
-  const H5Datatype str = h5_vlen_string_type();
-  const H5Attribute layout(
-      WD_CHECK_H5(H5Acreate2(file, kLayoutAttr, str.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT),
-                  path, root_attr(kLayoutAttr)));
-  const char* text = kLatentLayout;
-  WD_CHECK_H5(H5Awrite(layout.get(), str.get(), &text), path, root_attr(kLayoutAttr));
-}
-
-/// Writes the whole data set into `path`; every handle is closed (and checked) on return.
-void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
-  const auto n = static_cast<hsize_t>(spec.samples);
-  const auto& c = spec.latent;
-  const auto text_len = static_cast<hsize_t>(spec.text_len);
-  const auto text_dim = static_cast<hsize_t>(spec.text_dim);
-
-  H5File file = h5_create(path);
-  write_root_attrs(file.get(), path);
-  {
-    const H5Datatype half = h5_float16_type();
-    const hid_t store_type = spec.half ? half.get() : H5T_IEEE_F32LE;
-    const hid_t mem_type = spec.half ? half.get() : H5T_NATIVE_FLOAT;
-    const auto store_dtype = spec.half ? torch::kHalf : torch::kFloat;
-    const H5Dataset latents =
-        create_chunked(file.get(), path, kLatents, store_type,
-                       {n, static_cast<hsize_t>(c[0]), static_cast<hsize_t>(c[1]),
-                        static_cast<hsize_t>(c[2]), static_cast<hsize_t>(c[3])});
-    const H5Dataset context =
-        create_chunked(file.get(), path, kContext, store_type, {n, text_len, text_dim});
-
-    std::vector<std::int32_t> lens(n);
-    std::vector<std::string> prompts(n);
-    const double sample_bytes =
-        static_cast<double>(c[0] * c[1] * c[2] * c[3] + spec.text_len * spec.text_dim) *
-        (spec.half ? 2 : 4);
-    Progress progress("make-dataset " + spec.output, static_cast<double>(n) * sample_bytes,
-                      "bytes");
-    for (std::int64_t i = 0; i < spec.samples; ++i) {
-      // Each sample has its own generator, so sample i is the same whatever N is.
-      auto gen =
-          at::detail::createCPUGenerator(hash_keys(spec.seed, 0, static_cast<std::uint64_t>(i)));
-      const auto latent = smooth_latent(c, gen).to(store_dtype).contiguous();
-      write_row(latents.get(), mem_type, latent.data_ptr(), i, path, kLatents);
-
-      SplitMix64 rng(hash_keys(spec.seed, 1, static_cast<std::uint64_t>(i)));
-      const auto len = static_cast<std::int64_t>(1 + rng.below(text_len));
-      lens[i] = static_cast<std::int32_t>(len);
-      auto ctx = torch::zeros({spec.text_len, spec.text_dim}, torch::kFloat);
-      ctx.narrow(0, 0, len).copy_(
-          torch::randn({len, spec.text_dim}, gen, torch::TensorOptions().dtype(torch::kFloat)));
-      ctx = ctx.to(store_dtype).contiguous();
-      write_row(context.get(), mem_type, ctx.data_ptr(), i, path, kContext);
-      prompts[i] = "synthetic sample " + std::to_string(i);
-      progress.advance(sample_bytes);
-    }
-
-    const H5Dataset lens_ds = create_contiguous(file.get(), path, kContextLens, H5T_STD_I32LE, n);
-    WD_CHECK_H5(
-        H5Dwrite(lens_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, lens.data()), path,
-        kContextLens);
-    const H5Datatype str = h5_vlen_string_type();
-    const H5Dataset prompts_ds = create_contiguous(file.get(), path, kPrompts, str.get(), n);
-    std::vector<const char*> texts(n);
-    for (hsize_t i = 0; i < n; ++i) texts[i] = prompts[i].c_str();
-    WD_CHECK_H5(H5Dwrite(prompts_ds.get(), str.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, texts.data()),
-                path, kPrompts);
-    progress.finish();
-  }
-  // With every object closed, H5Fclose writes the last metadata; a failure here (a full disk)
-  // must not be ignored, so the file is closed explicitly rather than by the destructor.
-  WD_CHECK_H5(H5Fclose(file.release()), path, "");
-}
-
-}  // namespace
-
-void write_synthetic_dataset(const SyntheticDatasetSpec& spec) {
-  check_spec(spec);
-  TempFile tmp(spec.output);
-  write_contents(tmp.path(), spec);
-  tmp.commit();
-  const auto& c = spec.latent;
-  spdlog::info("make-dataset: wrote {} ({} samples, latents [{},{},{},{}] {}, context [{},{}], {})",
-               spec.output, spec.samples, c[0], c[1], c[2], c[3], spec.half ? "float16" : "float32",
-               spec.text_len, spec.text_dim,
-               format_bytes(static_cast<double>(std::filesystem::file_size(spec.output))));
 }
 
 }  // namespace wd::data

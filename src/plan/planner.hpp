@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace wd::memory {
+namespace wd::plan {
 
 /// Where the frozen teacher's weights live and where it computes (teacher.placement).
 enum class Placement { kGpu, kCpu, kStream, kShard };
@@ -136,4 +136,4 @@ Plan make_plan(const PlanInput& in);
 /// "1.50 GiB"-style rendering of the plan as a table per placement, then the recommendation.
 std::string format_plan(const PlanInput& in, const Plan& plan);
 
-}  // namespace wd::memory
+}  // namespace wd::plan

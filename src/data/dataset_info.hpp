@@ -1,0 +1,38 @@
+// What a validated HDF5 data set holds (DatasetInfo) and its validation against the schema and
+// the teacher's expectations.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace wd::data {
+
+/// What the teacher needs the data set to look like (from the teacher's model config).
+struct DatasetExpectations {
+  std::int64_t latent_channels = 0;  ///< C of /latents (teacher in_dim, minus y channels for i2v)
+  std::int64_t text_dim = 0;         ///< last dim of /context
+  std::int64_t text_len = 0;         ///< /context rows must be <= this
+  std::array<std::int64_t, 3> patch{1, 2, 2};  ///< F, H, W must be divisible by these
+};
+
+/// Facts read from a validated data set file.
+struct DatasetInfo {
+  std::string path;
+  std::int64_t samples = 0;                    ///< N
+  std::array<std::int64_t, 4> latent_shape{};  ///< C, F, H, W
+  std::int64_t context_len = 0;                ///< L (rows per sample in /context)
+  std::int64_t text_dim = 0;
+  std::string latent_dtype;   ///< "float32" | "float16"
+  std::string context_dtype;  ///< "float32" | "float16"
+  bool has_prompts = false;
+  std::int64_t schema_version = 1;
+  std::string latent_layout;  ///< root attribute, "CFHW"
+};
+
+/// Opens `path` read-only and validates it (datasets present, ranks, dims matching
+/// `expect`, dtype classes, N >= 1, context_lens within 1..L, sizes within the file). Every
+/// problem is a wd::DataError naming the file, the dataset and the expected value.
+DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations& expect);
+
+}  // namespace wd::data

@@ -1,0 +1,26 @@
+// The synthetic data set of `wan-distill make-dataset`.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace wd::data {
+
+/// Parameters of `wan-distill make-dataset`.
+struct SyntheticDatasetSpec {
+  std::string output;
+  std::int64_t samples = 64;
+  std::array<std::int64_t, 4> latent{16, 3, 16, 16};  ///< C, F, H, W
+  std::int64_t text_len = 16;
+  std::int64_t text_dim = 64;
+  std::uint64_t seed = 0;
+  bool half = false;  ///< store float16 instead of float32
+};
+
+/// Writes a synthetic data set: spatially smooth latents (low-resolution noise upsampled, not
+/// white noise), context features with lengths varied over 1..text_len, chunked per sample,
+/// atomically (temporary name, then rename), with progress logged. Deterministic from the seed.
+void write_synthetic_dataset(const SyntheticDatasetSpec& spec);
+
+}  // namespace wd::data
