@@ -17,8 +17,9 @@
 #include "core/threads.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
-#include "student/student_loop.hpp"
+#include "student/distill_objective.hpp"
 #include "student/student_parts.hpp"
+#include "student/train_step.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/matmul_probe.hpp"
 
@@ -159,13 +160,11 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   setup.device = device;
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
   torch::optim::AdamW optimizer(parts.trainable(), torch::optim::AdamWOptions(cfg.train.lr));
-  const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
+  student::DistillObjective objective(parts, student::CheckpointPolicy::parse(cfg.student.checkpointing));
+  student::FixedBatches batches({message});
+  student::StepContext step{objective, optimizer, nullptr, cfg.train.grad_clip};
   c.student_s_per_sample = median_run([&] {
-                             parts.zero_grad();
-                             parts.micro_step(message, 1.0, policy);
-                             if (cfg.train.grad_clip > 0) student::clip_grad_norm(parts.trainable(), cfg.train.grad_clip);
-                             if (!compat::fused_adamw_step(optimizer)) optimizer.step();
-                             parts.after_optimizer_step();
+                             student::train_step(step, 0, cfg.train.lr, batches);
                              static_cast<void>(parts.trainable().front().sum().item<float>());
                            }) /
                            static_cast<double>(batch);

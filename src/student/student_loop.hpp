@@ -1,4 +1,5 @@
-// The student rank's loop: receive, forward, distillation loss, all-reduce, optimizer step.
+// The student rank's loop: its steps (train_step) over the teacher stream, its diagnostics, its
+// checkpoints and the requeue stop.
 #pragma once
 
 #include <mpi.h>
@@ -69,14 +70,5 @@ struct StudentStats {
 /// request (SIGUSR1 anywhere) every student stops after the same step, a checkpoint is
 /// written and the teachers are told.
 StudentStats run_student(StudentJob& job);
-
-/// Distillation loss: MSE between the student prediction and the teacher output (cast to the
-/// prediction's dtype only when they differ).
-/// Scales the gradients of `params` so their global 2-norm is at most `max_norm`, exactly as
-/// LibTorch's clip_grad_norm_ does, without reading the norm on the host; returns the norm
-/// (before clipping) as a 0-d tensor on the gradients' device.
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
-
-torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out);
 
 }  // namespace wd::student

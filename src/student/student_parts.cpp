@@ -9,7 +9,6 @@
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
-#include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 
 namespace wd::student {
@@ -55,6 +54,13 @@ torch::nn::Linear seeded_linear(std::int64_t in, std::int64_t out, std::uint64_t
 }
 
 }  // namespace
+
+torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out) {
+  const auto& target = teacher_out.scalar_type() == prediction.scalar_type()
+                           ? teacher_out
+                           : teacher_out.to(prediction.scalar_type());
+  return torch::mse_loss(prediction, target);
+}
 
 MicroLossValues MicroLosses::read() const {
   const auto values = torch::stack({total, output, features}).to(torch::kDouble);

@@ -48,6 +48,10 @@ struct MicroLosses {
   MicroLossValues read() const;
 };
 
+/// Distillation loss: MSE between the student prediction and the teacher output (cast to the
+/// prediction's dtype only when they differ).
+torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out);
+
 class StudentParts {
  public:
   /// Takes the fp32 student (the master weights); builds the projections when the student's

@@ -5,7 +5,7 @@
 
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
-#include "student/student_loop.hpp"
+#include "student/train_step.hpp"
 #include "teacher/colocated_teacher.hpp"
 
 namespace {

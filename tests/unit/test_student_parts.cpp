@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "core/errors.hpp"
+#include "student/distill_objective.hpp"
 #include "student/student_parts.hpp"
+#include "student/train_step.hpp"
 #include "student_batches.hpp"
 
 namespace wd::student {
@@ -96,10 +98,10 @@ TEST(StudentParts, NothingIsCreatedAfterStepZero) {
   std::vector<void*> ptrs;
   for (const auto& p : parts.trainable()) ptrs.push_back(p.data_ptr());
   for (int step = 0; step < 4; ++step) {
-    parts.zero_grad();
-    parts.micro_step(batch(2, 100 + step), 1.0, CheckpointPolicy::parse(step % 2 ? "all" : "off"));
-    opt.step();
-    parts.after_optimizer_step();
+    DistillObjective objective(parts, CheckpointPolicy::parse(step % 2 ? "all" : "off"));
+    StepContext context{objective, opt};
+    FixedBatches micro({batch(2, 100 + step)});
+    train_step(context, step, 1e-3, micro);
     EXPECT_EQ(parts.module_count(), modules) << "step " << step;
     EXPECT_EQ(parts.parameter_count(), params) << "step " << step;
     for (std::size_t i = 0; i < ptrs.size(); ++i) ASSERT_EQ(parts.trainable()[i].data_ptr(), ptrs[i]);

@@ -10,7 +10,9 @@
 #include "core/checkpoint_store.hpp"
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
+#include "student/distill_objective.hpp"
 #include "student/train_state.hpp"
+#include "student/train_step.hpp"
 #include "student_batches.hpp"
 #include "test_util.hpp"
 
@@ -64,20 +66,15 @@ struct Trainee {
         torch::optim::AdamWOptions(1e-2).betas({0.9, 0.99}).weight_decay(0.05).amsgrad(o.amsgrad));
   }
 
-  /// One optimizer step of two micro-batches, as run_student does it. The inputs get noise
-  /// from the global generator, so a resume is exact only if that generator is restored.
+  /// One optimizer step of two micro-batches, the student loop's train_step. The inputs get
+  /// noise from the global generator, so a resume is exact only if that generator is restored.
   double step(std::int64_t step) {
-    for (auto& group : optimizer->param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(1e-2 / (1.0 + step));
-    }
     auto b = batch(2, 100 + static_cast<std::uint64_t>(step));
     b["x_t"] = b["x_t"] + 0.1 * torch::randn_like(b["x_t"]);
-    parts->zero_grad();
-    double loss = 0.5 * parts->micro_step(slice(b, 0, 1), 0.5, kOff).read().total;
-    loss += 0.5 * parts->micro_step(slice(b, 1, 2), 0.5, kOff).read().total;
-    optimizer->step();
-    parts->after_optimizer_step();
-    return loss;
+    FixedBatches micro({slice(b, 0, 1), slice(b, 1, 2)});
+    DistillObjective objective(*parts, kOff);
+    StepContext context{objective, *optimizer};
+    return train_step(context, step, 1e-2 / (1.0 + step), micro);
   }
 
   const torch::optim::AdamWParamState& state(std::size_t i) const {

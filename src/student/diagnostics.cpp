@@ -1,0 +1,156 @@
+// Diagnostics: the student's log window, evaluations, sampling probes and memory reports.
+#include "student/diagnostics.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_runtime.hpp"
+#include "core/errors.hpp"
+#include "student/sample_probe.hpp"
+#include "student/student_loop.hpp"
+
+namespace wd::student {
+
+namespace {
+
+/// One line per sampling probe (loud when the student collapsed) and a `sample_step` line in
+/// metrics.jsonl.
+void report_probe(const SampleProbe& p, std::int64_t step, const TrainConfig& train, metrics::MetricsWriter& metrics) {
+  if (p.collapsed()) {
+    spdlog::error("*** COLLAPSED STUDENT at step {}: sampled per-channel std below {} x the teacher's "
+                  "(final latents: channels [{}]; added to the noise: channels [{}]) ***",
+                  step, train.collapse_ratio, fmt::join(p.flat_channels, ","), fmt::join(p.static_channels, ","));
+  } else {
+    spdlog::info("sample probe at step {}: smallest std ratio to the teacher {:.3f} (final), {:.3f} (added "
+                 "to the noise)", step, p.final_ratio, p.moved_ratio);
+  }
+  metrics.append({{"sample_step", step}, {"std_ratio", p.final_ratio}, {"moved_std_ratio", p.moved_ratio},
+                  {"collapsed", p.collapsed()}});
+}
+
+}  // namespace
+
+void sum_over_students(const StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op) {
+  // MPI may still write into the buffer after an abandoned wait (a peer failed): it is a
+  // tensor, kept alive until exit in that case.
+  auto buffer = torch::tensor(values, torch::kDouble);
+  MPI_Request req;
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr<double>(), static_cast<int>(values.size()),
+                              MPI_DOUBLE, MPI_SUM, job.students, &req));
+  try {
+    comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), job.peers},
+                             std::chrono::duration<double>(job.timeout_s), job.world_rank);
+  } catch (...) {
+    comm::keep_until_exit(buffer);
+    throw;
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer[static_cast<std::int64_t>(i)].item<double>();
+}
+
+Diagnostics::Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer)
+    : job_(job), optimizer_(optimizer), metrics_(job.leader ? job.metrics_path : "") {
+  MPI_Comm_size(job_.students, &group_size_);
+  // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
+  for (std::int64_t e = 0; e < job_.plan.eval_messages; ++e) {
+    comm::TensorDict copy;
+    for (const auto& [name, t] : job_.transport.recv(e).tensors) copy[name] = t.clone();
+    eval_set_.push_back(std::move(copy));
+    job_.transport.release(e);
+  }
+}
+
+double Diagnostics::before_training() {
+  const auto first = job_.plan.first_step;
+  if (!eval_set_.empty()) {
+    first_eval_ = evaluate(first);
+    if (job_.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", first, first_eval_);
+    metrics_.append({{"eval_step", first}, {"rel_mse", first_eval_}});
+  }
+  window_start_ = Clock::now();
+  window_wait_ = job_.transport.wait_seconds();
+  return first_eval_;
+}
+
+bool Diagnostics::log_due(std::int64_t step, bool stop) const {
+  return (step + 1) % job_.train.log_every == 0 || step + 1 == job_.plan.train_steps || stop;
+}
+
+bool Diagnostics::eval_due(std::int64_t step, bool stop) const {
+  // The last step is followed by after_training's evaluation; a stop leaves at once.
+  return job_.train.eval_every > 0 && (step + 1) % job_.train.eval_every == 0 && !eval_set_.empty() &&
+         step + 1 < job_.plan.train_steps && !stop;
+}
+
+bool Diagnostics::probe_due(std::int64_t step) const {
+  return job_.leader && job_.train.sample_every > 0 && (step + 1) % job_.train.sample_every == 0 &&
+         !eval_set_.empty();
+}
+
+void Diagnostics::after_step(std::int64_t step, double lr, double loss, bool stop) {
+  if (log_due(step, stop)) log_window(step, lr, loss);
+  if (eval_due(step, stop)) {
+    const double rel = evaluate(step + 1);
+    if (job_.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
+    metrics_.append({{"eval_step", step + 1}, {"rel_mse", rel}});
+  }
+  if (probe_due(step)) {
+    report_probe(probe_sampling(job_.parts, eval_set_.front(), job_.train), step + 1, job_.train, metrics_);
+  }
+  if (job_.memory) {
+    job_.memory->after_step(step + 1, job_.parts.trainable().front().device(), [this] { return model_memory(); });
+  }
+}
+
+double Diagnostics::after_training() {
+  if (eval_set_.empty()) return -1;
+  const auto last = job_.plan.train_steps;
+  const double rel = evaluate(last);
+  if (job_.leader) {
+    spdlog::info("eval after training: relative MSE {:.5f} (at step {}: {:.5f})", rel, job_.plan.first_step,
+                 first_eval_);
+  }
+  metrics_.append({{"eval_step", last}, {"rel_mse", rel}, {"rel_mse_before", first_eval_}});
+  return rel;
+}
+
+void Diagnostics::track_memory() {
+  if (job_.tracked_memory) *job_.tracked_memory = model_memory();
+}
+
+double Diagnostics::evaluate(std::int64_t step) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> sums{0.0, 0.0};
+  for (const auto& b : eval_set_) {
+    const auto& target = b.at("teacher_out");
+    sums[0] += (job_.parts.predict(b) - target).pow(2).sum().item<double>();
+    sums[1] += target.pow(2).sum().item<double>();
+  }
+  sum_over_students(job_, sums, step, "allreduce eval");
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+void Diagnostics::log_window(std::int64_t step, double lr, double loss) {
+  if (job_.leader) {
+    const auto first = job_.plan.first_step, last = job_.plan.train_steps;
+    const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
+    const double waited = job_.transport.wait_seconds() - window_wait_;
+    const auto steps_in_window = (step - first) % job_.train.log_every + 1;
+    const double samples_s =
+        steps_in_window * job_.plan.micro_batches * job_.plan.batch_per_student * group_size_ / secs;
+    const double eta = secs / steps_in_window * (last - step - 1);
+    spdlog::info("step {}/{} loss {:.5f} lr {:.2e} {:.1f} samples/s wait {:.0f}% ETA {:.0f} s", step + 1, last,
+                 loss, lr, samples_s, 100 * waited / secs, eta);
+    metrics_.append({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"samples_per_s", samples_s},
+                     {"wait_fraction", waited / secs}});
+  }
+  window_start_ = Clock::now();
+  window_wait_ = job_.transport.wait_seconds();
+}
+
+memory::ModelMemory Diagnostics::model_memory() const {
+  const auto& params = job_.parts.trainable();
+  return {memory::tensor_bytes(params), memory::grad_bytes(params), memory::optimizer_state_bytes(optimizer_)};
+}
+
+}  // namespace wd::student

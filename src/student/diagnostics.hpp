@@ -1,0 +1,69 @@
+// Diagnostics: what a student rank reports beside its training step (the log window, evaluation
+// on held-out batches, the sampling probe, the memory report), each deciding when it is due.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "comm/transport.hpp"
+#include "metrics/metrics_writer.hpp"
+#include "memory/memory_report.hpp"
+
+namespace wd::student {
+
+struct StudentJob;
+
+/// Sums `values` over the student group in place (with deadline; `op` names the wait).
+void sum_over_students(const StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op);
+
+/// The student loop's reports. Steps are 0-based here as in the loop; what is logged and
+/// written counts steps done (step + 1). Evaluation is collective: every student calls the
+/// same methods at the same steps.
+class Diagnostics {
+ public:
+  /// Receives the held-out batches (the stream's first plan.eval_messages) and keeps copies.
+  /// `optimizer` is read for the memory reports.
+  Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer);
+
+  /// Evaluates the untrained student; the relative MSE, or -1 without held-out batches.
+  double before_training();
+  /// After optimizer step `step` with the group's mean `loss` at learning rate `lr`: the log
+  /// line, evaluation, sampling probe and memory report that are due. `stop`: training ends
+  /// after this step (a requeue).
+  void after_step(std::int64_t step, double lr, double loss, bool stop);
+  /// Evaluates the trained student; the relative MSE, or -1 without held-out batches.
+  double after_training();
+  /// Records the weights', gradients' and optimizer state's bytes in job.tracked_memory (if
+  /// set), so a failure report can name them after the stack unwound.
+  void track_memory();
+
+  /// Whether step `step` closes a log window.
+  bool log_due(std::int64_t step, bool stop) const;
+  /// Whether the held-out batches are evaluated after step `step`.
+  bool eval_due(std::int64_t step, bool stop) const;
+  /// Whether the leader samples the student after step `step`.
+  bool probe_due(std::int64_t step) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  /// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches.
+  double evaluate(std::int64_t step);
+  /// One log line and a metrics line for the window that ends at `step`; opens the next.
+  void log_window(std::int64_t step, double lr, double loss);
+  memory::ModelMemory model_memory() const;
+
+  StudentJob& job_;
+  const torch::optim::AdamW& optimizer_;
+  metrics::MetricsWriter metrics_;  ///< metrics.jsonl and TensorBoard (the leader's; a no-op elsewhere)
+  std::vector<comm::TensorDict> eval_set_;
+  double first_eval_ = -1;
+  int group_size_ = 1;
+  Clock::time_point window_start_;
+  double window_wait_ = 0;  ///< the transport's wait seconds when the window opened
+};
+
+}  // namespace wd::student
