@@ -4,7 +4,7 @@ import torch
 
 # --- a launched job's pins ---------------------------------------------------------------------
 
-# What every `wan-distill train` a test launches assumes, as tests/mpi/launch_util.hpp pins it, so
+# What every `wan-distill train` a test launches assumes, as tests/launch/launch_util.hpp pins it, so
 # that a GPU host runs the same job as this one: one intra-op thread per rank, the students and
 # the teacher on the host even where a GPU is visible (`auto` would take it).
 CPU_JOB = ["--runtime.threads", "1", "--student.device", "cpu", "--teacher.placement", "cpu",

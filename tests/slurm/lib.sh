@@ -53,7 +53,7 @@ pass() {
   exit 0
 }
 
-# What every job a test submits assumes, as tests/mpi/launch_util.hpp pins it: one intra-op
+# What every job a test submits assumes, as tests/launch/launch_util.hpp pins it: one intra-op
 # thread per rank and the students and teacher on the host, even where a GPU is visible.
 CPU_JOB_ARGS="--runtime.threads 1 --student.device cpu --teacher.placement cpu --teacher.device cpu"
 

@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -109,6 +110,16 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   auto d = std::filesystem::temp_directory_path() / ("wd-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   return d;
+}
+
+/// The folder of runs that several cases of a driver share (a static, made by the first case
+/// that needs it). Run as one program, that is fresh_dir(name). CTest runs each case in its own
+/// process (tests/launch/CMakeLists.txt) and sets WD_LAUNCH_SHARED: then it is `name` in there,
+/// made by the driver's setup case, which CTest runs first, and only read by the other cases.
+inline std::filesystem::path shared_dir(const std::string& name) {
+  const char* root = std::getenv("WD_LAUNCH_SHARED");
+  if (root == nullptr || *root == '\0') return fresh_dir(name);
+  return std::filesystem::path(root) / name;
 }
 
 /// The JSON lines of a metrics.jsonl file.

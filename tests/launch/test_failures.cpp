@@ -133,7 +133,7 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
   EXPECT_TRUE(std::filesystem::exists(dir / "diagnosis.txt"));
   if (c.point == "save") {
     // The save of step 4 never completed; the one of step 2 is still there, sealed.
-    // (tests/mpi/test_resume.cpp checks it bit for bit and resumes from it.)
+    // (tests/launch/test_resume.cpp checks it bit for bit and resumes from it.)
     EXPECT_TRUE(std::filesystem::exists(dir / "checkpoints" / "step-00000002" / "manifest.json")) << r.output;
     EXPECT_FALSE(std::filesystem::exists(dir / "checkpoints" / "step-00000004")) << r.output;
   }
