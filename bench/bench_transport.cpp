@@ -1,4 +1,4 @@
-// bench_transport: bytes/s of the teacher -> student stream through MpiTransport next to a plain
+// bench_transport: bytes/s of the teacher -> student stream through the MPI sender and receiver next to a plain
 // MPI_Isend/MPI_Recv loop of the same sizes (1 teacher + S students, e.g. mpirun -np 3).
 #include <mpi.h>
 
@@ -14,7 +14,7 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
-#include "comm/transport.hpp"
+#include "comm/mpi_transport.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/logging.hpp"
@@ -139,7 +139,7 @@ void barrier(MPI_Comm comm, double timeout_s, int rank) {
   MPI_Request req = MPI_REQUEST_NULL;
   WD_CHECK_MPI(MPI_Ibarrier(comm, &req));
   comm::wait_with_deadline(req, {"bench barrier", -1, 0, {}},
-                           std::chrono::duration<double>(timeout_s), rank);
+                           std::chrono::duration<double>(timeout_s), rank, nullptr);
 }
 
 /// The slowest rank's seconds (on every rank): the stream is done when its last rank is.
@@ -148,7 +148,7 @@ double slowest(double secs, double timeout_s, int rank) {
   MPI_Request req = MPI_REQUEST_NULL;
   WD_CHECK_MPI(MPI_Iallreduce(&secs, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &req));
   comm::wait_with_deadline(req, {"bench allreduce", -1, sizeof secs, {}},
-                           std::chrono::duration<double>(timeout_s), rank);
+                           std::chrono::duration<double>(timeout_s), rank, nullptr);
   return out;
 }
 
@@ -161,20 +161,22 @@ struct Bench {
 
   /// The real transport: teacher send() (copy into a ring slot, MPI_Isend to each student, wait
   /// only when prefetch_depth steps are in flight) then flush(); students recv() + release().
-  /// Streams steps [first, first + steps) of `transport`, which lives for every repetition of a
-  /// size as in a training run (fresh ring buffers would add first-touch page faults). Timed
-  /// from the barrier before the first send to the last flush / release.
-  double transport_rep(comm::Transport& transport, const std::vector<comm::TensorDict>& msgs,
-                       std::int64_t first, std::int64_t steps) const {
+  /// Streams steps [first, first + steps) of this rank's end (`sender` on the teacher,
+  /// `receiver` on a student), which lives for every repetition of a size as in a training run
+  /// (fresh ring buffers would add first-touch page faults). Timed from the barrier before the
+  /// first send to the last flush / release.
+  double transport_rep(comm::Sender* sender, comm::Receiver* receiver,
+                       const std::vector<comm::TensorDict>& msgs, std::int64_t first,
+                       std::int64_t steps) const {
     barrier(MPI_COMM_WORLD, cfg.comm.timeout_s, rank);
     const auto start = Clock::now();
     if (teacher) {
-      for (std::int64_t s = first; s < first + steps; ++s) transport.send(s, msgs);
-      transport.flush();
+      for (std::int64_t s = first; s < first + steps; ++s) sender->send(s, msgs);
+      sender->flush();
     } else {
       for (std::int64_t s = first; s < first + steps; ++s) {
-        transport.recv(s);
-        transport.release(s);
+        receiver->recv(s);
+        receiver->release(s);
       }
     }
     return slowest(seconds_since(start), cfg.comm.timeout_s, rank);
@@ -203,14 +205,14 @@ struct Bench {
                                  i + 1, kTag, groups.link(), &reqs[static_cast<std::size_t>(i)]));
         }
         if (deadline_waits) {
-          comm::wait_all_with_deadline(reqs, {"plain send", s, bytes, peers, true}, timeout, rank);
+          comm::wait_all_with_deadline(reqs, {"plain send", s, bytes, peers, true}, timeout, rank, nullptr);
         } else {
           WD_CHECK_MPI(MPI_Waitall(students, reqs.data(), MPI_STATUSES_IGNORE));
         }
       } else if (deadline_waits) {
         WD_CHECK_MPI(MPI_Irecv(buffers.front().data_ptr(), count, MPI_BYTE, 0, kTag, groups.link(),
                                &reqs.front()));
-        comm::wait_with_deadline(reqs.front(), {"plain recv", s, bytes, {0}}, timeout, rank);
+        comm::wait_with_deadline(reqs.front(), {"plain recv", s, bytes, {0}}, timeout, rank, nullptr);
       } else {
         WD_CHECK_MPI(MPI_Recv(buffers.front().data_ptr(), count, MPI_BYTE, 0, kTag, groups.link(),
                               MPI_STATUS_IGNORE));
@@ -220,7 +222,7 @@ struct Bench {
   }
 };
 
-/// Teacher only, no MPI: the copy Transport::send makes of every student's tensors into its
+/// Teacher only, no MPI: the copy Sender::send makes of every student's tensors into its
 /// ring slot (the same typed views at the same offsets, prefetch_depth slots in turn).
 class SlotCopy {
  public:
@@ -315,7 +317,7 @@ int run(int argc, char** argv) {
           "- plain: MPI_Isend to each student + MPI_Waitall / MPI_Recv; plain, polled: "
           "the same messages waited for the way the transport waits (MPI_Test with "
           "yield/sleep backoff); copy: the teacher's copy of every student's tensors "
-          "into a ring slot, which Transport::send does and plain does not (no MPI)\n\n");
+          "into a ring slot, which Sender::send does and plain does not (no MPI)\n\n");
       std::printf(
           "| message | bytes/student/step | steps | transport MB/s | plain MB/s "
           "| transport/plain | plain, polled MB/s | transport ms/step | plain ms/step "
@@ -340,18 +342,23 @@ int run(int argc, char** argv) {
       for (auto& b : buffers) b = torch::zeros({static_cast<std::int64_t>(bytes)}, torch::kUInt8);
 
       const std::int64_t warm = std::min<std::int64_t>(steps, 10);
-      const auto transport =
-          comm::make_mpi_transport(groups, rank, c.spec, cfg.comm, 0, warm + cfg.reps * steps);
+      // This rank's end of the link: the teacher's sender or a student's receiver.
+      const auto end = comm::link_end(groups, rank, cfg.comm);
+      const std::int64_t stream_steps = warm + cfg.reps * steps;
+      const auto sender = bench.teacher ? comm::make_mpi_sender(end, c.spec, cfg.comm, 0, stream_steps, nullptr)
+                                        : nullptr;
+      const auto receiver = bench.teacher ? nullptr
+                                          : comm::make_mpi_receiver(end, c.spec, cfg.comm, 0, stream_steps, nullptr);
       std::optional<SlotCopy> copy;
       if (bench.teacher) copy.emplace(c.spec, msgs, cfg.comm.prefetch_depth);
-      bench.transport_rep(*transport, msgs, 0, warm);
+      bench.transport_rep(sender.get(), receiver.get(), msgs, 0, warm);
       bench.plain_rep(bytes, buffers, warm, false);
       bench.plain_rep(bytes, buffers, warm, true);
       if (copy) copy->seconds_per_step(warm);
       // Repetitions interleave the methods, so a change in machine load hits them alike.
       std::vector<double> transport_s, plain_s, polled_s, copy_s;
       for (int r = 0; r < cfg.reps; ++r) {
-        transport_s.push_back(bench.transport_rep(*transport, msgs, warm + r * steps, steps));
+        transport_s.push_back(bench.transport_rep(sender.get(), receiver.get(), msgs, warm + r * steps, steps));
         plain_s.push_back(bench.plain_rep(bytes, buffers, steps, false));
         polled_s.push_back(bench.plain_rep(bytes, buffers, steps, true));
         if (copy) copy_s.push_back(copy->seconds_per_step(steps));

@@ -78,9 +78,9 @@ int run(int rank, int world) {
   const std::size_t max_bytes = std::size_t{1} << 30;
   CudaStream stream(device);
   DeviceBytes src(device, max_bytes), dst(device, max_bytes);
-  NcclComm self(MPI_COMM_SELF, device, kTimeout);
+  NcclComm self(MPI_COMM_SELF, device, kTimeout, nullptr);
   std::optional<NcclComm> link;
-  if (pair) link.emplace(MPI_COMM_WORLD, device, kTimeout);
+  if (pair) link.emplace(MPI_COMM_WORLD, device, kTimeout, nullptr);
   const cudaStream_t s = stream.get();
 
   if (rank == 0) {

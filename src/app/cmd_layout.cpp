@@ -9,7 +9,7 @@
 #include "app/commands.hpp"
 #include "comm/backend_choice.hpp"
 #include "comm/process_groups.hpp"
-#include "comm/transport.hpp"
+#include "comm/stream_end.hpp"
 #include "core/topology.hpp"
 #include "teacher/placement.hpp"
 
@@ -235,7 +235,7 @@ int run_layout(const std::vector<std::string>& args) {
               << (local ? " (within the node)" : " (across nodes: batches travel over the network)")
               << " over " << comm::backend_name(choice.backend) << " (" << choice.reason << ")\n";
   }
-  // Shard stages hand activations down each replica's pipeline, link by link (make_stage_transports).
+  // Shard stages hand activations down each replica's pipeline, link by link (make_stage_streams).
   for (int rep = 0; rep < layout.replicas && layout.stages > 1; ++rep) {
     for (int k = 0; k + 1 < layout.stages; ++k) {
       const auto a = device_of(layout.teacher_of(rep, k)), b = device_of(layout.teacher_of(rep, k + 1));

@@ -13,8 +13,10 @@
 #include "app/commands.hpp"
 #include "app/failure_handler.hpp"
 #include "app/train_job.hpp"
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
+#include "comm/signals.hpp"
+#include "comm/watchdog.hpp"
 #include "core/logging.hpp"
 #include "memory/host_memory.hpp"
 
@@ -26,7 +28,7 @@ namespace fs = std::filesystem;
 
 /// Gathers every rank's summary on rank 0, which prints one table and writes summary.json.
 void report_run_summary(const RunConfig& cfg, RankSummary mine, double start_rss, int rank, int world,
-                        const memory::MemoryMonitor& monitor) {
+                        const memory::MemoryMonitor& monitor, comm::HealthChannel& health) {
   mine.start_rss = start_rss;
   mine.peak_rss = static_cast<double>(monitor.lifetime_peak_rss());
   mine.peak_pss = static_cast<double>(monitor.sampled_peak_pss());
@@ -37,7 +39,7 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, double start_rss
   WD_CHECK_MPI(MPI_Igather(&mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
                            MPI_COMM_WORLD, &req));
   comm::wait_with_deadline(req, {"gather run summary", -1, sizeof(mine), {0}},
-                           std::chrono::duration<double>(cfg.comm.timeout_s), rank);
+                           std::chrono::duration<double>(cfg.comm.timeout_s), rank, &health);
   if (rank != 0) return;
   nlohmann::json ranks = nlohmann::json::array();
   std::string table =
@@ -74,7 +76,8 @@ void report_run_summary(const RunConfig& cfg, RankSummary mine, double start_rss
 /// Every rank's memory report of a step, gathered on world rank 0 without holding any rank
 /// back: MPI_Igather is posted at the report step and completed later (MPI_Test after each
 /// step, a wait with the deadline when the next report is due or the loop is done).
-memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int rank, int world) {
+memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int rank, int world,
+                                                         comm::HealthChannel* health) {
   struct InFlight {
     std::int64_t step = 0;
     memory::MemoryReport mine{};
@@ -106,7 +109,7 @@ memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int r
         peers.push_back(0);
       }
       comm::wait_with_deadline(f->request, {"gather memory report", f->step, sizeof(f->mine), peers},
-                               std::chrono::duration<double>(timeout_s), rank);
+                               std::chrono::duration<double>(timeout_s), rank, health);
     } else {
       int done = 0;
       WD_CHECK_MPI(MPI_Test(&f->request, &done, MPI_STATUS_IGNORE));
@@ -182,7 +185,7 @@ int run_train(const std::vector<std::string>& args) {
     const FaultInjector faults(FaultSpec::parse(cfg.inject_fault), job.topo.role,
                                teacher ? job.layout.teacher_index(rank) : job.layout.student_index(rank));
     // World rank 0 prints the memory table and writes its metrics.jsonl line (docs/memory.md).
-    memory::MemoryMonitor monitor(cfg.memory, job.topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size()),
+    memory::MemoryMonitor monitor(cfg.memory, job.topo.role, gather_memory_reports(cfg.comm.timeout_s, rank, mpi.size(), &*health),
                                   rank == 0 ? (fs::path(cfg.run_dir) / "metrics.jsonl").string() : "");
     RoleServices services{*health, monitor, faults, rank_memory};
     const auto result = teacher ? run_teacher_rank(job, services) : run_student_rank(job, services);
@@ -196,7 +199,7 @@ int run_train(const std::vector<std::string>& args) {
       mpi.exit_without_finalize(kExitRequeue);
     }
     monitor.finish();
-    report_run_summary(cfg, result.summary, start_rss, rank, mpi.size(), monitor);
+    report_run_summary(cfg, result.summary, start_rss, rank, mpi.size(), monitor, *health);
     return kExitOk;
   } catch (...) {
     if (health) {

@@ -106,7 +106,7 @@ void handle_training_failure(std::exception_ptr failure, comm::HealthChannel& he
   std::memcpy(mine.payload, &memory, sizeof(memory::MemoryReport));
 
   const double gather_s = std::clamp(setup.timeout_s, 5.0, 60.0);
-  const auto ex = health.exchange_failure_reports(own, mine, kSettleSeconds, gather_s);
+  const auto ex = comm::exchange_failure_reports(health, own, mine, kSettleSeconds, gather_s);
   const comm::FailureNotice* primary = comm::primary_failure(ex.notices);
   int code = exit_code(primary ? primary->kind : FailureKind::kError);
   if (ex.reporter == topo.rank) {
@@ -118,9 +118,9 @@ void handle_training_failure(std::exception_ptr failure, comm::HealthChannel& he
     const auto text = memory::format_diagnosis(make_diagnosis(ex, primary ? *primary : fallback, setup));
     spdlog::error("\n{}", text);
     if (!setup.diagnosis_path.empty()) std::ofstream(setup.diagnosis_path) << text << "\n";
-    health.release(ex, code, 2.0);
+    comm::release_reporters(health, ex, code, 2.0);
   } else {
-    code = health.wait_for_release(ex.reporter, gather_s + 10.0).value_or(code);
+    code = comm::wait_for_release(health, ex.reporter, gather_s + 10.0).value_or(code);
   }
   spdlog::info("exiting with code {} ({})", code, failure_kind_name(static_cast<FailureKind>(code)));
   mpi.exit_without_finalize(code);

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/health.hpp"
+#include "comm/failure_exchange.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "core/topology.hpp"
 #include "memory/diagnosis.hpp"

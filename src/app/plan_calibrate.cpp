@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
 #include "core/threads.hpp"

@@ -51,7 +51,7 @@ std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double tim
   MPI_Request req;
   WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node, &req));
   comm::wait_with_deadline(req, {"find this node's first rank", -1, sizeof(int), {}},
-                           std::chrono::duration<double>(timeout_s), world_rank);
+                           std::chrono::duration<double>(timeout_s), world_rank, nullptr);
   std::vector<int> leaders(static_cast<std::size_t>(world_size), -1);
   WD_CHECK_MPI(MPI_Iallgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD, &req));
   std::vector<int> peers;
@@ -59,7 +59,7 @@ std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double tim
     if (r != world_rank) peers.push_back(r);
   }
   comm::wait_with_deadline(req, {"gather every rank's node", -1, leaders.size() * sizeof(int), peers},
-                           std::chrono::duration<double>(timeout_s), world_rank);
+                           std::chrono::duration<double>(timeout_s), world_rank, nullptr);
   return leaders;
 }
 
@@ -88,7 +88,7 @@ void log_rank_placement(const Topology& topo, double timeout_s) {
     peers.push_back(0);
   }
   comm::wait_with_deadline(req, {"gather rank placement", -1, sizeof(mine), peers},
-                           std::chrono::duration<double>(timeout_s), topo.rank);
+                           std::chrono::duration<double>(timeout_s), topo.rank, nullptr);
   if (topo.rank != 0) return;
 
   const char* job = std::getenv("SLURM_JOB_ID");

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include "comm/transport.hpp"
+#include "comm/comm_config.hpp"
 #include "core/config.hpp"
 #include "core/fault_injection.hpp"
 #include "data/data_config.hpp"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "app/run_config.hpp"
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"

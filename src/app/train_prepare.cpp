@@ -13,6 +13,7 @@
 #include "app/plan_input.hpp"
 #include "app/rank_placement.hpp"
 #include "app/train_job.hpp"
+#include "comm/signals.hpp"
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
 #include "core/threads.hpp"
@@ -44,7 +45,8 @@ void agreed(const std::string& stage, const RunConfig& cfg, F&& stage_fn) {
   } catch (...) {
     failure = std::current_exception();
   }
-  comm::agree_on_startup(stage, failure, MPI_COMM_WORLD, cfg.comm.timeout_s);
+  // Start-up runs before the health channel exists: its waits have none to poll.
+  comm::agree_on_startup(stage, failure, MPI_COMM_WORLD, cfg.comm.timeout_s, nullptr);
 }
 
 /// Generates the builtin:tiny teacher and data set when missing (world rank 0 only).
@@ -258,7 +260,7 @@ void choose_teacher_micro_batch(TrainJob& job) {
                                 .dump(2)
                          << "\n";
   });
-  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher micro-batch");
+  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher micro-batch", nullptr);
   job.micro_batch = chosen[0];
 }
 
@@ -311,7 +313,7 @@ void find_resume_point(TrainJob& job) {
                 "the checkpoint to resume from is at step " << resume_step[0] << "; train.steps("
                                                             << cfg.train.steps << ") leaves nothing to train");
   });
-  comm::broadcast_ints(resume_step, leader, MPI_COMM_WORLD, cfg.comm.timeout_s, "resume step");
+  comm::broadcast_ints(resume_step, leader, MPI_COMM_WORLD, cfg.comm.timeout_s, "resume step", nullptr);
   job.plan.first_step = resume_step[0];
   if (resume_step[0] == 0) return;
   job.resume_path = cfg.checkpoint.resume == "auto"
@@ -356,7 +358,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     agreed("choosing the layout (teacher.layout auto)", cfg, [&] {
       if (rank == 0) pick = pick_layout(cfg, mpi.size());
     });
-    comm::broadcast_ints(pick, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "layout");
+    comm::broadcast_ints(pick, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "layout", nullptr);
     colocated = pick[0] != 0;
     auto& teacher = job.cfg.teacher;
     const bool fixed_by_layout = teacher.placement == "colocated" || teacher.placement == "shard";
@@ -394,7 +396,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     if (compute.dtype) chosen[1] = static_cast<std::int64_t>(*compute.dtype);
     spdlog::info("{}", compute.reason);
   });
-  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement");
+  comm::broadcast_ints(chosen, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "teacher placement", nullptr);
   job.placement = static_cast<plan::Placement>(chosen[0]);
   if (chosen[1] >= 0) job.compute = static_cast<c10::ScalarType>(chosen[1]);
   job.layout = colocated ? comm::Layout::colocated(mpi.size())
@@ -449,7 +451,7 @@ void prepare_train(TrainJob& job, comm::MpiRuntime& mpi) {
     const auto& lat = job.info->latent_shape;
     shape = {lat[0], lat[1], lat[2], lat[3], job.info->context_len, job.info->samples};
   }
-  comm::broadcast_ints(shape, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape");
+  comm::broadcast_ints(shape, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape", nullptr);
   job.plan = stream_plan_for(cfg, job.teacher().config(), {shape[0], shape[1], shape[2], shape[3]}, shape[4]);
   job.plan.eval_messages = cfg.train.eval_samples / global_batch;
   job.plan.train_steps = cfg.train.steps;

@@ -26,10 +26,10 @@ namespace fs = std::filesystem;
 /// gathered from every student (collective over the student group), not by its CUDA index:
 /// under per-rank CUDA_VISIBLE_DEVICES every rank sees its own GPU as cuda:0. A teacher on this
 /// GPU shows in the link's backend line instead.
-void warn_if_gpu_shared(const TrainJob& job, const c10::Device& device) {
+void warn_if_gpu_shared(const TrainJob& job, const c10::Device& device, comm::HealthChannel& health) {
   if (!device.is_cuda()) return;  // student.device is one setting: every student returns here alike
   const auto ends = comm::gather_devices(job.groups->students(), job.world_rank(), device,
-                                         job.cfg.comm.timeout_s, "exchange student devices");
+                                         job.cfg.comm.timeout_s, "exchange student devices", &health);
   const auto others = comm::sharing_gpu_with(ends, job.world_rank());
   if (others.empty()) return;
   std::string names;
@@ -84,7 +84,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   compat::set_current_device(device);
   if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
   services.memory.device = device;
-  warn_if_gpu_shared(job, device);
+  warn_if_gpu_shared(job, device, services.health);
   if (rank == layout.student_world_ranks().front()) {
     spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
                  cfg.student.device);
@@ -92,14 +92,15 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   // Link first, gradient group second, on every student: NCCL communicators are created in one
   // order everywhere (docs/transport.md).
   std::unique_ptr<OwnTeacher> own;
-  std::unique_ptr<comm::Transport> link;
+  std::unique_ptr<comm::Receiver> link;
   if (layout.colocated()) {
     own = std::make_unique<OwnTeacher>(job, device, services.memory);
   } else {
-    link = comm::make_transport(*job.groups, rank, plan.message_spec(), cfg.comm, 0, plan.end_step(), device);
+    link = comm::make_receiver(comm::link_end(*job.groups, rank, cfg.comm), plan.message_spec(), cfg.comm, 0,
+                               plan.end_step(), device, &services.health);
     services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
   }
-  comm::Transport& transport = own ? static_cast<comm::Transport&>(own->transport) : *link;
+  comm::Receiver& transport = own ? static_cast<comm::Receiver&>(own->transport) : *link;
 
   const auto& tc = job.teacher().config();
   student::PartsSetup setup;
@@ -117,7 +118,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
       student::build_student(cfg.student.model_config(tc), cfg.student, job.teacher(), cfg.train.seed), setup);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
-                                             cfg.comm.timeout_s, rank, device, cfg.comm.backend);
+                                             cfg.comm.timeout_s, rank, device, cfg.comm.backend, &services.health);
   if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
     // The loop passes average() the 0-based step.
     reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {

@@ -55,10 +55,10 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   }
   // The last stage of a replica streams to its students; the students set up the other end
   // (same collective) in run_student_rank.
-  std::unique_ptr<comm::Transport> transport;
+  std::unique_ptr<comm::Sender> transport;
   if (job.groups->link() != MPI_COMM_NULL) {
-    transport = comm::make_transport(*job.groups, rank, job.plan.message_spec(), cfg.comm, 0,
-                                     job.plan.end_step(), how.device);
+    transport = comm::make_sender(comm::link_end(*job.groups, rank, cfg.comm), job.plan.message_spec(), cfg.comm,
+                                  0, job.plan.end_step(), how.device, &services.health);
     services.memory.transport_bytes = job.plan.message_spec().bytes() *
                                       static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
                                       static_cast<std::uint64_t>(layout.students_per_replica());
@@ -70,14 +70,14 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
         job.plan, job.per_replica,
         teacher::TeacherStage::features_before(job.plan.feature_blocks, ranges[static_cast<std::size_t>(s)].end));
   };
-  comm::StageTransports links;
+  comm::StageStreams links;
   if (layout.stages > 1) {
-    links = comm::make_stage_transports(*job.groups, rank, per_stage_spec(std::max(0, stage - 1)),
-                                        per_stage_spec(stage), cfg.comm, 0, job.plan.end_step(),
-                                        how.device);
+    links = comm::make_stage_streams(*job.groups, rank, per_stage_spec(std::max(0, stage - 1)),
+                                     per_stage_spec(stage), cfg.comm, 0, job.plan.end_step(), how.device,
+                                     &services.health);
   }
 
-  comm::Transport* sending = transport ? transport.get() : links.to_next.get();
+  comm::Sender* sending = transport ? transport.get() : links.to_next.get();
   if (sending && services.faults.planned(FaultSpec::Point::kSend)) {
     sending->set_send_fault_hook([&faults = services.faults, &plan = job.plan, device = how.device](std::int64_t ts) {
       // Transport steps count the held-out messages and micro-batches: the step's first send.

@@ -37,7 +37,7 @@ std::vector<RankDevice> sharing_gpu_with(const std::vector<RankDevice>& ends, in
 }
 
 std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10::Device& device,
-                                       double timeout_s, const char* what) {
+                                       double timeout_s, const char* what, HealthChannel* health) {
   // Fixed-size records, so one MPI_Iallgather of bytes carries them.
   struct Record {
     int world_rank;
@@ -63,7 +63,7 @@ std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10:
   peers.erase(std::remove(peers.begin(), peers.end(), world_rank), peers.end());
   try {
     wait_with_deadline(request, {what, -1, sizeof(Record) * static_cast<std::size_t>(size), peers},
-                       std::chrono::duration<double>(timeout_s), world_rank);
+                       std::chrono::duration<double>(timeout_s), world_rank, health);
   } catch (...) {
     keep_until_exit(buffer);  // MPI may still write into it
     throw;

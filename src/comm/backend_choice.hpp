@@ -10,6 +10,8 @@
 
 namespace wd::comm {
 
+class HealthChannel;
+
 enum class Backend { kMpi, kNccl };
 
 /// "mpi" | "nccl".
@@ -40,9 +42,9 @@ bool same_gpu(const RankDevice& a, const RankDevice& b);
 std::string gpu_bus_id(const c10::Device& device);
 
 /// Every member's RankDevice (with the bus id of its GPU), in `comm` order (collective over
-/// `comm`, with deadline).
+/// `comm`, with deadline, polling `health`: null before training).
 std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10::Device& device,
-                                       double timeout_s, const char* what);
+                                       double timeout_s, const char* what, HealthChannel* health);
 
 struct BackendChoice {
   Backend backend = Backend::kMpi;

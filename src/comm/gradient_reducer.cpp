@@ -30,8 +30,9 @@ torch::Tensor& mpi_buffer(GradBucket& bucket) {
 
 MpiGradientReducer::MpiGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
                                        std::uint64_t bucket_bytes, double timeout_s,
-                                       int world_rank)
-    : comm_(students),
+                                       int world_rank, HealthChannel* health)
+    : GradientReducer(health),
+      comm_(students),
       params_(std::move(params)),
       staged_(!device_of(params_).is_cpu()),
       packed_(device_of(params_)),
@@ -74,7 +75,7 @@ void MpiGradientReducer::average(std::int64_t step) {
     }
     packed_.record();
     packed_.wait(WaitInfo{"allreduce grads: device to host", step, total_bytes, {}},
-                 std::chrono::duration<double>(timeout_s_), world_rank_,
+                 std::chrono::duration<double>(timeout_s_), world_rank_, health(),
                  "MpiGradientReducer::average");
   }
   // Host gradients: each bucket's all-reduce starts as soon as it is packed, overlapping the
@@ -91,7 +92,7 @@ void MpiGradientReducer::average(std::int64_t step) {
   try {
     fault_point(step);
     wait_all_with_deadline(requests, WaitInfo{"allreduce grads", step, total_bytes, peers_},
-                           std::chrono::duration<double>(timeout_s_), world_rank_);
+                           std::chrono::duration<double>(timeout_s_), world_rank_, health());
   } catch (...) {
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
     // The all-reduce is abandoned, not finished: MPI may still write into the buckets.
@@ -121,7 +122,8 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
                                                        std::uint64_t bucket_bytes,
                                                        double timeout_s, int world_rank,
                                                        const c10::Device& device,
-                                                       const std::string& backend) {
+                                                       const std::string& backend,
+                                                       HealthChannel* health) {
   WD_CHECK(students != MPI_COMM_NULL,
            "gradient reduction runs in the student group; rank " << world_rank << " is not in it");
   int size = 0;
@@ -130,9 +132,9 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
     spdlog::info("gradient all-reduce: none (a group of one student: its gradients are the average; "
                  "comm.backend {} has nothing to carry)",
                  backend);
-    return std::make_unique<LocalGradientReducer>(std::move(params));
+    return std::make_unique<LocalGradientReducer>(std::move(params), health);
   }
-  const auto ends = gather_devices(students, world_rank, device, timeout_s, "gradient all-reduce");
+  const auto ends = gather_devices(students, world_rank, device, timeout_s, "gradient all-reduce", health);
   const auto choice = choose_backend(backend, ends, nccl_built(), "the gradient all-reduce");
   if (ends.front().world_rank == world_rank) {
     spdlog::info("gradient all-reduce: {} over {} student(s) ({})", backend_name(choice.backend),
@@ -140,10 +142,10 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
   }
   if (choice.backend == Backend::kNccl) {
     return make_nccl_gradient_reducer(students, std::move(params), bucket_bytes, timeout_s,
-                                      world_rank, device);
+                                      world_rank, device, health);
   }
   return std::make_unique<MpiGradientReducer>(students, std::move(params), bucket_bytes, timeout_s,
-                                              world_rank);
+                                              world_rank, health);
 }
 
 }  // namespace wd::comm

@@ -37,11 +37,15 @@ class GradientReducer {
   void set_fault_hook(FaultHook hook) { fault_hook_ = std::move(hook); }
 
  protected:
+  /// `health` (null: none) is what the reducer's waits poll and its fault point marks.
+  explicit GradientReducer(HealthChannel* health) : health_(health) {}
+  HealthChannel* health() const { return health_; }
   /// Where an implementation calls the fault hook (marks the rank as in "allreduce grads").
-  void fault_point(std::int64_t step) const { run_fault_hook(fault_hook_, "allreduce grads", step); }
+  void fault_point(std::int64_t step) const { run_fault_hook(fault_hook_, health_, "allreduce grads", step); }
 
  private:
   FaultHook fault_hook_;
+  HealthChannel* health_;
 };
 
 /// Over MPI: one MPI_Iallreduce per bucket. Host parameters are packed straight into host
@@ -51,7 +55,8 @@ class GradientReducer {
 class MpiGradientReducer final : public GradientReducer {
  public:
   MpiGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
-                     std::uint64_t bucket_bytes, double timeout_s, int world_rank);
+                     std::uint64_t bucket_bytes, double timeout_s, int world_rank,
+                     HealthChannel* health);
   void average(std::int64_t step) override;
   std::size_t bucket_count() const override { return buckets_.size(); }
   double wait_seconds() const override { return wait_seconds_; }
@@ -75,7 +80,8 @@ class MpiGradientReducer final : public GradientReducer {
 /// the other reducers do; the fault hook runs where an all-reduce would.
 class LocalGradientReducer final : public GradientReducer {
  public:
-  explicit LocalGradientReducer(std::vector<torch::Tensor> params) : params_(std::move(params)) {}
+  LocalGradientReducer(std::vector<torch::Tensor> params, HealthChannel* health)
+      : GradientReducer(health), params_(std::move(params)) {}
   void average(std::int64_t step) override;
   std::size_t bucket_count() const override { return 0; }
   double wait_seconds() const override { return 0; }
@@ -89,13 +95,15 @@ class LocalGradientReducer final : public GradientReducer {
 /// one (whatever `backend` says: there is nothing to carry); else NCCL when every student's
 /// parameters are on a distinct GPU and the build has NCCL (or `backend` says nccl), MPI
 /// otherwise. Collective over `students` (the students agree on the choice from the same
-/// gathered facts); logs the choice and its reason once per group. Throws ConfigError when
-/// `backend` asks for NCCL where it cannot work.
+/// gathered facts); logs the choice and its reason once per group. Every wait, set-up included,
+/// polls `health` (null: none). Throws ConfigError when `backend` asks for NCCL where it
+/// cannot work.
 std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
                                                        std::vector<torch::Tensor> params,
                                                        std::uint64_t bucket_bytes,
                                                        double timeout_s, int world_rank,
                                                        const c10::Device& device,
-                                                       const std::string& backend);
+                                                       const std::string& backend,
+                                                       HealthChannel* health);
 
 }  // namespace wd::comm

@@ -140,48 +140,42 @@ void keep_until_exit(const torch::Tensor& buffer) noexcept {
 }
 
 void wait_with_deadline(MPI_Request& request, const WaitInfo& info,
-                        std::chrono::duration<double> timeout, int my_rank) {
-  Backoff backoff(timeout);
-  for (;;) {
-    int done = 0;
-    WD_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    watch_health(info.op);
-    if (backoff.expired()) throw_timeout(info, timeout, my_rank, info.peers);
-    backoff.pause();
-  }
+                        std::chrono::duration<double> timeout, int my_rank, HealthChannel* health) {
+  const bool done = poll_until(timeout, [&] {
+    int finished = 0;
+    WD_CHECK_MPI(MPI_Test(&request, &finished, MPI_STATUS_IGNORE));
+    if (!finished) watch_health(health, info.op);
+    return finished != 0;
+  });
+  if (!done) throw_timeout(info, timeout, my_rank, info.peers);
 }
 
 void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& info,
-                            std::chrono::duration<double> timeout, int my_rank) {
+                            std::chrono::duration<double> timeout, int my_rank, HealthChannel* health) {
   if (requests.empty()) return;
-  Backoff backoff(timeout);
   const int count = static_cast<int>(requests.size());
-  for (;;) {
-    int done = 0;
-    WD_CHECK_MPI(MPI_Testall(count, requests.data(), &done, MPI_STATUSES_IGNORE));
-    if (done) return;
-    watch_health(info.op);
-    if (backoff.expired()) {
-      // With one peer per request, name only the peers still missing (like horovod's "missing
-      // ranks"); MPI_Testsome retires the finished requests and leaves the rest as they are,
-      // so the caller may still wait for or cancel them.
-      std::vector<int> missing = info.peers;
-      if (info.peer_per_request && info.peers.size() == requests.size()) {
-        std::vector<int> indices(requests.size());
-        int finished = 0;
-        WD_CHECK_MPI(
-            MPI_Testsome(count, requests.data(), &finished, indices.data(), MPI_STATUSES_IGNORE));
-        missing.clear();
-        for (std::size_t i = 0; i < requests.size(); ++i) {
-          if (requests[i] != MPI_REQUEST_NULL) missing.push_back(info.peers[i]);
-        }
-        if (missing.empty()) return;  // everything finished at the last moment
-      }
-      throw_timeout(info, timeout, my_rank, missing);
+  const bool done = poll_until(timeout, [&] {
+    int finished = 0;
+    WD_CHECK_MPI(MPI_Testall(count, requests.data(), &finished, MPI_STATUSES_IGNORE));
+    if (!finished) watch_health(health, info.op);
+    return finished != 0;
+  });
+  if (done) return;
+  // With one peer per request, name only the peers still missing (like horovod's "missing
+  // ranks"); MPI_Testsome retires the finished requests and leaves the rest as they are, so
+  // the caller may still wait for or cancel them.
+  std::vector<int> missing = info.peers;
+  if (info.peer_per_request && info.peers.size() == requests.size()) {
+    std::vector<int> indices(requests.size());
+    int finished = 0;
+    WD_CHECK_MPI(MPI_Testsome(count, requests.data(), &finished, indices.data(), MPI_STATUSES_IGNORE));
+    missing.clear();
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i] != MPI_REQUEST_NULL) missing.push_back(info.peers[i]);
     }
-    backoff.pause();
+    if (missing.empty()) return;  // everything finished at the last moment
   }
+  throw_timeout(info, timeout, my_rank, missing);
 }
 
 }  // namespace wd::comm

@@ -45,15 +45,14 @@ class MpiRuntime {
 };
 
 /// Polls MPI_Test on `request` until it completes or `timeout` passes (then throws
-/// TimeoutError). Sleeps with a short backoff (≤ 1 ms) between polls so waiting ranks do not
-/// burn a core that others share. Each poll also checks the active health channel
-/// (comm/health.hpp), so a wait ends with PeerFailure / Interrupted as soon as another rank
-/// fails or a stop signal arrives.
+/// TimeoutError), on poll_until's backoff (≤ 1 ms) so waiting ranks do not burn a core that
+/// others share. Each poll also checks `health` (null before training), so a wait ends with
+/// PeerFailure / Interrupted as soon as another rank fails or a stop signal arrives.
 void wait_with_deadline(MPI_Request& request, const WaitInfo& info, std::chrono::duration<double> timeout,
-                        int my_rank);
+                        int my_rank, HealthChannel* health);
 /// Same for several requests (MPI_Testall).
 void wait_all_with_deadline(std::vector<MPI_Request>& requests, const WaitInfo& info,
-                            std::chrono::duration<double> timeout, int my_rank);
+                            std::chrono::duration<double> timeout, int my_rank, HealthChannel* health);
 
 /// Cancels every pending request of `requests` and lets them settle for a short grace (200 ms);
 /// never throws or blocks longer. Returns false when some request could not be settled: it is

@@ -113,8 +113,8 @@ void CudaEvent::block(cudaStream_t stream) const {
   WD_CHECK_CUDA(cudaStreamWaitEvent(stream, event_, 0));
 }
 
-NcclComm::NcclComm(MPI_Comm comm, int device, double timeout_s)
-    : device_(device), world_rank_(current_world_rank()), timeout_(timeout_s) {
+NcclComm::NcclComm(MPI_Comm comm, int device, double timeout_s, HealthChannel* health)
+    : device_(device), world_rank_(current_world_rank()), timeout_(timeout_s), health_(health) {
   WD_CHECK(comm != MPI_COMM_NULL, "NCCL communicator on rank " << world_rank_
                                                                << " from MPI_COMM_NULL");
   WD_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
@@ -135,12 +135,12 @@ NcclComm::NcclComm(MPI_Comm comm, int device, double timeout_s)
   } catch (...) {
     problem = std::current_exception();
   }
-  agree_on_startup("NCCL communicator set-up", problem, comm, timeout_s);
+  agree_on_startup("NCCL communicator set-up", problem, comm, timeout_s, health_);
 
   static_assert(sizeof(ncclUniqueId) % sizeof(std::int64_t) == 0, "the id travels as int64s");
   std::vector<std::int64_t> words(sizeof(ncclUniqueId) / sizeof(std::int64_t));
   std::memcpy(words.data(), &id, sizeof id);
-  broadcast_ints(words, 0, comm, timeout_s, "NCCL unique id");
+  broadcast_ints(words, 0, comm, timeout_s, "NCCL unique id", health_);
   std::memcpy(&id, words.data(), sizeof id);
 
   CudaDeviceGuard guard(device_);
@@ -174,6 +174,7 @@ NcclComm::NcclComm(NcclComm&& other) noexcept
       world_rank_(other.world_rank_),
       world_ranks_(std::move(other.world_ranks_)),
       timeout_(other.timeout_),
+      health_(other.health_),
       failed_(other.failed_),
       open_groups_(std::exchange(other.open_groups_, 0)),
       streams_(std::move(other.streams_)) {}
@@ -188,6 +189,7 @@ NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
     world_rank_ = other.world_rank_;
     world_ranks_ = std::move(other.world_ranks_);
     timeout_ = other.timeout_;
+    health_ = other.health_;
     failed_ = other.failed_;
     open_groups_ = std::exchange(other.open_groups_, 0);
     streams_ = std::move(other.streams_);
@@ -205,8 +207,7 @@ std::vector<int> NcclComm::peers() const {
 
 template <typename Query>
 void NcclComm::poll(Query done, const WaitInfo& info, std::chrono::duration<double> timeout) {
-  Backoff backoff(timeout);
-  for (;;) {
+  const bool finished = poll_until(timeout, [&] {
     WD_CHECK(comm_ && !failed_, info.op << " of step " << info.step << " on rank " << world_rank_
                                         << ": the NCCL communicator was aborted after an earlier "
                                            "failure");
@@ -220,25 +221,20 @@ void NcclComm::poll(Query done, const WaitInfo& info, std::chrono::duration<doub
       abort();
       throw NcclError(what);
     }
-    bool finished = false;
     try {
-      finished = state == ncclSuccess && done();
+      if (state == ncclSuccess && done()) return true;
+      watch_health(health_, info.op);
     } catch (...) {
+      // A failed query, or another rank failed: our peer may never post its half of the
+      // operation, so nothing of ours may stay blocked in a kernel waiting for it.
       abort();
       throw;
     }
-    if (finished) return;
-    try {
-      watch_health(info.op);
-    } catch (...) {
-      abort();  // another rank failed: our peer may never post its half of the operation
-      throw;
-    }
-    if (backoff.expired()) {
-      abort();
-      throw_timeout(info, timeout, world_rank_, info.peers.empty() ? peers() : info.peers);
-    }
-    backoff.pause();
+    return false;
+  });
+  if (!finished) {
+    abort();
+    throw_timeout(info, timeout, world_rank_, info.peers.empty() ? peers() : info.peers);
   }
 }
 

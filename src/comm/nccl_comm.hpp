@@ -97,15 +97,17 @@ class CudaEvent {
 /// One NCCL communicator over the ranks of an MPI communicator. Made collectively: rank 0 of
 /// `comm` creates the ncclUniqueId, MPI broadcasts it (with deadline) and every rank runs a
 /// non-blocking ncclCommInitRankConfig on `device`, polled with the same deadline. Every wait
-/// polls the stream/event, ncclCommGetAsyncError and the health channel; a timeout, an
+/// polls the stream/event, ncclCommGetAsyncError and the health channel it was made with; a
+/// timeout, an
 /// asynchronous NCCL error or a failure elsewhere aborts the communicator (ncclCommAbort) before
 /// the exception leaves, so no rank stays blocked in a kernel waiting for a dead peer.
 /// Move-only. Streams passed to its operations must outlive it (the destructor queries them).
 class NcclComm {
  public:
   /// Collective over `comm`. Throws CudaError when no GPU is visible (agreed on by every rank
-  /// of `comm`, so none is left waiting for the unique id), NcclError, or TimeoutError.
-  NcclComm(MPI_Comm comm, int device, double timeout_s);
+  /// of `comm`, so none is left waiting for the unique id), NcclError, or TimeoutError. Every
+  /// wait, from set-up on, polls `health` (null: none, as in tests and benchmarks).
+  NcclComm(MPI_Comm comm, int device, double timeout_s, HealthChannel* health);
   /// Never throws. Aborts when the communicator failed or work it enqueued is still pending
   /// (ncclCommDestroy would wait for it, maybe forever); otherwise finalizes, with a bounded
   /// wait, and destroys.
@@ -170,6 +172,7 @@ class NcclComm {
   int world_rank_ = -1;
   std::vector<int> world_ranks_;
   std::chrono::duration<double> timeout_{0};
+  HealthChannel* health_ = nullptr;
   bool failed_ = false;
   int open_groups_ = 0;  ///< group_start calls not yet ended (NCCL's depth is per thread)
   std::vector<cudaStream_t> streams_;  ///< streams that carried this communicator's work

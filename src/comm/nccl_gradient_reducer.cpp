@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 struct NcclGradientReducer::Impl {
   Impl(MPI_Comm students, std::vector<torch::Tensor> parameters, std::uint64_t bucket_bytes,
-       double timeout_s, int world_rank, const c10::Device& device)
+       double timeout_s, int world_rank, const c10::Device& device, HealthChannel* health)
       : params(std::move(parameters)),
         index(device.has_index() ? device.index() : c10::cuda::current_device()),
         timeout(timeout_s),
@@ -42,7 +42,7 @@ struct NcclGradientReducer::Impl {
     }
     buckets = make_grad_buckets(params, bucket_bytes,
                                 torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index));
-    comm.emplace(students, index, timeout_s);
+    comm.emplace(students, index, timeout_s, health);
     group_size = comm->size();
     for (int r = 0; r < comm->size(); ++r) {
       if (comm->world_rank_of(r) != world_rank) peers.push_back(comm->world_rank_of(r));
@@ -101,9 +101,11 @@ struct NcclGradientReducer::Impl {
 
 NcclGradientReducer::NcclGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
                                          std::uint64_t bucket_bytes, double timeout_s,
-                                         int world_rank, const c10::Device& device)
-    : impl_(std::make_unique<Impl>(students, std::move(params), bucket_bytes, timeout_s, world_rank,
-                                   device)) {}
+                                         int world_rank, const c10::Device& device,
+                                         HealthChannel* health)
+    : GradientReducer(health),
+      impl_(std::make_unique<Impl>(students, std::move(params), bucket_bytes, timeout_s, world_rank,
+                                   device, health)) {}
 
 NcclGradientReducer::~NcclGradientReducer() = default;
 
@@ -117,9 +119,10 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm students,
                                                             std::vector<torch::Tensor> params,
                                                             std::uint64_t bucket_bytes,
                                                             double timeout_s, int world_rank,
-                                                            const c10::Device& device) {
+                                                            const c10::Device& device,
+                                                            HealthChannel* health) {
   return std::make_unique<NcclGradientReducer>(students, std::move(params), bucket_bytes,
-                                               timeout_s, world_rank, device);
+                                               timeout_s, world_rank, device, health);
 }
 
 }  // namespace wd::comm

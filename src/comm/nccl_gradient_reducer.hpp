@@ -24,7 +24,7 @@ class NcclGradientReducer final : public GradientReducer {
  public:
   NcclGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,
                       std::uint64_t bucket_bytes, double timeout_s, int world_rank,
-                      const c10::Device& device);
+                      const c10::Device& device, HealthChannel* health);
   ~NcclGradientReducer() override;
   NcclGradientReducer(const NcclGradientReducer&) = delete;
   NcclGradientReducer& operator=(const NcclGradientReducer&) = delete;
@@ -46,6 +46,7 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm students,
                                                             std::vector<torch::Tensor> params,
                                                             std::uint64_t bucket_bytes,
                                                             double timeout_s, int world_rank,
-                                                            const c10::Device& device);
+                                                            const c10::Device& device,
+                                                            HealthChannel* health);
 
 }  // namespace wd::comm

@@ -11,7 +11,9 @@
 
 #include "comm/nccl_comm.hpp"
 #include "comm/mpi_check.hpp"
-#include "comm/ring_transport.hpp"
+#include "comm/ring.hpp"
+#include "comm/ring_receiver.hpp"
+#include "comm/ring_sender.hpp"
 #include "comm/startup.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/host_sync.hpp"
@@ -66,10 +68,10 @@ int link_rank_of(MPI_Comm comm) {
 }
 
 /// The sender and its receivers agree on the message spec (with deadline) before NCCL starts.
-void agree_on_spec(const StreamEnd& end, const NcclWire& w) {
+void agree_on_spec(const StreamEnd& end, const NcclWire& w, HealthChannel* health) {
   const int root = end.sending ? link_rank_of(end.comm) : end.peer_ranks.front();
   std::vector<std::int64_t> theirs{spec_hash(w.spec), static_cast<std::int64_t>(w.payload)};
-  broadcast_ints(theirs, root, end.comm, w.timeout.count(), "NCCL transport message spec");
+  broadcast_ints(theirs, root, end.comm, w.timeout.count(), "NCCL transport message spec", health);
   std::exception_ptr problem;
   if (!end.sending && (theirs[0] != spec_hash(w.spec) ||
                        theirs[1] != static_cast<std::int64_t>(w.payload))) {
@@ -78,18 +80,19 @@ void agree_on_spec(const StreamEnd& end, const NcclWire& w) {
         std::to_string(theirs[1]) + " payload bytes) differs from this rank's (" +
         std::to_string(w.payload) + " payload bytes)"));
   }
-  agree_on_startup("NCCL transport message spec", problem, end.comm, w.timeout.count());
+  agree_on_startup("NCCL transport message spec", problem, end.comm, w.timeout.count(), health);
 }
 
 /// The sending end over NCCL. Member order matters: the communicator is declared last, so it
 /// is destroyed (or aborted) before the stream and the ring buffers, and an abort stops the
 /// kernels before their memory goes back to the caching allocator.
-class NcclSender final : public SendingTransport {
+class NcclSender final : public RingSender {
  public:
   NcclSender(const StreamEnd& end, const MessageSpec& spec, const CommConfig& config,
-             std::size_t slots, std::int64_t first, std::int64_t end_step, const c10::Device& device)
-      : SendingTransport(end, spec, slots, first, end_step), w_(spec, config, device), stream_(w_.index) {
-    agree_on_spec(end, w_);
+             std::size_t slots, std::int64_t first, std::int64_t end_step, const c10::Device& device,
+             HealthChannel* health)
+      : RingSender(end, spec, slots, first, end_step, health), w_(spec, config, device), stream_(w_.index) {
+    agree_on_spec(end, w_, health);
     const std::size_t messages = messages_per_slot();
     for (std::size_t i = 0; i < slots; ++i) {
       Slot slot{torch::empty({static_cast<std::int64_t>(messages * w_.payload)}, w_.options), {},
@@ -98,7 +101,7 @@ class NcclSender final : public SendingTransport {
         slot.views.push_back(make_views(spec, slot.buffer, static_cast<std::int64_t>(m * w_.payload)));
       ring_.push_back(std::move(slot));
     }
-    comm_.emplace(end.comm, w_.index, config.timeout_s);
+    comm_.emplace(end.comm, w_.index, config.timeout_s, health);
     WD_CHECK(comm_->size() == static_cast<int>(end.peers.size()) + 1,
              end.name << " of rank " << end.world_rank << " has " << comm_->size()
                       << " ranks, expected 1 sender + " << end.peers.size() << " receivers");
@@ -154,12 +157,13 @@ class NcclSender final : public SendingTransport {
 };
 
 /// A receiving end over NCCL: a ring of device buffers, receives on a dedicated stream.
-class NcclReceiver final : public ReceivingTransport {
+class NcclReceiver final : public RingReceiver {
  public:
   NcclReceiver(const StreamEnd& end, const MessageSpec& spec, const CommConfig& config,
-               std::size_t slots, std::int64_t first, std::int64_t end_step, const c10::Device& device)
-      : ReceivingTransport(end, slots, first, end_step), w_(spec, config, device), stream_(w_.index) {
-    agree_on_spec(end, w_);
+               std::size_t slots, std::int64_t first, std::int64_t end_step, const c10::Device& device,
+               HealthChannel* health)
+      : RingReceiver(end, slots, first, end_step, health), w_(spec, config, device), stream_(w_.index) {
+    agree_on_spec(end, w_, health);
     for (std::size_t i = 0; i < slots; ++i) {
       Slot slot{torch::empty({static_cast<std::int64_t>(w_.payload)}, w_.options), {},
                 CudaEvent(w_.index), CudaEvent(w_.index)};
@@ -167,7 +171,7 @@ class NcclReceiver final : public ReceivingTransport {
       for (std::size_t v = 0; v < views.size(); ++v) slot.message.tensors[spec.tensors[v].name] = views[v];
       ring_.push_back(std::move(slot));
     }
-    comm_.emplace(end.comm, w_.index, config.timeout_s);
+    comm_.emplace(end.comm, w_.index, config.timeout_s, health);
     post_ahead();
   }
 
@@ -180,7 +184,7 @@ class NcclReceiver final : public ReceivingTransport {
     bool reused = false;
   };
 
-  /// Posts happen in step order (ReceivingTransport), and NCCL matches a pair's operations in
+  /// Posts happen in step order (RingReceiver), and NCCL matches a pair's operations in
   /// issue order, so step s lands in the slot posted for s.
   void post(std::size_t slot, std::int64_t) override {
     Slot& s = ring_[slot];
@@ -223,20 +227,37 @@ class NcclReceiver final : public ReceivingTransport {
 
 bool nccl_built() { return true; }
 
-std::unique_ptr<Transport> make_nccl_stream(const StreamEnd& end, const MessageSpec& spec,
-                                            const CommConfig& config, std::int64_t first_step,
-                                            std::int64_t end_step, const c10::Device& device) {
+namespace {
+
+/// What both NCCL factories check before any collective.
+std::size_t nccl_ring_slots(const StreamEnd& end, const CommConfig& config, std::int64_t first_step,
+                            std::int64_t end_step, const c10::Device& device, bool sending) {
   ConfigProblems problems;
   config.validate(problems);
   problems.throw_if_any("comm config");
   WD_CHECK_AS(ConfigError, device.is_cuda(),
               "the NCCL transport streams CUDA tensors; rank " << end.world_rank << " asked for "
                                                                << device.str() << " on " << end.name);
-  WD_CHECK(end.comm != MPI_COMM_NULL, "rank " << end.world_rank << " is not on " << end.name);
-  const std::size_t slots = ring_slots(config.prefetch_depth, first_step, end_step);
-  if (end.sending)
-    return std::make_unique<NcclSender>(end, spec, config, slots, first_step, end_step, device);
-  return std::make_unique<NcclReceiver>(end, spec, config, slots, first_step, end_step, device);
+  check_end(end, sending);
+  return ring_slots(config.prefetch_depth, first_step, end_step);
+}
+
+}  // namespace
+
+std::unique_ptr<Sender> make_nccl_sender(const StreamEnd& end, const MessageSpec& spec,
+                                         const CommConfig& config, std::int64_t first_step,
+                                         std::int64_t end_step, const c10::Device& device,
+                                         HealthChannel* health) {
+  const std::size_t slots = nccl_ring_slots(end, config, first_step, end_step, device, /*sending=*/true);
+  return std::make_unique<NcclSender>(end, spec, config, slots, first_step, end_step, device, health);
+}
+
+std::unique_ptr<Receiver> make_nccl_receiver(const StreamEnd& end, const MessageSpec& spec,
+                                             const CommConfig& config, std::int64_t first_step,
+                                             std::int64_t end_step, const c10::Device& device,
+                                             HealthChannel* health) {
+  const std::size_t slots = nccl_ring_slots(end, config, first_step, end_step, device, /*sending=*/false);
+  return std::make_unique<NcclReceiver>(end, spec, config, slots, first_step, end_step, device, health);
 }
 
 }  // namespace wd::comm

@@ -19,15 +19,21 @@ namespace {
 
 bool nccl_built() { return false; }
 
-std::unique_ptr<Transport> make_nccl_stream(const StreamEnd& end, const MessageSpec&,
-                                            const CommConfig&, std::int64_t, std::int64_t,
-                                            const c10::Device& device) {
+std::unique_ptr<Sender> make_nccl_sender(const StreamEnd& end, const MessageSpec&, const CommConfig&,
+                                         std::int64_t, std::int64_t, const c10::Device& device,
+                                         HealthChannel*) {
+  no_nccl(end.world_rank, ("the NCCL transport of " + end.name).c_str(), device);
+}
+
+std::unique_ptr<Receiver> make_nccl_receiver(const StreamEnd& end, const MessageSpec&, const CommConfig&,
+                                             std::int64_t, std::int64_t, const c10::Device& device,
+                                             HealthChannel*) {
   no_nccl(end.world_rank, ("the NCCL transport of " + end.name).c_str(), device);
 }
 
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm, std::vector<torch::Tensor>,
                                                             std::uint64_t, double, int world_rank,
-                                                            const c10::Device& device) {
+                                                            const c10::Device& device, HealthChannel*) {
   no_nccl(world_rank, "the NCCL gradient all-reduce", device);
 }
 

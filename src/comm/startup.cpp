@@ -35,7 +35,7 @@ int world_rank() {
 }  // namespace
 
 void agree_on_startup(const std::string& stage, std::exception_ptr failure, MPI_Comm comm,
-                      double timeout_s) {
+                      double timeout_s, HealthChannel* health) {
   int rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   const auto [kind, message] = failure ? describe(failure) : std::pair<int, std::string>{0, ""};
@@ -44,15 +44,16 @@ void agree_on_startup(const std::string& stage, std::exception_ptr failure, MPI_
   int first[2] = {0, 0};
   MPI_Request req;
   WD_CHECK_MPI(MPI_Iallreduce(mine, first, 1, MPI_2INT, MPI_MINLOC, comm, &req));
-  wait_with_deadline(req, {"start-up check", -1, sizeof(mine), {}}, std::chrono::duration<double>(timeout_s), world_rank());
+  wait_with_deadline(req, {"start-up check", -1, sizeof(mine), {}}, std::chrono::duration<double>(timeout_s), world_rank(), health);
   if (first[0] == INT_MAX) return;
   const int root = first[0];
   std::vector<std::int64_t> header{kind, static_cast<std::int64_t>(message.size())};
-  broadcast_ints(header, root, comm, timeout_s, "start-up error");
+  broadcast_ints(header, root, comm, timeout_s, "start-up error", health);
   std::string text(static_cast<std::size_t>(header[1]), '\0');
   if (rank == root) text = message;
   WD_CHECK_MPI(MPI_Ibcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, root, comm, &req));
-  wait_with_deadline(req, {"start-up error text", -1, text.size(), {root}}, std::chrono::duration<double>(timeout_s), world_rank());
+  wait_with_deadline(req, {"start-up error text", -1, text.size(), {root}}, std::chrono::duration<double>(timeout_s),
+                     world_rank(), health);
   if (failure) std::rethrow_exception(failure);
   int root_world = root;
   MPI_Group g, w;
@@ -73,11 +74,11 @@ void agree_on_startup(const std::string& stage, std::exception_ptr failure, MPI_
 }
 
 void broadcast_ints(std::vector<std::int64_t>& values, int root, MPI_Comm comm, double timeout_s,
-                    const char* what) {
+                    const char* what, HealthChannel* health) {
   MPI_Request req;
   WD_CHECK_MPI(MPI_Ibcast(values.data(), static_cast<int>(values.size()), MPI_INT64_T, root, comm, &req));
   wait_with_deadline(req, {what, -1, values.size() * sizeof(std::int64_t), {root}},
-                     std::chrono::duration<double>(timeout_s), world_rank());
+                     std::chrono::duration<double>(timeout_s), world_rank(), health);
 }
 
 }  // namespace wd::comm

@@ -25,15 +25,15 @@ void StreamMark::record() {
 bool StreamMark::done() const { return !recorded_ || event_->query(); }
 
 void StreamMark::wait(const WaitInfo& info, std::chrono::duration<double> timeout, int world_rank,
-                      const char* where) {
+                      HealthChannel* health, const char* where) {
   if (!recorded_) return;
   note_host_sync(where);
-  Backoff backoff(timeout);
-  while (!event_->query()) {
-    watch_health(info.op);
-    if (backoff.expired()) throw_timeout(info, timeout, world_rank, info.peers);
-    backoff.pause();
-  }
+  const bool done = poll_until(timeout, [&] {
+    if (event_->query()) return true;
+    watch_health(health, info.op);
+    return false;
+  });
+  if (!done) throw_timeout(info, timeout, world_rank, info.peers);
 }
 
 bool StreamMark::settle(std::chrono::duration<double> grace) const noexcept {

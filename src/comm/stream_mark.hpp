@@ -22,11 +22,11 @@ class StreamMark {
   void record();
   /// True when nothing is recorded or the recorded work has finished (never waits).
   bool done() const;
-  /// Waits until done(), polling the health channel, for at most `timeout`; counts one host
-  /// synchronisation at `where` (a static label) when something was recorded on a device.
+  /// Waits until done(), polling `health` (when not null), for at most `timeout`; counts one
+  /// host synchronisation at `where` (a static label) when something was recorded on a device.
   /// Throws TimeoutError naming `info`'s op and step.
   void wait(const WaitInfo& info, std::chrono::duration<double> timeout, int world_rank,
-            const char* where);
+            HealthChannel* health, const char* where);
   /// Like wait, but for teardown: never throws, gives up after `grace`; false when the marked
   /// work had not finished by then.
   bool settle(std::chrono::duration<double> grace) const noexcept;

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
 
 namespace wd::comm {
 
@@ -48,16 +48,15 @@ void throw_timeout(const WaitInfo& info, std::chrono::duration<double> timeout, 
                      info.op, info.step, peers);
 }
 
-void watch_health(const char* op) {
-  if (HealthChannel* health = HealthChannel::active()) {
-    health->mark(op);
-    health->check();
-  }
+void watch_health(HealthChannel* health, const char* op) {
+  if (health == nullptr) return;
+  health->mark(op);
+  health->check();
 }
 
-void run_fault_hook(const FaultHook& hook, const char* op, std::int64_t step) {
+void run_fault_hook(const FaultHook& hook, HealthChannel* health, const char* op, std::int64_t step) {
   if (!hook) return;
-  if (HealthChannel* health = HealthChannel::active()) health->mark(op);
+  if (health != nullptr) health->mark(op);
   hook(step);
 }
 

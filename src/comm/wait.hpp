@@ -1,5 +1,6 @@
 // What every deadline wait shares, MPI or NCCL: the wait's description, the timeout error, the
-// polling backoff and the health-channel poll. Torch-free, so the NCCL layer can use it.
+// polling backoff, the one poll loop built on it and the health-channel poll. Torch-free, so the
+// NCCL layer can use it.
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,8 @@
 #include "core/errors.hpp"
 
 namespace wd::comm {
+
+class HealthChannel;
 
 /// What a wait is for, so a timeout message can name it.
 struct WaitInfo {
@@ -45,17 +48,19 @@ class TimeoutError : public MpiError {
 [[noreturn]] void throw_timeout(const WaitInfo& info, std::chrono::duration<double> timeout,
                                 int my_rank, const std::vector<int>& peers);
 
-/// Polls the health channel (when one is active) and marks this rank as busy in `op`; throws
-/// PeerFailure or Interrupted. Every polling wait calls it once per poll.
-void watch_health(const char* op);
+/// Marks this rank as busy in `op` on `health` and polls it; throws PeerFailure, Interrupted or
+/// StopRequested. Every polling wait calls it once per poll. Null `health` (before training,
+/// single-process tests): nothing to watch.
+void watch_health(HealthChannel* health, const char* op);
 
 /// A testing aid (--inject-fault ...:allreduce, ...:send): called at a point inside an
 /// operation with the step number the operation was called with; the caller's wiring decides
 /// whether a fault strikes there. Empty: no fault planned.
 using FaultHook = std::function<void(std::int64_t step)>;
 
-/// Runs `hook` (when set) inside `op`, marked first, so a failure there is reported in `op`.
-void run_fault_hook(const FaultHook& hook, const char* op, std::int64_t step);
+/// Runs `hook` (when set) inside `op`, marked first on `health` (when not null), so a failure
+/// there is reported in `op`.
+void run_fault_hook(const FaultHook& hook, HealthChannel* health, const char* op, std::int64_t step);
 
 /// World rank of this process, or -1 when MPI is not (or no longer) usable; for messages.
 int current_world_rank() noexcept;
@@ -80,5 +85,34 @@ class Backoff {
   Clock::time_point start_, deadline_;
   std::chrono::microseconds sleep_{2};
 };
+
+/// The poll loop of every wait: calls `poll` until it returns true or `timeout` passes, pausing
+/// on a Backoff between calls. `poll` runs at least once and once more after the deadline
+/// passed, so work that finished just in time counts; an exception from it ends the wait.
+/// Returns whether `poll` succeeded.
+template <typename Poll>
+bool poll_until(std::chrono::duration<double> timeout, Poll&& poll) {
+  Backoff backoff(timeout);
+  for (;;) {
+    const bool expired = backoff.expired();
+    if (poll()) return true;
+    if (expired) return false;
+    backoff.pause();
+  }
+}
+
+/// Runs `wait` and adds the seconds it took to `total`, also when it throws (the "wait
+/// fraction" of a stream or a reducer).
+template <typename Wait>
+void timed(double& total, Wait&& wait) {
+  const auto begin = std::chrono::steady_clock::now();
+  try {
+    wait();
+  } catch (...) {
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    throw;
+  }
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
 
 }  // namespace wd::comm

@@ -40,7 +40,7 @@ void sum_over_students(const StudentJob& job, std::vector<double>& values, std::
                               MPI_DOUBLE, MPI_SUM, job.students, &req));
   try {
     comm::wait_with_deadline(req, {op, step, values.size() * sizeof(double), job.peers},
-                             std::chrono::duration<double>(job.timeout_s), job.world_rank);
+                             std::chrono::duration<double>(job.timeout_s), job.world_rank, job.health);
   } catch (...) {
     comm::keep_until_exit(buffer);
     throw;

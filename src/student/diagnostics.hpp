@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 #include "metrics/metrics_writer.hpp"
 #include "memory/memory_report.hpp"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
 

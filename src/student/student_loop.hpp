@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/fault_injection.hpp"
-#include "comm/transport.hpp"
+#include "comm/receiver.hpp"
 #include "memory/memory_monitor.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
@@ -26,7 +26,7 @@ namespace wd::student {
 /// Everything one student rank needs; owned by the caller.
 struct StudentJob {
   StudentParts& parts;
-  comm::Transport& transport;
+  comm::Receiver& transport;
   comm::GradientReducer& reducer;
   const comm::StreamPlan& plan;
   const TrainConfig& train;

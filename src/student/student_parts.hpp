@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 
 namespace wd::student {
 

@@ -19,14 +19,6 @@ comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::D
 
 ColocatedTeacher::ColocatedTeacher(ColocatedSource source) : src_(source) {}
 
-void ColocatedTeacher::send(std::int64_t, const std::vector<comm::TensorDict>&) {
-  throw Error("the colocated teacher is computed where it is received: nothing sends to it");
-}
-
-void ColocatedTeacher::broadcast(std::int64_t, const comm::TensorDict&) {
-  throw Error("the colocated teacher is computed where it is received: nothing broadcasts to it");
-}
-
 const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
   WD_CHECK(held_.step < 0, "colocated teacher: recv(" << step << ") while step " << held_.step
                                                       << " is not released");

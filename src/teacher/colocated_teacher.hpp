@@ -1,12 +1,12 @@
 // teacher.placement = colocated: a student rank's own teacher. It stands where the link to a
-// teacher rank would be (a comm::Transport the student loop receives from) and computes each
+// teacher rank would be (a comm::Receiver the student loop receives from) and computes each
 // message on the spot: read this rank's samples, noise them, run the teacher.
 #pragma once
 
 #include <cstdint>
 
 #include "comm/stream_plan.hpp"
-#include "comm/transport.hpp"
+#include "comm/receiver.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
@@ -35,18 +35,15 @@ struct ColocatedSource {
 /// on the device would cost it a synchronisation at every forward.
 comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::Device& device);
 
-/// A receive-only Transport whose messages are computed here. Steps come in order, one held at
+/// A Receiver whose messages are computed here. Steps come in order, one held at
 /// a time: recv(s) after release(s - 1). wait_seconds() is 0 (nothing is waited for);
 /// compute_seconds() is the teacher's share of this rank's time.
-class ColocatedTeacher : public comm::Transport {
+class ColocatedTeacher : public comm::Receiver {
  public:
   explicit ColocatedTeacher(ColocatedSource source);
 
-  void send(std::int64_t step, const std::vector<comm::TensorDict>& per_student) override;
-  void broadcast(std::int64_t step, const comm::TensorDict& message) override;
   const comm::Message& recv(std::int64_t step) override;
   void release(std::int64_t step) override;
-  void flush() override {}
   double wait_seconds() const override { return 0; }
   double compute_seconds() const { return compute_seconds_; }
 

@@ -3,10 +3,12 @@
 
 #include <cstdint>
 
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
+#include "comm/message_spec.hpp"
+#include "comm/receiver.hpp"
+#include "comm/sender.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/fault_injection.hpp"
-#include "comm/transport.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
@@ -24,7 +26,7 @@ struct TeacherJob {
   const data::SampleSchedule& schedule;   ///< training samples [0, train_samples)
   const data::FlowMatchingNoiser& noiser;
   const data::FlowMatchingNoiser& eval_noiser;
-  comm::Transport* transport;  ///< to the students: last stage only
+  comm::Sender* transport;  ///< to the students: last stage only
   const comm::StreamPlan& plan;
   int replica = 0;
   int replicas = 1;
@@ -36,8 +38,8 @@ struct TeacherJob {
   /// Polled at every step; null in single-process tests.
   comm::HealthChannel* health = nullptr;
   const FaultInjector* faults = nullptr;
-  comm::Transport* from_previous = nullptr;  ///< shard: the previous stage's stream
-  comm::Transport* to_next = nullptr;        ///< shard: the stream to the next stage
+  comm::Receiver* from_previous = nullptr;  ///< shard: the previous stage's stream
+  comm::Sender* to_next = nullptr;          ///< shard: the stream to the next stage
 };
 
 /// Stage 0's input: the samples `idx` read from `reader`, noised for stream position

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/health.hpp"
+#include "comm/failure_exchange.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
+#include "comm/signals.hpp"
 
 namespace wd::comm {
 namespace {
@@ -28,7 +30,7 @@ Topology topo() {
 void barrier() {
   MPI_Request req;
   ASSERT_EQ(MPI_Ibarrier(MPI_COMM_WORLD, &req), MPI_SUCCESS);
-  wait_with_deadline(req, {"test barrier", -1, 0, {}}, std::chrono::seconds(30), topo().rank);
+  wait_with_deadline(req, {"test barrier", -1, 0, {}}, std::chrono::seconds(30), topo().rank, nullptr);
 }
 
 TEST(Health, ANoticeEndsTheWaitsOfEveryOtherRankAndTheProtocolAgreesOnOneCode) {
@@ -52,7 +54,7 @@ TEST(Health, ANoticeEndsTheWaitsOfEveryOtherRankAndTheProtocolAgreesOnOneCode) {
       const auto t0 = Clock::now();
       bool raised = false;
       try {
-        wait_with_deadline(req, {"recv batch", 3, 4, {failing}}, std::chrono::seconds(60), t.rank);
+        wait_with_deadline(req, {"recv batch", 3, 4, {failing}}, std::chrono::seconds(60), t.rank, &health);
       } catch (const PeerFailure& e) {
         raised = true;
         EXPECT_EQ(e.notice().rank, failing);
@@ -81,7 +83,7 @@ TEST(Health, ANoticeEndsTheWaitsOfEveryOtherRankAndTheProtocolAgreesOnOneCode) {
     mine.payload_bytes = 4;
     std::memcpy(mine.payload, &t.rank, 4);
     // The failing rank announces its notice here (the others' waits above end on it).
-    const auto ex = health.exchange_failure_reports(own, mine, 0.5, 20.0);
+    const auto ex = exchange_failure_reports(health, own, mine, 0.5, 20.0);
     EXPECT_EQ(ex.reporter, 0);
     const FailureNotice* primary = primary_failure(ex.notices);
     ASSERT_NE(primary, nullptr);
@@ -95,9 +97,9 @@ TEST(Health, ANoticeEndsTheWaitsOfEveryOtherRankAndTheProtocolAgreesOnOneCode) {
         EXPECT_EQ(payload, r);
       }
       EXPECT_EQ(ex.reports[failing]->own.kind, FailureKind::kOutOfMemory);
-      health.release(ex, exit_code(primary->kind), 5.0);
+      release_reporters(health, ex, exit_code(primary->kind), 5.0);
     } else {
-      EXPECT_EQ(health.wait_for_release(0, 20.0), std::optional<int>(4));
+      EXPECT_EQ(wait_for_release(health, 0, 20.0), std::optional<int>(4));
     }
   }
   barrier();
@@ -177,7 +179,7 @@ TEST(Health, AStopAfterMessageEndsATeachersWait) {
       ASSERT_EQ(MPI_Irecv(&never, 1, MPI_INT, 1, 998, MPI_COMM_WORLD, &req), MPI_SUCCESS);
       std::int64_t stopped = -1;
       try {
-        wait_with_deadline(req, {"send batch", 9, 4, {1}}, std::chrono::seconds(30), t.rank);
+        wait_with_deadline(req, {"send batch", 9, 4, {1}}, std::chrono::seconds(30), t.rank, &health);
       } catch (const StopRequested& e) {
         stopped = e.step();
       }

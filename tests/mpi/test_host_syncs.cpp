@@ -16,7 +16,7 @@
 
 #include "comm/gradient_reducer.hpp"
 #include "comm/stream_plan.hpp"
-#include "comm/transport.hpp"
+#include "comm/receiver.hpp"
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/threads.hpp"
@@ -30,7 +30,7 @@ using namespace wd;
 
 /// The teacher end of the stream replaced by seeded random batches of the message's shapes (the
 /// student loop is what is measured; where its batches come from is not).
-class SeededBatches final : public comm::Transport {
+class SeededBatches final : public comm::Receiver {
  public:
   explicit SeededBatches(comm::MessageSpec spec) : spec_(std::move(spec)) {}
   const comm::Message& recv(std::int64_t step) override {
@@ -49,9 +49,6 @@ class SeededBatches final : public comm::Transport {
     return message_;
   }
   void release(std::int64_t) override {}
-  void send(std::int64_t, const std::vector<comm::TensorDict>&) override { throw Error("receive only"); }
-  void broadcast(std::int64_t, const comm::TensorDict&) override { throw Error("receive only"); }
-  void flush() override {}
   double wait_seconds() const override { return 0; }
 
  private:
@@ -90,7 +87,7 @@ TEST(HostSyncs, OnePerOptimizerStepNonePerMicroBatch) {
   setup.teacher_dim = tc.dim;
   student::StudentParts parts(WanDiT(tc, WanInit::kRandom, torch::kFloat, 3), setup);
   SeededBatches batches(plan.message_spec());
-  comm::MpiGradientReducer reducer(MPI_COMM_WORLD, parts.trainable(), 25'000'000ULL, 60, 0);
+  comm::MpiGradientReducer reducer(MPI_COMM_WORLD, parts.trainable(), 25'000'000ULL, 60, 0, nullptr);
   student::StudentJob job{parts, batches, reducer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
                           student::CheckpointPolicy::parse("all")};
   const auto before = host_sync_count();

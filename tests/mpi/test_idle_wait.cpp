@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/health.hpp"
+#include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
 
 namespace wd::comm {
@@ -61,7 +61,7 @@ TEST(IdleWait, AReceiveWaitingForALateSenderUsesUnderFivePercentOfACore) {
       [&] {
         MPI_Request req;
         ASSERT_EQ(MPI_Irecv(&token, 1, MPI_INT, size() - 1, 7, MPI_COMM_WORLD, &req), MPI_SUCCESS);
-        wait_with_deadline(req, {"recv token", 0, sizeof(int), {size() - 1}}, std::chrono::seconds(30), rank());
+        wait_with_deadline(req, {"recv token", 0, sizeof(int), {size() - 1}}, std::chrono::seconds(30), rank(), nullptr);
       },
       [&] {
         token = 42;
@@ -69,7 +69,7 @@ TEST(IdleWait, AReceiveWaitingForALateSenderUsesUnderFivePercentOfACore) {
         for (int r = 0; r + 1 < size(); ++r) {
           ASSERT_EQ(MPI_Isend(&token, 1, MPI_INT, r, 7, MPI_COMM_WORLD, &reqs[static_cast<std::size_t>(r)]), MPI_SUCCESS);
         }
-        wait_all_with_deadline(reqs, {"send token", 0, sizeof(int), {}}, std::chrono::seconds(30), rank());
+        wait_all_with_deadline(reqs, {"send token", 0, sizeof(int), {}}, std::chrono::seconds(30), rank(), nullptr);
       });
   if (rank() + 1 < size()) {
     EXPECT_EQ(token, 42);
@@ -84,7 +84,7 @@ TEST(IdleWait, AnAllReduceWaitingForALateRankUsesUnderFivePercentOfACore) {
     ASSERT_EQ(MPI_Iallreduce(MPI_IN_PLACE, grads.data(), static_cast<int>(grads.size()), MPI_FLOAT, MPI_SUM,
                              MPI_COMM_WORLD, &req),
               MPI_SUCCESS);
-    wait_with_deadline(req, {"allreduce grads", 0, grads.size() * sizeof(float), {}}, std::chrono::seconds(30), rank());
+    wait_with_deadline(req, {"allreduce grads", 0, grads.size() * sizeof(float), {}}, std::chrono::seconds(30), rank(), nullptr);
   };
   const double share = busy_share(all_reduce, all_reduce);
   EXPECT_EQ(grads.front(), static_cast<float>(size()));

@@ -73,7 +73,7 @@ TEST(NcclNoGpu, CreationReportsNoDevice) {
       "NCCL transport: no CUDA device visible on rank " + std::to_string(world_rank()) +
       " (cudaGetDeviceCount: ";
   try {
-    NcclComm comm(MPI_COMM_WORLD, 0, kTimeout);
+    NcclComm comm(MPI_COMM_WORLD, 0, kTimeout, nullptr);
     ADD_FAILURE() << "NcclComm was created without a GPU";
   } catch (const CudaError& e) {
     EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
@@ -108,7 +108,7 @@ TEST_F(NcclGpu, SelfSendRecvInOneGroup) {
   CudaStream stream(device_);
   CudaEvent done(device_);
   DeviceBuffer src(device_, kCount * 4), dst(device_, kCount * 4);
-  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
+  NcclComm comm(MPI_COMM_SELF, device_, kTimeout, nullptr);
   ASSERT_EQ(comm.size(), 1);
   src.upload(pattern(7, kCount));
   dst.upload(std::vector<std::int32_t>(kCount, -1));
@@ -126,7 +126,7 @@ TEST_F(NcclGpu, BroadcastFromRankZero) {
   if (IsSkipped()) return;  // GTEST_SKIP in a helper leaves only the helper
   CudaStream stream(device_);
   DeviceBuffer buf(device_, kCount * 4);
-  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
+  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout, nullptr);
   ASSERT_EQ(comm.size(), world_size());
   buf.upload(world_rank() == 0 ? pattern(3, kCount) : std::vector<std::int32_t>(kCount, 0));
   comm.broadcast(buf.get(), buf.get(), kCount * 4, 0, stream.get());
@@ -150,7 +150,7 @@ TEST_F(NcclGpu, StepsArriveInOrder) {
     sources.push_back(std::make_unique<DeviceBuffer>(device_, kCount * 4));
     sources.back()->upload(pattern(s, kCount));
   }
-  NcclComm comm(pair ? MPI_COMM_WORLD : MPI_COMM_SELF, device_, kTimeout);
+  NcclComm comm(pair ? MPI_COMM_WORLD : MPI_COMM_SELF, device_, kTimeout, nullptr);
   const int sender = 0, receiver = comm.size() - 1;
   int failures = 0;
   for (int s = 0; s < kSteps; ++s) {
@@ -183,7 +183,7 @@ TEST_F(NcclGpu, StepsArriveInOrder) {
 TEST_F(NcclGpu, TimeoutAbortsTheCommunicator) {
   CudaStream stream(device_);
   CudaEvent after(device_);
-  NcclComm comm(MPI_COMM_SELF, device_, kTimeout);
+  NcclComm comm(MPI_COMM_SELF, device_, kTimeout, nullptr);
   static std::atomic<bool> release{false};
   release = false;
   WD_CHECK_CUDA(cudaLaunchHostFunc(
@@ -226,7 +226,7 @@ TEST_F(NcclGpu, MissingPeerTimesOut) {
   if (IsSkipped()) return;  // GTEST_SKIP in a helper leaves only the helper
   CudaStream stream(device_);
   DeviceBuffer buf(device_, kCount * 4);
-  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout);
+  NcclComm comm(MPI_COMM_WORLD, device_, kTimeout, nullptr);
   if (comm.rank() == 1) {
     comm.recv(buf.get(), kCount * 4, 0, stream.get());
     EXPECT_THROW(comm.wait(stream.get(), WaitInfo{"recv batch", 5, kCount * 4, {0}},
@@ -261,8 +261,9 @@ TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
     config.mode = mode;
     config.prefetch_depth = 2;
     config.timeout_s = 60;
-    auto transport = make_transport(groups, rank, spec, config, 0, 6, device);
+    const auto end = link_end(groups, rank, config);
     if (layout.role_of(rank) == Role::kTeacher) {
+      auto transport = make_sender(end, spec, config, 0, 6, device, nullptr);
       for (std::int64_t s = 0; s < 6; ++s) {
         if (mode == "scatter") {
           transport->send(s, {message(s)});
@@ -272,6 +273,7 @@ TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
       }
       transport->flush();
     } else {
+      auto transport = make_receiver(end, spec, config, 0, 6, device, nullptr);
       for (std::int64_t s = 0; s < 6; ++s) {
         const Message& m = transport->recv(s);
         EXPECT_EQ(m.step, s);

@@ -34,7 +34,7 @@ constexpr std::uint64_t kTeacherSeed = 20251122;  // the builtin teacher's (trai
 /// fresh batch per step, kept so that the dump can write what the student received. Sample 0
 /// has its full context; later samples a shorter one, with non-zero rows past their length
 /// (the student must drop them).
-class SeededBatches final : public comm::Transport {
+class SeededBatches final : public comm::Receiver {
  public:
   explicit SeededBatches(comm::MessageSpec spec) : spec_(std::move(spec)) {}
 
@@ -58,15 +58,11 @@ class SeededBatches final : public comm::Transport {
     return message_;
   }
   void release(std::int64_t) override {}
-  void send(std::int64_t, const std::vector<comm::TensorDict>&) override { unused("send"); }
-  void broadcast(std::int64_t, const comm::TensorDict&) override { unused("broadcast"); }
-  void flush() override { unused("flush"); }
   double wait_seconds() const override { return 0; }
 
   std::vector<comm::TensorDict> received;  ///< one batch per transport step
 
  private:
-  [[noreturn]] static void unused(const char* what) { throw Error(std::string("SeededBatches cannot ") + what); }
   std::int64_t context_rows() const {
     for (const auto& t : spec_.tensors) {
       if (t.name == "context") return t.shape[1];
@@ -165,7 +161,7 @@ void dump(const fs::path& out) {
   write_safetensors((out / "initial.safetensors").string(), named(names, params), {{"format", "pt"}});
 
   SeededBatches batches(plan.message_spec());
-  comm::MpiGradientReducer reducer(MPI_COMM_WORLD, params, 25'000'000ULL, 60, 0);
+  comm::MpiGradientReducer reducer(MPI_COMM_WORLD, params, 25'000'000ULL, 60, 0, nullptr);
   student::StudentJob job{parts, batches, reducer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
                           student::CheckpointPolicy::parse(scfg.checkpointing)};
   // The loop saves after every optimizer step: the grads are then those the optimizer used

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "comm/transport.hpp"
+#include "comm/message_spec.hpp"
 
 namespace wd::student::testing {
 

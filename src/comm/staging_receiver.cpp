@@ -1,5 +1,5 @@
-// StagingTransport: host ring in, device tensors out.
-#include "comm/staging_transport.hpp"
+// StagingReceiver: host ring in, device tensors out.
+#include "comm/staging_receiver.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -12,16 +12,18 @@ namespace {
 constexpr std::chrono::seconds kDrainGrace{5};
 }  // namespace
 
-StagingTransport::StagingTransport(std::unique_ptr<Transport> host, const MessageSpec& spec,
-                                   const c10::Device& device, std::size_t slots,
-                                   std::int64_t first_step, double timeout_s, int world_rank)
+StagingReceiver::StagingReceiver(std::unique_ptr<Receiver> host, const MessageSpec& spec,
+                                 const c10::Device& device, std::size_t slots,
+                                 std::int64_t first_step, double timeout_s, int world_rank,
+                                 HealthChannel* health)
     : host_(std::move(host)),
       device_(device),
       first_step_(first_step),
       timeout_s_(timeout_s),
       world_rank_(world_rank),
+      health_(health),
       bytes_(spec.bytes()) {
-  WD_CHECK(slots > 0, "a staging transport needs at least one slot");
+  WD_CHECK(slots > 0, "a staging receiver needs at least one slot");
   slots_.reserve(slots);
   for (std::size_t i = 0; i < slots; ++i) {
     Slot slot{Message{}, StreamMark(device_)};
@@ -33,7 +35,7 @@ StagingTransport::StagingTransport(std::unique_ptr<Transport> host, const Messag
   }
 }
 
-StagingTransport::~StagingTransport() {
+StagingReceiver::~StagingReceiver() {
   bool drained = true;
   for (const Slot& slot : slots_) {
     if (slot.message.step != -1) drained = slot.copied.settle(kDrainGrace) && drained;
@@ -41,24 +43,14 @@ StagingTransport::~StagingTransport() {
   if (!drained) {
     // A copy may still read the ring's pinned buffers: freeing them would let a new pinned
     // allocation reuse memory under it. Only reached on a failure path, just before exit.
-    spdlog::warn("staging transport of rank {}: a copy out of the receive ring did not finish "
+    spdlog::warn("staging receiver of rank {}: a copy out of the receive ring did not finish "
                  "within {} s; its buffers are kept until exit",
                  world_rank_, kDrainGrace.count());
     (void)host_.release();
   }
 }
 
-void StagingTransport::send(std::int64_t step, const std::vector<TensorDict>& per_student) {
-  host_->send(step, per_student);
-}
-
-void StagingTransport::broadcast(std::int64_t step, const TensorDict& message) {
-  host_->broadcast(step, message);
-}
-
-void StagingTransport::flush() { host_->flush(); }
-
-const Message& StagingTransport::recv(std::int64_t step) {
+const Message& StagingReceiver::recv(std::int64_t step) {
   Slot& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
   if (slot.message.step == step) return slot.message;
   WD_CHECK(slot.message.step == -1, "recv(step " << step << "): step " << slot.message.step
@@ -74,13 +66,13 @@ const Message& StagingTransport::recv(std::int64_t step) {
   return slot.message;
 }
 
-void StagingTransport::release(std::int64_t step) {
+void StagingReceiver::release(std::int64_t step) {
   Slot& slot = slots_[static_cast<std::size_t>(step - first_step_) % slots_.size()];
   WD_CHECK(slot.message.step == step, "release(step " << step << ") before recv(step " << step << ")");
   // The host buffer is reposted to MPI on release: the copy out of it must have finished (the
   // forward and backward queued after it need not).
   slot.copied.wait(WaitInfo{"staging copy", step, bytes_, {}}, std::chrono::duration<double>(timeout_s_),
-                   world_rank_, "StagingTransport::release");
+                   world_rank_, health_, "StagingReceiver::release");
   slot.message.step = -1;
   host_->release(step);
 }
