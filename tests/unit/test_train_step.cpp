@@ -63,7 +63,8 @@ class LineFit final : public Objective {
 /// would halve them), so the test sees that the clip and the update use the reduced gradients.
 class ScalingReducer final : public comm::GradientReducer {
  public:
-  ScalingReducer(std::vector<torch::Tensor> params, double factor) : params_(std::move(params)), factor_(factor) {}
+  ScalingReducer(std::vector<torch::Tensor> params, double factor)
+      : comm::GradientReducer(nullptr), params_(std::move(params)), factor_(factor) {}
   void average(std::int64_t) override {
     ++calls;
     for (auto& p : params_) p.mutable_grad().mul_(factor_);
