@@ -171,9 +171,12 @@ inline void set_current_device(const c10::Device& device) {
 #endif
 }
 
-/// The CUDA device index this thread computes on (-1 where the build has no CUDA).
+/// The CUDA device index this thread computes on (-1 where the build has no CUDA or no device
+/// is usable: asking c10 then throws, e.g. "CUDA driver version is insufficient" on a host with
+/// the CUDA libraries and no GPU).
 inline int current_cuda_device() {
 #if WD_TORCH_CUDA
+  if (!cuda_available()) return -1;
   return static_cast<int>(c10::cuda::current_device());
 #else
   return -1;
