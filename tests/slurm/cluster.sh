@@ -92,9 +92,12 @@ MessageTimeout=20
 SlurmdParameters=config_overrides
 GresTypes=gpu
 EOF
-  local i nodelist=()
+  local i nodelist=() port=$node_port
   for ((i = 1; i <= nodes; i++)); do
-    echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((node_port + i - 1)) CPUs=$cpus Gres=gpu:$cpus RealMemory=1000 State=UNKNOWN" >>"$d/slurm.conf"
+    # Each node's port probed on its own: node_port + 1 may be taken (an mpirun of a test running
+    # beside this one listens on a random port), and slurmd then fails with "Address already in use".
+    ((i == 1)) || port=$(_cluster_free_port $((port + 1)))
+    echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=$cpus Gres=gpu:$cpus RealMemory=1000 State=UNKNOWN" >>"$d/slurm.conf"
     nodelist+=("node$i")
     # slurmd creates neither its spool directory nor the TmpFS.
     mkdir -p "$d/spool/node$i" "$d/tmp/node$i"
