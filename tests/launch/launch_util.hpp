@@ -85,6 +85,19 @@ inline std::string pinned_options(const std::string& args) {
 /// `args` with pinned_options(args) added: the whole command line of a launched job.
 inline std::string pinned_args(const std::string& args) { return args + pinned_options(args); }
 
+/// Runs the shell command `cmd` (its stderr redirected by the caller) and returns its exit code,
+/// output and wall time.
+inline LaunchResult run_captured(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = pipe ? ::pclose(pipe) : -1;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
+}
+
 /// Runs `wan-distill train <args>` on `ranks` ranks, pinned to the host (pinned_args) and to
 /// kPinnedKernels. mpirun's --timeout bounds a hang; `kill_grace_s` is how long mpirun lets the
 /// other ranks finish after one exits non-zero (long enough for the failure protocol, see
@@ -95,14 +108,7 @@ inline LaunchResult launch_train(int ranks, const std::string& args, int timeout
                           " --mca odls_base_sigkill_timeout " + std::to_string(kill_grace_s) +
                           " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + kPinnedKernels + WD_CLI + " train " +
                           pinned_args(args) + " 2>&1";
-  const auto t0 = std::chrono::steady_clock::now();
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = pipe ? ::pclose(pipe) : -1;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
+  return run_captured(cmd);
 }
 
 /// A fresh directory under the system temp dir, unique to this process and `name`.

@@ -175,16 +175,8 @@ TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
   // returns within the documented 5 s (about 1 s here), with its exit code.
   const auto launcher = fs::path(kFixtures).parent_path().parent_path() / "launch" / "mpirun.sh";
   const auto run = [&](const std::string& args) {
-    const std::string cmd =
-        "timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " + test::pinned_args(args) + " 2>&1";
-    const auto t0 = std::chrono::steady_clock::now();
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    std::string out;
-    std::array<char, 4096> buf{};
-    while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-    const int status = pipe ? ::pclose(pipe) : -1;
-    return test::LaunchResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out,
-                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    return test::run_captured("timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " +
+                              test::pinned_args(args) + " 2>&1");
   };
   const auto bad = run("--run-dir " + (run_dir() / "launcher").string() + " --train.eval_samples 6");
   EXPECT_EQ(bad.code, 2) << bad.output;
