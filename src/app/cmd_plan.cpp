@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
-#include "app/plan_calibrate.hpp"
-#include "app/plan_input.hpp"
-#include "app/run_config.hpp"
+#include "job/calibrate.hpp"
+#include "job/plan_input.hpp"
+#include "job/run_config.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
@@ -81,12 +81,8 @@ nlohmann::json speed_json(const plan::SpeedInput& in, const std::vector<plan::La
           {"layouts", rows}};
 }
 
-}  // namespace
-
-int run_plan(const std::vector<std::string>& args) {
-  RunConfig cfg;
-  OptionTable table("plan options (the same config file and keys as train)");
-  cfg.bind(table);
+/// plan's own options (the job's are train's, job::RunConfig).
+struct PlanOptions {
   std::string gpu_memory = "180GiB", host_memory = "2TiB", latent, preset;
   int gpus_per_node = 8, np = 0;
   std::int64_t experts = 0;
@@ -94,32 +90,158 @@ int run_plan(const std::vector<std::string>& args) {
   double teacher_gflops = 0, student_gflops = 0;
   int cores = -1;
   std::string calibrate = "auto";
+
+  void bind(OptionTable& own) {
+    own.bind("gpu-memory", gpu_memory, "memory of one GPU")
+        .bind("host-memory", host_memory, "host memory of one node")
+        .bind("gpus-per-node", gpus_per_node, "GPUs (= ranks) per node")
+        .bind("np", np, "world ranks as given to mpirun; 0 = one node of --gpus-per-node ranks "
+                        "(with --cpu: teacher.ranks x 3, the tiny job's 1 teacher + 2 students)")
+        .bind("cpu", cpu, "a CPU job (the CPU build): every rank on one host, teacher.placement cpu")
+        .bind("latent", latent, "C,F,H,W of a latent when data.path does not exist yet "
+                                "(default for builtin:tiny: in_dim,3,16,16)")
+        .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
+                                "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
+        .bind("json", json, "print the plan as JSON instead of tables")
+        .bind("teacher-gflops", teacher_gflops,
+              "sustained GFLOP/s of one rank's teacher forward; 0 = measured here (a matmul in the "
+              "teacher's compute dtype, one thread, times plan::kForwardEfficiency)")
+        .bind("student-gflops", student_gflops,
+              "sustained GFLOP/s of one rank's student step; 0 = measured here (fp32, one thread, "
+              "times plan::kTrainEfficiency)")
+        .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
+        .bind("calibrate", calibrate,
+              "with --cpu, or on a machine with a GPU (cuda:0, taken to be like the job's): time one "
+              "teacher forward and one student step of this job there (random "
+              "weights) for the speed prediction: yes, no, or auto (yes when the forward of one batch "
+              "is estimated under 60 s)")
+        .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
+                                  "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
+  }
+  void validate() const {
+    ConfigProblems p;
+    p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
+    p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
+    p.check(calibrate == "auto" || calibrate == "yes" || calibrate == "no",
+            "calibrate(" + calibrate + ") must be auto, yes or no");
+    p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
+    p.throw_if_any("plan");
+  }
+};
+
+/// The teacher planned for: a preset, the checkpoint's config.json (headers only), or the
+/// builtin tiny preset.
+struct PlannedTeacher {
+  WanConfig config;
+  std::int64_t stored_bytes = 2;
+  std::int64_t experts = 1;
+  std::string source;
+};
+
+PlannedTeacher planned_teacher(const job::RunConfig& cfg, const PlanOptions& o) {
+  PlannedTeacher t;
+  t.stored_bytes = cfg.teacher.dtype == "auto" ? 2 : elem_bytes(parse_dtype(cfg.teacher.dtype));
+  t.experts = o.experts;
+  if (!o.preset.empty()) {
+    t.config = WanConfig::preset(o.preset);
+    t.source = "preset " + o.preset;
+  } else if (cfg.teacher.checkpoint == job::kBuiltin) {
+    t.config = WanConfig::preset("tiny");
+    t.stored_bytes = 2;  // the builtin teacher is written in bf16
+    t.source = job::kBuiltin;
+  } else if (fs::exists(cfg.teacher.checkpoint)) {
+    // A two-expert (A14B) folder: both experts' headers, one architecture, two sets of weights.
+    const auto teacher = job::open_teacher(cfg);
+    if (t.experts == 0) t.experts = static_cast<std::int64_t>(teacher.size());
+    t.config = teacher.config();
+    t.stored_bytes = job::stored_elem_bytes(teacher.expert(0));
+    t.source = cfg.teacher.checkpoint;
+  } else if (!cfg.teacher.model_config.empty()) {
+    t.config = WanConfig::load(cfg.teacher.model_config);
+    t.source = cfg.teacher.model_config;
+  } else {
+    throw ConfigError("teacher.checkpoint(" + cfg.teacher.checkpoint +
+                      ") does not exist here; give --teacher.model_config FILE (its config.json) or "
+                      "--preset NAME to plan without it");
+  }
+  if (t.experts == 0) t.experts = 1;
+  return t;
+}
+
+/// The latent shape and text length: from the data set when it exists, else --latent (builtin:
+/// the tiny shape); each latent axis must divide by the patch.
+std::pair<std::array<std::int64_t, 4>, std::int64_t> planned_latent(const job::RunConfig& cfg, const PlanOptions& o,
+                                                                    const WanConfig& tc) {
+  std::array<std::int64_t, 4> lat{};
+  std::int64_t context_len = tc.text_len;
+  const std::string data_path = cfg.data_path();
+  if (o.latent.empty() && fs::exists(data_path)) {
+    const auto info = data::validate_dataset(data_path, job::dataset_expectations(tc));
+    lat = info.latent_shape;
+    context_len = info.context_len;
+  } else if (!o.latent.empty()) {
+    const auto d = parse_dims(o.latent, 4, "latent");
+    lat = {d[0], d[1], d[2], d[3]};
+  } else if (cfg.data.path == job::kBuiltin) {
+    lat = {tc.in_dim, 3, 16, 16};
+  } else {
+    throw ConfigError("data.path(" + cfg.data.path + ") does not exist here; give the latent size with --latent C,F,H,W");
+  }
+  ConfigProblems shape;
+  for (int a = 0; a < 3; ++a) {
+    shape.check(lat[a + 1] % tc.patch_size[a] == 0,
+                "latent axis " + std::to_string(a + 1) + " (" + std::to_string(lat[a + 1]) +
+                    ") is not divisible by the patch size " + std::to_string(tc.patch_size[a]));
+  }
+  shape.throw_if_any("plan");
+  return {lat, context_len};
+}
+
+/// The speed prediction's input: rates measured where the job will compute (the host for a CPU
+/// job, else a GPU of this machine when it has one, taken to be like the job's), or given.
+std::optional<plan::SpeedInput> planned_speed(const job::RunConfig& cfg, const PlanOptions& o,
+                                              const plan::PlanInput& in, const PlannedTeacher& t,
+                                              const std::array<std::int64_t, 4>& lat, int world) {
+  std::optional<c10::Device> measure_on;
+  if (o.cpu) {
+    measure_on = c10::Device(torch::kCPU);
+  } else if (compat::cuda_available()) {
+    measure_on = c10::Device(torch::kCUDA, 0);
+  }
+  return job::speed_input(cfg, in, t.config, job::timed_weight_dtype(cfg, t.stored_bytes), lat, world, measure_on,
+                          o.cores, o.teacher_gflops, o.student_gflops, o.calibrate);
+}
+
+void print_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTeacher& t, const plan::PlanInput& in,
+                const plan::Plan& plan, const std::optional<plan::SpeedInput>& speed,
+                const std::vector<plan::LayoutSpeed>& layouts, const comm::Layout& layout,
+                const std::array<std::int64_t, 4>& lat) {
+  std::cout << "teacher " << t.source << ": " << (t.experts > 1 ? std::to_string(t.experts) + " experts of " : "")
+            << t.config.summary() << ", " << cfg.teacher.dtype << ", "
+            << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
+            << "student: " << cfg.student.model_config(t.config).summary() << ", " << cfg.student.precision
+            << ", checkpointing " << cfg.student.checkpointing << "\n"
+            << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
+            << (o.cpu ? " on one host (CPU job)" : ", " + std::to_string(o.gpus_per_node) + " GPUs per node")
+            << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
+            << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
+            << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
+            << plan::format_plan(in, plan) << "\n"
+            << (speed ? plan::format_speeds(*speed, layouts)
+                      : "speed: not predicted; give --teacher-gflops and --student-gflops (the sustained rates "
+                        "of one GPU), run plan on a machine with a GPU like the job's, or plan a CPU job with "
+                        "--cpu\n");
+}
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args) {
+  job::RunConfig cfg;
+  OptionTable table("plan options (the same config file and keys as train)");
+  cfg.bind(table);
+  PlanOptions o;
   OptionTable own("plan's own options");
-  own.bind("gpu-memory", gpu_memory, "memory of one GPU")
-      .bind("host-memory", host_memory, "host memory of one node")
-      .bind("gpus-per-node", gpus_per_node, "GPUs (= ranks) per node")
-      .bind("np", np, "world ranks as given to mpirun; 0 = one node of --gpus-per-node ranks "
-                      "(with --cpu: teacher.ranks x 3, the tiny job's 1 teacher + 2 students)")
-      .bind("cpu", cpu, "a CPU job (the CPU build): every rank on one host, teacher.placement cpu")
-      .bind("latent", latent, "C,F,H,W of a latent when data.path does not exist yet "
-                              "(default for builtin:tiny: in_dim,3,16,16)")
-      .bind("preset", preset, "plan for a WanConfig preset instead of teacher.checkpoint "
-                              "(tiny, wan22-ti2v-5b, wan22-t2v-a14b, wan22-i2v-a14b)")
-      .bind("json", json, "print the plan as JSON instead of tables")
-      .bind("teacher-gflops", teacher_gflops,
-            "sustained GFLOP/s of one rank's teacher forward; 0 = measured here (a matmul in the "
-            "teacher's compute dtype, one thread, times plan::kForwardEfficiency)")
-      .bind("student-gflops", student_gflops,
-            "sustained GFLOP/s of one rank's student step; 0 = measured here (fp32, one thread, "
-            "times plan::kTrainEfficiency)")
-      .bind("cores", cores, "cores the ranks share; -1 = this host's with --cpu, else a GPU per rank")
-      .bind("calibrate", calibrate,
-            "with --cpu, or on a machine with a GPU (cuda:0, taken to be like the job's): time one "
-            "teacher forward and one student step of this job there (random "
-            "weights) for the speed prediction: yes, no, or auto (yes when the forward of one batch "
-            "is estimated under 60 s)")
-      .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
-                                "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
+  o.bind(own);
   table.add(own);
   if (parse_options(args, table).help) {
     print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
@@ -133,124 +255,38 @@ int run_plan(const std::vector<std::string>& args) {
     return kExitOk;
   }
   cfg.validate();
-  const auto gpu_bytes = parse_size(gpu_memory, "gpu-memory");
-  const auto host_bytes = parse_size(host_memory, "host-memory");
-  ConfigProblems p;
-  p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
-  p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
-  p.check(calibrate == "auto" || calibrate == "yes" || calibrate == "no",
-          "calibrate(" + calibrate + ") must be auto, yes or no");
-  p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
-  p.throw_if_any("plan");
+  o.validate();
   init_logging(Topology::single_process(), cfg.log.level);
-
-  // The teacher's config: a preset, the checkpoint's config.json (headers only), or the
-  // builtin tiny preset.
-  WanConfig tc;
-  std::int64_t stored_bytes = cfg.teacher.dtype == "auto" ? 2 : elem_bytes(parse_dtype(cfg.teacher.dtype));
-  std::string teacher_source;
-  const bool builtin = cfg.teacher.checkpoint == kBuiltin;
-  if (!preset.empty()) {
-    tc = WanConfig::preset(preset);
-    teacher_source = "preset " + preset;
-  } else if (builtin) {
-    tc = WanConfig::preset("tiny");
-    stored_bytes = 2;  // the builtin teacher is written in bf16
-    teacher_source = "builtin:tiny";
-  } else if (fs::exists(cfg.teacher.checkpoint)) {
-    // A two-expert (A14B) folder: both experts' headers, one architecture, two sets of weights.
-    const auto teacher = open_teacher(cfg);
-    if (experts == 0) experts = static_cast<std::int64_t>(teacher.size());
-    tc = teacher.config();
-    stored_bytes = stored_elem_bytes(teacher.expert(0));
-    teacher_source = cfg.teacher.checkpoint;
-  } else if (!cfg.teacher.model_config.empty()) {
-    tc = WanConfig::load(cfg.teacher.model_config);
-    teacher_source = cfg.teacher.model_config;
-  } else {
-    throw ConfigError("teacher.checkpoint(" + cfg.teacher.checkpoint +
-                      ") does not exist here; give --teacher.model_config FILE (its config.json) or "
-                      "--preset NAME to plan without it");
-  }
-  if (experts == 0) experts = 1;
+  const auto t = planned_teacher(cfg, o);
   // The same checks `train` makes once it knows the teacher.
   ConfigProblems with_teacher;
-  validate_with_teacher(cfg, tc, teacher::stages_for(cfg.teacher, plan::Placement::kShard), with_teacher);
+  job::validate_with_teacher(cfg, t.config, teacher::stages_for(cfg.teacher, plan::Placement::kShard), with_teacher);
   with_teacher.throw_if_any("plan");
-  const auto sc = cfg.student.model_config(tc);
-
-  // The latent shape: from the data set when it exists, else --latent (builtin: the tiny shape).
-  std::array<std::int64_t, 4> lat{};
-  std::int64_t context_len = tc.text_len;
-  const std::string data_path = cfg.data_path();
-  if (latent.empty() && fs::exists(data_path)) {
-    const auto info = data::validate_dataset(data_path, dataset_expectations(tc));
-    lat = info.latent_shape;
-    context_len = info.context_len;
-  } else if (!latent.empty()) {
-    const auto d = parse_dims(latent, 4, "latent");
-    lat = {d[0], d[1], d[2], d[3]};
-  } else if (cfg.data.path == kBuiltin) {
-    lat = {tc.in_dim, 3, 16, 16};
-  } else {
-    throw ConfigError("data.path(" + cfg.data.path + ") does not exist here; give the latent size with --latent C,F,H,W");
-  }
-  ConfigProblems shape;
-  for (int a = 0; a < 3; ++a) {
-    shape.check(lat[a + 1] % tc.patch_size[a] == 0,
-                "latent axis " + std::to_string(a + 1) + " (" + std::to_string(lat[a + 1]) +
-                    ") is not divisible by the patch size " + std::to_string(tc.patch_size[a]));
-  }
-  shape.throw_if_any("plan");
-
-  const int world = np > 0 ? np : (cpu ? cfg.teacher.ranks * 3 : gpus_per_node);
+  const auto [lat, context_len] = planned_latent(cfg, o, t.config);
+  const int world = o.np > 0 ? o.np : (o.cpu ? cfg.teacher.ranks * 3 : o.gpus_per_node);
   const auto layout = comm::Layout::make(world, cfg.teacher.ranks);
-  PlanContext ctx;
-  ctx.teacher = tc;
-  ctx.stored_elem_bytes = stored_bytes;
-  ctx.experts = experts;
+  job::PlanContext ctx;
+  ctx.teacher = t.config;
+  ctx.stored_elem_bytes = t.stored_bytes;
+  ctx.experts = t.experts;
   ctx.latent = lat;
   ctx.context_len = context_len;
   ctx.world = world;
-  ctx.cpu_job = cpu;
-  ctx.gpu_bytes = gpu_bytes;
-  ctx.host_bytes = host_bytes;
-  ctx.gpus_per_node = gpus_per_node;
-  const auto in = make_plan_input(cfg, ctx);
+  ctx.cpu_job = o.cpu;
+  ctx.gpu_bytes = parse_size(o.gpu_memory, "gpu-memory");
+  ctx.host_bytes = parse_size(o.host_memory, "host-memory");
+  ctx.gpus_per_node = o.gpus_per_node;
+  const auto in = job::make_plan_input(cfg, ctx);
   const auto plan = plan::make_plan(in);
-  const auto weights = timed_weight_dtype(cfg, stored_bytes);
-  // Rates are measured where the job will compute: the host for a CPU job, else a GPU of this
-  // machine when it has one (taken to be like the job's; CUDA events time large matmuls there).
-  std::optional<c10::Device> measure_on;
-  if (cpu) {
-    measure_on = c10::Device(torch::kCPU);
-  } else if (compat::cuda_available()) {
-    measure_on = c10::Device(torch::kCUDA, 0);
-  }
-  const auto speed = speed_input(cfg, in, tc, weights, lat, world, measure_on, cores, teacher_gflops,
-                                 student_gflops, calibrate);
+  const auto speed = planned_speed(cfg, o, in, t, lat, world);
   const auto layouts = speed ? plan::predict_layouts(*speed) : std::vector<plan::LayoutSpeed>{};
-  if (json) {
+  if (o.json) {
     auto j = plan_json(plan);
     j["speed"] = speed ? speed_json(*speed, layouts) : nlohmann::json();
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
-  std::cout << "teacher " << teacher_source << ": " << (experts > 1 ? std::to_string(experts) + " experts of " : "")
-            << tc.summary() << ", " << cfg.teacher.dtype << ", "
-            << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
-            << "student: " << sc.summary() << ", " << cfg.student.precision << ", checkpointing "
-            << cfg.student.checkpointing << "\n"
-            << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
-            << (cpu ? " on one host (CPU job)" : ", " + std::to_string(gpus_per_node) + " GPUs per node")
-            << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
-            << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
-            << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
-            << plan::format_plan(in, plan) << "\n"
-            << (speed ? plan::format_speeds(*speed, layouts)
-                      : "speed: not predicted; give --teacher-gflops and --student-gflops (the sustained rates "
-                        "of one GPU), run plan on a machine with a GPU like the job's, or plan a CPU job with "
-                        "--cpu\n");
+  print_plan(cfg, o, t, in, plan, speed, layouts, layout, lat);
   return kExitOk;
 }
 

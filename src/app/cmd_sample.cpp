@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "app/commands.hpp"
-#include "app/plan_input.hpp"
+#include "job/plan_input.hpp"
 #include "core/logging.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/flow_sampler.hpp"
@@ -148,7 +148,7 @@ Conditions make_conditions(const SampleConfig& cfg, const WanConfig& tc, const c
   Conditions c;
   std::array<std::int64_t, 3> fhw{};
   if (!cfg.data_path.empty()) {
-    const auto info = data::validate_dataset(cfg.data_path, dataset_expectations(tc));
+    const auto info = data::validate_dataset(cfg.data_path, job::dataset_expectations(tc));
     c.indices = parse_indices(cfg.samples, info.samples);
     data::DatasetReader reader(info);
     const auto batch = reader.read(c.indices);

@@ -49,7 +49,7 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace wd::app;
+  using namespace wd;
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     print_usage();
     return argc < 2 ? kExitUsage : kExitOk;

@@ -1,6 +1,8 @@
 // Parsing of the options table from the command line and an INI file, and shared configs.
 #include "core/config.hpp"
 
+#include <sstream>
+#include <cctype>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -112,6 +114,54 @@ ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& t
     throw ConfigError(e.what());
   }
   return parsed;
+}
+
+std::uint64_t parse_size(const std::string& text, const std::string& option) {
+  std::size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double scale = -1;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB") scale = 1e3;
+  if (unit == "MB") scale = 1e6;
+  if (unit == "GB") scale = 1e9;
+  if (unit == "TB") scale = 1e12;
+  if (unit == "KIB") scale = 1024.0;
+  if (unit == "MIB") scale = 1024.0 * 1024;
+  if (unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  if (unit == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
+  if (pos == 0 || scale < 0 || value <= 0) {
+    throw ConfigError(option + "(" + text + ") must be a size such as 2GB, 512MB, 1GiB or 1000000");
+  }
+  return static_cast<std::uint64_t>(value * scale);
+}
+
+std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
+                                     const std::string& option) {
+  std::vector<std::int64_t> dims;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      dims.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      dims.clear();
+      break;
+    }
+  }
+  bool ok = dims.size() == count;
+  for (auto d : dims) ok = ok && d > 0;
+  if (!ok) {
+    throw ConfigError(option + "(" + text + ") must be " + std::to_string(count) +
+                      " positive integers separated by commas");
+  }
+  return dims;
 }
 
 }  // namespace wd

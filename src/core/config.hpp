@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <sstream>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -133,5 +134,12 @@ struct ParsedOptions {
 /// Throws wd::ConfigError naming the option (and the file) on unknown or malformed options.
 ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& table,
                             const std::string& positional_name = "");
+
+/// Parses "2GB", "512MB", "1GiB", "1000000" into bytes (decimal TB/GB/MB/KB, binary TiB/GiB/MiB/KiB);
+/// throws wd::ConfigError naming `option` otherwise.
+std::uint64_t parse_size(const std::string& text, const std::string& option);
+
+/// Parses "a,b,c" into exactly `count` positive integers; throws wd::ConfigError naming `option`.
+std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count, const std::string& option);
 
 }  // namespace wd

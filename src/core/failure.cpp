@@ -3,6 +3,9 @@
 
 #include <torch/torch.h>
 
+#include <spdlog/spdlog.h>
+
+#include <iostream>
 #include <new>
 
 #include "core/errors.hpp"
@@ -98,6 +101,28 @@ std::string failure_message(std::exception_ptr failure) {
   } catch (...) {
     return "unknown exception";
   }
+}
+
+int exit_code_of(std::exception_ptr failure) { return exit_code(classify_failure(failure)); }
+
+int report_failure(const std::string& command, std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const ConfigError& e) {
+    spdlog::error("{}: {}", command, e.what());
+    std::cerr << "(see: wan-distill " << command << " --help)\n";
+  } catch (const DataError& e) {
+    spdlog::error("{}: bad input: {}", command, e.what());
+  } catch (const std::bad_alloc&) {
+    spdlog::error("{}: out of host memory", command);
+  } catch (const c10::Error& e) {
+    spdlog::error("{}: LibTorch error: {}", command, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", command, e.what());
+  } catch (...) {
+    spdlog::error("{}: unknown failure", command);
+  }
+  return exit_code_of(failure);
 }
 
 }  // namespace wd

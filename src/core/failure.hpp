@@ -25,6 +25,21 @@ int exit_code(FailureKind kind);
 /// SLURM script can requeue it (EX_TEMPFAIL).
 constexpr int kExitRequeue = 75;
 
+/// The exit codes of the commands besides the failures' (README "Exit codes").
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitError = 1,      ///< any other failure
+  kExitUsage = 2,      ///< bad command line or config value
+  kExitDataError = 3,  ///< bad input file (checkpoint, inputs, config.json)
+};
+
+/// The documented exit code of a caught exception.
+int exit_code_of(std::exception_ptr failure);
+
+/// Logs a failure of `command` as one clear line (a config error with a pointer to --help)
+/// and returns its exit code.
+int report_failure(const std::string& command, std::exception_ptr failure);
+
 /// "out of memory", "numerical", ...
 const char* failure_kind_name(FailureKind kind);
 

@@ -47,7 +47,7 @@ TEST(LayoutCommand, PutsEachReplicaOnItsStudentsNode) {
       {"4", "gpu-b", "0", "cuda:0", "teacher", "1", "-"}, {"5", "gpu-b", "1", "cuda:1", "student", "1", "0"},
       {"6", "gpu-b", "2", "cuda:2", "student", "1", "1"}, {"7", "gpu-b", "3", "cuda:3", "student", "1", "2"}};
   EXPECT_EQ(t, want) << r.output;
-  EXPECT_NE(r.output.find("8 ranks on 2 node(s) x 4 GPU(s): 2 teacher rank(s) in 2 replica(s), 6 student "
+  EXPECT_NE(r.output.find("8 ranks on 2 node(s): 2 teacher rank(s) in 2 replica(s) of 1 stage(s), 6 student "
                           "rank(s), 3 per replica; each replica on one node"),
             std::string::npos)
       << r.output;
@@ -103,7 +103,7 @@ TEST(LayoutCommand, ReplicasThatDoNotFitANodeKeepTeachersFirst) {
 TEST(LayoutCommand, ReadsTeacherRanksFromTheConfigAndTheFlagWins) {
   auto r = run("--config " + kConfigs + "/wan22-t2v-a14b.ini --nodes 2 --gpus-per-node 8");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("16 ranks on 2 node(s) x 8 GPU(s): 4 teacher rank(s) in 4 replica(s), 12 student"),
+  EXPECT_NE(r.output.find("16 ranks on 2 node(s): 4 teacher rank(s) in 4 replica(s) of 1 stage(s), 12 student"),
             std::string::npos)
       << r.output;
   EXPECT_EQ(rows(r.output).size(), 16u);
@@ -119,7 +119,7 @@ TEST(LayoutCommand, ReadsTeacherRanksFromTheConfigAndTheFlagWins) {
 
   r = run("--config=" + kConfigs + "/wan22-t2v-a14b.ini --nodes 1 --gpus-per-node 4 --teacher.ranks 1");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("1 teacher rank(s) in 1 replica(s), 3 student rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 teacher rank(s) in 1 replica(s) of 1 stage(s), 3 student rank(s)"), std::string::npos) << r.output;
 }
 
 TEST(LayoutCommand, InvalidLayoutsExitWithCode2NamingTheValues) {

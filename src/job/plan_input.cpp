@@ -1,5 +1,5 @@
 // PlanInput from the run config and what is known of the teacher, the data and the machine.
-#include "app/plan_input.hpp"
+#include "job/plan_input.hpp"
 
 #include <algorithm>
 
@@ -11,7 +11,7 @@
 #include "student/checkpointing.hpp"
 #include "teacher/placement.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 namespace {
 
@@ -170,4 +170,4 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   return in;
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

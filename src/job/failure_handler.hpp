@@ -13,7 +13,7 @@
 #include "memory/diagnosis.hpp"
 #include "memory/memory_report.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 /// Everything the handler needs besides the exception; filled before training starts.
 struct FailureSetup {
@@ -38,4 +38,4 @@ struct FailureSetup {
                                           comm::MpiRuntime& mpi, const FailureSetup& setup,
                                           const memory::MemoryReport& memory);
 
-}  // namespace wd::app
+}  // namespace wd::job

@@ -1,5 +1,5 @@
 // The training failure handler: notice, reports, diagnosis, release, exit.
-#include "app/failure_handler.hpp"
+#include "job/failure_handler.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <fstream>
 
-namespace wd::app {
+namespace wd::job {
 
 namespace {
 
@@ -126,4 +126,4 @@ void handle_training_failure(std::exception_ptr failure, comm::HealthChannel& he
   mpi.exit_without_finalize(code);
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

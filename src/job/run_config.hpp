@@ -15,7 +15,7 @@
 #include "student/train_state.hpp"
 #include "teacher/teacher_config.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 /// The builtin tiny teacher / data set, generated into the run directory's cache.
 constexpr const char* kBuiltin = "builtin:tiny";
@@ -83,4 +83,4 @@ struct RunConfig {
   }
 };
 
-}  // namespace wd::app
+}  // namespace wd::job

@@ -1,5 +1,5 @@
-// The `train` job's wiring: what every rank agrees on before its role starts (prepare_train),
-// then each role's set-up and run (run_teacher_rank, run_student_rank).
+// The `train` job's state once start-up is agreed (startup.hpp), and each role's set-up and run
+// (run_teacher_rank, run_student_rank).
 #pragma once
 
 #include <torch/torch.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/run_config.hpp"
+#include "job/run_config.hpp"
 #include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
@@ -24,7 +24,7 @@
 #include "plan/planner.hpp"
 #include "teacher/teacher_stage.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 /// What every rank knows once start-up is agreed. The same on every rank except where noted.
 struct TrainJob {
@@ -89,12 +89,6 @@ struct RoleResult {
   bool requeue = false;  ///< stopped after SIGUSR1 with a checkpoint written
 };
 
-/// Every start-up stage of `train` for `job` (cfg, args and config_ini set), each agreed by all
-/// ranks (all go on, or all stop with the first rank's error): validation, logging and threads,
-/// the run directory and the builtin assets, the teacher placement, the teacher and data
-/// checks, the data shapes, the resume point and the stream plan.
-void prepare_train(TrainJob& job, comm::MpiRuntime& mpi);
-
 /// This rank's teacher stage: every expert's model for `how`, computing in job.compute, with
 /// job.micro_batch set; adds the weights to `memory`.
 teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory);
@@ -107,4 +101,4 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services);
 /// gradient reducer, then the student loop; the first student saves the student at the end.
 RoleResult run_student_rank(TrainJob& job, RoleServices& services);
 
-}  // namespace wd::app
+}  // namespace wd::job

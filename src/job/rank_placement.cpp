@@ -1,6 +1,6 @@
 // The rank placement table (one gather of fixed-size records to world rank 0) and the common
 // exit of a requeue stop.
-#include "app/rank_placement.hpp"
+#include "job/rank_placement.hpp"
 
 #include <mpi.h>
 #include <spdlog/spdlog.h>
@@ -13,12 +13,12 @@
 
 #include "comm/mpi_runtime.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 namespace {
 
 /// One rank's record; plain bytes so it travels as MPI_BYTE.
-struct Placement {
+struct PlacementRecord {
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   char slurm_node[64] = {};  ///< SLURMD_NODENAME
   int role = 0;              ///< Role as int
@@ -27,6 +27,7 @@ struct Placement {
   int slurm_procid = -1;     ///< SLURM_PROCID
   int slurm_nodeid = -1;     ///< SLURM_NODEID
   int slurm_localid = -1;    ///< SLURM_LOCALID
+  int gpu = -1;              ///< CUDA index; -1: the host
 };
 
 int env_int(const char* name) {
@@ -63,8 +64,8 @@ std::vector<int> gather_node_of_ranks(int world_rank, int world_size, double tim
   return leaders;
 }
 
-void log_rank_placement(const Topology& topo, double timeout_s) {
-  Placement mine;
+std::vector<RankPlace> log_rank_placement(const Topology& topo, int gpu, double timeout_s) {
+  PlacementRecord mine;
   int len = 0;
   WD_CHECK_MPI(MPI_Get_processor_name(mine.host, &len));
   if (const char* node = std::getenv("SLURMD_NODENAME")) {
@@ -76,9 +77,10 @@ void log_rank_placement(const Topology& topo, double timeout_s) {
   mine.slurm_procid = env_int("SLURM_PROCID");
   mine.slurm_nodeid = env_int("SLURM_NODEID");
   mine.slurm_localid = env_int("SLURM_LOCALID");
+  mine.gpu = gpu;
 
-  std::vector<Placement> all(topo.rank == 0 ? topo.world_size : 0);
-  constexpr int kBytes = sizeof(Placement);
+  std::vector<PlacementRecord> all(topo.rank == 0 ? topo.world_size : 0);
+  constexpr int kBytes = sizeof(PlacementRecord);
   MPI_Request req;
   WD_CHECK_MPI(MPI_Igather(&mine, kBytes, MPI_BYTE, all.data(), kBytes, MPI_BYTE, 0, MPI_COMM_WORLD, &req));
   std::vector<int> peers;
@@ -89,7 +91,7 @@ void log_rank_placement(const Topology& topo, double timeout_s) {
   }
   comm::wait_with_deadline(req, {"gather rank placement", -1, sizeof(mine), peers},
                            std::chrono::duration<double>(timeout_s), topo.rank, nullptr);
-  if (topo.rank != 0) return;
+  if (topo.rank != 0) return {};
 
   const char* job = std::getenv("SLURM_JOB_ID");
   std::string table = job ? fmt::format("rank placement (SLURM job {}; the ids are logged only, the layout comes from MPI):", job)
@@ -104,6 +106,12 @@ void log_rank_placement(const Topology& topo, double timeout_s) {
                          or_dash(p.slurm_procid), or_dash(p.slurm_nodeid), or_dash(p.slurm_localid));
   }
   spdlog::info("{}", table);
+  std::vector<RankPlace> places;
+  for (int r = 0; r < topo.world_size; ++r) {
+    const auto& p = all[static_cast<std::size_t>(r)];
+    places.push_back({{r, *p.slurm_node ? p.slurm_node : p.host, p.gpu, ""}, p.local_rank});
+  }
+  return places;
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

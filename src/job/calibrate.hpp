@@ -10,13 +10,13 @@
 #include <utility>
 #include <vector>
 
-#include "app/run_config.hpp"
+#include "job/run_config.hpp"
 #include "core/torch_compat.hpp"
 #include "model/wan_config.hpp"
 #include "plan/planner.hpp"
 #include "plan/speed.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 struct Calibration {
   double teacher_s_per_sample = 0;  ///< forward in the teacher's compute dtype, the largest size whole
@@ -66,4 +66,4 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
                                               double teacher_gflops, double student_gflops,
                                               const std::string& calibrate);
 
-}  // namespace wd::app
+}  // namespace wd::job

@@ -1,8 +1,8 @@
 // run_teacher_rank: a teacher rank's wiring (device, link, stage model, stage links) and its loop.
 #include <spdlog/spdlog.h>
 
-#include "app/plan_input.hpp"
-#include "app/train_job.hpp"
+#include "job/plan_input.hpp"
+#include "job/train_job.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
@@ -11,7 +11,7 @@
 #include "teacher/teacher_loop.hpp"
 #include "teacher/teacher_stage.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory) {
   std::vector<teacher::StageModel> models;
@@ -107,4 +107,4 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   return result;
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

@@ -8,14 +8,14 @@
 #include <utility>
 #include <vector>
 
-#include "app/run_config.hpp"
+#include "job/run_config.hpp"
 #include "comm/stream_plan.hpp"
 #include "data/dataset_info.hpp"
 #include "model/wan_config.hpp"
 #include "model/wan_experts.hpp"
 #include "plan/planner.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 /// What the config does not say: the teacher's shapes, the data's, the machine's.
 struct PlanContext {
@@ -72,4 +72,4 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx);
 /// A WanConfig reduced to what the planner needs.
 plan::DitShape dit_shape(const WanConfig& c, std::int64_t experts);
 
-}  // namespace wd::app
+}  // namespace wd::job

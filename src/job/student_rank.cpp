@@ -4,19 +4,19 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "app/train_job.hpp"
+#include "job/train_job.hpp"
 #include "comm/gradient_reducer.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/torch_compat.hpp"
 #include "student/student_device.hpp"
-#include "app/plan_input.hpp"
+#include "job/plan_input.hpp"
 #include "teacher/colocated_teacher.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 #include "student/student_parts.hpp"
 #include "student/train_state.hpp"
 
-namespace wd::app {
+namespace wd::job {
 
 namespace {
 
@@ -71,6 +71,84 @@ struct OwnTeacher {
   }
 };
 
+/// This rank's device, current before anything is allocated (pinned link and gradient buffers
+/// open a CUDA context on the current device): every rank on its own GPU, none on GPU 0 by default.
+c10::Device take_student_device(const TrainJob& job, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  const auto device = student::student_device(cfg.student.device, job.topo.local_rank);
+  compat::set_current_device(device);
+  if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
+  services.memory.device = device;
+  warn_if_gpu_shared(job, device, services.health);
+  if (job.world_rank() == job.layout.student_world_ranks().front()) {
+    spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
+                 cfg.student.device);
+  }
+  return device;
+}
+
+/// Everything the student trains, created here, once, on its device; the loop creates nothing.
+student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
+  const auto& cfg = job.cfg;
+  const auto& tc = job.teacher().config();
+  student::PartsSetup setup;
+  setup.teacher_in_channels = job.plan.latent[0];
+  setup.teacher_out_channels = job.plan.out_channels;
+  setup.teacher_dim = tc.dim;
+  setup.feature_pairs = cfg.student.feature_pairs();
+  setup.feature_weight = cfg.student.feature_weight;
+  setup.train_projections = cfg.student.projection == "trained";
+  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
+  setup.seed = cfg.train.seed;
+  setup.device = device;
+  return student::StudentParts(
+      student::build_student(cfg.student.model_config(tc), cfg.student, job.teacher(), cfg.train.seed), setup);
+}
+
+/// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
+/// through the store; every replica holds the same state).
+void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::StudentParts& parts,
+                        const RoleServices& services, const c10::Device& device) {
+  loop.checkpoint_every = job.cfg.checkpoint.every;
+  if (!job.resume_path.empty()) {
+    loop.restore = [&job, &parts](torch::optim::AdamW& optimizer) {
+      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
+      WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
+                    "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
+    };
+  }
+  loop.save = [&job, &parts, &faults = services.faults, device](std::int64_t step, torch::optim::AdamW& optimizer) {
+    if (!job.store) return;
+    const auto path = job.store->save(step, [&](const std::string& dir) {
+      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini);
+      // Mid-save: the files are written, the checkpoint is neither sealed nor renamed.
+      faults.at(FaultSpec::Point::kSave, step, device);
+    });
+    spdlog::info("checkpoint of step {} written to {}", step, path);
+  };
+}
+
+/// What the loop reports; the students' first rank saves the student unless stopped for a requeue.
+RoleResult finish_student(const TrainJob& job, const student::StudentStats& stats, student::StudentParts& parts,
+                          bool first) {
+  const auto& plan = job.plan;
+  RoleResult result;
+  result.requeue = stats.stopped_after >= 0;
+  result.summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
+                    static_cast<double>((plan.train_steps - plan.first_step) * plan.micro_batches *
+                                        plan.batch_per_student),
+                    0};
+  if (first && !result.requeue) {
+    const auto dir = (fs::path(job.cfg.run_dir) / "student").string();
+    parts.save(dir);
+    spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
+                 "{:.1f} s, waiting for batches {:.0f}%",
+                 dir, wan_param_count(parts.model()->config()), stats.first_eval_rel_mse,
+                 stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
+  }
+  return result;
+}
+
 }  // namespace
 
 RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
@@ -78,17 +156,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   const auto& layout = job.layout;
   const auto& plan = job.plan;
   const int rank = job.world_rank();
-  const auto device = student::student_device(cfg.student.device, job.topo.local_rank);
-  // Before anything is allocated (pinned link and gradient buffers open a CUDA context on the
-  // current device): every rank on its own GPU, none on GPU 0 by default.
-  compat::set_current_device(device);
-  if (device.is_cuda()) compat::allow_tf32_matmul(cfg.student.tf32);
-  services.memory.device = device;
-  warn_if_gpu_shared(job, device, services.health);
-  if (rank == layout.student_world_ranks().front()) {
-    spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
-                 cfg.student.device);
-  }
+  const auto device = take_student_device(job, services);
   // Link first, gradient group second, on every student: NCCL communicators are created in one
   // order everywhere (docs/transport.md).
   std::unique_ptr<OwnTeacher> own;
@@ -101,21 +169,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
   }
   comm::Receiver& transport = own ? static_cast<comm::Receiver&>(own->transport) : *link;
-
-  const auto& tc = job.teacher().config();
-  student::PartsSetup setup;
-  setup.teacher_in_channels = plan.latent[0];
-  setup.teacher_out_channels = plan.out_channels;
-  setup.teacher_dim = tc.dim;
-  setup.feature_pairs = cfg.student.feature_pairs();
-  setup.feature_weight = cfg.student.feature_weight;
-  setup.train_projections = cfg.student.projection == "trained";
-  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
-  setup.seed = cfg.train.seed;
-  setup.device = device;
-  // Everything the student trains is created here, once, on its device; the loop creates nothing.
-  student::StudentParts parts(
-      student::build_student(cfg.student.model_config(tc), cfg.student, job.teacher(), cfg.train.seed), setup);
+  auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
                                              cfg.comm.timeout_s, rank, device, cfg.comm.backend, &services.health);
@@ -140,39 +194,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.faults = &services.faults;
   loop.teachers = layout.teacher_world_ranks();
   loop.tracked_memory = &services.memory.model;
-  loop.checkpoint_every = cfg.checkpoint.every;
-  if (!job.resume_path.empty()) {
-    loop.restore = [&](torch::optim::AdamW& optimizer) {
-      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
-      WD_CHECK_DATA(cursor.step == plan.first_step, job.resume_path, "trainer.json",
-                    "step " << cursor.step << " differs from the manifest's step " << plan.first_step);
-    };
-  }
-  loop.save = [&](std::int64_t step, torch::optim::AdamW& optimizer) {
-    if (!job.store) return;  // the first student writes; every replica holds the same state
-    const auto path = job.store->save(step, [&](const std::string& dir) {
-      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini);
-      // Mid-save: the files are written, the checkpoint is neither sealed nor renamed.
-      services.faults.at(FaultSpec::Point::kSave, step, device);
-    });
-    spdlog::info("checkpoint of step {} written to {}", step, path);
-  };
-  const auto stats = student::run_student(loop);
-  RoleResult result;
-  result.requeue = stats.stopped_after >= 0;
-  result.summary = {1, stats.seconds, 1 - stats.wait_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
-                    static_cast<double>((plan.train_steps - plan.first_step) * plan.micro_batches *
-                                        plan.batch_per_student),
-                    0};
-  if (group_rank == 0 && !result.requeue) {
-    const auto dir = (fs::path(cfg.run_dir) / "student").string();
-    parts.save(dir);
-    spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
-                 "{:.1f} s, waiting for batches {:.0f}%",
-                 dir, wan_param_count(parts.model()->config()), stats.first_eval_rel_mse,
-                 stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
-  }
-  return result;
+  attach_checkpoints(loop, job, parts, services, device);
+  return finish_student(job, student::run_student(loop), parts, group_rank == 0);
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

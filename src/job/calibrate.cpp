@@ -1,6 +1,6 @@
 // Times the job's teacher forward and student step on this host or its GPU, and builds the
 // speed model's input (plan, train --teacher.layout auto).
-#include "app/plan_calibrate.hpp"
+#include "job/calibrate.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -23,7 +23,7 @@
 #include "teacher/compute_dtype.hpp"
 #include "teacher/matmul_probe.hpp"
 
-namespace wd::app {
+namespace wd::job {
 namespace {
 
 /// The median of timed runs after an untimed one (allocator, kernel choice): at least 3 runs,
@@ -226,4 +226,4 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   return s;
 }
 
-}  // namespace wd::app
+}  // namespace wd::job

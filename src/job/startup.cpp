@@ -1,0 +1,319 @@
+// The start-up stages of `train` (startup.hpp): what each decides, on the rank that decides.
+// No MPI here: start_train.cpp makes the ranks agree.
+#include "job/startup.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/logging.hpp"
+#include "core/torch_compat.hpp"
+#include "data/synthetic_dataset.hpp"
+#include "job/calibrate.hpp"
+#include "job/plan_input.hpp"
+#include "memory/host_memory.hpp"
+#include "model/safetensors.hpp"
+#include "plan/speed.hpp"
+#include "student/student_device.hpp"
+#include "teacher/compute_dtype.hpp"
+#include "teacher/placement.hpp"
+
+namespace wd::job {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr std::uint64_t kBuiltinSeed = 20251122;
+
+/// The planner's view of this job and machine: the teacher's and data set's shapes, `world`
+/// ranks, the memory of `device` (a GPU: teacher.gpu_memory, else measured) and of the host.
+PlanContext plan_context(const RunConfig& cfg, const WanExperts& experts, int world, const c10::Device& device) {
+  const auto& ck = experts.expert(0);
+  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(ck.config()));
+  PlanContext ctx;
+  ctx.teacher = ck.config();
+  ctx.stored_elem_bytes = stored_elem_bytes(ck);
+  ctx.experts = static_cast<std::int64_t>(experts.size());
+  ctx.latent = info.latent_shape;
+  ctx.context_len = info.context_len;
+  ctx.world = world;
+  ctx.cpu_job = device.is_cpu();
+  if (device.is_cuda()) {
+    ctx.gpus_per_node = static_cast<int>(torch::cuda::device_count());
+    // device_memory initialises LibTorch's CUDA state first: the allocator cannot be asked before.
+    ctx.gpu_bytes = cfg.teacher.gpu_memory.empty() ? compat::device_memory(device).total_bytes
+                                                   : parse_size(cfg.teacher.gpu_memory, "teacher.gpu_memory");
+  }
+  ctx.host_bytes = cfg.teacher.host_memory.empty() ? memory::host_total_bytes()
+                                                   : parse_size(cfg.teacher.host_memory, "teacher.host_memory");
+  return ctx;
+}
+
+/// teacher.placement auto: what the planner recommends for this job on this machine.
+plan::Placement planned_placement(const RunConfig& cfg, int world) {
+  if (!compat::cuda_available()) {
+    spdlog::info("teacher.placement auto: cpu (no CUDA device is usable here, so the teacher computes on the host)");
+    return plan::Placement::kCpu;
+  }
+  auto ctx = plan_context(cfg, open_teacher(cfg), world, c10::Device(torch::kCUDA, 0));
+  ctx.cpu_job = false;
+  const auto plan = plan::make_plan(make_plan_input(cfg, ctx));
+  const auto gpu = format_bytes(static_cast<double>(ctx.gpu_bytes));
+  const auto host = format_bytes(static_cast<double>(ctx.host_bytes));
+  WD_CHECK_AS(ConfigError, plan.recommended.has_value(),
+              "teacher.placement auto: no placement fits " << gpu << " per GPU and " << host << " per node: "
+                                                           << plan.reason
+                                                           << " (see `wan-distill plan` with the same config)");
+  spdlog::info("teacher.placement auto: {} ({}; planned with {} per GPU, {} per node)",
+               plan::placement_name(*plan.recommended), plan.reason, gpu, host);
+  return *plan.recommended;
+}
+
+/// Why a colocated teacher cannot sit beside a student on one GPU of this job ("" if it fits,
+/// or the job is on the host): the `gpu` placement's teacher and student on one device.
+std::string colocated_misfit(const plan::PlanInput& in, const PlanContext& ctx) {
+  if (ctx.cpu_job) return "";
+  for (const auto& p : plan::make_plan(in).placements) {
+    if (p.placement != plan::Placement::kGpu) continue;
+    const auto need = p.teacher.device_total() + p.student.device_total();
+    if (need > ctx.gpu_bytes) {
+      return "the teacher and a student need " + format_bytes(static_cast<double>(need)) + " on one GPU of " +
+             format_bytes(static_cast<double>(ctx.gpu_bytes));
+    }
+  }
+  return "";
+}
+
+/// The fastest of `layouts` (fastest first) that suits the job; logs every one ruled out.
+const plan::LayoutSpeed* fastest_suitable(const RunConfig& cfg, const std::vector<plan::LayoutSpeed>& layouts,
+                                          const std::string& colocated_misfit) {
+  const bool broadcast = cfg.comm.mode == "broadcast";
+  const plan::LayoutSpeed* pick = nullptr;
+  for (const auto& l : layouts) {
+    const int replicas = l.colocated ? l.students : l.teacher_ranks / l.stages;
+    const auto global = cfg.train.batch_size * (broadcast ? replicas : l.students);
+    std::string why_not;
+    if (cfg.train.eval_samples % global != 0) {
+      why_not = "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+                ") is not a multiple of its global batch " + std::to_string(global);
+    } else if (l.colocated && !colocated_misfit.empty()) {
+      why_not = colocated_misfit;
+    }
+    // Every layout ruled out is named, faster or slower than the pick: a user who expected it
+    // learns why not.
+    if (!why_not.empty()) {
+      spdlog::info("teacher.layout auto: not {}: {}", l.name, why_not);
+    } else if (!pick) {
+      pick = &l;
+    }
+  }
+  return pick;
+}
+
+}  // namespace
+
+void prepare_run_dir(const RunConfig& cfg) {
+  fs::create_directories(fs::path(cfg.run_dir) / "cache");
+  if (cfg.teacher.checkpoint == kBuiltin && !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
+    spdlog::info("generating the builtin tiny teacher in {}", cfg.teacher_path());
+    write_random_wan_checkpoint(cfg.teacher_path(), WanConfig::preset("tiny"), torch::kBFloat16,
+                                2'000'000'000ULL, kBuiltinSeed);
+  }
+  if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
+    const auto tc = open_teacher(cfg).config();  // a two-expert folder too
+    data::SyntheticDatasetSpec spec;
+    spec.output = cfg.data_path();
+    spec.samples = cfg.data.builtin_samples;
+    spec.latent = {tc.in_dim, 3, 16, 16};
+    spec.text_len = tc.text_len;
+    spec.text_dim = tc.text_dim;
+    spec.seed = kBuiltinSeed;
+    spdlog::info("generating the builtin tiny data set {}", spec.output);
+    data::write_synthetic_dataset(spec);
+  }
+}
+
+LayoutChoice choose_layout(const RunConfig& cfg, int world) {
+  const auto saved = fs::path(cfg.run_dir) / "layout.json";
+  if (!cfg.checkpoint.resume.empty() && fs::exists(saved)) {
+    const auto j = nlohmann::json::parse(std::ifstream(saved));
+    spdlog::info("teacher.layout auto: resuming with the layout of the first start ({}): {}", saved.string(),
+                 j.at("layout").get<std::string>());
+    return {j.at("colocated").get<bool>(), j.at("teacher_ranks").get<int>(), j.at("stages").get<int>(),
+            j.value("micro_batch", std::int64_t{0})};
+  }
+  const auto experts = open_teacher(cfg);
+  const auto device = student::student_device(cfg.student.device, 0);
+  compat::set_current_device(device);  // world rank 0 times on its own device
+  const auto ctx = plan_context(cfg, experts, world, device);
+  const auto in = make_plan_input(cfg, ctx);
+  const auto weights = timed_weight_dtype(cfg, ctx.stored_elem_bytes);
+  const auto speed = speed_input(cfg, in, ctx.teacher, weights, ctx.latent, world, device, -1, 0, 0, "yes");
+  const auto layouts = plan::predict_layouts(*speed);
+  spdlog::info("teacher.layout auto:\n{}", plan::format_speeds(*speed, layouts));
+  const auto* pick = fastest_suitable(cfg, layouts, colocated_misfit(in, ctx));
+  if (!pick) {
+    throw ConfigError("teacher.layout auto: no layout of " + std::to_string(world) + " ranks suits this job (see the "
+                      "reasons above); set teacher.ranks and teacher.placement, or change train.eval_samples");
+  }
+  const auto& l = *pick;
+  spdlog::info("teacher.layout auto: {} ({:.2f} samples/s predicted, student wait {:.0f}%)", l.name, l.samples_per_s,
+               100 * l.student_wait);
+  std::ofstream(saved) << nlohmann::json{{"layout", l.name}, {"colocated", l.colocated},
+                                         {"teacher_ranks", l.teacher_ranks}, {"stages", l.stages},
+                                         {"micro_batch", l.micro_batch}, {"flags", plan::layout_flags(l)},
+                                         {"samples_per_s", l.samples_per_s}}
+                              .dump(2)
+                       << "\n";
+  return {l.colocated, l.teacher_ranks, l.stages, l.micro_batch};
+}
+
+void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher) {
+  const bool fixed_by_layout = teacher.placement == "colocated" || teacher.placement == "shard";
+  teacher.ranks = choice.colocated ? 1 : choice.teacher_ranks;
+  teacher.stages = choice.colocated || choice.stages <= 1 ? 0 : choice.stages;
+  teacher.placement = choice.colocated      ? "colocated"
+                      : choice.stages > 1   ? "shard"
+                      : fixed_by_layout     ? "auto"
+                                            : teacher.placement;
+  // The choice's teacher micro-batch, unless one was given as a number of samples.
+  if (teacher.micro_batch_samples().value_or(0) == 0) teacher.micro_batch = std::to_string(choice.micro_batch);
+}
+
+PlacementChoice choose_placement(const RunConfig& cfg, int world) {
+  PlacementChoice choice;
+  c10::Device device(torch::kCPU);
+  if (cfg.teacher.placement == "colocated") {  // the teacher lives where the student computes
+    device = student::student_device(cfg.student.device, 0);
+    choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
+  } else {
+    choice.placement = cfg.teacher.placement == "auto" ? planned_placement(cfg, world)
+                                                       : teacher::parse_placement(cfg.teacher.placement);
+    // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
+    // job here, before anything is loaded.
+    device = teacher::teacher_device(cfg.teacher, choice.placement, 0);
+  }
+  compat::set_current_device(device);
+  // teacher.dtype auto keeps each tensor as stored (fp32 islands included): no one dtype to
+  // measure, so the matmuls follow the weights.
+  const auto weights = teacher_dtype(cfg);
+  const auto compute = weights ? teacher::choose_compute(cfg.teacher.compute, *weights, device)
+                               : teacher::ComputeChoice{std::nullopt, "teacher.dtype auto: matmuls in each weight's stored dtype"};
+  choice.compute = compute.dtype;
+  spdlog::info("{}", compute.reason);
+  return choice;
+}
+
+comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int world,
+                         const std::vector<int>& node_of_rank) {
+  if (cfg.teacher.placement == "colocated") return comm::Layout::colocated(world);
+  return comm::Layout::make(world, cfg.teacher.ranks, teacher::stages_for(cfg.teacher, placement), node_of_rank);
+}
+
+int planned_gpu(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank, int gpus) {
+  const auto on_gpu = gpu_of_local_rank(local_rank, gpus);
+  if (role == Role::kStudent || cfg.teacher.placement == "colocated") {
+    return cfg.student.device == "cpu" ? -1 : on_gpu;
+  }
+  if (placement == plan::Placement::kCpu) return -1;
+  if (!cfg.teacher.device.empty()) {
+    const c10::Device device(cfg.teacher.device);
+    return device.is_cpu() ? -1 : device.index() < 0 ? 0 : device.index();
+  }
+  return on_gpu;
+}
+
+c10::Device rank_device(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank) {
+  if (role == Role::kStudent) return student::student_device(cfg.student.device, local_rank);
+  return teacher::teacher_device(cfg.teacher, placement, local_rank);
+}
+
+std::int64_t per_replica_batch(const RunConfig& cfg, const comm::Layout& layout) {
+  return cfg.train.batch_size * (cfg.comm.mode == "broadcast" ? 1 : layout.students_per_replica());
+}
+
+std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout) {
+  return per_replica_batch(cfg, layout) * layout.replicas;
+}
+
+void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layout& layout) {
+  ConfigProblems p;
+  validate_with_teacher(cfg, teacher, layout.stages, p);
+  const bool broadcast = cfg.comm.mode == "broadcast";
+  const auto global = global_batch(cfg, layout);
+  p.check(cfg.train.eval_samples % global == 0,
+          "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+              ") must be a multiple of the global batch " + std::to_string(global) + " (train.batch_size(" +
+              std::to_string(cfg.train.batch_size) + ") x " +
+              std::to_string(broadcast ? layout.replicas : layout.student_ranks) +
+              (broadcast ? " replicas" : " students") + ")");
+  if (const auto fault = FaultSpec::parse(cfg.inject_fault)) {
+    const int count = fault->role == Role::kTeacher ? layout.teacher_ranks : layout.student_ranks;
+    p.check(fault->role_rank < count && fault->step <= cfg.train.steps,
+            "inject-fault(" + cfg.inject_fault + ") needs RANK < " + std::to_string(count) + " " +
+                role_name(fault->role) + " ranks and STEP <= train.steps(" + std::to_string(cfg.train.steps) + ")");
+    const auto every = cfg.checkpoint.every;
+    p.check(fault->point != FaultSpec::Point::kSave || fault->step == cfg.train.steps ||
+                (every > 0 && fault->step % every == 0),
+            "inject-fault(" + cfg.inject_fault + ") strikes in the checkpoint save of step " +
+                std::to_string(fault->step) + ", but none is written then: checkpoints follow every checkpoint.every(" +
+                std::to_string(every) + ") steps (0: none mid-run) and the last step, train.steps(" +
+                std::to_string(cfg.train.steps) + ")");
+  }
+  p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
+          "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
+  p.throw_if_any("train config");
+}
+
+data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
+  auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
+  WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, "/latents",
+                "has " << info.samples << " samples; train.eval_samples(" << cfg.train.eval_samples
+                       << ") leaves none for training");
+  return info;
+}
+
+std::int64_t choose_teacher_micro_batch(const TrainJob& job, const c10::Device& device) {
+  const auto& cfg = job.cfg;
+  const auto saved = fs::path(cfg.run_dir) / "micro_batch.json";
+  if (!cfg.checkpoint.resume.empty() && fs::exists(saved)) {
+    const auto n = nlohmann::json::parse(std::ifstream(saved)).at("micro_batch").get<std::int64_t>();
+    spdlog::info("teacher.micro_batch auto: resuming with the first start's choice ({}): {}", saved.string(), n);
+    return n;
+  }
+  const auto& ck = job.teacher();
+  const auto weights = timed_weight_dtype(cfg, stored_elem_bytes(ck));
+  compat::set_current_device(device);
+  const auto choice = choose_micro_batch(ck.config(), weights, job.compute, job.plan.latent, job.plan.context_len,
+                                         job.per_replica, device);
+  spdlog::info("{}", choice.reason);
+  std::ofstream(saved) << nlohmann::json{{"micro_batch", choice.samples},
+                                         {"seconds_per_sample", choice.seconds_per_sample},
+                                         {"batch", job.per_replica}}
+                              .dump(2)
+                       << "\n";
+  return choice.samples;
+}
+
+ResumePoint find_resume_point(const RunConfig& cfg, CheckpointStore& store) {
+  ResumePoint at;
+  if (cfg.checkpoint.resume == "auto") {
+    if (const auto entry = store.latest_good()) {
+      at = {entry->step, (fs::path(store.root()) / CheckpointStore::dir_name(entry->step)).string()};
+    } else {
+      spdlog::info("resume auto: no good checkpoint in {}; starting at step 0", store.root());
+    }
+  } else if (!cfg.checkpoint.resume.empty()) {
+    at = {CheckpointStore::verify(cfg.checkpoint.resume).step, cfg.checkpoint.resume};
+  }
+  WD_CHECK_AS(ConfigError, at.step < cfg.train.steps,
+              "the checkpoint to resume from is at step " << at.step << "; train.steps(" << cfg.train.steps
+                                                          << ") leaves nothing to train");
+  return at;
+}
+
+}  // namespace wd::job
