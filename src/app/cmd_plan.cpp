@@ -256,6 +256,10 @@ int run_plan(const std::vector<std::string>& args) {
   }
   cfg.validate();
   o.validate();
+  WD_CHECK_AS(ConfigError, cfg.has_teacher(),
+              "plan sizes the teacher and student ranks of a distillation; train.objective("
+                  << cfg.train.objective << ") trains without a teacher, every rank a student: its memory is "
+                  "a student rank's in any placement's plan of the same student keys with train.objective velocity");
   init_logging(Topology::single_process(), cfg.log.level);
   const auto t = planned_teacher(cfg, o);
   // The same checks `train` makes once it knows the teacher.

@@ -34,8 +34,8 @@ std::string headline(const comm::Layout& layout, const std::vector<RankPlace>& p
   for (const auto& p : places) nodes.insert(p.device.host);
   const auto world = fmt::format("layout: {} ranks on {} node(s): ", layout.world_size, nodes.size());
   if (layout.colocated()) {
-    return world + fmt::format("colocated: {} student rank(s), each computing its own targets with the teacher "
-                               "on its own device; no teacher ranks\n",
+    return world + fmt::format("colocated: {} student rank(s), each computing its own targets (with its own "
+                               "teacher, or from the data alone); no teacher ranks\n",
                                layout.student_ranks);
   }
   return world + fmt::format("{} teacher rank(s) in {} replica(s) of {} stage(s), {} student rank(s), {} per "

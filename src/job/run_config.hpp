@@ -68,12 +68,32 @@ struct RunConfig {
     checkpoint.validate(p);
     log.validate(p);
     runtime.validate(p);
+    check_objective(p);
     try {
       FaultSpec::parse(inject_fault);
     } catch (const ConfigError& e) {
       p.check(false, e.what());
     }
     p.throw_if_any("train config");
+  }
+  /// Whether the job has a teacher: every objective but flow.
+  bool has_teacher() const { return !train.flow(); }
+  /// The objective against the teacher keys: flow trains without a teacher (teacher.ranks 0,
+  /// nothing of the teacher's to match); every other objective needs one.
+  void check_objective(ConfigProblems& p) const {
+    if (!train.flow()) {
+      p.check(teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective flow trains "
+                                  "without; train.objective(" + train.objective + ") needs teacher.ranks >= 1");
+      return;
+    }
+    p.check(teacher.ranks == 0, "train.objective flow trains without a teacher: set teacher.ranks 0, not " +
+                                    std::to_string(teacher.ranks));
+    p.check(teacher.layout == "given", "train.objective flow has no teacher to lay out: teacher.layout(" +
+                                           teacher.layout + ") must be given");
+    p.check(student.features.empty(), "student.features(" + student.features +
+                                          ") matches teacher blocks; train.objective flow has no teacher");
+    p.check(student.init == "random", "student.init(" + student.init +
+                                          ") copies teacher blocks; train.objective flow has no teacher: random");
   }
   std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }
   std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }

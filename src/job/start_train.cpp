@@ -111,7 +111,7 @@ void take_roles(TrainJob& job, const comm::Layout& layout, const comm::MpiRuntim
 /// depend on the replica's size, so a single replica (always a valid split) serves until then;
 /// on several nodes the final layout may move a role.
 comm::Layout provisional_layout(const RunConfig& cfg, int world, const std::vector<int>& nodes) {
-  if (cfg.teacher.placement == "colocated") return comm::Layout::colocated(world);
+  if (cfg.teacher.placement == "colocated" || !cfg.has_teacher()) return comm::Layout::colocated(world);
   return comm::Layout::make(world, cfg.teacher.ranks, std::max(1, cfg.teacher.ranks), nodes);
 }
 
@@ -132,7 +132,11 @@ void settle_roles(TrainJob& job, const comm::MpiRuntime& mpi, const std::vector<
   }
   const auto places = log_rank_placement(job.topo, gpu, cfg.comm.timeout_s);
   const auto& layout = job.layout;
-  if (mpi.rank() == 0 && layout.colocated()) {
+  if (mpi.rank() == 0 && !cfg.has_teacher()) {
+    spdlog::info("train: train.objective {}: {} student rank(s), each computing its own targets from its share of "
+                 "the data, no teacher, run dir {}",
+                 cfg.train.objective, layout.student_ranks, cfg.run_dir);
+  } else if (mpi.rank() == 0 && layout.colocated()) {
     spdlog::info("train: teacher.placement colocated: {} student rank(s), each computing its own targets with "
                  "the teacher on its {} (mapped once per node), no teacher ranks, run dir {}",
                  layout.student_ranks, job.placement == plan::Placement::kGpu ? "GPU" : "host", cfg.run_dir);
@@ -151,18 +155,23 @@ void settle_roles(TrainJob& job, const comm::MpiRuntime& mpi, const std::vector<
 DataShape check_inputs(TrainJob& job, int rank) {
   const auto& cfg = job.cfg;
   agreed("checking the teacher, student and data set", cfg, [&] {
-    job.experts = open_teacher(cfg);
-    for (const auto& e : job.experts->experts()) e.check();
-    if (rank == 0 && job.experts->two_experts()) {
-      const auto& ex = *job.experts;
-      spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {})", ex.path(),
-                   ex.expert_name(WanExperts::kHigh), ex.boundary_timestep(), ex.expert_name(WanExperts::kLow),
-                   ex.boundary());
+    if (cfg.has_teacher()) {
+      job.experts = open_teacher(cfg);
+      for (const auto& e : job.experts->experts()) e.check();
+      if (rank == 0 && job.experts->two_experts()) {
+        const auto& ex = *job.experts;
+        spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {})", ex.path(),
+                     ex.expert_name(WanExperts::kHigh), ex.boundary_timestep(), ex.expert_name(WanExperts::kLow),
+                     ex.boundary());
+      }
+      job.model = job.teacher().config();
+    } else {  // every rank reads the data set: its shapes make the model
+      job.model = model_for_data(data::validate_dataset(cfg.data_path(), {}));
     }
-    check_job(cfg, job.teacher().config(), job.layout);
+    check_job(cfg, job.model, job.layout);
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(rank_device(cfg, job.placement, Role::kStudent, job.topo.local_rank));
-    if (job.topo.role == Role::kTeacher || job.layout.colocated()) job.info = check_data(cfg, job.teacher().config());
+    if (job.topo.role == Role::kTeacher || job.layout.colocated()) job.info = check_data(cfg, job.model);
   });
   DataShape shape;
   if (rank == 0) shape = {job.info->latent_shape, job.info->context_len, job.info->samples};
@@ -176,6 +185,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
 /// teacher, or a colocated student: where the teacher computes).
 std::int64_t agreed_micro_batch(const TrainJob& job) {
   const auto& cfg = job.cfg;
+  if (!cfg.has_teacher()) return 0;
   if (const auto n = cfg.teacher.micro_batch_samples()) return *n;
   return decided_by<std::int64_t>(0, "choosing the teacher micro-batch (teacher.micro_batch auto)", cfg, [&] {
     const auto role = job.layout.colocated() ? Role::kStudent : Role::kTeacher;
@@ -227,7 +237,7 @@ void start_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.broadcast = cfg.comm.mode == "broadcast";
   job.per_replica = per_replica_batch(cfg, job.layout);
   const auto shape = check_inputs(job, rank);
-  job.plan = stream_plan_for(cfg, job.teacher().config(), shape.latent, shape.context_len);
+  job.plan = stream_plan_for(cfg, job.model, shape.latent, shape.context_len);
   job.plan.eval_messages = cfg.train.eval_samples / global_batch(cfg, job.layout);
   job.plan.train_steps = cfg.train.steps;
   job.train_samples = shape.samples - cfg.train.eval_samples;

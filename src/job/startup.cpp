@@ -116,15 +116,25 @@ const plan::LayoutSpeed* fastest_suitable(const RunConfig& cfg, const std::vecto
 
 }  // namespace
 
+WanConfig model_for_data(const data::DatasetInfo& info) {
+  auto c = WanConfig::preset("tiny");
+  c.in_dim = c.out_dim = info.latent_shape[0];
+  c.text_dim = info.text_dim;
+  c.text_len = info.context_len;
+  return c;
+}
+
 void prepare_run_dir(const RunConfig& cfg) {
   fs::create_directories(fs::path(cfg.run_dir) / "cache");
-  if (cfg.teacher.checkpoint == kBuiltin && !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
+  if (cfg.has_teacher() && cfg.teacher.checkpoint == kBuiltin &&
+      !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
     spdlog::info("generating the builtin tiny teacher in {}", cfg.teacher_path());
     write_random_wan_checkpoint(cfg.teacher_path(), WanConfig::preset("tiny"), torch::kBFloat16,
                                 2'000'000'000ULL, kBuiltinSeed);
   }
   if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
-    const auto tc = open_teacher(cfg).config();  // a two-expert folder too
+    // A two-expert folder's shapes too; without a teacher, the tiny model's.
+    const auto tc = cfg.has_teacher() ? open_teacher(cfg).config() : WanConfig::preset("tiny");
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;
@@ -187,6 +197,12 @@ void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher) {
 PlacementChoice choose_placement(const RunConfig& cfg, int world) {
   PlacementChoice choice;
   c10::Device device(torch::kCPU);
+  if (!cfg.has_teacher()) {  // nothing to place: the students' device, for the record
+    device = student::student_device(cfg.student.device, 0);
+    choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
+    spdlog::info("train.objective {}: no teacher; the students train on the data alone", cfg.train.objective);
+    return choice;
+  }
   if (cfg.teacher.placement == "colocated") {  // the teacher lives where the student computes
     device = student::student_device(cfg.student.device, 0);
     choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
@@ -210,13 +226,14 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
 
 comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int world,
                          const std::vector<int>& node_of_rank) {
-  if (cfg.teacher.placement == "colocated") return comm::Layout::colocated(world);
+  // Without a teacher (flow) every rank is a student computing its own targets, as colocated.
+  if (cfg.teacher.placement == "colocated" || !cfg.has_teacher()) return comm::Layout::colocated(world);
   return comm::Layout::make(world, cfg.teacher.ranks, teacher::stages_for(cfg.teacher, placement), node_of_rank);
 }
 
 int planned_gpu(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank, int gpus) {
   const auto on_gpu = gpu_of_local_rank(local_rank, gpus);
-  if (role == Role::kStudent || cfg.teacher.placement == "colocated") {
+  if (role == Role::kStudent || cfg.teacher.placement == "colocated" || !cfg.has_teacher()) {
     return cfg.student.device == "cpu" ? -1 : on_gpu;
   }
   if (placement == plan::Placement::kCpu) return -1;

@@ -49,6 +49,11 @@ struct ResumePoint {
   std::string path;
 };
 
+/// The base config of a model trained on the data alone (train.objective flow), before the
+/// student.* keys apply: the tiny preset's architecture with the data set's latent channels
+/// (in and out), text width and length.
+WanConfig model_for_data(const data::DatasetInfo& info);
+
 /// Creates the run directory and, where the config names them and they are missing, the
 /// builtin tiny teacher and data set in its cache.
 void prepare_run_dir(const RunConfig& cfg);

@@ -11,6 +11,7 @@
 #include "student/student_device.hpp"
 #include "job/plan_input.hpp"
 #include "teacher/colocated_teacher.hpp"
+#include "teacher/flow_targets.hpp"
 #include "student/student_loop.hpp"
 #include "student/student_model.hpp"
 #include "student/student_parts.hpp"
@@ -90,7 +91,7 @@ c10::Device take_student_device(const TrainJob& job, RoleServices& services) {
 /// Everything the student trains, created here, once, on its device; the loop creates nothing.
 student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
-  const auto& tc = job.teacher().config();
+  const auto& tc = job.model;
   student::PartsSetup setup;
   setup.teacher_in_channels = job.plan.latent[0];
   setup.teacher_out_channels = job.plan.out_channels;
@@ -101,8 +102,11 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
   setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
   setup.seed = cfg.train.seed;
   setup.device = device;
-  return student::StudentParts(
-      student::build_student(cfg.student.model_config(tc), cfg.student, job.teacher(), cfg.train.seed), setup);
+  const auto sc = cfg.student.model_config(tc);
+  // Without a teacher (flow) the student starts from random weights (student.init random).
+  return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
+                                           : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed),
+                               setup);
 }
 
 /// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
@@ -149,6 +153,24 @@ RoleResult finish_student(const TrainJob& job, const student::StudentStats& stat
   return result;
 }
 
+/// train.objective flow: this rank's targets from its share of the data (no teacher), read as
+/// a colocated teacher would read them.
+struct OwnTargets {
+  data::DatasetReader reader;
+  data::SampleSchedule schedule;
+  data::FlowMatchingNoiser noiser, eval_noiser;
+  teacher::FlowTargets transport;
+
+  OwnTargets(const TrainJob& job, const c10::Device& device)
+      : reader(*job.info),
+        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
+        noiser(job.cfg.noise, job.cfg.train.seed),
+        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL),  // as run_teacher_rank's
+        transport({reader, schedule, noiser, eval_noiser, job.plan, job.model.patch_size,
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples,
+                   job.cfg.train.cond_dropout, job.cfg.train.seed, device}) {}
+};
+
 }  // namespace
 
 RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
@@ -160,15 +182,20 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   // Link first, gradient group second, on every student: NCCL communicators are created in one
   // order everywhere (docs/transport.md).
   std::unique_ptr<OwnTeacher> own;
+  std::unique_ptr<OwnTargets> targets;
   std::unique_ptr<comm::Receiver> link;
-  if (layout.colocated()) {
+  if (!cfg.has_teacher()) {
+    targets = std::make_unique<OwnTargets>(job, device);
+  } else if (layout.colocated()) {
     own = std::make_unique<OwnTeacher>(job, device, services.memory);
   } else {
     link = comm::make_receiver(comm::link_end(*job.groups, rank, cfg.comm), plan.message_spec(), cfg.comm, 0,
                                plan.end_step(), device, &services.health);
     services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
   }
-  comm::Receiver& transport = own ? static_cast<comm::Receiver&>(own->transport) : *link;
+  comm::Receiver& transport = own       ? static_cast<comm::Receiver&>(own->transport)
+                              : targets ? static_cast<comm::Receiver&>(targets->transport)
+                                        : *link;
   auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),

@@ -36,7 +36,10 @@ struct TrainJob {
   std::optional<c10::ScalarType> compute;  ///< teacher.compute's choice; nullopt: the weights' dtype
   comm::Layout layout;
   std::optional<comm::ProcessGroups> groups;
-  std::optional<WanExperts> experts;
+  std::optional<WanExperts> experts;  ///< none for train.objective flow
+  /// The DiT config the stream is shaped by: the teacher's, or without a teacher (flow) the base
+  /// the student's keys apply to, made from the data set (model_for_data).
+  WanConfig model;
   std::optional<data::DatasetInfo> info;  ///< teacher ranks only
   comm::StreamPlan plan;
   std::int64_t per_replica = 0;    ///< samples a replica computes per transport step

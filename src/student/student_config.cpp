@@ -140,7 +140,13 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("train.sample_shift", sample_shift, "σ shift of a probe's schedule (as wan-distill sample --shift)")
       .bind("train.collapse_ratio", collapse_ratio,
             "a probe flags the student when a channel's std falls below this fraction of the teacher's")
-      .bind("train.seed", seed, "seed of the data order, the noise and the student init");
+      .bind("train.seed", seed, "seed of the data order, the noise and the student init")
+      .bind("train.objective", objective,
+            "velocity (the student matches the teacher's velocity at noised data) | flow (flow-matching "
+            "training on the data alone, target noise - x0, no teacher: teacher.ranks 0; docs/objectives.md)")
+      .bind("train.cond_dropout", cond_dropout,
+            "flow: the fraction of training samples whose context is zeroed, so the model also learns "
+            "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)");
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
@@ -161,6 +167,12 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
   p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
+  p.check(objective == "velocity" || objective == "flow",
+          "train.objective(" + objective + ") must be velocity or flow");
+  p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
+  p.check(cond_dropout == 0 || objective == "flow",
+          "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +
+              objective);
   p.check(sample_every == 0 || eval_samples > 0,
           "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
 }

@@ -65,9 +65,14 @@ struct TrainConfig {
   double sample_shift = 12.0;      ///< σ shift of a probe's schedule
   double collapse_ratio = 0.1;     ///< a probe flags a channel whose std ratio falls below this
   std::uint64_t seed = 0;
+  /// velocity: match the teacher's velocity at noised data (distillation) | flow: flow-matching
+  /// training on the data alone, target ε − x0, no teacher (docs/objectives.md)
+  std::string objective = "velocity";
+  double cond_dropout = 0.0;  ///< flow: fraction of training samples whose context is zeroed
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
+  bool flow() const { return objective == "flow"; }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.
   double lr_at(std::int64_t step) const;
 };

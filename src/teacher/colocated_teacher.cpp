@@ -17,6 +17,17 @@ comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::D
   return moved;
 }
 
+LocalSamples local_samples(const comm::StreamPlan& plan, const data::SampleSchedule& schedule, int replica,
+                           int replicas, std::int64_t train_samples, std::int64_t step) {
+  if (step < plan.eval_messages) {
+    return {eval_indices(step, replica, plan.batch_per_student, replicas, train_samples), step, true};
+  }
+  // Training: transport step -> (optimizer step, micro-batch) -> position in the data stream.
+  const auto k = step - plan.eval_messages;
+  const auto position = (plan.first_step + k / plan.micro_batches) * plan.micro_batches + k % plan.micro_batches;
+  return {schedule.indices(position, replica), position, false};
+}
+
 ColocatedTeacher::ColocatedTeacher(ColocatedSource source) : src_(source) {}
 
 const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
@@ -27,19 +38,9 @@ const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& plan = src_.plan;
   const auto b = plan.batch_per_student;
-  StageBatch batch;
-  if (step < plan.eval_messages) {
-    // Held-out message e: the eval positions of this replica (teacher_loop's eval_indices).
-    batch = read_stage_batch(src_.reader, src_.stage, plan,
-                             eval_indices(step, src_.replica, b, src_.replicas, src_.train_samples), step,
-                             src_.eval_noiser);
-  } else {
-    // Training: transport step -> (optimizer step, micro-batch) -> position in the data stream.
-    const auto k = step - plan.eval_messages;
-    const auto position = (plan.first_step + k / plan.micro_batches) * plan.micro_batches + k % plan.micro_batches;
-    batch = read_stage_batch(src_.reader, src_.stage, plan, src_.schedule.indices(position, src_.replica),
-                             position, src_.noiser);
-  }
+  const auto at = local_samples(plan, src_.schedule, src_.replica, src_.replicas, src_.train_samples, step);
+  auto batch = read_stage_batch(src_.reader, src_.stage, plan, at.indices, at.noise_step,
+                                at.eval ? src_.eval_noiser : src_.noiser);
   src_.stage.run(batch);
   if (!read_scalar<bool>(torch::isfinite(batch.out).all(), "colocated teacher finite check")) {
     throw NumericalError("the colocated teacher's output for step " + std::to_string(step) + " has NaN/Inf values");

@@ -30,6 +30,18 @@ struct ColocatedSource {
   c10::Device device = torch::kCPU;  ///< the student's device: where every message tensor goes
 };
 
+/// The samples a rank that computes its own messages (a colocated teacher, flow targets) reads
+/// for transport step `step`: the held-out messages first (eval_indices, noised by the eval
+/// noiser), then the training micro-batches by their position in the data stream (the sample
+/// schedule), so that replica r of `replicas` reads what student r of a dedicated layout gets.
+struct LocalSamples {
+  std::vector<std::int64_t> indices;
+  std::int64_t noise_step = 0;  ///< the noisers' step: the held-out message, or the stream position
+  bool eval = false;            ///< a held-out message
+};
+LocalSamples local_samples(const comm::StreamPlan& plan, const data::SampleSchedule& schedule, int replica,
+                           int replicas, std::int64_t train_samples, std::int64_t step);
+
 /// `message` with every tensor on `device` (asynchronous copies from the host), except
 /// `context_lens`, which stays on the host: the DiT reads the lengths on the host, and a copy
 /// on the device would cost it a synchronisation at every forward.

@@ -69,7 +69,7 @@ struct TeacherConfig {
               "or auto (world rank 0 times the job's teacher on the batch and its halvings at start-up "
               "and takes the fastest per sample); with teacher.layout auto, 0 and auto take the chosen "
               "layout's micro-batch")
-        .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1)")
+        .bind("teacher.ranks", ranks, "number of teacher ranks (world ranks 0..ranks-1); 0 with train.objective flow (no teacher)")
         .bind("teacher.layout", layout,
               "given (teacher.ranks, placement and stages as set) | auto (at start-up the job's teacher "
               "forward and student step are timed and the fastest layout of the world's ranks is used: "
@@ -99,7 +99,7 @@ struct TeacherConfig {
             "teacher.compute(" + compute + ") must be auto, weights or fp32");
     p.check(micro_batch == "auto" || micro_batch_samples().has_value(),
             "teacher.micro_batch(" + micro_batch + ") must be auto or a number of samples >= 0");
-    p.check(ranks >= 1, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 1");
+    p.check(ranks >= 0, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 0 (0: no teacher, train.objective flow)");
     p.check(layout == "given" || layout == "auto", "teacher.layout(" + layout + ") must be given or auto");
     p.check(layout != "auto" || (shard_map.empty() && stages == 0),
             "teacher.layout auto chooses the stages: leave teacher.stages(" + std::to_string(stages) +

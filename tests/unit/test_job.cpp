@@ -10,6 +10,7 @@
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
+#include "data/dataset_info.hpp"
 #include "job/run_config.hpp"
 #include "job/startup.hpp"
 #include "job/plan_input.hpp"
@@ -213,6 +214,47 @@ TEST(JobStartup, PlannedGpusFollowTrainsDeviceRules) {
   EXPECT_EQ(gpu("--student.device cpu", plan::Placement::kGpu, Role::kStudent, 2), -1);
   EXPECT_EQ(gpu("", plan::Placement::kGpu, Role::kStudent, 2), 2);
   EXPECT_EQ(gpu("--teacher.placement colocated --student.device cpu", plan::Placement::kCpu, Role::kStudent, 0), -1);
+}
+
+TEST(JobStartup, FlowTrainsWithoutATeacherAndEveryOtherObjectiveNeedsOne) {
+  auto message = error_of<ConfigError>([] { config(tiny("--train.objective flow")).validate(); });
+  EXPECT_TRUE(test::contains(message, "train.objective flow trains without a teacher: set teacher.ranks 0, not 1"))
+      << message;
+  message = error_of<ConfigError>([] { config(tiny("--teacher.ranks 0")).validate(); });
+  EXPECT_TRUE(test::contains(message, "train.objective(velocity) needs teacher.ranks >= 1")) << message;
+  message = error_of<ConfigError>([] { config(tiny("--train.cond_dropout 0.1")).validate(); });
+  EXPECT_TRUE(test::contains(message, "train.cond_dropout(0.1) drops contexts of the data: it needs train.objective "
+                                      "flow, not velocity"))
+      << message;
+  message = error_of<ConfigError>([] {
+    config(tiny("--train.objective flow --teacher.ranks 0 --student.features 0:1 --teacher.layout auto "
+                "--train.cond_dropout 1"))
+        .validate();
+  });
+  for (const char* part : {"student.features(0:1) matches teacher blocks", "teacher.layout(auto) must be given",
+                           "train.cond_dropout(1) must be in [0, 1)"}) {
+    EXPECT_TRUE(test::contains(message, part)) << part << "\n" << message;
+  }
+}
+
+TEST(JobStartup, FlowMakesEveryRankAStudentAndItsModelFromTheData) {
+  const auto cfg = config(tiny("--train.objective flow --teacher.ranks 0 --train.eval_samples 6"));
+  cfg.validate();
+  EXPECT_FALSE(cfg.has_teacher());
+  const auto placement = job::choose_placement(cfg, 3);
+  EXPECT_EQ(placement.placement, plan::Placement::kCpu);
+  EXPECT_FALSE(placement.compute.has_value());
+  const auto layout = job::make_layout(cfg, placement.placement, 3, {});
+  EXPECT_TRUE(layout.colocated());
+  EXPECT_EQ(layout.student_ranks, 3);
+  const auto info = data::validate_dataset(cfg.data_path(), {});
+  const auto model = job::model_for_data(info);
+  EXPECT_EQ(model.in_dim, info.latent_shape[0]);
+  EXPECT_EQ(model.out_dim, info.latent_shape[0]);
+  EXPECT_EQ(model.text_dim, info.text_dim);
+  EXPECT_EQ(model.text_len, info.context_len);
+  job::check_job(cfg, model, layout);
+  EXPECT_EQ(job::check_data(cfg, model).samples, info.samples);
 }
 
 TEST(JobStartup, ANewRunResumesAtStepZero) {
