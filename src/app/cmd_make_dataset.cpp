@@ -8,8 +8,8 @@
 namespace wd::app {
 
 int run_make_dataset(const std::vector<std::string>& args) {
-  std::string output, latent = "16,3,16,16", dtype = "fp32";
-  std::int64_t samples = 64, text_len = 16, text_dim = 64;
+  std::string output, latent = "16,3,16,16", dtype = "fp32", kind = "smooth";
+  std::int64_t samples = 64, text_len = 16, text_dim = 64, classes = 6;
   std::uint64_t seed = 0;
   LogConfig log;
   OptionTable table("make-dataset options");
@@ -19,12 +19,18 @@ int run_make_dataset(const std::vector<std::string>& args) {
       .bind("text-len", text_len, "context rows L (lengths vary in 1..L)")
       .bind("text-dim", text_dim, "context feature size")
       .bind("dtype", dtype, "stored float type: fp32 | fp16")
-      .bind("seed", seed, "generator seed");
+      .bind("seed", seed, "generator seed")
+      .bind("kind", kind,
+            "smooth (random smooth latents, random contexts) | classes (a teacher can learn something: "
+            "sample i is class i mod K, its class's smooth pattern shifted, moving, scaled and noised, with "
+            "the class's context; writes /labels and /class_patterns; docs/objectives.md)")
+      .bind("classes", classes, "kind classes: the number of classes K");
   log.bind(table);
   if (parse_options(args, table).help) {
     print_help("wan-distill make-dataset --output FILE [--samples N] [--latent C,F,H,W] [--text-len L] [--text-dim D]",
                "Writes a synthetic data set (docs/data-format.md): spatially smooth latents and\n"
-               "context features of varied length, chunked per sample.",
+               "context features of varied length, chunked per sample; with --kind classes, latents\n"
+               "of K classes and one context per class, for the objectives' bench.",
                table);
     return kExitOk;
   }
@@ -45,6 +51,8 @@ int run_make_dataset(const std::vector<std::string>& args) {
   spec.text_dim = text_dim;
   spec.seed = seed;
   spec.half = dtype == "fp16";
+  spec.kind = kind;
+  spec.classes = classes;
   data::write_synthetic_dataset(spec);
   spdlog::info("wrote {} ({} samples)", output, samples);
   return kExitOk;

@@ -13,6 +13,9 @@ inline constexpr const char* kLatents = "/latents";
 inline constexpr const char* kContext = "/context";
 inline constexpr const char* kContextLens = "/context_lens";
 inline constexpr const char* kPrompts = "/prompts";
+/// Optional, in a `classes` data set: each sample's class [N] int32, each class's pattern [K,C,F,H,W].
+inline constexpr const char* kLabels = "/labels";
+inline constexpr const char* kClassPatterns = "/class_patterns";
 inline constexpr const char* kSchemaAttr = "schema_version";
 inline constexpr const char* kLayoutAttr = "latent_layout";
 

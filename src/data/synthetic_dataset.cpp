@@ -94,8 +94,30 @@ torch::Tensor smooth_latent(const std::array<std::int64_t, 4>& shape, at::Genera
   return std > 1e-6 ? x.div_(std) : x;
 }
 
+/// Sample `i` of a `classes` data set: its class's pattern shifted (a frame moving by its own
+/// step), scaled, plus small noise; deterministic from (seed, i).
+torch::Tensor class_latent(const torch::Tensor& pattern, std::int64_t i, std::uint64_t seed, at::Generator& gen) {
+  SplitMix64 rng(hash_keys(seed, 4, static_cast<std::uint64_t>(i)));
+  const auto height = pattern.size(2), width = pattern.size(3);
+  const auto span = [&](std::int64_t n) {
+    const auto q = std::max<std::int64_t>(1, n / 4);
+    return static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(2 * q + 1))) - q;
+  };
+  const auto dy = span(height), dx = span(width);
+  const auto my = static_cast<std::int64_t>(rng.below(3)) - 1, mx = static_cast<std::int64_t>(rng.below(3)) - 1;
+  const double amplitude = 0.8 + 0.4 * static_cast<double>(rng.below(1'000'001)) / 1e6;
+  auto x = torch::empty_like(pattern);
+  for (std::int64_t f = 0; f < pattern.size(1); ++f) {
+    x.select(1, f).copy_(torch::roll(pattern.select(1, f), {dy + f * my, dx + f * mx}, {1, 2}));
+  }
+  return x.mul_(amplitude).add_(torch::randn(pattern.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat)), 0.05);
+}
+
 void check_spec(const SyntheticDatasetSpec& spec) {
   ConfigProblems problems;
+  problems.check(spec.kind == "smooth" || spec.kind == "classes", "kind(" + spec.kind + ") must be smooth or classes");
+  problems.check(spec.kind != "classes" || spec.classes >= 2,
+                 "classes(" + std::to_string(spec.classes) + ") must be >= 2");
   problems.check(!spec.output.empty(), "output must be given");
   problems.check(spec.samples >= 1, "samples(" + std::to_string(spec.samples) + ") must be >= 1");
   for (int d = 0; d < 4; ++d) {
@@ -168,6 +190,15 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
 
     std::vector<std::int32_t> lens(n);
     std::vector<std::string> prompts(n);
+    // classes: each class's pattern and context, from generators of their own.
+    const bool classes = spec.kind == "classes";
+    std::vector<torch::Tensor> patterns, class_contexts;
+    std::vector<std::int32_t> labels(classes ? n : 0);
+    for (std::int64_t k = 0; classes && k < spec.classes; ++k) {
+      auto gen = at::detail::createCPUGenerator(hash_keys(spec.seed, 2, static_cast<std::uint64_t>(k)));
+      patterns.push_back(smooth_latent(c, gen));
+      class_contexts.push_back(torch::randn({spec.text_len, spec.text_dim}, gen, torch::TensorOptions().dtype(torch::kFloat)));
+    }
     const double sample_bytes =
         static_cast<double>(c[0] * c[1] * c[2] * c[3] + spec.text_len * spec.text_dim) *
         (spec.half ? 2 : 4);
@@ -177,18 +208,24 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
       // Each sample has its own generator, so sample i is the same whatever N is.
       auto gen =
           at::detail::createCPUGenerator(hash_keys(spec.seed, 0, static_cast<std::uint64_t>(i)));
-      const auto latent = smooth_latent(c, gen).to(store_dtype).contiguous();
+      const auto label = classes ? i % spec.classes : 0;
+      const auto latent = (classes ? class_latent(patterns[static_cast<std::size_t>(label)], i, spec.seed, gen)
+                                   : smooth_latent(c, gen))
+                              .to(store_dtype)
+                              .contiguous();
       write_row(latents.get(), mem_type, latent.data_ptr(), i, path, kLatents);
 
       SplitMix64 rng(hash_keys(spec.seed, 1, static_cast<std::uint64_t>(i)));
-      const auto len = static_cast<std::int64_t>(1 + rng.below(text_len));
+      const auto len = classes ? spec.text_len : static_cast<std::int64_t>(1 + rng.below(text_len));
       lens[i] = static_cast<std::int32_t>(len);
       auto ctx = torch::zeros({spec.text_len, spec.text_dim}, torch::kFloat);
-      ctx.narrow(0, 0, len).copy_(
-          torch::randn({len, spec.text_dim}, gen, torch::TensorOptions().dtype(torch::kFloat)));
+      ctx.narrow(0, 0, len).copy_(classes ? class_contexts[static_cast<std::size_t>(label)]
+                                          : torch::randn({len, spec.text_dim}, gen,
+                                                         torch::TensorOptions().dtype(torch::kFloat)));
       ctx = ctx.to(store_dtype).contiguous();
       write_row(context.get(), mem_type, ctx.data_ptr(), i, path, kContext);
-      prompts[i] = "synthetic sample " + std::to_string(i);
+      if (classes) labels[i] = static_cast<std::int32_t>(label);
+      prompts[i] = classes ? "class " + std::to_string(label) : "synthetic sample " + std::to_string(i);
       progress.advance(sample_bytes);
     }
 
@@ -202,6 +239,21 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
     for (hsize_t i = 0; i < n; ++i) texts[i] = prompts[i].c_str();
     WD_CHECK_H5(H5Dwrite(prompts_ds.get(), str.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, texts.data()),
                 path, kPrompts);
+    if (classes) {
+      const H5Dataset labels_ds = create_contiguous(file.get(), path, kLabels, H5T_STD_I32LE, n);
+      WD_CHECK_H5(H5Dwrite(labels_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()), path,
+                  kLabels);
+      const auto all = torch::stack(patterns).contiguous();
+      std::vector<hsize_t> dims;
+      for (const auto d : all.sizes()) dims.push_back(static_cast<hsize_t>(d));
+      const H5Dataspace space(
+          WD_CHECK_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path, kClassPatterns));
+      const H5Dataset pattern_ds(WD_CHECK_H5(H5Dcreate2(file.get(), kClassPatterns, H5T_IEEE_F32LE, space.get(),
+                                                        H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                             path, kClassPatterns));
+      WD_CHECK_H5(H5Dwrite(pattern_ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data_ptr()), path,
+                  kClassPatterns);
+    }
     progress.finish();
   }
   // With every object closed, H5Fclose writes the last metadata; a failure here (a full disk)

@@ -16,9 +16,15 @@ struct SyntheticDatasetSpec {
   std::int64_t text_dim = 64;
   std::uint64_t seed = 0;
   bool half = false;  ///< store float16 instead of float32
+  /// smooth: random smooth latents and random contexts | classes: `classes` classes, each its
+  /// own smooth pattern and context; sample i is class i mod K, its pattern shifted (circularly,
+  /// up to a quarter of H and W), moving by up to one row and column a frame, scaled by 0.8-1.2,
+  /// plus noise of std 0.05; /labels and /class_patterns are written too (data/classes.hpp).
+  std::string kind = "smooth";
+  std::int64_t classes = 6;
 };
 
-/// Writes a synthetic data set: spatially smooth latents (low-resolution noise upsampled, not
+/// Writes a synthetic data set (`spec.kind`): spatially smooth latents (low-resolution noise upsampled, not
 /// white noise), context features with lengths varied over 1..text_len, chunked per sample,
 /// atomically (temporary name, then rename), with progress logged. Deterministic from the seed.
 void write_synthetic_dataset(const SyntheticDatasetSpec& spec);

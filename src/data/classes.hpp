@@ -1,0 +1,42 @@
+// The classes of a `make-dataset --kind classes` data set, and the classifier of generated
+// latents the objectives' bench scores samples with (docs/objectives.md).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace wd::data {
+
+/// /class_patterns [K,C,F,H,W] and /labels [N] of a data set; empty when it has none.
+struct DatasetClasses {
+  torch::Tensor patterns;             ///< float32; undefined when the file has no classes
+  std::vector<std::int64_t> labels;  ///< per sample
+  bool present() const { return patterns.defined(); }
+};
+
+/// Reads them; DataError naming the file and the dataset for a malformed one.
+DatasetClasses read_dataset_classes(const std::string& path);
+
+/// Each latent's best class, invariant to where the pattern sits and how strong it is: for every
+/// class and frame, the cosine similarity between the frame and the class's frame at the best
+/// circular shift in H and W (cross-correlation by FFT), averaged over frames.
+struct Classified {
+  torch::Tensor label;   ///< [B] int64, the best class
+  torch::Tensor cosine;  ///< [B] float32, its mean best-shift cosine
+};
+Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& patterns);
+
+/// The two accuracies of generated latents against their intended classes: the right class,
+/// and the right class with a best-shift cosine of at least `strict_cosine` (the plain one is
+/// too easy to tell a good sampler from a poor one).
+struct ClassAccuracy {
+  double class_accuracy = 0;
+  double strict_accuracy = 0;
+};
+ClassAccuracy class_accuracy(const Classified& got, const std::vector<std::int64_t>& wanted,
+                             double strict_cosine = 0.95);
+
+}  // namespace wd::data

@@ -1,0 +1,80 @@
+// The objectives' bench data: a `classes` data set's labels and patterns, and the classifier,
+// which finds each sample's class wherever its pattern sits and however strong it is, and gives
+// noise no class with confidence.
+#include <gtest/gtest.h>
+
+#include "data/classes.hpp"
+#include "data/dataset_info.hpp"
+#include "data/dataset_reader.hpp"
+#include "data/synthetic_dataset.hpp"
+#include "test_util.hpp"
+
+namespace wd {
+namespace {
+
+data::SyntheticDatasetSpec classes_spec(const test::TempDir& dir) {
+  data::SyntheticDatasetSpec spec;
+  spec.output = dir.str("classes.h5");
+  spec.kind = "classes";
+  spec.classes = 5;
+  spec.samples = 40;
+  spec.latent = {4, 2, 16, 16};
+  spec.text_len = 6;
+  spec.text_dim = 8;
+  spec.seed = 9;
+  return spec;
+}
+
+TEST(Classes, EverySampleIsFoundInItsOwnClassStrictly) {
+  test::TempDir dir("classes");
+  const auto spec = classes_spec(dir);
+  data::write_synthetic_dataset(spec);
+  const auto info = data::validate_dataset(spec.output, {});
+  const auto classes = data::read_dataset_classes(spec.output);
+  ASSERT_TRUE(classes.present());
+  EXPECT_EQ(classes.patterns.sizes(), (std::vector<std::int64_t>{5, 4, 2, 16, 16}));
+  ASSERT_EQ(classes.labels.size(), 40u);
+  std::vector<std::int64_t> all(40);
+  for (std::int64_t i = 0; i < 40; ++i) {
+    all[static_cast<std::size_t>(i)] = i;
+    EXPECT_EQ(classes.labels[static_cast<std::size_t>(i)], i % 5);
+  }
+  data::DatasetReader reader(info);
+  const auto batch = reader.read(all);
+  const auto got = data::classify_latents(batch.latents, classes.patterns);
+  const auto acc = data::class_accuracy(got, classes.labels);
+  EXPECT_EQ(acc.class_accuracy, 1.0);
+  EXPECT_EQ(acc.strict_accuracy, 1.0) << "lowest cosine " << got.cosine.min().item<double>();
+  // One context per class, all rows valid.
+  EXPECT_TRUE(torch::equal(batch.context[0], batch.context[5]));
+  EXPECT_FALSE(torch::equal(batch.context[0], batch.context[1]));
+  EXPECT_EQ(batch.context_lens.min().item<std::int64_t>(), 6);
+}
+
+TEST(Classes, TheClassifierIgnoresPlaceAndStrengthButNotShape) {
+  auto gen = at::detail::createCPUGenerator(3);
+  const auto patterns = torch::randn({3, 2, 1, 12, 12}, gen, torch::TensorOptions().dtype(torch::kFloat));
+  // Class 2's pattern moved and weakened, class 0's strengthened; then pure noise.
+  const auto moved = torch::roll(patterns[2], {5, -3}, {2, 3}) * 0.3;
+  const auto strong = patterns[0] * 7.0;
+  const auto noise = torch::randn({2, 1, 12, 12}, gen, torch::TensorOptions().dtype(torch::kFloat));
+  const auto got = data::classify_latents(torch::stack({moved, strong, noise}), patterns);
+  EXPECT_EQ(got.label[0].item<std::int64_t>(), 2);
+  EXPECT_EQ(got.label[1].item<std::int64_t>(), 0);
+  EXPECT_NEAR(got.cosine[0].item<double>(), 1.0, 1e-4);
+  EXPECT_NEAR(got.cosine[1].item<double>(), 1.0, 1e-4);
+  EXPECT_LT(got.cosine[2].item<double>(), 0.6) << "noise looks like a class";
+  const auto acc = data::class_accuracy(got, {2, 0, 1});
+  EXPECT_NEAR(acc.strict_accuracy, 2.0 / 3.0, 1e-9);
+}
+
+TEST(Classes, ASmoothDataSetHasNoClasses) {
+  test::TempDir dir("no-classes");
+  auto spec = classes_spec(dir);
+  spec.kind = "smooth";
+  data::write_synthetic_dataset(spec);
+  EXPECT_FALSE(data::read_dataset_classes(spec.output).present());
+}
+
+}  // namespace
+}  // namespace wd
