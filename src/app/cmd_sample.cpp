@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "data/classes.hpp"
+#include "model/negative_context.hpp"
 #include "job/plan_input.hpp"
 #include "core/logging.hpp"
 #include "data/dataset_reader.hpp"
@@ -55,7 +57,7 @@ struct SampleConfig {
         .bind("teacher.boundary", boundary, "two-expert teacher: boundary ratio (0 = the folder's or the model type's)")
         .bind("student", student, "a student folder (RUN_DIR/student); empty = the teacher alone")
         .bind("data.path", data_path, "HDF5 data set whose contexts (and latent shape) are used; empty = random contexts")
-        .bind("samples", samples, "data set sample indices, e.g. 0,3,7")
+        .bind("samples", samples, "data set sample indices, e.g. 0,3,7 or 100-291")
         .bind("latent", latent, "random contexts only: F,H,W of the latent (C = the teacher's out_dim)")
         .bind("count", count, "random contexts only: number of samples")
         .bind("seed", seed, "seed of the noise (per sample index) and of random contexts")
@@ -123,22 +125,32 @@ struct Conditions {
   std::vector<std::int64_t> indices;
 };
 
-/// "0,3,7" into sample indices, each in [0, n).
+/// "0,3,7" or "10-15,20" into sample indices, each in [0, n).
 std::vector<std::int64_t> parse_indices(const std::string& text, std::int64_t n) {
   std::vector<std::int64_t> out;
   std::stringstream in(text);
   std::string item;
-  while (std::getline(in, item, ',')) {
+  const auto index = [&](const std::string& word, const std::string& item) {
     std::size_t used = 0;
     std::int64_t v = -1;
     try {
-      v = std::stoll(item, &used);
+      v = std::stoll(word, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    WD_CHECK_AS(ConfigError, used == item.size() && !item.empty() && v >= 0 && v < n,
-                "samples(" << text << "): '" << item << "' is not a sample index in 0.." << n - 1);
-    out.push_back(v);
+    WD_CHECK_AS(ConfigError, used == word.size() && !word.empty() && v >= 0 && v < n,
+                "samples(" << text << "): '" << item << "' is not a sample index or range a-b in 0.." << n - 1);
+    return v;
+  };
+  while (std::getline(in, item, ',')) {
+    const auto dash = item.find('-');
+    if (dash == std::string::npos) {
+      out.push_back(index(item, item));
+      continue;
+    }
+    const auto first = index(item.substr(0, dash), item), last = index(item.substr(dash + 1), item);
+    WD_CHECK_AS(ConfigError, first <= last, "samples(" << text << "): range '" << item << "' runs backwards");
+    for (auto v = first; v <= last; ++v) out.push_back(v);
   }
   WD_CHECK_AS(ConfigError, !out.empty(), "samples(" << text << ") names no sample");
   return out;
@@ -177,10 +189,7 @@ Conditions make_conditions(const SampleConfig& cfg, const WanConfig& tc, const c
   if (cfg.negative.empty()) {
     c.negative = torch::zeros_like(c.context);
   } else {
-    auto neg = SafetensorsFile::open(cfg.negative).tensor("context", torch::kFloat);
-    if (neg.dim() == 2) neg = neg.unsqueeze(0);
-    WD_CHECK_DATA(neg.dim() == 3 && neg.size(0) == 1 && neg.size(2) == tc.text_dim, cfg.negative, "context",
-                  "must be [L,text_dim] or [1,L,text_dim] with text_dim " << tc.text_dim);
+    const auto neg = load_negative_context(cfg.negative, tc.text_dim).unsqueeze(0);
     c.negative = neg.expand({B, neg.size(1), neg.size(2)}).contiguous();
   }
   // One width for the batched [cond; uncond] forward; the lengths keep each context's own rows.
@@ -257,6 +266,25 @@ void check_collapse(const SampleConfig& cfg, const Conditions& cond, const torch
   }
 }
 
+/// With a `classes` data set (make-dataset --kind classes): how many of each model's final
+/// latents show their sample's class, and strictly (best-shift cosine >= 0.95), logged and in
+/// `report`.
+void report_classes(const SampleConfig& cfg, const Conditions& cond, const TensorMap& finals, nlohmann::json& report) {
+  if (cfg.data_path.empty()) return;
+  const auto classes = data::read_dataset_classes(cfg.data_path);
+  if (!classes.present()) return;
+  std::vector<std::int64_t> wanted;
+  for (const auto i : cond.indices) wanted.push_back(classes.labels[static_cast<std::size_t>(i)]);
+  for (const auto& name : {"teacher", "student"}) {
+    if (!finals.count(name)) continue;
+    const auto acc = data::class_accuracy(data::classify_latents(finals.at(name), classes.patterns), wanted);
+    spdlog::info("{}: class accuracy {:.1f}%, strict (cosine >= 0.95) {:.1f}% of {} samples", name,
+                 100 * acc.class_accuracy, 100 * acc.strict_accuracy, wanted.size());
+    report[name]["class_accuracy"] = acc.class_accuracy;
+    report[name]["strict_accuracy"] = acc.strict_accuracy;
+  }
+}
+
 }  // namespace
 
 int run_sample(const std::vector<std::string>& args) {
@@ -316,6 +344,7 @@ int run_sample(const std::vector<std::string>& args) {
     check_collapse(cfg, cond, xt, xs, report);
     latents["student"] = xs;
   }
+  report_classes(cfg, cond, latents, report);
   if (!cfg.output.empty()) {
     fs::create_directories(cfg.output);
     const std::map<std::string, std::string> meta{{"producer", "wan-distill sample"}, {"solver", cfg.solver}};

@@ -3,6 +3,7 @@
 
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
+#include "model/negative_context.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
@@ -29,6 +30,15 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   }
   teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);
   stage.set_micro_batch(job.micro_batch);
+  if (job.cfg.train.guided()) {
+    const auto& cfg = job.cfg.teacher;
+    stage.set_guidance(cfg.guidance, cfg.negative.empty() ? torch::Tensor()
+                                                          : load_negative_context(cfg.negative, job.model.text_dim));
+    if (job.world_rank() == 0) {
+      spdlog::info("train.objective guided: the teacher sends v_neg + {}*(v_cond - v_neg), the negative context {}",
+                   cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
+    }
+  }
   return stage;
 }
 

@@ -1,6 +1,8 @@
 // Streaming dtype / layout conversion of Wan DiT checkpoints into an atomically published directory.
 #include "model/wan_convert.hpp"
 
+#include "model/wan_keys.hpp"
+
 #include <fcntl.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
@@ -22,10 +24,6 @@ namespace wd {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

@@ -33,10 +33,6 @@ constexpr std::array<std::pair<const char*, const char*>, 17> kRenames{{
     {"ffn.2.", "ffn.net.2."},
 }};
 
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
 /// Splits "blocks.N.rest" into ("blocks.N.", "rest"); ("", key) outside blocks.
 std::pair<std::string, std::string> split_block(const std::string& key) {
   if (!starts_with(key, "blocks.")) return {"", key};
@@ -101,6 +97,10 @@ bool looks_like_diffusers(const std::string& key) {
     if (key.find(marker) != std::string::npos) return true;
   }
   return false;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
 }
 
 }  // namespace wd

@@ -23,4 +23,7 @@ std::string strip_comfy_prefix(const std::string& key);
 /// Whether a (prefix-stripped) key can only be a diffusers name.
 bool looks_like_diffusers(const std::string& key);
 
+/// Whether `s` begins with `prefix` (std::string::starts_with is C++20).
+bool starts_with(const std::string& s, const std::string& prefix);
+
 }  // namespace wd

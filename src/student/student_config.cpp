@@ -142,8 +142,10 @@ void TrainConfig::bind(OptionTable& t) {
             "a probe flags the student when a channel's std falls below this fraction of the teacher's")
       .bind("train.seed", seed, "seed of the data order, the noise and the student init")
       .bind("train.objective", objective,
-            "velocity (the student matches the teacher's velocity at noised data) | flow (flow-matching "
-            "training on the data alone, target noise - x0, no teacher: teacher.ranks 0; docs/objectives.md)")
+            "velocity (the student matches the teacher's velocity at noised data) | guided (the teacher's "
+            "guided velocity, teacher.guidance: a student sampled without guidance reproduces the guided "
+            "teacher) | flow (flow-matching training on the data alone, target noise - x0, no teacher: "
+            "teacher.ranks 0; docs/objectives.md)")
       .bind("train.cond_dropout", cond_dropout,
             "flow: the fraction of training samples whose context is zeroed, so the model also learns "
             "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)");
@@ -167,8 +169,8 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
   p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
-  p.check(objective == "velocity" || objective == "flow",
-          "train.objective(" + objective + ") must be velocity or flow");
+  p.check(objective == "velocity" || objective == "guided" || objective == "flow",
+          "train.objective(" + objective + ") must be velocity, guided or flow");
   p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
   p.check(cond_dropout == 0 || objective == "flow",
           "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +

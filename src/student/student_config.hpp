@@ -65,14 +65,16 @@ struct TrainConfig {
   double sample_shift = 12.0;      ///< σ shift of a probe's schedule
   double collapse_ratio = 0.1;     ///< a probe flags a channel whose std ratio falls below this
   std::uint64_t seed = 0;
-  /// velocity: match the teacher's velocity at noised data (distillation) | flow: flow-matching
-  /// training on the data alone, target ε − x0, no teacher (docs/objectives.md)
+  /// velocity: match the teacher's velocity at noised data (distillation) | guided: the teacher's
+  /// guided velocity (teacher.guidance) | flow: flow-matching training on the data alone, target
+  /// ε − x0, no teacher (docs/objectives.md)
   std::string objective = "velocity";
   double cond_dropout = 0.0;  ///< flow: fraction of training samples whose context is zeroed
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
   bool flow() const { return objective == "flow"; }
+  bool guided() const { return objective == "guided"; }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.
   double lr_at(std::int64_t step) const;
 };

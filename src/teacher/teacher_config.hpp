@@ -43,6 +43,10 @@ struct TeacherConfig {
   /// A14B two-expert teacher: the high-noise expert serves t >= boundary·1000; 0 = the
   /// model_type's default (t2v 0.875, i2v 0.9).
   double boundary = 0;
+  /// train.objective guided: the classifier-free guidance scale g of the teacher's target
+  /// v_neg + g·(v_cond − v_neg) (docs/objectives.md), and the negative context's file (empty: zeros).
+  double guidance = 5.0;
+  std::string negative;
 
   /// teacher.micro_batch as a number of samples; nullopt for auto or a value that is not one.
   std::optional<std::int64_t> micro_batch_samples() const {
@@ -90,7 +94,13 @@ struct TeacherConfig {
         .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect")
         .bind("teacher.boundary", boundary,
               "two-expert (A14B) teacher: high-noise expert for t >= boundary*1000; 0 = the model's "
-              "default (t2v 0.875, i2v 0.9)");
+              "default (t2v 0.875, i2v 0.9)")
+        .bind("teacher.guidance", guidance,
+              "train.objective guided: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no guidance; "
+              "Wan 2.2 samples with 3-5)")
+        .bind("teacher.negative", negative,
+              "train.objective guided: safetensors with `context` [L,text_dim] or [1,L,text_dim], the negative "
+              "prompt's encoding; empty = zeros (what train.cond_dropout trains a flow model to answer)");
   }
   void validate(ConfigProblems& p) const {
     p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",
@@ -117,6 +127,7 @@ struct TeacherConfig {
                 placement);
     p.check(shard_map.empty() || placement == "shard",
             "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + placement);
+    p.check(guidance > 0, "teacher.guidance(" + std::to_string(guidance) + ") must be > 0");
     p.check(boundary == 0 || (boundary > 0 && boundary < 1),
             "teacher.boundary(" + std::to_string(boundary) + ") must be 0 (the default) or in (0, 1)");
     p.check(stream_ahead >= 1 && stream_ahead <= 8,

@@ -98,7 +98,41 @@ void TeacherStage::run_model(StageModel& m, StageBatch& b, const std::vector<std
   result = last() ? torch::stack(model->unembed(state)) : state.x.to(torch::kFloat);
 }
 
+void TeacherStage::set_guidance(double g, torch::Tensor negative) {
+  WD_CHECK_AS(ConfigError, first() && last(),
+              "teacher.guidance needs the whole teacher on one rank; this stage holds blocks "
+                  << blocks_.begin << "-" << blocks_.end - 1 << " of " << num_layers_);
+  WD_CHECK_AS(ConfigError, g > 0, "teacher.guidance(" << g << ") must be > 0");
+  guidance_ = g;
+  negative_ = negative.defined() ? negative.to(torch::kFloat).cpu() : negative;
+}
+
 void TeacherStage::run(StageBatch& b) {
+  if (!guided()) {
+    run_plain(b);
+    return;
+  }
+  // [cond; neg] as one batch: the negative context padded (or the contexts) to one width, each
+  // half with its own lengths.
+  const auto B = b.x_t.size(0);
+  const auto& ctx = b.context;
+  auto neg = negative_.defined() ? negative_.to(ctx.device()).unsqueeze(0).expand({B, -1, -1})
+                                 : torch::zeros_like(ctx);
+  const auto width = std::max(ctx.size(1), neg.size(1));
+  const auto pad = [width](const torch::Tensor& c) { return torch::constant_pad_nd(c, {0, 0, 0, width - c.size(1)}); };
+  StageBatch both;
+  both.x_t = torch::cat({b.x_t, b.x_t});
+  both.t = torch::cat({b.t, b.t});
+  both.context = torch::cat({pad(ctx), pad(neg)});
+  both.context_lens =
+      torch::cat({b.context_lens, torch::full({B}, neg.size(1), b.context_lens.options())});
+  run_plain(both);
+  const auto cond = both.out.slice(0, 0, B), uncond = both.out.slice(0, B);
+  b.out = uncond + guidance_ * (cond - uncond);
+  for (const auto& [j, h] : both.features) b.features[j] = h.slice(0, 0, B);
+}
+
+void TeacherStage::run_plain(StageBatch& b) {
   const auto B = b.x_t.size(0);
   if (micro_batch_ <= 0 || B <= micro_batch_) {
     run_batch(b);

@@ -71,6 +71,13 @@ class TeacherStage {
   void run(StageBatch& batch);
   /// Samples per forward (teacher.micro_batch); 0 = the whole batch at once.
   void set_micro_batch(std::int64_t samples) { micro_batch_ = samples; }
+  /// train.objective guided: every run() computes each sample twice in one batch, with its own
+  /// context and with `negative` ([L',text_dim] on the host; undefined: zeros of the sample's
+  /// context width, all rows valid, as `sample --guidance` without --negative), and sets
+  /// out = v_neg + g·(v_cond − v_neg); the features are the conditional pass's. A whole model
+  /// only (one stage holding every block).
+  void set_guidance(double g, torch::Tensor negative = {});
+  bool guided() const { return guidance_ > 0; }
 
   const BlockRange& blocks() const { return blocks_; }
   bool first() const { return blocks_.begin == 0; }
@@ -82,6 +89,8 @@ class TeacherStage {
   static std::vector<std::int64_t> features_before(const std::vector<std::int64_t>& features, std::int64_t end);
 
  private:
+  /// run() without guidance: in micro-batches where set.
+  void run_plain(StageBatch& batch);
   /// One forward of the whole `batch` (its experts' shares routed and merged).
   void run_batch(StageBatch& batch);
   /// The whole forward of `samples` (all of the batch, or one expert's share) on one model.
@@ -94,6 +103,8 @@ class TeacherStage {
   std::int64_t num_layers_;
   std::vector<std::int64_t> feature_blocks_;
   std::int64_t micro_batch_ = 0;
+  double guidance_ = 0;     ///< 0: not guided
+  torch::Tensor negative_;  ///< [L',text_dim] fp32 on the host; undefined: zeros
 };
 
 }  // namespace wd::teacher

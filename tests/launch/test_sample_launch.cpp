@@ -27,12 +27,8 @@ struct SampleRun {
 
 /// stdout and stderr of `wan-distill <args>`, and its exit code.
 std::pair<int, std::string> cli(const std::string& args) {
-  FILE* pipe = ::popen((std::string(WD_CLI) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (pipe && std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = pipe ? ::pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const auto r = test::run_captured(std::string(WD_CLI) + " " + args + " 2>&1");
+  return {r.code, r.output};
 }
 
 /// Runs `wan-distill sample` with the tiny job's teacher and data on samples 0-3, on the host with
@@ -83,6 +79,33 @@ TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
   EXPECT_EQ(bad, 2) << message;
   EXPECT_NE(message.find("solver(heun)"), std::string::npos) << message;
   EXPECT_NE(message.find("steps(0)"), std::string::npos) << message;
+}
+
+TEST(SampleLaunch, AClassesDataSetScoresEachModelsSamplesByClass) {
+  const auto dir = test::fresh_dir("sample-classes");
+  const auto data = (dir / "classes.h5").string();
+  auto [code, out] = cli("make-dataset --output " + data +
+                         " --kind classes --classes 3 --samples 12 --latent 16,1,8,8 --text-len 4 --text-dim 64");
+  ASSERT_EQ(code, 0) << out;
+  std::tie(code, out) = cli("init-teacher --output " + (dir / "teacher").string());
+  ASSERT_EQ(code, 0) << out;
+  std::tie(code, out) = cli("sample --teacher.checkpoint " + (dir / "teacher").string() + " --data.path " + data +
+                            " --samples 0-5,9 --steps 3 --guidance 2 --output " + (dir / "out").string() +
+                            " --runtime.threads 1 --device cpu");
+  ASSERT_EQ(code, 0) << out;
+  const auto report = nlohmann::json::parse(std::ifstream(dir / "out" / "report.json"));
+  EXPECT_EQ(report["samples"], nlohmann::json({0, 1, 2, 3, 4, 5, 9}));
+  // A random teacher draws no class: whatever it scores, the fields are there and in range.
+  const auto acc = report["teacher"]["class_accuracy"].get<double>();
+  const auto strict = report["teacher"]["strict_accuracy"].get<double>();
+  EXPECT_GE(acc, 0.0);
+  EXPECT_LE(acc, 1.0);
+  EXPECT_LE(strict, acc);
+  EXPECT_NE(out.find("teacher: class accuracy"), std::string::npos) << out;
+  std::tie(code, out) = cli("sample --teacher.checkpoint " + (dir / "teacher").string() + " --data.path " + data +
+                            " --samples 5-3 --steps 1");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("samples(5-3): range '5-3' runs backwards"), std::string::npos) << out;
 }
 
 /// The `teacher` tensor of a sample run's latents.safetensors.

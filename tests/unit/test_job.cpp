@@ -257,6 +257,31 @@ TEST(JobStartup, FlowMakesEveryRankAStudentAndItsModelFromTheData) {
   EXPECT_EQ(job::check_data(cfg, model).samples, info.samples);
 }
 
+TEST(JobStartup, GuidedNeedsTheWholeTeacherAndAReadableNegative) {
+  auto message = error_of<ConfigError>([] {
+    start_as_train(config(tiny("--train.objective guided --teacher.placement shard --teacher.ranks 2")), 4);
+  });
+  EXPECT_TRUE(test::contains(message, "train.objective guided runs the conditional and negative forwards of the whole "
+                                      "teacher on one rank"))
+      << message;
+  message = error_of<ConfigError>([] { config(tiny("--train.objective guided --teacher.guidance 0")).validate(); });
+  EXPECT_TRUE(test::contains(message, "teacher.guidance(0.000000) must be > 0")) << message;
+  test::TempDir dir("job-negative");
+  std::ofstream(dir.str("neg.safetensors")) << "not safetensors";
+  message = error_of<DataError>([&] {
+    start_as_train(config(tiny("--train.objective guided --teacher.placement cpu --teacher.negative " +
+                               dir.str("neg.safetensors"))),
+                   3);
+  });
+  EXPECT_TRUE(test::contains(message, dir.str("neg.safetensors"))) << message;
+  // Whole teachers pass: resident, streamed, colocated.
+  for (const char* placement : {"cpu", "stream", "colocated"}) {
+    EXPECT_NO_THROW(start_as_train(config(tiny(std::string("--train.eval_samples 12 --train.objective guided --teacher.placement ") + placement)),
+                                   3))
+        << placement;
+  }
+}
+
 TEST(JobStartup, ANewRunResumesAtStepZero) {
   test::TempDir dir("job-resume");
   const auto cfg = config(tiny("--checkpoint.dir " + dir.str("ckpt") + " --resume auto"));

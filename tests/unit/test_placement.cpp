@@ -431,3 +431,59 @@ TEST(PipelineStages, ExpertsRouteSamplesAndMergeInBatchOrder) {
 
 }  // namespace
 }  // namespace wd::teacher
+
+namespace wd::teacher {
+namespace {
+
+/// `b`'s inputs with `negative` ([L',D]; undefined: zeros of b's context) as every sample's
+/// context, all of its rows valid: the negative half of a guided forward, run on its own.
+StageBatch negative_inputs(const StageBatch& b, const torch::Tensor& negative) {
+  auto n = copy_inputs(b);
+  const auto B = b.x_t.size(0);
+  n.context = negative.defined() ? negative.unsqueeze(0).expand({B, -1, -1}).contiguous() : torch::zeros_like(b.context);
+  n.context_lens = torch::full({B}, n.context.size(1), torch::kLong);
+  return n;
+}
+
+TEST(Guidance, TheGuidedTargetIsTheNegativePlusGTimesTheConditionalStep) {
+  Fixture f;
+  const auto ck = f.checkpoint();
+  const BlockRange all{0, f.config.num_layers};
+  auto plain = make_stage(ck, Placement::kCpu, all, torch::kFloat, {2});
+  auto guided = make_stage(ck, Placement::kCpu, all, torch::kFloat, {2});
+  for (const auto& negative : {torch::Tensor(), torch::randn({4, f.config.text_dim})}) {
+    guided.set_guidance(3.0, negative);
+    auto cond = copy_inputs(f.batch), neg = negative_inputs(f.batch, negative), both = copy_inputs(f.batch);
+    plain.run(cond);
+    plain.run(neg);
+    guided.run(both);
+    const auto want = neg.out + 3.0 * (cond.out - neg.out);
+    EXPECT_TRUE(torch::allclose(both.out, want, 1e-5, 1e-5))
+        << "max error " << (both.out - want).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(both.features.at(2), cond.features.at(2), 1e-5, 1e-5)) << "the conditional features";
+    EXPECT_EQ(both.out.sizes(), cond.out.sizes());
+  }
+  // In micro-batches of one sample: the same target.
+  auto sliced = make_stage(ck, Placement::kCpu, all, torch::kFloat);
+  sliced.set_guidance(3.0);
+  guided.set_guidance(3.0);
+  sliced.set_micro_batch(1);
+  auto a = copy_inputs(f.batch), b = copy_inputs(f.batch);
+  guided.run(a);
+  sliced.run(b);
+  EXPECT_TRUE(torch::allclose(a.out, b.out, 1e-5, 1e-5));
+}
+
+TEST(Guidance, NeedsTheWholeTeacherOnOneRank) {
+  Fixture f;
+  auto first_half = make_stage(f.checkpoint(), Placement::kCpu, {0, 2}, torch::kFloat);
+  try {
+    first_half.set_guidance(4.0);
+    FAIL() << "a partial stage accepted guidance";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "teacher.guidance needs the whole teacher on one rank")) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace wd::teacher

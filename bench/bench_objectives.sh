@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The objectives' bench (docs/objectives.md#the-bench): a classes data set, a teacher trained on it
+# with train.objective flow, and the teacher's samples of the held-out contexts scored: guided
+# (the reference), unguided, and guided at few steps (what a user runs instead of a distilled
+# student). Writes bench-objectives/summary.json and prints a table.
+# Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=3000, GUIDANCE=4, K=4,
+#        SHIFT_K=3, SKIP_TRAIN=1 to score an existing OUT_DIR/teacher-run/student)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/${BUILD_DIR:-build}/src/app/wan-distill
+out=${1:-${BUILD_DIR:-build}/bench-objectives}
+steps=${STEPS:-3000}
+g=${GUIDANCE:-4}
+k=${K:-4}
+shift_k=${SHIFT_K:-3}
+py=${PYTHON:-.venv/bin/python}
+mkdir -p "$out"
+cd "$out"
+
+# 6 classes of 16x1x16x16 latents, 8 context rows of 64; the last 192 samples are held out.
+[[ -f classes.h5 ]] || "$bin" make-dataset --output classes.h5 --kind classes --classes 6 --samples 4288 \
+  --latent 16,1,16,16 --text-len 8 --text-dim 64 --seed 1
+if [[ -z ${SKIP_TRAIN:-} ]]; then
+  start=$SECONDS
+  mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
+    --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout 0.1 \
+    --student.dim 128 --student.ffn_dim 256 --student.num_heads 4 --student.num_layers 4 \
+    --train.batch_size 16 --train.eval_samples 192 --train.steps "$steps" --train.lr 1e-3 --train.warmup_steps 100 \
+    --train.log_every 100 --train.eval_every 1000 --checkpoint.every 1000 --runtime.threads 1 --student.device cpu \
+    > teacher.log 2>&1
+  echo "teacher trained in $((SECONDS - start)) s ($steps steps)"
+fi
+held_out=4096-4287
+sample() {  # NAME STEPS GUIDANCE SHIFT SOLVER
+  "$bin" sample --teacher.checkpoint teacher-run/student --data.path classes.h5 --samples "$held_out" \
+    --steps "$2" --guidance "$3" --shift "$4" --solver "$5" --seed 7 --output "rows/$1" --runtime.threads 2 \
+    --log.level warn
+}
+sample reference 40 "$g" 3 unipc
+sample teacher_unguided 40 1 3 unipc
+sample teacher_at_k "$k" "$g" "$shift_k" euler
+# Other noise, the same contexts: the reference's second sample set, so that a paired match
+# earns nothing against it.
+"$bin" sample --teacher.checkpoint teacher-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
+  --guidance "$g" --shift 3 --seed 8 --output rows/reference_other --runtime.threads 2 --log.level warn
+
+"$py" - "$g" "$k" <<'PY'
+import json, sys
+import torch
+from safetensors.torch import load_file
+
+g, k = sys.argv[1], sys.argv[2]
+final = {n: load_file(f"rows/{n}/latents.safetensors")["teacher"] for n in
+         ["reference", "teacher_unguided", "teacher_at_k", "reference_other"]}
+ref = final["reference"]
+rows = {}
+for name in ["reference", "teacher_unguided", "teacher_at_k"]:
+    x = final[name]
+    err = ((x - ref) ** 2).flatten(1).sum(1)
+    norm = (ref ** 2).flatten(1).sum(1)
+    report = json.load(open(f"rows/{name}/report.json"))["teacher"]
+    rows[name] = {"paired_rel_mse": float(err.sum() / norm.sum()),
+                  "paired_rel_mse_median": float((err / norm).median()),
+                  "class_accuracy": report["class_accuracy"], "strict_accuracy": report["strict_accuracy"]}
+other = json.load(open("rows/reference_other/report.json"))["teacher"]
+rows["reference_other_noise"] = {"class_accuracy": other["class_accuracy"], "strict_accuracy": other["strict_accuracy"]}
+json.dump({"guidance": float(g), "k": int(k), "rows": rows}, open("summary.json", "w"), indent=2)
+print(f"{'row':<24} {'paired rel MSE':>14} {'median':>8} {'class %':>8} {'strict %':>9}")
+for name, r in rows.items():
+    print(f"{name:<24} {r.get('paired_rel_mse', float('nan')):>14.4f} {r.get('paired_rel_mse_median', float('nan')):>8.4f} "
+          f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f}")
+PY
