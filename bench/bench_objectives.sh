@@ -13,7 +13,7 @@ steps=${STEPS:-3000}
 g=${GUIDANCE:-4}
 k=${K:-4}
 shift_k=${SHIFT_K:-3}
-py=${PYTHON:-.venv/bin/python}
+py=${PYTHON:-$PWD/.venv/bin/python}
 mkdir -p "$out"
 cd "$out"
 

@@ -1,6 +1,7 @@
 // train.objective launched for real under mpirun: `flow` trains a DiT on the data alone (no
 // teacher ranks), its held-out error falls, its result loads as a teacher, and a resumed run is
-// bit-identical to a straight one.
+// bit-identical to a straight one; `guided` trains on the guided target from a teacher rank and
+// from colocated teachers alike, and resumes exactly.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -67,6 +68,57 @@ TEST(Flow, AResumedRunIsBitIdenticalToAStraightOne) {
   ASSERT_EQ(all.size(), 8u);
   ASSERT_EQ(tail.size(), 4u);
   for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(tail[i], all[i + 4]) << "step " << i + 5;
+}
+
+/// The builtin teacher and data set, made once by a first short run.
+std::string builtin_assets() {
+  static const std::string args = [] {
+    const auto dir = root() / "assets";
+    const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --train.steps 1 --log.level warn");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return " --teacher.checkpoint " + (dir / "cache" / "tiny-teacher").string() + " --data.path " +
+           (dir / "cache" / "tiny-data.h5").string();
+  }();
+  return args;
+}
+
+// The teacher in fp32 (as the placement tests), so both layouts compute the same target.
+const std::string kGuided = " --train.objective guided --teacher.guidance 4 --teacher.compute fp32 --train.steps 12"
+                            " --train.log_every 1 --train.seed 5";
+
+TEST(Guided, ATeacherRankAndColocatedTeachersTrainAlike) {
+  const auto dedicated = root() / "guided-dedicated", colocated = root() / "guided-colocated";
+  auto r = test::launch_train(3, "--run-dir " + dedicated.string() + builtin_assets() + kGuided);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.objective guided: the teacher sends v_neg + 4*(v_cond - v_neg)"), std::string::npos)
+      << r.output;
+  r = test::launch_train(2, "--run-dir " + colocated.string() + builtin_assets() + kGuided +
+                                " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Each colocated rank computes 2 samples (4 forwards) where the teacher rank computes 4 (8):
+  // the BLAS may sum in another order, so 1e-6 relative, as the placement tests.
+  const auto a = losses(dedicated), b = losses(colocated);
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  // The guided target is not the plain one: the same job with velocity trains differently.
+  r = test::launch_train(3, "--run-dir " + (root() / "velocity").string() + builtin_assets() +
+                                " --teacher.compute fp32 --train.steps 12 --train.log_every 1 --train.seed 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(losses(root() / "velocity"), a);
+}
+
+TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
+  const auto straight = root() / "guided-straight", resumed = root() / "guided-resumed";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + kGuided + " --checkpoint.every 6");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + kGuided + " --resume " +
+                                (straight / "checkpoints" / "step-00000006").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto all = losses(straight), tail = losses(resumed);
+  ASSERT_EQ(all.size(), 12u);
+  ASSERT_EQ(tail.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(tail[i], all[i + 6]) << "step " << i + 7;
 }
 
 }  // namespace
