@@ -2,15 +2,18 @@
 # The objectives' bench (docs/objectives.md#the-bench): a classes data set, a teacher trained on it
 # with train.objective flow, and the teacher's samples of the held-out contexts scored: guided
 # (the reference), unguided, and guided at few steps (what a user runs instead of a distilled
-# student). Writes bench-objectives/summary.json and prints a table.
-# Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=3000, GUIDANCE=4, K=4,
-#        SHIFT_K=3, SKIP_TRAIN=1 to score an existing OUT_DIR/teacher-run/student)
+# student), then a guidance-distilled student (train.objective guided, initialised from the
+# teacher) sampled with no guidance. Writes OUT_DIR/summary.json and prints a table.
+# Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
+#        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
+#        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/${BUILD_DIR:-build}/src/app/wan-distill
 out=${1:-${BUILD_DIR:-build}/bench-objectives}
-steps=${STEPS:-3000}
-g=${GUIDANCE:-4}
+steps=${STEPS:-8000}
+g=${GUIDANCE:-2}
+guided_steps=${GUIDED_STEPS:-1500}
 k=${K:-4}
 shift_k=${SHIFT_K:-3}
 py=${PYTHON:-$PWD/.venv/bin/python}
@@ -24,9 +27,9 @@ if [[ -z ${SKIP_TRAIN:-} ]]; then
   start=$SECONDS
   mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
     --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout 0.1 \
-    --student.dim 128 --student.ffn_dim 256 --student.num_heads 4 --student.num_layers 4 \
-    --train.batch_size 16 --train.eval_samples 192 --train.steps "$steps" --train.lr 1e-3 --train.warmup_steps 100 \
-    --train.log_every 100 --train.eval_every 1000 --checkpoint.every 1000 --runtime.threads 1 --student.device cpu \
+    --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
+    --train.batch_size 16 --train.eval_samples 192 --train.steps "$steps" --train.lr 1e-3 --train.warmup_steps 200 \
+    --train.log_every 200 --train.eval_every 2000 --checkpoint.every 2000 --runtime.threads 1 --student.device cpu \
     > teacher.log 2>&1
   echo "teacher trained in $((SECONDS - start)) s ($steps steps)"
 fi
@@ -39,6 +42,23 @@ sample() {  # NAME STEPS GUIDANCE SHIFT SOLVER
 sample reference 40 "$g" 3 unipc
 sample teacher_unguided 40 1 3 unipc
 sample teacher_at_k "$k" "$g" "$shift_k" euler
+# Guidance distillation: a copy of the teacher (every block and tensor) learns the guided target,
+# each of 2 ranks with its own teacher (colocated), and samples with one forward a step.
+if ((guided_steps > 0)); then
+  if [[ -z ${SKIP_GUIDED:-} ]]; then
+    start=$SECONDS
+    mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
+      --run-dir guided-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
+      --train.objective guided --teacher.guidance "$g" --teacher.placement colocated --teacher.compute fp32 \
+      --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
+      --student.init teacher-blocks:0,1,2,3 --train.batch_size 16 --train.eval_samples 192 \
+      --train.steps "$guided_steps" --train.lr 3e-4 --train.warmup_steps 50 --train.log_every 100 \
+      --train.eval_every 500 --runtime.threads 1 --student.device cpu > guided.log 2>&1
+    echo "guided student trained in $((SECONDS - start)) s ($guided_steps steps)"
+  fi
+  "$bin" sample --teacher.checkpoint guided-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
+    --guidance 1 --shift 3 --seed 7 --output rows/guided_student --runtime.threads 2 --log.level warn
+fi
 # Other noise, the same contexts: the reference's second sample set, so that a paired match
 # earns nothing against it.
 "$bin" sample --teacher.checkpoint teacher-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
@@ -50,11 +70,12 @@ import torch
 from safetensors.torch import load_file
 
 g, k = sys.argv[1], sys.argv[2]
-final = {n: load_file(f"rows/{n}/latents.safetensors")["teacher"] for n in
-         ["reference", "teacher_unguided", "teacher_at_k", "reference_other"]}
+import os
+names = ["reference", "teacher_unguided", "teacher_at_k"] + (["guided_student"] if os.path.isdir("rows/guided_student") else [])
+final = {n: load_file(f"rows/{n}/latents.safetensors")["teacher"] for n in names + ["reference_other"]}
 ref = final["reference"]
 rows = {}
-for name in ["reference", "teacher_unguided", "teacher_at_k"]:
+for name in names:
     x = final[name]
     err = ((x - ref) ** 2).flatten(1).sum(1)
     norm = (ref ** 2).flatten(1).sum(1)

@@ -25,8 +25,8 @@ double dit_forward_flops(const DitShape& d, std::int64_t tokens, std::int64_t co
 }
 
 double teacher_seconds_per_sample(const SpeedInput& in) {
-  if (in.teacher_measured_s > 0) return in.teacher_measured_s;
-  return dit_forward_flops(in.teacher, in.tokens, in.context_len) / (in.teacher_gflops * 1e9);
+  if (in.teacher_measured_s > 0) return in.teacher_forwards * in.teacher_measured_s;
+  return in.teacher_forwards * dit_forward_flops(in.teacher, in.tokens, in.context_len) / (in.teacher_gflops * 1e9);
 }
 
 double student_seconds_per_sample(const SpeedInput& in) {
@@ -52,7 +52,11 @@ TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_s
 
 TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch) {
   if (in.teacher_measured_by_size.empty()) return {0, teacher_seconds_per_sample(in)};
-  return fastest_forward(in.teacher_measured_by_size, replica_batch);
+  // A guided teacher runs each sample twice in one forward: timed sizes of n forwards serve n/2
+  // samples (the micro-batch stays in trained samples).
+  auto forward = fastest_forward(in.teacher_measured_by_size, replica_batch);
+  forward.seconds_per_sample *= in.teacher_forwards;
+  return forward;
 }
 
 std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest) {
@@ -260,9 +264,10 @@ std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& 
   const double tT = teacher_seconds_per_sample(in), tS = student_seconds_per_sample(in);
   const bool measured = in.teacher_measured_s > 0 && in.student_measured_s > 0;
   std::string s = fmt::format(
-      "speed ({} ranks{}): teacher forward {:.1f} GFLOP/sample, {:.3f} s/sample; student step {:.3f} s/sample ({})\n",
+      "speed ({} ranks{}): teacher forward {:.1f} GFLOP/sample x {:g} forward(s) per trained sample, {:.3f} "
+      "s/sample; student step {:.3f} s/sample ({})\n",
       in.ranks, in.cores > 0 ? fmt::format(" sharing {} cores", in.cores) : std::string(" on a device each"),
-      dit_forward_flops(in.teacher, in.tokens, in.context_len) / 1e9, tT, tS,
+      dit_forward_flops(in.teacher, in.tokens, in.context_len) / 1e9, in.teacher_forwards, tT, tS,
       measured ? std::string("both measured here: the job's models, random weights, one batch")
                : fmt::format("FLOPs at {:.1f} and {:.1f} GFLOP/s a rank", in.teacher_gflops, in.student_gflops));
   if (!in.teacher_measured_by_size.empty()) {

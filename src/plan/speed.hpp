@@ -55,6 +55,9 @@ struct SpeedInput {
   /// When set, each layout's teacher computes in the size that is fastest per sample among those
   /// up to its replica's batch (teacher.micro_batch), instead of teacher_measured_s.
   std::vector<std::pair<std::int64_t, double>> teacher_measured_by_size;
+  /// Teacher forwards per trained sample (train.objective: velocity 1, guided 2: the
+  /// conditional and the negative); the teacher's seconds per sample scale with it.
+  double teacher_forwards = 1;
   /// Steps a teacher may run ahead of its consumers (comm.prefetch_depth ring slots).
   std::int64_t prefetch_depth = 2;
   /// Fixed seconds per rank and job step (kStepOverheadSeconds).

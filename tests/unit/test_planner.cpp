@@ -240,6 +240,12 @@ TEST(Speed, RatesOrMeasuredSecondsGiveTheSecondsPerSample) {
   in.student_measured_s = 0.125;
   EXPECT_EQ(teacher_seconds_per_sample(in), 0.25);
   EXPECT_EQ(student_seconds_per_sample(in), 0.125);
+  // train.objective guided: two teacher forwards (conditional, negative) per trained sample.
+  in.teacher_forwards = 2;
+  EXPECT_EQ(teacher_seconds_per_sample(in), 0.5);
+  EXPECT_EQ(student_seconds_per_sample(in), 0.125);
+  in.teacher_measured_by_size = {{4, 0.2}, {2, 0.3}};
+  EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.4);
 }
 
 /// The `small` job's shapes on 3 ranks sharing 2 cores, batch 2, a student step of 0.15 s/sample.
