@@ -83,6 +83,7 @@ TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
 
 TEST(SampleLaunch, AClassesDataSetScoresEachModelsSamplesByClass) {
   const auto dir = test::fresh_dir("sample-classes");
+  fs::create_directories(dir);
   const auto data = (dir / "classes.h5").string();
   auto [code, out] = cli("make-dataset --output " + data +
                          " --kind classes --classes 3 --samples 12 --latent 16,1,8,8 --text-len 4 --text-dim 64");
