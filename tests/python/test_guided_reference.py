@@ -21,23 +21,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 try:
     import torch
-    from diffusers import WanTransformer3DModel
     from safetensors.torch import load_file
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-import wan_keys  # noqa: E402  (tools/, after the path is set)
-from wd_test_support import OfficialTimesteps  # noqa: E402
+from wd_test_support import diffusers_model, padded_context  # noqa: E402
 
 TOLERANCE = 1e-5
-
-
-def padded(context, lens, rows):
-    """Each sample's first lens[b] rows, zeros after, up to `rows` (the official text padding)."""
-    out = torch.zeros(context.shape[0], rows, context.shape[2])
-    for b, n in enumerate(lens.tolist()):
-        out[b, :n] = context[b, :n]
-    return out
 
 
 def main():
@@ -45,15 +35,13 @@ def main():
     dump = load_file(sys.argv[1])
     fixture = ROOT / "tests" / "fixtures" / "wan-tiny-a"
     cfg = json.loads((fixture / "config.json").read_text())
-    model = WanTransformer3DModel(**wan_keys.diffusers_config(cfg))
-    model.condition_embedder.timesteps_proj = OfficialTimesteps(cfg["freq_dim"])
-    model.load_state_dict(wan_keys.to_diffusers(load_file(fixture / "weights.safetensors")), strict=True)
+    model = diffusers_model(cfg, load_file(fixture / "weights.safetensors"))
     x, t, g = dump["x"], dump["t"], float(dump["guidance"][0])
     batch = x.shape[0]
     negative = dump["negative"][None].expand(batch, -1, -1)
     with torch.no_grad():
-        cond = model(x, t, padded(dump["context"], dump["context_lens"], cfg["text_len"]), return_dict=False)[0]
-        neg = model(x, t, padded(negative, torch.full((batch,), negative.shape[1]), cfg["text_len"]),
+        cond = model(x, t, padded_context(dump["context"], dump["context_lens"], cfg["text_len"]), return_dict=False)[0]
+        neg = model(x, t, padded_context(negative, torch.full((batch,), negative.shape[1]), cfg["text_len"]),
                     return_dict=False)[0]
     want = neg + g * (cond - neg)
     got = dump["out"]

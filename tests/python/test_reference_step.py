@@ -53,14 +53,7 @@ except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from wd_test_support import OfficialTimesteps  # noqa: E402  (shared with the other Python tests)
-
-
-def diffusers_model(native_config, native_state):
-    model = WanTransformer3DModel(**wan_keys.diffusers_config(native_config))
-    model.condition_embedder.timesteps_proj = OfficialTimesteps(native_config["freq_dim"])
-    model.load_state_dict(wan_keys.to_diffusers(native_state), strict=True)
-    return model
+from wd_test_support import diffusers_model, padded_context  # noqa: E402  (shared with the other Python tests)
 
 
 def rel_error(a, b):
@@ -69,15 +62,6 @@ def rel_error(a, b):
     scale = b.abs().max().item()
     diff = (a - b).abs().max().item()
     return diff / scale if scale > 0 else diff
-
-
-def padded_context(context, lens, text_len):
-    """The context the official model embeds: each sample's first lens[b] rows, zeros after, up
-    to text_len rows (spec §3.6)."""
-    out = torch.zeros(context.shape[0], text_len, context.shape[2])
-    for b, n in enumerate(lens.tolist()):
-        out[b, :n] = context[b, :n]
-    return out
 
 
 def check_fixtures():

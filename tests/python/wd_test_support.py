@@ -45,3 +45,28 @@ class OfficialTimesteps(torch.nn.Module):
 
     def forward(self, t):
         return official_sinusoid(self.freq_dim, t)
+
+
+# --- diffusers with the official weights ---------------------------------------------------------
+
+
+def diffusers_model(native_config, native_state):
+    """diffusers' WanTransformer3DModel with a native (official-layout) config and state dict,
+    its timestep sinusoid replaced by the official fp64 one (OfficialTimesteps)."""
+    from diffusers import WanTransformer3DModel
+
+    import wan_keys  # tools/: the caller puts it on sys.path
+
+    model = WanTransformer3DModel(**wan_keys.diffusers_config(native_config))
+    model.condition_embedder.timesteps_proj = OfficialTimesteps(native_config["freq_dim"])
+    model.load_state_dict(wan_keys.to_diffusers(native_state), strict=True)
+    return model
+
+
+def padded_context(context, lens, text_len):
+    """The context the official model embeds: each sample's first lens[b] rows, zeros after, up
+    to text_len rows (spec §3.6)."""
+    out = torch.zeros(context.shape[0], text_len, context.shape[2])
+    for b, n in enumerate(lens.tolist()):
+        out[b, :n] = context[b, :n]
+    return out
