@@ -162,7 +162,7 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   // Teacher rank.
   auto& T = out.teacher.items;
   const u64 host_overhead = cuda ? kHostCudaProcessBytes : in.host_process_bytes;
-  const u64 act = teacher_activation_bytes(in, samples);
+  const u64 act = teacher_activation_bytes(in, samples * in.teacher_forwards);
   u64 shared_page_cache = 0;  // per node, counted once however many ranks map it
   switch (p) {
     case Placement::kGpu:

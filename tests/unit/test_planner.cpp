@@ -127,6 +127,11 @@ TEST(Planner, TeacherWeightsAndTransportPerPlacement) {
   // The teacher forward runs the replica's batch: 3 samples (6 for the single shard replica).
   EXPECT_EQ(placement(plan, Placement::kGpu).teacher.at(kTeacherActivations).device, teacher_activation_bytes(in, 3));
   EXPECT_EQ(shard.at(kTeacherActivations).device, teacher_activation_bytes(in, 6));
+  // train.objective guided: the replica's 3 samples run as 6, conditional and negative halves.
+  auto guided = in;
+  guided.teacher_forwards = 2;
+  EXPECT_EQ(placement(make_plan(guided), Placement::kGpu).teacher.at(kTeacherActivations).device,
+            teacher_activation_bytes(in, 6));
   // Broadcast: one message per slot.
   in.broadcast = true;
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).teacher.at(kTransportBuffers).device, 2 * 1000u);
