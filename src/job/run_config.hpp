@@ -78,6 +78,8 @@ struct RunConfig {
   }
   /// Whether the job has a teacher: every objective but flow.
   bool has_teacher() const { return !train.flow(); }
+  /// Whether every rank is a student computing its own targets: a colocated teacher, or none.
+  bool students_only() const { return teacher.placement == "colocated" || !has_teacher(); }
   /// The objective against the teacher keys: flow trains without a teacher (teacher.ranks 0,
   /// nothing of the teacher's to match); every other objective needs one.
   void check_objective(ConfigProblems& p) const {

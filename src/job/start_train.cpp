@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <thread>
 
 #include "comm/signals.hpp"
@@ -18,8 +17,6 @@
 namespace wd::job {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 /// Runs `stage_fn` and makes every rank agree on its outcome (all throw, or none).
 template <typename F>
@@ -59,6 +56,15 @@ void from_ints(const std::vector<std::int64_t>& v, DataShape& s) {
 std::vector<std::int64_t> to_ints(std::int64_t n) { return {n}; }
 void from_ints(const std::vector<std::int64_t>& v, std::int64_t& n) { n = v[0]; }
 
+/// World rank `root`'s `value`, on every rank.
+template <typename T>
+T from_root(int root, T value, const std::string& what, const RunConfig& cfg) {
+  auto ints = to_ints(value);
+  comm::broadcast_ints(ints, root, MPI_COMM_WORLD, cfg.comm.timeout_s, what.c_str(), nullptr);
+  from_ints(ints, value);
+  return value;
+}
+
 /// `decide` runs on world rank `root` only; every rank agrees on its outcome and gets its answer.
 template <typename T, typename F>
 T decided_by(int root, const std::string& stage, const RunConfig& cfg, F&& decide) {
@@ -68,10 +74,7 @@ T decided_by(int root, const std::string& stage, const RunConfig& cfg, F&& decid
   agreed(stage, cfg, [&] {
     if (rank == root) value = decide();
   });
-  auto ints = to_ints(value);
-  comm::broadcast_ints(ints, root, MPI_COMM_WORLD, cfg.comm.timeout_s, stage.c_str(), nullptr);
-  from_ints(ints, value);
-  return value;
+  return from_root(root, value, stage, cfg);
 }
 
 
@@ -111,7 +114,7 @@ void take_roles(TrainJob& job, const comm::Layout& layout, const comm::MpiRuntim
 /// depend on the replica's size, so a single replica (always a valid split) serves until then;
 /// on several nodes the final layout may move a role.
 comm::Layout provisional_layout(const RunConfig& cfg, int world, const std::vector<int>& nodes) {
-  if (cfg.teacher.placement == "colocated" || !cfg.has_teacher()) return comm::Layout::colocated(world);
+  if (cfg.students_only()) return comm::Layout::colocated(world);
   return comm::Layout::make(world, cfg.teacher.ranks, std::max(1, cfg.teacher.ranks), nodes);
 }
 
@@ -175,10 +178,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
   });
   DataShape shape;
   if (rank == 0) shape = {job.info->latent_shape, job.info->context_len, job.info->samples};
-  auto ints = to_ints(shape);
-  comm::broadcast_ints(ints, 0, MPI_COMM_WORLD, cfg.comm.timeout_s, "data shape", nullptr);
-  from_ints(ints, shape);
-  return shape;
+  return from_root(0, shape, "data shape", cfg);
 }
 
 /// teacher.micro_batch: a number of samples as given, or `auto` timed on world rank 0 (a
@@ -203,11 +203,8 @@ void agree_on_resume_point(TrainJob& job) {
     return find_resume_point(cfg, *job.store).step;
   });
   job.plan.first_step = step;
-  if (step == 0) return;
-  job.resume_path = cfg.checkpoint.resume == "auto"
-                        ? (fs::path(cfg.checkpoint_root()) / CheckpointStore::dir_name(step)).string()
-                        : cfg.checkpoint.resume;
-  if (job.world_rank() == 0) spdlog::info("resuming from {} (step {})", job.resume_path, step);
+  job.resume_path = resume_path(cfg, step);
+  if (step > 0 && job.world_rank() == 0) spdlog::info("resuming from {} (step {})", job.resume_path, step);
 }
 
 }  // namespace

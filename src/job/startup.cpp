@@ -60,8 +60,7 @@ plan::Placement planned_placement(const RunConfig& cfg, int world) {
     spdlog::info("teacher.placement auto: cpu (no CUDA device is usable here, so the teacher computes on the host)");
     return plan::Placement::kCpu;
   }
-  auto ctx = plan_context(cfg, open_teacher(cfg), world, c10::Device(torch::kCUDA, 0));
-  ctx.cpu_job = false;
+  const auto ctx = plan_context(cfg, open_teacher(cfg), world, c10::Device(torch::kCUDA, 0));
   const auto plan = plan::make_plan(make_plan_input(cfg, ctx));
   const auto gpu = format_bytes(static_cast<double>(ctx.gpu_bytes));
   const auto host = format_bytes(static_cast<double>(ctx.host_bytes));
@@ -198,13 +197,9 @@ void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher) {
 PlacementChoice choose_placement(const RunConfig& cfg, int world) {
   PlacementChoice choice;
   c10::Device device(torch::kCPU);
-  if (!cfg.has_teacher()) {  // nothing to place: the students' device, for the record
-    device = student::student_device(cfg.student.device, 0);
-    choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
-    spdlog::info("train.objective {}: no teacher; the students train on the data alone", cfg.train.objective);
-    return choice;
-  }
-  if (cfg.teacher.placement == "colocated") {  // the teacher lives where the student computes
+  // A colocated teacher lives where the student computes; without a teacher (flow) that device
+  // is all there is to record.
+  if (cfg.students_only()) {
     device = student::student_device(cfg.student.device, 0);
     choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
   } else {
@@ -215,6 +210,10 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
     device = teacher::teacher_device(cfg.teacher, choice.placement, 0);
   }
   compat::set_current_device(device);
+  if (!cfg.has_teacher()) {
+    spdlog::info("train.objective {}: no teacher; the students train on the data alone", cfg.train.objective);
+    return choice;
+  }
   // teacher.dtype auto keeps each tensor as stored (fp32 islands included): no one dtype to
   // measure, so the matmuls follow the weights.
   const auto weights = teacher_dtype(cfg);
@@ -227,14 +226,13 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
 
 comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int world,
                          const std::vector<int>& node_of_rank) {
-  // Without a teacher (flow) every rank is a student computing its own targets, as colocated.
-  if (cfg.teacher.placement == "colocated" || !cfg.has_teacher()) return comm::Layout::colocated(world);
+  if (cfg.students_only()) return comm::Layout::colocated(world);
   return comm::Layout::make(world, cfg.teacher.ranks, teacher::stages_for(cfg.teacher, placement), node_of_rank);
 }
 
 int planned_gpu(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank, int gpus) {
   const auto on_gpu = gpu_of_local_rank(local_rank, gpus);
-  if (role == Role::kStudent || cfg.teacher.placement == "colocated" || !cfg.has_teacher()) {
+  if (role == Role::kStudent || cfg.students_only()) {
     return cfg.student.device == "cpu" ? -1 : on_gpu;
   }
   if (placement == plan::Placement::kCpu) return -1;
@@ -325,11 +323,17 @@ std::int64_t choose_teacher_micro_batch(const TrainJob& job, const c10::Device& 
   return choice.samples;
 }
 
+std::string resume_path(const RunConfig& cfg, std::int64_t step) {
+  if (step == 0) return "";
+  return cfg.checkpoint.resume == "auto" ? (fs::path(cfg.checkpoint_root()) / CheckpointStore::dir_name(step)).string()
+                                         : cfg.checkpoint.resume;
+}
+
 ResumePoint find_resume_point(const RunConfig& cfg, CheckpointStore& store) {
   ResumePoint at;
   if (cfg.checkpoint.resume == "auto") {
     if (const auto entry = store.latest_good()) {
-      at = {entry->step, (fs::path(store.root()) / CheckpointStore::dir_name(entry->step)).string()};
+      at = {entry->step, resume_path(cfg, entry->step)};
     } else {
       spdlog::info("resume auto: no good checkpoint in {}; starting at step 0", store.root());
     }

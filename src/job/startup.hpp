@@ -109,6 +109,10 @@ data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher);
 /// the first start's answer (micro_batch.json in the run directory).
 std::int64_t choose_teacher_micro_batch(const TrainJob& job, const c10::Device& device);
 
+/// The checkpoint folder training resumes from at `step` (checkpoint.resume auto: the store's
+/// folder of that step; else the folder given); "" at step 0.
+std::string resume_path(const RunConfig& cfg, std::int64_t step);
+
 /// The step to resume at: checkpoint.resume auto takes the store's latest good checkpoint, a
 /// folder is verified. ConfigError when it leaves nothing to train.
 ResumePoint find_resume_point(const RunConfig& cfg, CheckpointStore& store);

@@ -42,24 +42,33 @@ void warn_if_gpu_shared(const TrainJob& job, const c10::Device& device, comm::He
                me->describe(), names);
 }
 
-/// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
-/// teacher.compute and micro_batch as on a teacher rank), its data and noise: the messages a
-/// teacher rank would have sent it, computed here.
-struct OwnTeacher {
-  teacher::TeacherStage stage;
+/// What a rank that computes its own messages reads: its share of the data, in the order and
+/// with the noise a teacher rank would use for it (run_teacher_rank's noisers).
+struct LocalData {
   data::DatasetReader reader;
   data::SampleSchedule schedule;
   data::FlowMatchingNoiser noiser, eval_noiser;
+
+  explicit LocalData(const TrainJob& job)
+      : reader(*job.info),
+        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
+        noiser(job.cfg.noise, job.cfg.train.seed),
+        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL) {}
+};
+
+/// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
+/// teacher.compute and micro_batch as on a teacher rank) and its data: the messages a teacher
+/// rank would have sent it, computed here.
+struct OwnTeacher {
+  teacher::TeacherStage stage;
+  LocalData data;
   teacher::ColocatedTeacher transport;
 
   OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
       : stage(load_teacher_stage(job, load_for(job, device), memory)),
-        reader(*job.info),
-        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
-        noiser(job.cfg.noise, job.cfg.train.seed),
-        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL),  // as run_teacher_rank's
-        transport({stage, reader, schedule, noiser, eval_noiser, job.plan, job.layout.replica_of(job.world_rank()),
-                   job.layout.replicas, job.train_samples, device}) {}
+        data(job),
+        transport({stage, data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan,
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples, device}) {}
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
     teacher::StageLoad how;
@@ -70,6 +79,18 @@ struct OwnTeacher {
     how.timeout_s = job.cfg.comm.timeout_s;
     return how;
   }
+};
+
+/// train.objective flow: this rank's targets from its share of the data (no teacher).
+struct OwnTargets {
+  LocalData data;
+  teacher::FlowTargets transport;
+
+  OwnTargets(const TrainJob& job, const c10::Device& device)
+      : data(job),
+        transport({data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan, job.model.patch_size,
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples,
+                   job.cfg.train.cond_dropout, job.cfg.train.seed, device}) {}
 };
 
 /// This rank's device, current before anything is allocated (pinned link and gradient buffers
@@ -153,24 +174,6 @@ RoleResult finish_student(const TrainJob& job, const student::StudentStats& stat
   return result;
 }
 
-/// train.objective flow: this rank's targets from its share of the data (no teacher), read as
-/// a colocated teacher would read them.
-struct OwnTargets {
-  data::DatasetReader reader;
-  data::SampleSchedule schedule;
-  data::FlowMatchingNoiser noiser, eval_noiser;
-  teacher::FlowTargets transport;
-
-  OwnTargets(const TrainJob& job, const c10::Device& device)
-      : reader(*job.info),
-        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
-        noiser(job.cfg.noise, job.cfg.train.seed),
-        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL),  // as run_teacher_rank's
-        transport({reader, schedule, noiser, eval_noiser, job.plan, job.model.patch_size,
-                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples,
-                   job.cfg.train.cond_dropout, job.cfg.train.seed, device}) {}
-};
-
 }  // namespace
 
 RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
@@ -184,18 +187,19 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   std::unique_ptr<OwnTeacher> own;
   std::unique_ptr<OwnTargets> targets;
   std::unique_ptr<comm::Receiver> link;
+  comm::Receiver* transport = nullptr;
   if (!cfg.has_teacher()) {
     targets = std::make_unique<OwnTargets>(job, device);
+    transport = &targets->transport;
   } else if (layout.colocated()) {
     own = std::make_unique<OwnTeacher>(job, device, services.memory);
+    transport = &own->transport;
   } else {
     link = comm::make_receiver(comm::link_end(*job.groups, rank, cfg.comm), plan.message_spec(), cfg.comm, 0,
                                plan.end_step(), device, &services.health);
     services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+    transport = link.get();
   }
-  comm::Receiver& transport = own       ? static_cast<comm::Receiver&>(own->transport)
-                              : targets ? static_cast<comm::Receiver&>(targets->transport)
-                                        : *link;
   auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
@@ -212,7 +216,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
   }
-  student::StudentJob loop{parts, transport, *reducer, plan, cfg.train, job.groups->students(),
+  student::StudentJob loop{parts, *transport, *reducer, plan, cfg.train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            student::CheckpointPolicy::parse(cfg.student.checkpointing)};

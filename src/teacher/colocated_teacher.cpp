@@ -28,16 +28,27 @@ LocalSamples local_samples(const comm::StreamPlan& plan, const data::SampleSched
   return {schedule.indices(position, replica), position, false};
 }
 
-ColocatedTeacher::ColocatedTeacher(ColocatedSource source) : src_(source) {}
-
-const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
-  WD_CHECK(held_.step < 0, "colocated teacher: recv(" << step << ") while step " << held_.step
-                                                      << " is not released");
-  WD_CHECK(next_ < 0 || step == next_, "colocated teacher: recv(" << step << ") but step " << next_
-                                                                  << " comes next (steps are received in order)");
+const comm::Message& LocalReceiver::recv(std::int64_t step) {
+  WD_CHECK(held_.step < 0, what_ << ": recv(" << step << ") while step " << held_.step << " is not released");
+  WD_CHECK(next_ < 0 || step == next_,
+           what_ << ": recv(" << step << ") but step " << next_ << " comes next (steps are received in order)");
   const auto t0 = std::chrono::steady_clock::now();
+  // Computed on the host or the teacher's device: the student gets it all on its own device.
+  held_.tensors = message_on_device(compute(step), device_);
+  held_.step = step;
+  next_ = step + 1;
+  compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return held_;
+}
+
+void LocalReceiver::release(std::int64_t step) {
+  WD_CHECK(step == held_.step, what_ << ": release(" << step << ") but step " << held_.step << " is held");
+  held_.tensors.clear();  // the batch's tensors go now, not at the next recv
+  held_.step = -1;
+}
+
+comm::TensorDict ColocatedTeacher::compute(std::int64_t step) {
   const auto& plan = src_.plan;
-  const auto b = plan.batch_per_student;
   const auto at = local_samples(plan, src_.schedule, src_.replica, src_.replicas, src_.train_samples, step);
   auto batch = read_stage_batch(src_.reader, src_.stage, plan, at.indices, at.noise_step,
                                 at.eval ? src_.eval_noiser : src_.noiser);
@@ -45,19 +56,7 @@ const comm::Message& ColocatedTeacher::recv(std::int64_t step) {
   if (!read_scalar<bool>(torch::isfinite(batch.out).all(), "colocated teacher finite check")) {
     throw NumericalError("the colocated teacher's output for step " + std::to_string(step) + " has NaN/Inf values");
   }
-  held_.step = step;
-  // The batch was read on the host and the stage computed on its device: the student gets it
-  // all on its own device (the stage's).
-  held_.tensors = message_on_device(student_message(batch, 0, b), src_.device);
-  next_ = step + 1;
-  compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return held_;
-}
-
-void ColocatedTeacher::release(std::int64_t step) {
-  WD_CHECK(step == held_.step, "colocated teacher: release(" << step << ") but step " << held_.step << " is held");
-  held_.tensors.clear();  // the batch's tensors go now, not at the next recv
-  held_.step = -1;
+  return student_message(batch, 0, plan.batch_per_student);
 }
 
 }  // namespace wd::teacher

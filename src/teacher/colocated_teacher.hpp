@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "comm/stream_plan.hpp"
 #include "comm/receiver.hpp"
@@ -47,23 +49,40 @@ LocalSamples local_samples(const comm::StreamPlan& plan, const data::SampleSched
 /// on the device would cost it a synchronisation at every forward.
 comm::TensorDict message_on_device(const comm::TensorDict& message, const c10::Device& device);
 
-/// A Receiver whose messages are computed here. Steps come in order, one held at
-/// a time: recv(s) after release(s - 1). wait_seconds() is 0 (nothing is waited for);
-/// compute_seconds() is the teacher's share of this rank's time.
-class ColocatedTeacher : public comm::Receiver {
+/// A Receiver whose messages are computed on this rank (a colocated teacher, flow targets).
+/// Steps come in order, one held at a time: recv(s) after release(s - 1); each message goes to
+/// `device` (message_on_device). wait_seconds() is 0 (nothing is waited for); compute_seconds()
+/// is the computing's share of this rank's time.
+class LocalReceiver : public comm::Receiver {
  public:
-  explicit ColocatedTeacher(ColocatedSource source);
-
-  const comm::Message& recv(std::int64_t step) override;
-  void release(std::int64_t step) override;
+  const comm::Message& recv(std::int64_t step) final;
+  void release(std::int64_t step) final;
   double wait_seconds() const override { return 0; }
   double compute_seconds() const { return compute_seconds_; }
 
+ protected:
+  /// `what` names the receiver in its errors ("colocated teacher").
+  LocalReceiver(std::string what, c10::Device device) : what_(std::move(what)), device_(device) {}
+  /// The message of transport step `step`, on the host or any device.
+  virtual comm::TensorDict compute(std::int64_t step) = 0;
+
  private:
-  ColocatedSource src_;
+  std::string what_;
+  c10::Device device_;
   comm::Message held_;
   std::int64_t next_ = -1;  ///< the step recv expects next; -1 before the first
   double compute_seconds_ = 0;
+};
+
+/// The messages of a teacher rank, computed here by this rank's own teacher.
+class ColocatedTeacher : public LocalReceiver {
+ public:
+  explicit ColocatedTeacher(ColocatedSource source)
+      : LocalReceiver("colocated teacher", source.device), src_(source) {}
+
+ private:
+  comm::TensorDict compute(std::int64_t step) override;
+  ColocatedSource src_;
 };
 
 }  // namespace wd::teacher

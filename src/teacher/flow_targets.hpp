@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "comm/receiver.hpp"
 #include "comm/stream_plan.hpp"
+#include "teacher/colocated_teacher.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
@@ -36,19 +36,14 @@ bool context_dropped(std::uint64_t seed, std::int64_t sample, std::int64_t posit
 
 /// A Receiver whose messages carry flow-matching targets: x_t = (1 − σ)·x0 + σ·ε, t = 1000·σ
 /// (the noisers'), teacher_out = ε − x0, context zeroed for the dropped training samples (never
-/// for held-out ones). Steps come in order, one held at a time.
-class FlowTargets : public comm::Receiver {
+/// for held-out ones). Steps come in order, one held at a time (LocalReceiver).
+class FlowTargets : public LocalReceiver {
  public:
-  explicit FlowTargets(FlowSource source) : src_(source) {}
-
-  const comm::Message& recv(std::int64_t step) override;
-  void release(std::int64_t step) override;
-  double wait_seconds() const override { return 0; }
+  explicit FlowTargets(FlowSource source) : LocalReceiver("flow targets", source.device), src_(source) {}
 
  private:
+  comm::TensorDict compute(std::int64_t step) override;
   FlowSource src_;
-  comm::Message held_;
-  std::int64_t next_ = -1;
 };
 
 }  // namespace wd::teacher

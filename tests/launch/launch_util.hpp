@@ -1,11 +1,13 @@
 // Launching `wan-distill train` under mpirun from a one-process test, and reading what it wrote.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -134,6 +136,36 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& fil
   std::ifstream in(file);
   for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
   return lines;
+}
+
+/// The training losses of a run, step by step, from its metrics.jsonl.
+inline std::vector<double> losses(const std::filesystem::path& run_dir) {
+  std::vector<double> out;
+  for (const auto& m : read_metrics(run_dir / "metrics.jsonl")) {
+    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
+  }
+  return out;
+}
+
+/// The loss curves of runs `a` and `b` both have `steps` steps and agree to 1e-6 relative at
+/// every one (two layouts whose BLAS may sum in another order).
+inline void expect_close_losses(const std::filesystem::path& a, const std::filesystem::path& b, std::size_t steps) {
+  const auto la = losses(a), lb = losses(b);
+  ASSERT_EQ(la.size(), steps);
+  ASSERT_EQ(lb.size(), la.size());
+  for (std::size_t i = 0; i < la.size(); ++i) {
+    EXPECT_NEAR(lb[i], la[i], 1e-6 * std::abs(la[i])) << "step " << i + 1;
+  }
+}
+
+/// The run `resumed`, resumed after step `from` of the `steps`-step run `straight`, trained its
+/// remaining steps bit for bit as the straight run did.
+inline void expect_resumed_exactly(const std::filesystem::path& straight, const std::filesystem::path& resumed,
+                                   std::size_t steps, std::size_t from) {
+  const auto all = losses(straight), tail = losses(resumed);
+  ASSERT_EQ(all.size(), steps);
+  ASSERT_EQ(tail.size(), steps - from);
+  for (std::size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], all[i + from]) << "step " << i + from + 1;
 }
 
 /// How many times `needle` occurs in `text`.

@@ -24,13 +24,7 @@ const fs::path& root() {
 const std::string kFlow = " --train.objective flow --teacher.ranks 0 --train.cond_dropout 0.1 --train.log_every 1"
                           " --student.dim 64 --student.num_layers 2";
 
-std::vector<double> losses(const fs::path& dir) {
-  std::vector<double> out;
-  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
-    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-  }
-  return out;
-}
+using test::losses;
 
 TEST(Flow, TrainsWithoutATeacherAndItsResultLoadsAsOne) {
   const auto dir = root() / "flow";
@@ -64,10 +58,7 @@ TEST(Flow, AResumedRunIsBitIdenticalToAStraightOne) {
                                 (straight / "cache" / "tiny-data.h5").string() + " --resume " +
                                 (straight / "checkpoints" / "step-00000004").string());
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto all = losses(straight), tail = losses(resumed);
-  ASSERT_EQ(all.size(), 8u);
-  ASSERT_EQ(tail.size(), 4u);
-  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(tail[i], all[i + 4]) << "step " << i + 5;
+  test::expect_resumed_exactly(straight, resumed, 8, 4);
 }
 
 /// The builtin teacher and data set, made once by a first short run.
@@ -97,15 +88,12 @@ TEST(Guided, ATeacherRankAndColocatedTeachersTrainAlike) {
   ASSERT_EQ(r.code, 0) << r.output;
   // Each colocated rank computes 2 samples (4 forwards) where the teacher rank computes 4 (8):
   // the BLAS may sum in another order, so 1e-6 relative, as the placement tests.
-  const auto a = losses(dedicated), b = losses(colocated);
-  ASSERT_EQ(a.size(), 12u);
-  ASSERT_EQ(b.size(), a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "step " << i + 1;
+  test::expect_close_losses(dedicated, colocated, 12);
   // The guided target is not the plain one: the same job with velocity trains differently.
   r = test::launch_train(3, "--run-dir " + (root() / "velocity").string() + builtin_assets() +
                                 " --teacher.compute fp32 --train.steps 12 --train.log_every 1 --train.seed 5");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(losses(root() / "velocity"), a);
+  EXPECT_NE(losses(root() / "velocity"), losses(dedicated));
 }
 
 TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
@@ -115,10 +103,7 @@ TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
   r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + kGuided + " --resume " +
                                 (straight / "checkpoints" / "step-00000006").string());
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto all = losses(straight), tail = losses(resumed);
-  ASSERT_EQ(all.size(), 12u);
-  ASSERT_EQ(tail.size(), 6u);
-  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(tail[i], all[i + 6]) << "step " << i + 7;
+  test::expect_resumed_exactly(straight, resumed, 12, 6);
 }
 
 }  // namespace

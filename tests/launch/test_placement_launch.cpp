@@ -43,13 +43,7 @@ std::string cache_args() {
          " --data.path " + (shared() / "cpu" / "cache" / "tiny-data.h5").string();
 }
 
-std::vector<double> losses(const fs::path& dir) {
-  std::vector<double> out;
-  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
-    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-  }
-  return out;
-}
+using test::losses;
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -83,15 +77,8 @@ void expect_same_training(const fs::path& a, const fs::path& b) {
       << "the students differ";
 }
 
-/// The loss curves of `a` and `b` agree to 1e-6 relative at every step.
-void expect_close_losses(const fs::path& a, const fs::path& b) {
-  const auto la = losses(a), lb = losses(b);
-  ASSERT_EQ(la.size(), 12u);
-  ASSERT_EQ(lb.size(), la.size());
-  for (std::size_t i = 0; i < la.size(); ++i) {
-    EXPECT_NEAR(lb[i], la[i], 1e-6 * std::abs(la[i])) << "step " << i + 1;
-  }
-}
+/// The loss curves of `a` and `b` agree to 1e-6 relative at each of the 12 steps.
+void expect_close_losses(const fs::path& a, const fs::path& b) { test::expect_close_losses(a, b, 12); }
 
 // Makes what the cases below share. First in the program; where CTest runs each case in its own
 // process, the fixture every other case requires (tests/launch/CMakeLists.txt).

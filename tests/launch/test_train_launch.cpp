@@ -55,10 +55,7 @@ TEST(Train, TinyRunReproducesTheGoldenLossCurveAndSavesTheStudent) {
                               // the curve's teacher computes in bf16, as recorded
                               " --teacher.compute weights");
   ASSERT_EQ(r.code, 0) << r.output;
-  std::vector<double> losses;
-  for (const auto& m : test::read_metrics(dir / "metrics.jsonl")) {
-    if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
-  }
+  const auto losses = test::losses(dir);
   const auto [before, after] = eval_before_after(dir);
   ASSERT_EQ(losses.size(), 20u);
   EXPECT_LT(after, before) << "held-out relative MSE did not fall";
