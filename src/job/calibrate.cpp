@@ -180,7 +180,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.teacher = in.teacher;
   s.student = in.student;
   s.tokens = in.tokens;
-  s.teacher_forwards = cfg.train.guided() ? 2.0 : 1.0;  // the conditional and the negative forward
+  s.teacher_forwards = cfg.teacher_forwards();  // guided: [cond; neg]; trajectory: teacher.steps / student.steps
   s.context_len = in.context_len;
   s.batch = in.batch;
   s.prefetch_depth = in.prefetch_depth;

@@ -2,6 +2,7 @@
 // so that both read the same config files with the same keys and defaults.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "student/student_config.hpp"
 #include "student/train_state.hpp"
 #include "teacher/teacher_config.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -83,6 +85,7 @@ struct RunConfig {
   /// The objective against the teacher keys: flow trains without a teacher (teacher.ranks 0,
   /// nothing of the teacher's to match); every other objective needs one.
   void check_objective(ConfigProblems& p) const {
+    if (train.trajectory()) trajectory_spec().validate(p);
     if (!train.flow()) {
       p.check(teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective flow trains "
                                   "without; train.objective(" + train.objective + ") needs teacher.ranks >= 1");
@@ -96,6 +99,20 @@ struct RunConfig {
                                           ") matches teacher blocks; train.objective flow has no teacher");
     p.check(student.init == "random", "student.init(" + student.init +
                                           ") copies teacher blocks; train.objective flow has no teacher: random");
+  }
+  /// train.objective trajectory's schedules (teacher.steps/shift/solver, student.steps).
+  teacher::TrajectorySpec trajectory_spec() const {
+    return {teacher.solver, teacher.steps, student.steps, teacher.shift};
+  }
+  /// Whether the teacher's forwards are guided ([cond; neg] in one batch): guided, and
+  /// trajectory unless teacher.guidance is 1.
+  bool teacher_guided() const { return train.guided() || (train.trajectory() && teacher.guidance != 1.0); }
+  /// Teacher forwards (in samples) per trained sample: 1, doubled when guided; a trajectory's
+  /// teacher.steps forwards serve its student.steps intervals.
+  double teacher_forwards() const {
+    const double guided = teacher_guided() ? 2.0 : 1.0;
+    if (!train.trajectory()) return guided;
+    return guided * static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps));
   }
   std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }
   std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }

@@ -282,13 +282,16 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
+  p.check(!cfg.train.trajectory() || layout.stages <= 1,
+          "train.objective trajectory samples with the whole teacher on one rank; teacher.placement shard splits it "
+          "over " + std::to_string(layout.stages) + " stages (use gpu, cpu, stream or colocated)");
   p.check(!cfg.train.guided() || layout.stages <= 1,
           "train.objective guided runs the conditional and negative forwards of the whole teacher on one rank; "
           "teacher.placement shard splits it over " + std::to_string(layout.stages) + " stages (use gpu, cpu, stream "
           "or colocated)");
   p.throw_if_any("train config");
   // The negative context's file, read where it will be used: a bad one stops the job here.
-  if (cfg.train.guided() && !cfg.teacher.negative.empty()) {
+  if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {
     static_cast<void>(load_negative_context(cfg.teacher.negative, teacher.text_dim));
   }
 }

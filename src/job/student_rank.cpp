@@ -62,13 +62,21 @@ struct LocalData {
 struct OwnTeacher {
   teacher::TeacherStage stage;
   LocalData data;
+  std::unique_ptr<teacher::TrajectoryRounds> trajectory;  ///< train.objective trajectory
   teacher::ColocatedTeacher transport;
 
   OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
       : stage(load_teacher_stage(job, load_for(job, device), memory)),
         data(job),
+        trajectory(job.cfg.train.trajectory() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
+                                                    stage, data.reader, data.schedule, job.plan,
+                                                    job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),
+                                                    job.layout.replicas, job.per_replica, job.train_samples,
+                                                    job.cfg.train.seed})
+                                              : nullptr),
         transport({stage, data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan,
-                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples, device}) {}
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples, device,
+                   trajectory.get()}) {}
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
     teacher::StageLoad how;

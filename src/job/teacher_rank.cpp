@@ -30,14 +30,20 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   }
   teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);
   stage.set_micro_batch(job.micro_batch);
-  if (job.cfg.train.guided()) {
+  if (job.cfg.teacher_guided()) {
     const auto& cfg = job.cfg.teacher;
     stage.set_guidance(cfg.guidance, cfg.negative.empty() ? torch::Tensor()
                                                           : load_negative_context(cfg.negative, job.model.text_dim));
     if (job.world_rank() == 0) {
-      spdlog::info("train.objective guided: the teacher sends v_neg + {}*(v_cond - v_neg), the negative context {}",
-                   cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
+      spdlog::info("train.objective {}: the teacher's velocity is v_neg + {}*(v_cond - v_neg), the negative context {}",
+                   job.cfg.train.objective, cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
     }
+  }
+  if (job.cfg.train.trajectory() && job.world_rank() == 0) {
+    const auto spec = job.cfg.trajectory_spec();
+    spdlog::info("train.objective trajectory: the teacher samples {} {} steps (shift {}) from seeded noise; the "
+                 "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
+                 spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
   }
   return stage;
 }
@@ -101,6 +107,12 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
   data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
   data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
+  std::unique_ptr<teacher::TrajectoryRounds> trajectory;
+  if (cfg.train.trajectory()) {
+    trajectory = std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
+        stage_model, *reader, schedule, job.plan, cfg.trajectory_spec(), layout.replica_of(rank), layout.replicas,
+        job.per_replica, job.train_samples, cfg.train.seed});
+  }
   teacher::TeacherJob loop{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
                            transport.get(), job.plan, layout.replica_of(rank), layout.replicas,
                            layout.students_per_replica(), job.train_samples, job.broadcast};
@@ -109,6 +121,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   loop.faults = &services.faults;
   loop.from_previous = links.from_previous.get();
   loop.to_next = links.to_next.get();
+  loop.trajectory = trajectory.get();
   const auto stats = teacher::run_teacher(loop);
   RoleResult result;
   result.requeue = stats.stopped_after >= 0;

@@ -43,7 +43,9 @@ void StudentConfig::bind(OptionTable& t) {
             "trained | frozen: channel projections used when in/out channels differ from the teacher's")
       .bind("student.features", features,
             "feature distillation pairs s:t,s:t (student block : teacher block); empty = off")
-      .bind("student.feature_weight", feature_weight, "weight of the feature loss");
+      .bind("student.feature_weight", feature_weight, "weight of the feature loss")
+      .bind("student.steps", steps,
+            "train.objective trajectory: the student's sampling steps k (Euler, teacher.shift's schedule)");
 }
 
 void StudentConfig::validate(ConfigProblems& p) const {
@@ -145,7 +147,9 @@ void TrainConfig::bind(OptionTable& t) {
             "velocity (the student matches the teacher's velocity at noised data) | guided (the teacher's "
             "guided velocity, teacher.guidance: a student sampled without guidance reproduces the guided "
             "teacher) | flow (flow-matching training on the data alone, target noise - x0, no teacher: "
-            "teacher.ranks 0; docs/objectives.md)")
+            "teacher.ranks 0) | trajectory (the teacher samples from seeded noise with teacher.steps, "
+            "teacher.guidance; the student learns the jump between its student.steps σ: a few-step "
+            "student; docs/objectives.md)")
       .bind("train.cond_dropout", cond_dropout,
             "flow: the fraction of training samples whose context is zeroed, so the model also learns "
             "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)");
@@ -169,8 +173,8 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
   p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
-  p.check(objective == "velocity" || objective == "guided" || objective == "flow",
-          "train.objective(" + objective + ") must be velocity, guided or flow");
+  p.check(objective == "velocity" || objective == "guided" || objective == "flow" || objective == "trajectory",
+          "train.objective(" + objective + ") must be velocity, guided, flow or trajectory");
   p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
   p.check(cond_dropout == 0 || objective == "flow",
           "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +

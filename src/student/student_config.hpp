@@ -35,6 +35,8 @@ struct StudentConfig {
   /// feature distillation pairs "s:t,s:t" (student block s matched to teacher block t); empty = off
   std::string features;
   double feature_weight = 0.1;  ///< weight of the feature loss next to the output loss
+  /// train.objective trajectory: the student's sampling steps k (its schedule: teacher.shift)
+  std::int64_t steps = 4;
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
@@ -67,7 +69,8 @@ struct TrainConfig {
   std::uint64_t seed = 0;
   /// velocity: match the teacher's velocity at noised data (distillation) | guided: the teacher's
   /// guided velocity (teacher.guidance) | flow: flow-matching training on the data alone, target
-  /// ε − x0, no teacher (docs/objectives.md)
+  /// ε − x0, no teacher | trajectory: the jumps of the teacher's sampled paths between the
+  /// student's student.steps σ (docs/objectives.md)
   std::string objective = "velocity";
   double cond_dropout = 0.0;  ///< flow: fraction of training samples whose context is zeroed
 
@@ -75,6 +78,7 @@ struct TrainConfig {
   void validate(ConfigProblems& p) const;
   bool flow() const { return objective == "flow"; }
   bool guided() const { return objective == "guided"; }
+  bool trajectory() const { return objective == "trajectory"; }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.
   double lr_at(std::int64_t step) const;
 };

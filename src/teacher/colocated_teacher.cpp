@@ -50,6 +50,7 @@ void LocalReceiver::release(std::int64_t step) {
 comm::TensorDict ColocatedTeacher::compute(std::int64_t step) {
   const auto& plan = src_.plan;
   const auto at = local_samples(plan, src_.schedule, src_.replica, src_.replicas, src_.train_samples, step);
+  if (src_.trajectory) return student_message(src_.trajectory->batch(at.noise_step, at.eval), 0, plan.batch_per_student);
   auto batch = read_stage_batch(src_.reader, src_.stage, plan, at.indices, at.noise_step,
                                 at.eval ? src_.eval_noiser : src_.noiser);
   src_.stage.run(batch);

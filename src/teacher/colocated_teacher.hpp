@@ -13,6 +13,7 @@
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "teacher/teacher_stage.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::teacher {
 
@@ -30,6 +31,8 @@ struct ColocatedSource {
   int replicas = 1;
   std::int64_t train_samples = 0;
   c10::Device device = torch::kCPU;  ///< the student's device: where every message tensor goes
+  /// train.objective trajectory: the messages come from this teacher's trajectories.
+  TrajectoryRounds* trajectory = nullptr;
 };
 
 /// The samples a rank that computes its own messages (a colocated teacher, flow targets) reads

@@ -47,6 +47,11 @@ struct TeacherConfig {
   /// v_neg + g·(v_cond − v_neg) (docs/objectives.md), and the negative context's file (empty: zeros).
   double guidance = 5.0;
   std::string negative;
+  /// train.objective trajectory: the teacher's sampler (steps, σ shift, solver) along whose
+  /// schedule the trajectories run (docs/objectives.md#trajectory).
+  std::int64_t steps = 40;
+  double shift = 5.0;
+  std::string solver = "unipc";
 
   /// teacher.micro_batch as a number of samples; nullopt for auto or a value that is not one.
   std::optional<std::int64_t> micro_batch_samples() const {
@@ -96,11 +101,17 @@ struct TeacherConfig {
               "two-expert (A14B) teacher: high-noise expert for t >= boundary*1000; 0 = the model's "
               "default (t2v 0.875, i2v 0.9)")
         .bind("teacher.guidance", guidance,
-              "train.objective guided: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no guidance; "
+              "train.objective guided and trajectory: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no guidance; "
               "Wan 2.2 samples with 3-5)")
         .bind("teacher.negative", negative,
-              "train.objective guided: safetensors with `context` [L,text_dim] or [1,L,text_dim], the negative "
-              "prompt's encoding; empty = zeros (what train.cond_dropout trains a flow model to answer)");
+              "train.objective guided and trajectory: safetensors with `context` [L,text_dim] or [1,L,text_dim], the negative "
+              "prompt's encoding; empty = zeros (what train.cond_dropout trains a flow model to answer)")
+        .bind("teacher.steps", steps,
+              "train.objective trajectory: the teacher's sampling steps per trajectory (a multiple of student.steps)")
+        .bind("teacher.shift", shift,
+              "train.objective trajectory: σ shift of the teacher's and the student's schedules "
+              "(Wan 2.2 samples with 5; 12 for t2v-A14B)")
+        .bind("teacher.solver", solver, "train.objective trajectory: the teacher's sampler, unipc | euler");
   }
   void validate(ConfigProblems& p) const {
     p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",

@@ -43,9 +43,10 @@ void check_finite(const torch::Tensor& produced, std::int64_t step, const char* 
                        std::to_string(bad) + " NaN/Inf values of " + std::to_string(produced.numel()));
 }
 
-/// Runs this rank's share of one batch and passes it on (next stage or students).
-void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) {
-  job.stage.run(batch);
+/// Runs this rank's share of one batch (unless `computed`: a trajectory batch comes with its
+/// target) and passes it on (next stage or students).
+void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison, bool computed = false) {
+  if (!computed) job.stage.run(batch);
   auto& produced = job.stage.last() ? batch.out : batch.hidden;
   if (poison) produced.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
   check_finite(produced, step, job.stage.last() ? "output" : "hidden state");
@@ -71,7 +72,11 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
 void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int64_t>& idx,
                  std::int64_t noise_step, const data::FlowMatchingNoiser& noiser, bool poison,
                  TeacherStats& stats) {
-  if (job.stage.first()) {
+  if (job.trajectory) {
+    const auto t = Clock::now();
+    process(job, step, job.trajectory->batch(noise_step, &noiser == &job.eval_noiser), poison, true);
+    stats.busy_seconds += since(t);
+  } else if (job.stage.first()) {
     const auto t = Clock::now();
     process(job, step, read_stage_batch(*job.reader, job.stage, job.plan, idx, noise_step, noiser), poison);
     stats.busy_seconds += since(t);
@@ -136,6 +141,8 @@ TeacherStats run_teacher(TeacherJob& job) {
   WD_CHECK(job.stage.first() || job.from_previous, "a later teacher stage needs the previous stage's stream");
   WD_CHECK(!job.stage.last() || job.transport, "the last teacher stage needs the students' transport");
   WD_CHECK(job.stage.last() || job.to_next, "a teacher stage before the last needs the next stage's stream");
+  WD_CHECK(!job.trajectory || (job.stage.first() && job.stage.last()),
+           "train.objective trajectory needs the whole teacher on one rank");
   TeacherStats stats;
   const auto t0 = Clock::now();
   const auto per_replica = job.broadcast ? job.plan.batch_per_student

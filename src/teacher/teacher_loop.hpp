@@ -14,6 +14,7 @@
 #include "data/sample_schedule.hpp"
 #include "memory/memory_monitor.hpp"
 #include "teacher/teacher_stage.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::teacher {
 
@@ -40,6 +41,8 @@ struct TeacherJob {
   const FaultInjector* faults = nullptr;
   comm::Receiver* from_previous = nullptr;  ///< shard: the previous stage's stream
   comm::Sender* to_next = nullptr;          ///< shard: the stream to the next stage
+  /// train.objective trajectory: the batches come from the teacher's trajectories (whole teacher).
+  TrajectoryRounds* trajectory = nullptr;
 };
 
 /// Stage 0's input: the samples `idx` read from `reader`, noised for stream position

@@ -1,0 +1,165 @@
+// The teacher's trajectories cut into the student's intervals (trajectory.hpp).
+#include "teacher/trajectory.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <numeric>
+
+#include "core/errors.hpp"
+#include "data/flow_sampler.hpp"
+#include "data/splitmix64.hpp"
+#include "teacher/teacher_loop.hpp"
+
+namespace wd::teacher {
+
+namespace {
+
+// Draw streams of the trajectory objective (the noisers use 2-4, the schedule 1).
+constexpr std::uint64_t kNoiseStream = 11;
+constexpr std::uint64_t kDealStream = 12;
+
+std::uint64_t round_key(std::uint64_t seed, std::uint64_t stream, bool eval, std::int64_t round, int replica) {
+  return data::hash_keys(seed, stream, eval ? 1 : 0, static_cast<std::uint64_t>(round),
+                         static_cast<std::uint64_t>(replica));
+}
+
+}  // namespace
+
+void TrajectorySpec::validate(ConfigProblems& p) const {
+  p.check(solver == "euler" || solver == "unipc", "teacher.solver(" + solver + ") must be euler or unipc");
+  p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
+  p.check(shift > 0, "teacher.shift(" + std::to_string(shift) + ") must be > 0");
+  p.check(teacher_steps >= 1 && student_steps >= 1 && teacher_steps % student_steps == 0,
+          "teacher.steps(" + std::to_string(teacher_steps) + ") must be a multiple of student.steps(" +
+              std::to_string(student_steps) + "), so that the student's σ are points of the teacher's schedule");
+}
+
+std::vector<double> TrajectorySpec::teacher_sigmas() const { return data::sampling_sigmas(teacher_steps, shift); }
+
+std::vector<double> TrajectorySpec::student_sigmas() const {
+  const auto all = teacher_sigmas();
+  std::vector<double> grid;
+  for (std::int64_t i = 0; i <= student_steps; ++i) grid.push_back(all[static_cast<std::size_t>(i * stride())]);
+  return grid;
+}
+
+TrajectoryRounds::TrajectoryRounds(TrajectorySource source) : src_(source) {
+  ConfigProblems p;
+  src_.spec.validate(p);
+  p.throw_if_any("trajectory objective");
+  WD_CHECK(src_.stage.first() && src_.stage.last(),
+           "train.objective trajectory samples with the whole teacher on one rank; this stage holds blocks "
+               << src_.stage.blocks().begin << "-" << src_.stage.blocks().end - 1);
+  WD_CHECK(src_.per_replica >= 1, "trajectory rounds of " << src_.per_replica << " trajectories");
+  teacher_sigmas_ = src_.spec.teacher_sigmas();
+  student_sigmas_ = src_.spec.student_sigmas();
+}
+
+torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) const {
+  // The model's t is 1000·σ in fp32, as the noiser's; per-token layouts give every token the same t.
+  auto t = torch::full({batch}, static_cast<float>(sigma * 1000.0), torch::kFloat);
+  const auto S = src_.plan.per_token_seq_len;
+  return S > 0 ? t.view({batch, 1}).expand({batch, S}).contiguous() : t;
+}
+
+std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t round, bool eval, std::int64_t j) const {
+  const auto k = src_.spec.student_steps;
+  const auto n = src_.per_replica * k;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  data::SplitMix64 rng(round_key(src_.seed, kDealStream, eval, round, src_.replica));
+  for (std::int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates
+    const auto r = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(i + 1)));
+    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(r)]);
+  }
+  const auto pair = order.at(static_cast<std::size_t>(j));
+  return {pair / k, pair % k};
+}
+
+void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto B = src_.per_replica;
+  const auto k = src_.spec.student_steps;
+  const auto idx = eval ? eval_indices(round, src_.replica, B, src_.replicas, src_.train_samples)
+                        : src_.schedule.indices(round, src_.replica);
+  auto clean = src_.reader.read(idx);
+  Round r;
+  r.eval = eval;
+  r.index = round;
+  r.context = clean.context;
+  r.context_lens = clean.context_lens;
+  const auto& l = src_.plan.latent;
+  const auto device = src_.stage.experts().front().model->parameters().front().device();
+  std::vector<torch::Tensor> noise;
+  for (std::int64_t b = 0; b < B; ++b) {
+    // One generator per trajectory: its noise does not depend on the batch's size or order.
+    auto gen = at::detail::createCPUGenerator(data::hash_keys(round_key(src_.seed, kNoiseStream, eval, round, src_.replica),
+                                                              static_cast<std::uint64_t>(b)));
+    noise.push_back(torch::randn({l[0], l[1], l[2], l[3]}, gen, torch::TensorOptions().dtype(torch::kFloat)));
+  }
+  torch::Tensor x = torch::stack(noise).to(device);
+  r.states.push_back(x);
+  data::FlowSampler sampler(src_.spec.solver, teacher_sigmas_);
+  const auto stride = src_.spec.stride();
+  for (std::int64_t j = 0; j < sampler.steps(); ++j) {
+    StageBatch step;
+    step.x_t = x;
+    step.t = timesteps(sampler.sigma(j), B);
+    step.context = r.context;
+    step.context_lens = r.context_lens;
+    src_.stage.run(step);
+    if (!torch::isfinite(step.out).all().item<bool>()) {
+      throw NumericalError("the teacher's velocity at step " + std::to_string(j) + " of trajectory round " +
+                           std::to_string(round) + (eval ? " (held out)" : "") + " has NaN/Inf values");
+    }
+    if (j % stride == 0) r.features.push_back(std::move(step.features));
+    x = sampler.step(j, x, step.out).to(torch::kFloat);
+    if ((j + 1) % stride == 0) r.states.push_back(x);
+  }
+  WD_CHECK(static_cast<std::int64_t>(r.states.size()) == k + 1, "trajectory round kept " << r.states.size()
+                                                                                          << " states for " << k << " intervals");
+  for (std::int64_t j = 0; j < B * k; ++j) {
+    const auto [b, i] = pair_at(round, eval, j);
+    r.order.push_back(b * k + i);
+  }
+  round_ = std::move(r);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
+  const auto k = src_.spec.student_steps;
+  const auto round = position / k, slot = position % k;
+  if (round_.index != round || round_.eval != eval) sample_round(round, eval);
+  const auto B = src_.per_replica;
+  const auto device = round_.states.front().device();
+  std::vector<std::int64_t> traj, interval;
+  for (std::int64_t j = slot * B; j < (slot + 1) * B; ++j) {
+    const auto pair = round_.order[static_cast<std::size_t>(j)];
+    traj.push_back(pair / k);
+    interval.push_back(pair % k);
+  }
+  const auto traj_idx = torch::tensor(traj, torch::kLong);
+  std::vector<torch::Tensor> x, target, t;
+  std::map<std::int64_t, std::vector<torch::Tensor>> features;
+  for (std::int64_t s = 0; s < B; ++s) {
+    const auto b = traj[static_cast<std::size_t>(s)], i = interval[static_cast<std::size_t>(s)];
+    const auto& from = round_.states[static_cast<std::size_t>(i)][b];
+    const auto& to = round_.states[static_cast<std::size_t>(i + 1)][b];
+    const double s0 = student_sigmas_[static_cast<std::size_t>(i)], s1 = student_sigmas_[static_cast<std::size_t>(i + 1)];
+    x.push_back(from);
+    target.push_back((to - from) / (s1 - s0));
+    t.push_back(timesteps(s0, 1)[0]);
+    for (const auto& [block, h] : round_.features[static_cast<std::size_t>(i)]) features[block].push_back(h[b]);
+  }
+  StageBatch out;
+  out.x_t = torch::stack(x);
+  out.out = torch::stack(target);
+  out.t = torch::stack(t).to(device);
+  out.context = round_.context.index_select(0, traj_idx.to(round_.context.device()));
+  out.context_lens = round_.context_lens.index_select(0, traj_idx);
+  for (auto& [block, hs] : features) out.features[block] = torch::stack(hs);
+  return out;
+}
+
+}  // namespace wd::teacher

@@ -1,0 +1,91 @@
+// train.objective trajectory: few-step distillation on the teacher's own ODE paths. The teacher
+// samples from seeded noise along a schedule that contains the student's k-step grid, and each
+// student interval [σ_i, σ_{i+1}] becomes one training sample: the teacher's state at σ_i and
+// the velocity that jumps exactly to its state at σ_{i+1} (docs/objectives.md#trajectory).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/stream_plan.hpp"
+#include "core/config.hpp"
+#include "data/dataset_reader.hpp"
+#include "data/sample_schedule.hpp"
+#include "teacher/teacher_stage.hpp"
+
+namespace wd::teacher {
+
+/// The two schedules of a trajectory objective: the teacher's `teacher_steps` (the official
+/// sampling schedule, data::sampling_sigmas) and the student's `student_steps` k, the same
+/// schedule at k steps. With teacher_steps a multiple of k the student's σ are exactly the
+/// teacher's σ at every (teacher_steps / k)-th step, so no state is interpolated.
+struct TrajectorySpec {
+  std::string solver = "unipc";     ///< the teacher's sampler: euler | unipc
+  std::int64_t teacher_steps = 40;  ///< teacher.steps
+  std::int64_t student_steps = 4;   ///< student.steps (k)
+  double shift = 5.0;               ///< teacher.shift (the student samples with the same)
+
+  /// Problems of the spec, named by their keys.
+  void validate(ConfigProblems& p) const;
+  std::vector<double> teacher_sigmas() const;
+  std::vector<double> student_sigmas() const;
+  /// Teacher steps per student interval.
+  std::int64_t stride() const { return teacher_steps / student_steps; }
+};
+
+/// What the trajectories are computed from; owned by the caller.
+struct TrajectorySource {
+  TeacherStage& stage;  ///< the whole teacher (guidance set on it when the target is guided)
+  data::DatasetReader& reader;
+  const data::SampleSchedule& schedule;  ///< batch_per_replica = `per_replica`
+  const comm::StreamPlan& plan;
+  TrajectorySpec spec;
+  int replica = 0;
+  int replicas = 1;
+  std::int64_t per_replica = 1;     ///< trajectories of a round = samples of one batch
+  std::int64_t train_samples = 0;   ///< held-out contexts follow these in the file
+  std::uint64_t seed = 0;           ///< train.seed: the noises and the order of the pairs
+};
+
+/// The batches of one replica's trajectory stream. Positions are grouped in rounds of k: round r
+/// samples B = per_replica trajectories, from noise seeded by (seed, round, replica, b) and the
+/// contexts of batch r of the sample schedule (held-out rounds: of eval_indices(r)), which gives
+/// B·k (trajectory, interval) pairs; a seeded permutation of them deals B pairs to each of the
+/// round's k positions, so every batch mixes intervals and trajectories. A batch depends on its
+/// position only: a resumed run recomputes its round and gets the same batches.
+class TrajectoryRounds {
+ public:
+  explicit TrajectoryRounds(TrajectorySource source);
+  /// The batch of training stream position `position` (eval = false) or of held-out message
+  /// `position` (eval = true): x_t = the teacher's state at σ_i, t = 1000·σ_i ([B] or, per-token
+  /// layouts, [B,S]), context, out = (x_{i+1} − x_i) / (σ_{i+1} − σ_i), and the teacher's
+  /// features at (x_i, σ_i) when plan.feature_blocks asks for them.
+  StageBatch batch(std::int64_t position, bool eval);
+  /// Seconds spent sampling trajectories.
+  double sampling_seconds() const { return seconds_; }
+  /// Which (trajectory, interval) pair sits at place `j` of round `round`'s deal (exposed for tests).
+  std::pair<std::int64_t, std::int64_t> pair_at(std::int64_t round, bool eval, std::int64_t j) const;
+
+ private:
+  struct Round {
+    bool eval = false;
+    std::int64_t index = -1;
+    std::vector<torch::Tensor> states;  ///< k + 1 of [B,C,F,H,W]: noise, then the state at each σ_i
+    std::vector<std::map<std::int64_t, torch::Tensor>> features;  ///< k: features at (x_i, σ_i)
+    torch::Tensor context, context_lens;
+    std::vector<std::int64_t> order;  ///< the deal: place j -> pair b·k + i
+  };
+  void sample_round(std::int64_t round, bool eval);
+  torch::Tensor timesteps(double sigma, std::int64_t batch) const;
+
+  TrajectorySource src_;
+  std::vector<double> teacher_sigmas_, student_sigmas_;
+  Round round_;
+  double seconds_ = 0;
+};
+
+}  // namespace wd::teacher
