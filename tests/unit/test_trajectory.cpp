@@ -1,0 +1,237 @@
+// train.objective trajectory's batches: each (trajectory, interval) pair's target jumps exactly
+// to the next state of its trajectory, the chain of jumps lands where an independent sampling
+// loop over the same teacher lands, every pair of a round is dealt once and batches mix
+// intervals, a batch depends on its position only (resume), held-out rounds use the held-out
+// contexts, and a two-expert teacher routes each forward by its own t across the boundary.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "comm/stream_plan.hpp"
+#include "core/errors.hpp"
+#include "data/dataset_info.hpp"
+#include "data/dataset_reader.hpp"
+#include "data/flow_sampler.hpp"
+#include "data/synthetic_dataset.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "teacher/teacher_loop.hpp"
+#include "teacher/trajectory.hpp"
+#include "test_util.hpp"
+
+namespace wd::teacher {
+namespace {
+
+constexpr std::int64_t kTrain = 20;  // samples [20, 24) are held out
+
+struct Fixture {
+  test::TempDir dir{"wd-trajectory"};
+  WanConfig config = WanConfig::preset("tiny");
+  data::DatasetInfo info;
+  comm::StreamPlan plan;
+
+  Fixture() {
+    config.num_layers = 2;
+    write_random_wan_checkpoint(dir.str("teacher"), config, torch::kFloat, 1ull << 20, 7);
+    data::SyntheticDatasetSpec spec;
+    spec.output = dir.str("data.h5");
+    spec.samples = 24;
+    spec.latent = {config.in_dim, 1, 4, 4};
+    spec.text_len = 5;
+    spec.text_dim = config.text_dim;
+    spec.seed = 2;
+    data::write_synthetic_dataset(spec);
+    info = data::validate_dataset(spec.output, {});
+    plan.batch_per_student = 3;
+    plan.eval_messages = 2;
+    plan.train_steps = 10;
+    plan.latent = info.latent_shape;
+  }
+  TeacherStage stage(const std::string& name = "teacher") const {
+    StageLoad how;
+    how.dtype = torch::kFloat;
+    how.blocks = {0, config.num_layers};
+    std::vector<StageModel> models;
+    models.push_back(load_stage_model(WanCheckpoint::open(dir.str(name)), how));
+    return TeacherStage(std::move(models), nullptr, how.blocks, {});
+  }
+};
+
+TrajectorySpec spec(std::int64_t teacher_steps, std::int64_t k, const std::string& solver = "unipc",
+                    double shift = 3.0) {
+  return {solver, teacher_steps, k, shift};
+}
+
+/// One pair's training sample: the state, its t, the target velocity and the context.
+struct Pair {
+  torch::Tensor x, t, v, context;
+};
+
+/// Every pair of round 0, keyed by (trajectory, interval), read from the round's k batches.
+std::map<std::pair<std::int64_t, std::int64_t>, Pair> round_pairs(TrajectoryRounds& rounds, std::int64_t B,
+                                                                  std::int64_t k, bool eval = false) {
+  std::map<std::pair<std::int64_t, std::int64_t>, Pair> pairs;
+  for (std::int64_t slot = 0; slot < k; ++slot) {
+    const auto b = rounds.batch(slot, eval);
+    for (std::int64_t s = 0; s < B; ++s) {
+      const auto key = rounds.pair_at(0, eval, slot * B + s);
+      EXPECT_TRUE(pairs.count(key) == 0) << "pair (" << key.first << "," << key.second << ") dealt twice";
+      pairs[key] = {b.x_t[s], b.t[s], b.out[s], b.context[s]};
+    }
+  }
+  return pairs;
+}
+
+TEST(Trajectory, StudentSigmasArePointsOfTheTeachersScheduleAndTheOfficialKStepOne) {
+  const auto s = spec(40, 4);
+  const auto teacher = s.teacher_sigmas(), student = s.student_sigmas();
+  ASSERT_EQ(student.size(), 5u);
+  for (std::size_t i = 0; i <= 4; ++i) EXPECT_EQ(student[i], teacher[i * 10]);
+  const auto official = data::sampling_sigmas(4, 3.0);
+  for (std::size_t i = 0; i <= 4; ++i) EXPECT_DOUBLE_EQ(student[i], official[i]);
+  ConfigProblems p;
+  spec(30, 4).validate(p);
+  spec(40, 4, "heun").validate(p);
+  try {
+    p.throw_if_any("t");
+    FAIL() << "bad trajectory specs were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "teacher.steps(30) must be a multiple of student.steps(4)")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "teacher.solver(heun) must be euler or unipc")) << e.what();
+  }
+}
+
+TEST(Trajectory, JumpsChainIntoTheGuidedTeachersOwnSampledPath) {
+  Fixture f;
+  auto stage = f.stage();
+  stage.set_guidance(2.5);
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 3, 1, 9);
+  const std::int64_t B = 3, k = 4;
+  const auto s = spec(8, k);
+  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  const auto pairs = round_pairs(rounds, B, k);
+  ASSERT_EQ(pairs.size(), static_cast<std::size_t>(B * k));  // every pair once
+  const auto sigmas = s.student_sigmas();
+  const auto contexts = reader.read(schedule.indices(0, 0));
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t i = 0; i < k; ++i) {
+      const auto& p = pairs.at({b, i});
+      EXPECT_FLOAT_EQ(p.t.item<float>(), static_cast<float>(1000 * sigmas[static_cast<std::size_t>(i)]));
+      EXPECT_TRUE(torch::equal(p.context, contexts.context[b])) << "trajectory " << b;
+      if (i + 1 < k) {  // the jump lands on the next interval's state
+        const auto landed = p.x + (sigmas[static_cast<std::size_t>(i + 1)] - sigmas[static_cast<std::size_t>(i)]) * p.v;
+        EXPECT_TRUE(torch::allclose(landed, pairs.at({b, i + 1}).x, 1e-5, 1e-5)) << "(" << b << "," << i << ")";
+      }
+    }
+    // An independent loop: the same teacher, one trajectory at a time, the whole teacher schedule.
+    const auto& last = pairs.at({b, k - 1});
+    const auto end = last.x + (0.0 - sigmas[static_cast<std::size_t>(k - 1)]) * last.v;
+    const auto want = data::sample_flow(s.solver, s.teacher_sigmas(), pairs.at({b, 0}).x.unsqueeze(0),
+                                        [&](const torch::Tensor& x, double sigma) {
+                                          StageBatch one;
+                                          one.x_t = x;
+                                          one.t = torch::full({1}, static_cast<float>(sigma * 1000));
+                                          one.context = contexts.context.slice(0, b, b + 1);
+                                          one.context_lens = contexts.context_lens.slice(0, b, b + 1);
+                                          stage.run(one);
+                                          return one.out;
+                                        });
+    EXPECT_TRUE(torch::allclose(end, want[0], 1e-4, 1e-4)) << "trajectory " << b << ": max diff "
+                                                           << (end - want[0]).abs().max().item<float>();
+    EXPECT_GT((pairs.at({b, 0}).x - want[0]).abs().max().item<float>(), 0.1);  // it did move
+  }
+}
+
+TEST(Trajectory, BatchesMixIntervalsAndTrajectoriesAndDependOnTheirPositionOnly) {
+  Fixture f;
+  auto stage = f.stage();
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 4, 1, 9);
+  const std::int64_t B = 4, k = 2;
+  TrajectoryRounds sequential({stage, reader, schedule, f.plan, spec(4, k, "euler"), 0, 1, B, kTrain, 9});
+  std::vector<StageBatch> seen;
+  for (std::int64_t pos = 0; pos < 6; ++pos) seen.push_back(sequential.batch(pos, false));
+  // A resumed run starts mid-round: its own object recomputes the round.
+  TrajectoryRounds resumed({stage, reader, schedule, f.plan, spec(4, k, "euler"), 0, 1, B, kTrain, 9});
+  for (std::int64_t pos : {5, 3}) {
+    const auto b = resumed.batch(pos, false);
+    EXPECT_TRUE(torch::equal(b.x_t, seen[static_cast<std::size_t>(pos)].x_t)) << "position " << pos;
+    EXPECT_TRUE(torch::equal(b.out, seen[static_cast<std::size_t>(pos)].out)) << "position " << pos;
+  }
+  // Over several rounds the deal puts more than one interval into some batch.
+  bool mixed = false;
+  for (std::int64_t round = 0; round < 3; ++round) {
+    for (std::int64_t slot = 0; slot < k; ++slot) {
+      std::set<std::int64_t> intervals;
+      for (std::int64_t s = 0; s < B; ++s) intervals.insert(sequential.pair_at(round, false, slot * B + s).second);
+      mixed = mixed || intervals.size() > 1;
+    }
+  }
+  EXPECT_TRUE(mixed);
+  // Another round, another noise: the first states differ.
+  EXPECT_FALSE(torch::equal(seen[0].x_t, seen[2].x_t));
+}
+
+TEST(Trajectory, HeldOutRoundsUseTheHeldOutContexts) {
+  Fixture f;
+  auto stage = f.stage();
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 2, 1, 9);
+  const std::int64_t B = 2, k = 2;
+  TrajectoryRounds rounds({stage, reader, schedule, f.plan, spec(2, k, "euler"), 0, 1, B, kTrain, 9});
+  const auto pairs = round_pairs(rounds, B, k, true);
+  const auto held_out = reader.read(eval_indices(0, 0, B, 1, kTrain));
+  for (std::int64_t b = 0; b < B; ++b) {
+    EXPECT_TRUE(torch::equal(pairs.at({b, 0}).context, held_out.context[b])) << "trajectory " << b;
+  }
+  EXPECT_FALSE(torch::equal(rounds.batch(0, true).x_t, rounds.batch(0, false).x_t));
+}
+
+TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
+  Fixture f;
+  write_random_wan_checkpoint(f.dir.str("high"), f.config, torch::kFloat, 1ull << 20, 99);
+  StageLoad how;
+  how.dtype = torch::kFloat;
+  how.blocks = {0, f.config.num_layers};
+  std::vector<StageModel> models;
+  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("teacher")), how));
+  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("high")), how));
+  Router router = [](const torch::Tensor& t) {  // t >= 500: the high-noise expert
+    std::vector<std::vector<std::int64_t>> r(2);
+    for (std::int64_t i = 0; i < t.size(0); ++i) r[t[i].item<float>() >= 500 ? 1 : 0].push_back(i);
+    return r;
+  };
+  TeacherStage moe(std::move(models), router, how.blocks, {});
+  auto low = f.stage("teacher"), high = f.stage("high");
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 2, 1, 9);
+  const std::int64_t B = 2, k = 2;
+  const auto s = spec(4, k, "euler", 1.0);  // t = 999, 749.25, 499.5, 249.75: two forwards on each side
+  TrajectoryRounds rounds({moe, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  const auto pairs = round_pairs(rounds, B, k);
+  const auto contexts = reader.read(schedule.indices(0, 0));
+  const auto sigmas = s.teacher_sigmas();
+  for (std::int64_t b = 0; b < B; ++b) {
+    // `routed`: each forward by its own t; otherwise the low-noise expert throughout, which must
+    // land elsewhere (both experts matter).
+    const auto run = [&](bool routed) {
+      return data::sample_flow("euler", sigmas, pairs.at({b, 0}).x.unsqueeze(0), [&](const torch::Tensor& x, double sigma) {
+        StageBatch one;
+        one.x_t = x;
+        one.t = torch::full({1}, static_cast<float>(sigma * 1000));
+        one.context = contexts.context.slice(0, b, b + 1);
+        one.context_lens = contexts.context_lens.slice(0, b, b + 1);
+        (routed && sigma * 1000 >= 500 ? high : low).run(one);
+        return one.out;
+      });
+    };
+    const auto& last = pairs.at({b, k - 1});
+    const auto end = last.x - s.student_sigmas()[static_cast<std::size_t>(k - 1)] * last.v;
+    EXPECT_TRUE(torch::allclose(end, run(true)[0], 1e-4, 1e-4)) << "trajectory " << b;
+    EXPECT_FALSE(torch::allclose(end, run(false)[0], 1e-3, 1e-3)) << "trajectory " << b;
+  }
+}
+
+}  // namespace
+}  // namespace wd::teacher
