@@ -6,7 +6,8 @@
 # teacher) sampled with no guidance. Writes OUT_DIR/summary.json and prints a table.
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
 #        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
-#        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student)
+#        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
+#        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/${BUILD_DIR:-build}/src/app/wan-distill
@@ -58,6 +59,32 @@ if ((guided_steps > 0)); then
   fi
   "$bin" sample --teacher.checkpoint guided-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
     --guidance 1 --shift 3 --seed 7 --output rows/guided_student --runtime.threads 2 --log.level warn
+fi
+# Trajectory distillation: a copy of the teacher learns the jumps of the guided teacher's 40-step
+# UniPC paths between its own k σ (shift SHIFT_K), every trajectory from fresh noise, each of 2
+# ranks sampling its own (colocated); sampled with k Euler steps and no guidance. Every
+# TRAJ_EVERY steps a checkpoint's student is sampled too: the curve of error against trajectories.
+traj_steps=${TRAJ_STEPS:-1500}
+traj_every=${TRAJ_EVERY:-250}
+if ((traj_steps > 0)); then
+  if [[ -z ${SKIP_TRAJ:-} ]]; then
+    start=$SECONDS
+    mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
+      --run-dir traj-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
+      --train.objective trajectory --teacher.guidance "$g" --teacher.steps 40 --teacher.shift "$shift_k" \
+      --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
+      --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
+      --student.init teacher-blocks:0,1,2,3 --train.batch_size 16 --train.eval_samples 192 \
+      --train.steps "$traj_steps" --train.lr 2e-4 --train.warmup_steps 50 --train.log_every 50 \
+      --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1
+    echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
+  fi
+  for ck in traj-run/checkpoints/step-*; do
+    step=$((10#${ck##*step-}))
+    "$bin" sample --teacher.checkpoint "$ck/student" --data.path classes.h5 --samples "$held_out" --steps "$k" \
+      --guidance 1 --shift "$shift_k" --solver euler --seed 7 --output "rows/trajectory_student-$step" \
+      --runtime.threads 2 --log.level warn
+  done
 fi
 # Other noise, the same contexts: the reference's second sample set, so that a paired match
 # earns nothing against it.

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""An independent reference for train.objective trajectory's batches.
+
+tests/reference/dump_trajectory samples one round of 2 trajectories with the fixture teacher
+tests/fixtures/wan-tiny-a (guided, 6 steps cut into 3 student intervals, shift 3), once with UniPC
+and once with Euler, and dumps every (trajectory, interval) pair it would train on: the state x at
+the interval's start, its t and the target velocity v. Here diffusers recomputes each trajectory
+from the dump's own starting noise: WanTransformer3DModel with the same weights gives the
+conditional and the negative (zero) velocity in two forwards, combined by hand, and diffusers'
+UniPCMultistepScheduler (flow prediction, bh2, order 2) or FlowMatchEulerDiscreteScheduler steps
+the sample along the same σ. Every dumped state must equal diffusers' state at that σ, and every
+target must be the jump (x(σ_{i+1}) − x(σ_i)) / (σ_{i+1} − σ_i) of diffusers' path, to 1e-4
+relative.
+
+usage: test_trajectory_reference.py DUMP_FILE
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+try:
+    import torch
+    from safetensors.torch import load_file
+except ImportError as e:
+    sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
+
+from wd_test_support import check, diffusers_model, failures, padded_context  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+def scheduler_for(solver, sigmas):
+    """diffusers' scheduler for `solver`, set to the dump's σ (the teacher's schedule, ending at 0)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    steps = len(sigmas) - 1
+    if solver == "euler":
+        s = FlowMatchEulerDiscreteScheduler(shift=1.0)
+        s.set_timesteps(sigmas=sigmas[:-1].tolist())  # it appends the final 0
+    else:
+        s = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
+                                    solver_order=2, solver_type="bh2", predict_x0=True, lower_order_final=True,
+                                    final_sigmas_type="zero")
+        s.set_timesteps(steps)
+        s.sigmas = sigmas.to(torch.float32)
+        s.timesteps = (sigmas[:-1] * 1000).to(torch.float32)
+    return s
+
+
+def relative(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def main():
+    torch.set_num_threads(1)
+    dump = load_file(sys.argv[1])
+    fixture = ROOT / "tests" / "fixtures" / "wan-tiny-a"
+    cfg = json.loads((fixture / "config.json").read_text())
+    model = diffusers_model(cfg, load_file(fixture / "weights.safetensors"))
+    g = float(dump["guidance"][0])
+    cond_ctx = padded_context(dump["context"], dump["context_lens"], cfg["text_len"])
+    neg_ctx = torch.zeros_like(cond_ctx)
+
+    for solver in ("unipc", "euler"):
+        x, t, v = dump[f"{solver}.x"], dump[f"{solver}.t"], dump[f"{solver}.v"]
+        traj, interval = dump[f"{solver}.traj"].tolist(), dump[f"{solver}.interval"].tolist()
+        sigmas, grid = dump[f"{solver}.teacher_sigmas"], dump[f"{solver}.student_sigmas"]
+        k = len(grid) - 1
+        stride = (len(sigmas) - 1) // k
+        pairs = {(b, i): j for j, (b, i) in enumerate(zip(traj, interval))}
+        check(len(pairs) == len(traj) == 2 * k, f"{solver}: the round deals {len(traj)} pairs, {len(pairs)} distinct")
+        for b in sorted({b for b, _ in pairs}):
+            sched = scheduler_for(solver, sigmas)
+            sample = x[pairs[(b, 0)]][None].clone()  # the trajectory's starting noise
+            states = [sample]
+            with torch.no_grad():
+                for n, step_t in enumerate(sched.timesteps):
+                    tt = torch.tensor([float(sigmas[n]) * 1000], dtype=torch.float32)
+                    cond = model(sample, tt, cond_ctx[b:b + 1], return_dict=False)[0]
+                    neg = model(sample, tt, neg_ctx[b:b + 1], return_dict=False)[0]
+                    velocity = neg + g * (cond - neg)
+                    sample = sched.step(velocity, step_t, sample, return_dict=False)[0]
+                    if (n + 1) % stride == 0:
+                        states.append(sample)
+            for i in range(k):
+                j = pairs[(b, i)]
+                err_x = relative(x[j], states[i][0])
+                want_v = (states[i + 1][0] - states[i][0]) / float(grid[i + 1] - grid[i])
+                err_v = relative(v[j], want_v)
+                err_t = abs(float(t[j]) - 1000 * float(grid[i]))
+                print(f"{solver} trajectory {b} interval {i}: state {err_x:.2e}, jump {err_v:.2e} relative, "
+                      f"t {float(t[j]):.3f}")
+                check(err_x <= TOLERANCE, f"{solver} ({b},{i}): the state is {err_x:.2e} from diffusers'")
+                check(err_v <= TOLERANCE, f"{solver} ({b},{i}): the jump is {err_v:.2e} from diffusers'")
+                check(err_t <= 1e-3, f"{solver} ({b},{i}): t {float(t[j])} is not 1000 * {float(grid[i])}")
+    # Not by accident: the two samplers' paths differ, so each check above tells them apart.
+    apart = relative(dump["unipc.v"], dump["euler.v"])
+    check(apart > 100 * TOLERANCE, f"UniPC's and Euler's targets are only {apart:.2e} apart")
+    print("FAIL" if failures else "PASS")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

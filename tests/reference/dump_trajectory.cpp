@@ -1,0 +1,87 @@
+// dump_trajectory: train.objective trajectory's batches on the official-layout fixture teacher
+// tests/fixtures/wan-tiny-a, written for tests/python/test_trajectory_reference.py to recompute
+// with diffusers (WanTransformer3DModel guided by hand, its flow-match schedulers stepping the same
+// noise): one round of 2 trajectories, 6 guided teacher steps cut into 3 student intervals, shift
+// 3, once with the UniPC sampler and once with Euler. For each solver S the file holds S.x, S.t,
+// S.v (every pair of the round, in deal order), S.traj and S.interval (whose pair each is),
+// S.teacher_sigmas and S.student_sigmas; and the round's context, context_lens and guidance.
+// Usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "comm/stream_plan.hpp"
+#include "data/dataset_info.hpp"
+#include "data/dataset_reader.hpp"
+#include "data/synthetic_dataset.hpp"
+#include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "teacher/trajectory.hpp"
+
+int main(int argc, char** argv) {
+  using namespace wd;
+  if (argc != 4) {
+    std::cerr << "usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE\n";
+    return 2;
+  }
+  const std::string fixture = argv[1], work = argv[2];
+  constexpr double kGuidance = 3.5;
+  constexpr std::int64_t kB = 2, kTeacherSteps = 6, kK = 3;
+  const auto ck = WanCheckpoint::open(fixture + "/weights.safetensors", fixture + "/config.json");
+  const auto& cfg = ck.config();
+  // Contexts from a data set of the fixture's shapes (the teacher's math is what is checked).
+  data::SyntheticDatasetSpec spec;
+  spec.output = work + "/trajectory-data.h5";
+  spec.samples = 6;
+  spec.latent = {cfg.in_dim, 3, 8, 8};
+  spec.text_len = 8;
+  spec.text_dim = cfg.text_dim;
+  spec.seed = 4;
+  data::write_synthetic_dataset(spec);
+  const auto info = data::validate_dataset(spec.output, {});
+  data::DatasetReader reader(info);
+  const data::SampleSchedule schedule(4, kB, 1, 3);
+  comm::StreamPlan plan;
+  plan.batch_per_student = kB;
+  plan.latent = info.latent_shape;
+  teacher::StageLoad how;
+  how.dtype = torch::kFloat;
+  how.blocks = {0, cfg.num_layers};
+  std::vector<teacher::StageModel> models;
+  models.push_back(teacher::load_stage_model(ck, how));
+  teacher::TeacherStage stage(std::move(models), nullptr, how.blocks, {});
+  stage.set_guidance(kGuidance);  // zeros as the negative context
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const std::string solver : {"unipc", "euler"}) {
+    const teacher::TrajectorySpec s{solver, kTeacherSteps, kK, 3.0};
+    teacher::TrajectoryRounds rounds({stage, reader, schedule, plan, s, 0, 1, kB, 4, 3});
+    std::vector<torch::Tensor> x, t, v;
+    std::vector<std::int64_t> traj, interval;
+    for (std::int64_t slot = 0; slot < kK; ++slot) {
+      const auto b = rounds.batch(slot, false);
+      x.push_back(b.x_t);
+      t.push_back(b.t);
+      v.push_back(b.out);
+      for (std::int64_t j = 0; j < kB; ++j) {
+        const auto [tr, i] = rounds.pair_at(0, false, slot * kB + j);
+        traj.push_back(tr);
+        interval.push_back(i);
+      }
+    }
+    out.emplace_back(solver + ".x", torch::cat(x));
+    out.emplace_back(solver + ".t", torch::cat(t));
+    out.emplace_back(solver + ".v", torch::cat(v));
+    out.emplace_back(solver + ".traj", torch::tensor(traj, torch::kLong));
+    out.emplace_back(solver + ".interval", torch::tensor(interval, torch::kLong));
+    out.emplace_back(solver + ".teacher_sigmas", torch::tensor(s.teacher_sigmas(), torch::kDouble));
+    out.emplace_back(solver + ".student_sigmas", torch::tensor(s.student_sigmas(), torch::kDouble));
+  }
+  const auto round = reader.read(schedule.indices(0, 0));
+  out.emplace_back("context", round.context);
+  out.emplace_back("context_lens", round.context_lens);
+  out.emplace_back("guidance", torch::tensor({kGuidance}));
+  std::map<std::string, torch::Tensor> tensors(out.begin(), out.end());
+  write_safetensors(argv[3], tensors, {{"producer", "dump_trajectory"}});
+  std::cout << "wrote " << argv[3] << "\n";
+  return 0;
+}
