@@ -1,9 +1,11 @@
 // train.objective launched for real under mpirun: `flow` trains a DiT on the data alone (no
 // teacher ranks), its held-out error falls, its result loads as a teacher, and a resumed run is
 // bit-identical to a straight one; `guided` trains on the guided target from a teacher rank and
-// from colocated teachers alike, and resumes exactly.
+// from colocated teachers alike, and resumes exactly; `trajectory` trains from a teacher rank and
+// from colocated teachers, and a run resumed mid-round is bit-identical to a straight one.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -81,7 +83,7 @@ TEST(Guided, ATeacherRankAndColocatedTeachersTrainAlike) {
   const auto dedicated = root() / "guided-dedicated", colocated = root() / "guided-colocated";
   auto r = test::launch_train(3, "--run-dir " + dedicated.string() + builtin_assets() + kGuided);
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("train.objective guided: the teacher sends v_neg + 4*(v_cond - v_neg)"), std::string::npos)
+  EXPECT_NE(r.output.find("train.objective guided: the teacher's velocity is v_neg + 4*(v_cond - v_neg)"), std::string::npos)
       << r.output;
   r = test::launch_train(2, "--run-dir " + colocated.string() + builtin_assets() + kGuided +
                                 " --teacher.placement colocated");
@@ -104,6 +106,43 @@ TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
                                 (straight / "checkpoints" / "step-00000006").string());
   ASSERT_EQ(r.code, 0) << r.output;
   test::expect_resumed_exactly(straight, resumed, 12, 6);
+}
+
+// 6 guided UniPC teacher steps cut into 3 student intervals: a round is 3 transport steps.
+const std::string kTrajectory = " --train.objective trajectory --teacher.guidance 3 --teacher.steps 6 --student.steps 3"
+                                " --teacher.shift 3 --teacher.compute fp32 --train.steps 8 --train.log_every 1"
+                                " --train.seed 5 --train.eval_samples 12";
+
+TEST(Trajectory, AResumedRunIsBitIdenticalToAStraightOneFromMidRound) {
+  const auto straight = root() / "trajectory-straight", resumed = root() / "trajectory-resumed";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + kTrajectory +
+                                     " --checkpoint.every 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.objective trajectory: the teacher samples 6 unipc steps (shift 3) from seeded noise; "
+                          "the student learns the jumps between its 3 σ, 4 teacher forwards a trained sample"),
+            std::string::npos)
+      << r.output;
+  // Step 4 is the second position of a round (rounds of 3): the resumed teacher recomputes it.
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + kTrajectory + " --resume " +
+                                (straight / "checkpoints" / "step-00000004").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 8, 4);
+}
+
+TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectories) {
+  const auto dir = root() / "trajectory-colocated";
+  auto r = test::launch_train(2, "--run-dir " + dir.string() + builtin_assets() + kTrajectory +
+                                     " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto l = losses(dir);
+  ASSERT_EQ(l.size(), 8u) << r.output;
+  for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << x;
+  // The trajectory target is not the velocity one: the same job with velocity trains differently.
+  r = test::launch_train(2, "--run-dir " + (root() / "trajectory-velocity").string() + builtin_assets() +
+                                " --teacher.compute fp32 --train.steps 8 --train.log_every 1 --train.seed 5"
+                                " --train.eval_samples 12 --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(losses(root() / "trajectory-velocity"), l);
 }
 
 }  // namespace

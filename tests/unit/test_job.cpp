@@ -282,6 +282,30 @@ TEST(JobStartup, GuidedNeedsTheWholeTeacherAndAReadableNegative) {
   }
 }
 
+TEST(JobStartup, TrajectoryNeedsTheWholeTeacherAndAlignedSchedules) {
+  auto message = error_of<ConfigError>([] {
+    start_as_train(config(tiny("--train.objective trajectory --teacher.placement shard --teacher.ranks 2")), 4);
+  });
+  EXPECT_TRUE(test::contains(message, "train.objective trajectory samples with the whole teacher on one rank"))
+      << message;
+  message = error_of<ConfigError>([] {
+    config(tiny("--train.objective trajectory --teacher.steps 10 --student.steps 4 --teacher.solver heun")).validate();
+  });
+  EXPECT_TRUE(test::contains(message, "teacher.steps(10) must be a multiple of student.steps(4)")) << message;
+  EXPECT_TRUE(test::contains(message, "teacher.solver(heun) must be euler or unipc")) << message;
+  // The teacher's forwards a trained sample: guided 2 x 40 / 4; unguided 40 / 4; guided objective 2.
+  EXPECT_DOUBLE_EQ(config(tiny("--train.objective trajectory --teacher.guidance 3")).teacher_forwards(), 20.0);
+  EXPECT_DOUBLE_EQ(config(tiny("--train.objective trajectory --teacher.guidance 1 --student.steps 2")).teacher_forwards(),
+                   20.0);
+  EXPECT_DOUBLE_EQ(config(tiny("--train.objective guided")).teacher_forwards(), 2.0);
+  EXPECT_DOUBLE_EQ(config(tiny("")).teacher_forwards(), 1.0);
+  for (const char* placement : {"cpu", "stream", "colocated"}) {
+    EXPECT_NO_THROW(start_as_train(
+        config(tiny(std::string("--train.eval_samples 12 --train.objective trajectory --teacher.placement ") + placement)), 3))
+        << placement;
+  }
+}
+
 TEST(JobStartup, ANewRunResumesAtStepZero) {
   test::TempDir dir("job-resume");
   const auto cfg = config(tiny("--checkpoint.dir " + dir.str("ckpt") + " --resume auto"));
