@@ -181,6 +181,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.student = in.student;
   s.tokens = in.tokens;
   s.teacher_forwards = cfg.teacher_forwards();  // guided: [cond; neg]; trajectory: teacher.steps / student.steps
+  s.whole_teacher = cfg.train.guided() || cfg.train.trajectory();  // no shard stages (check_job)
   s.context_len = in.context_len;
   s.batch = in.batch;
   s.prefetch_depth = in.prefetch_depth;

@@ -154,6 +154,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.context_len = tc.text_len;  // the model pads every context to text_len
   in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
   in.teacher_forwards = cfg.teacher_guided() ? 2 : 1;  // [cond; neg] as one batch
+  in.whole_teacher = cfg.train.guided() || cfg.train.trajectory();
   in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
   in.prefetch_depth = cfg.comm.prefetch_depth;
   in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;

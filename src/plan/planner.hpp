@@ -42,9 +42,11 @@ struct PlanInput {
   std::int64_t tokens = 0;                 ///< tokens per sample: F/pt * H/ph * W/pw
   std::int64_t context_len = 0;            ///< text rows after padding (the teacher's text_len)
   std::int64_t feature_blocks = 0;         ///< teacher blocks whose hidden states are sent
-  /// Samples a teacher forward carries per trained sample: 2 for train.objective guided (the
+  /// Samples a teacher forward carries per trained sample: 2 for a guided teacher (the
   /// conditional and the negative half of one batch), else 1.
   std::int64_t teacher_forwards = 1;
+  /// The objective needs the whole teacher on one rank (guided, trajectory): shard does not fit.
+  bool whole_teacher = false;
   std::int64_t message_bytes = 0;          ///< one student message on the wire (MessageSpec + header)
   std::int64_t prefetch_depth = 2;         ///< comm.prefetch_depth
   std::int64_t eval_messages = 0;          ///< held-out messages each student keeps a copy of

@@ -232,7 +232,7 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
   out.push_back(predict(colocated, in, tS));
   for (int t = 1; t < in.ranks; ++t) {
     const int s = in.ranks - t;
-    for (int stages = 1; stages <= t; ++stages) {
+    for (int stages = 1; stages <= (in.whole_teacher ? 1 : t); ++stages) {
       if (t % stages != 0 || stages > in.teacher.num_layers) continue;
       const int replicas = t / stages;
       if (s % replicas != 0) continue;  // Layout::make's rule: students divide among replicas

@@ -56,8 +56,11 @@ struct SpeedInput {
   /// up to its replica's batch (teacher.micro_batch), instead of teacher_measured_s.
   std::vector<std::pair<std::int64_t, double>> teacher_measured_by_size;
   /// Teacher forwards per trained sample (train.objective: velocity 1, guided 2: the
-  /// conditional and the negative); the teacher's seconds per sample scale with it.
+  /// conditional and the negative; trajectory (2 when guided)·teacher.steps/student.steps); the
+  /// teacher's seconds per sample scale with it.
   double teacher_forwards = 1;
+  /// The objective needs the whole teacher on one rank (guided, trajectory): no shard stages.
+  bool whole_teacher = false;
   /// Steps a teacher may run ahead of its consumers (comm.prefetch_depth ring slots).
   std::int64_t prefetch_depth = 2;
   /// Fixed seconds per rank and job step (kStepOverheadSeconds).

@@ -132,6 +132,10 @@ TEST(Planner, TeacherWeightsAndTransportPerPlacement) {
   guided.teacher_forwards = 2;
   EXPECT_EQ(placement(make_plan(guided), Placement::kGpu).teacher.at(kTeacherActivations).device,
             teacher_activation_bytes(in, 6));
+  // guided and trajectory need the whole teacher on one rank: shard does not fit them.
+  guided.whole_teacher = true;
+  EXPECT_FALSE(placement(make_plan(guided), Placement::kShard).fits);
+  EXPECT_NE(placement(make_plan(guided), Placement::kShard).why_not.find("the whole teacher on one rank"), std::string::npos);
   // Broadcast: one message per slot.
   in.broadcast = true;
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).teacher.at(kTransportBuffers).device, 2 * 1000u);
@@ -251,7 +255,12 @@ TEST(Speed, RatesOrMeasuredSecondsGiveTheSecondsPerSample) {
   EXPECT_EQ(student_seconds_per_sample(in), 0.125);
   in.teacher_measured_by_size = {{4, 0.2}, {2, 0.3}};
   EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.4);
+  // train.objective trajectory, guided, 40 teacher steps for 4 student intervals: 20 forwards.
+  in.teacher_forwards = 20;
+  in.teacher_measured_by_size.clear();
+  EXPECT_EQ(teacher_seconds_per_sample(in), 5.0);
 }
+
 
 /// The `small` job's shapes on 3 ranks sharing 2 cores, batch 2, a student step of 0.15 s/sample.
 SpeedInput small_job_on_two_cores() {
@@ -397,6 +406,16 @@ TEST(Speed, AHeavyTeacherOnADeviceEachIsRankedByItsSlowestRank) {
   EXPECT_EQ(ranked.back().name, "1 teacher(s) + 3 student(s)");
   EXPECT_NEAR(ranked.back().samples_per_s, 1.0, 1e-9);
   EXPECT_EQ(ranked.back().bound, "teacher");
+}
+
+TEST(PlannerSpeed, AWholeTeacherObjectiveListsNoShardStages) {
+  auto in = small_job_on_two_cores();
+  in.ranks = 5;
+  bool staged = false;
+  for (const auto& l : predict_layouts(in)) staged = staged || l.stages > 1;
+  EXPECT_TRUE(staged);
+  in.whole_teacher = true;
+  for (const auto& l : predict_layouts(in)) EXPECT_EQ(l.stages, 1) << l.name;
 }
 
 }  // namespace
