@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "eval/conditions.hpp"
 #include "data/classes.hpp"
 #include "model/negative_context.hpp"
 #include "job/plan_input.hpp"
@@ -18,6 +19,7 @@
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/sampling_model.hpp"
 #include "model/wan_experts.hpp"
 
 namespace wd::app {
@@ -25,9 +27,6 @@ namespace wd::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr std::uint64_t kSampleNoiseStream = 11;
-constexpr std::uint64_t kSampleContextStream = 12;
 
 struct SampleConfig {
   std::string teacher;
@@ -98,113 +97,6 @@ struct SampleConfig {
   }
 };
 
-/// One model's velocity: the teacher (one or two experts) or a student with its channel
-/// projections (distill_heads/heads.safetensors) when its channels differ from the teacher's.
-struct Velocity {
-  std::vector<WanDiT> models;
-  std::optional<WanExperts> experts;  // the teacher
-  std::map<std::string, torch::Tensor> heads;
-
-  torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const {
-    if (!heads.count(name + ".weight")) return x;
-    auto y = torch::matmul(x.movedim(1, -1), heads.at(name + ".weight").t());
-    if (heads.count(name + ".bias")) y = y + heads.at(name + ".bias");
-    return y.movedim(-1, 1);
-  }
-  torch::Tensor operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
-                           const torch::Tensor& lens) {
-    const auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
-    const auto in = WanInputs::batched(over_channels("in_proj", x), t, context, lens);
-    auto out = experts ? experts_forward(models, *experts, in) : models.front()->forward(in);
-    return over_channels("out_proj", torch::stack(out).to(torch::kFloat));
-  }
-};
-
-struct Conditions {
-  torch::Tensor noise, context, lens, negative;
-  std::vector<std::int64_t> indices;
-};
-
-/// "0,3,7" or "10-15,20" into sample indices, each in [0, n).
-std::vector<std::int64_t> parse_indices(const std::string& text, std::int64_t n) {
-  std::vector<std::int64_t> out;
-  std::stringstream in(text);
-  std::string item;
-  const auto index = [&](const std::string& word, const std::string& item) {
-    std::size_t used = 0;
-    std::int64_t v = -1;
-    try {
-      v = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    WD_CHECK_AS(ConfigError, used == word.size() && !word.empty() && v >= 0 && v < n,
-                "samples(" << text << "): '" << item << "' is not a sample index or range a-b in 0.." << n - 1);
-    return v;
-  };
-  while (std::getline(in, item, ',')) {
-    const auto dash = item.find('-');
-    if (dash == std::string::npos) {
-      out.push_back(index(item, item));
-      continue;
-    }
-    const auto first = index(item.substr(0, dash), item), last = index(item.substr(dash + 1), item);
-    WD_CHECK_AS(ConfigError, first <= last, "samples(" << text << "): range '" << item << "' runs backwards");
-    for (auto v = first; v <= last; ++v) out.push_back(v);
-  }
-  WD_CHECK_AS(ConfigError, !out.empty(), "samples(" << text << ") names no sample");
-  return out;
-}
-
-Conditions make_conditions(const SampleConfig& cfg, const WanConfig& tc, const c10::Device& device) {
-  Conditions c;
-  std::array<std::int64_t, 3> fhw{};
-  if (!cfg.data_path.empty()) {
-    const auto info = data::validate_dataset(cfg.data_path, job::dataset_expectations(tc));
-    c.indices = parse_indices(cfg.samples, info.samples);
-    data::DatasetReader reader(info);
-    const auto batch = reader.read(c.indices);
-    c.context = batch.context;
-    c.lens = batch.context_lens;
-    fhw = {info.latent_shape[1], info.latent_shape[2], info.latent_shape[3]};
-  } else {
-    const auto d = parse_dims(cfg.latent, 3, "latent");
-    fhw = {d[0], d[1], d[2]};
-    std::vector<torch::Tensor> ctx;
-    for (std::int64_t b = 0; b < cfg.count; ++b) {
-      c.indices.push_back(b);
-      auto gen = at::detail::createCPUGenerator(data::hash_keys(cfg.seed, kSampleContextStream, b));
-      ctx.push_back(torch::randn({tc.text_len, tc.text_dim}, gen));
-    }
-    c.context = torch::stack(ctx);
-    c.lens = torch::full({cfg.count}, tc.text_len, torch::kLong);
-  }
-  std::vector<torch::Tensor> noise;
-  for (const auto i : c.indices) {
-    auto gen = at::detail::createCPUGenerator(data::hash_keys(cfg.seed, kSampleNoiseStream, i));
-    noise.push_back(torch::randn({tc.out_dim, fhw[0], fhw[1], fhw[2]}, gen));
-  }
-  c.noise = torch::stack(noise);
-  const auto B = c.noise.size(0);
-  if (cfg.negative.empty()) {
-    c.negative = torch::zeros_like(c.context);
-  } else {
-    const auto neg = load_negative_context(cfg.negative, tc.text_dim).unsqueeze(0);
-    c.negative = neg.expand({B, neg.size(1), neg.size(2)}).contiguous();
-  }
-  // One width for the batched [cond; uncond] forward; the lengths keep each context's own rows.
-  const auto width = std::max(c.context.size(1), c.negative.size(1));
-  c.context = torch::constant_pad_nd(c.context, {0, 0, 0, width - c.context.size(1)});
-  const auto neg_rows = c.negative.size(1);
-  c.negative = torch::constant_pad_nd(c.negative, {0, 0, 0, width - neg_rows});
-  const auto neg_lens = torch::full({B}, neg_rows, torch::kLong);
-  c.noise = c.noise.to(device);
-  c.context = c.context.to(device);
-  c.negative = c.negative.to(device);
-  c.lens = torch::cat({c.lens, neg_lens});  // [cond; uncond] rows for one batched forward
-  return c;
-}
-
 nlohmann::json stats_json(const data::ChannelStats& s) { return {{"mean", s.mean}, {"std", s.std}}; }
 
 std::string show_channels(const std::vector<double>& v) {
@@ -215,31 +107,17 @@ std::string show_channels(const std::vector<double>& v) {
 }
 
 /// The teacher (one or two experts) and, with --student, the student with its projections.
-std::pair<Velocity, std::optional<Velocity>> load_models(const SampleConfig& cfg, const c10::Device& device) {
+std::pair<SamplingModel, std::optional<SamplingModel>> load_models(const SampleConfig& cfg, const c10::Device& device) {
   const std::optional<c10::ScalarType> dtype =
       cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
-  Velocity teacher;
-  teacher.experts = WanExperts::open(cfg.teacher, cfg.boundary > 0 ? std::optional<double>(cfg.boundary) : std::nullopt);
-  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
-  const auto& tc = teacher.experts->config();
-  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sample: i2v teachers need image conditioning (y), not supported");
-  spdlog::info("teacher: {}", tc.summary());
+  auto teacher = load_sampling_teacher(cfg.teacher, cfg.boundary, dtype, device);
   if (cfg.student.empty()) return {std::move(teacher), std::nullopt};
-  Velocity student;
-  const auto ck = WanCheckpoint::open(cfg.student);
-  student.models.push_back(load_wan_dit(ck, dtype, device));
-  const auto heads = fs::path(cfg.student) / "distill_heads" / "heads.safetensors";
-  if (fs::exists(heads)) {
-    const auto f = SafetensorsFile::open(heads.string());
-    for (const auto& info : f.tensors()) student.heads[info.name] = f.tensor(info.name, torch::kFloat, device);
-  }
-  spdlog::info("student: {}", ck.config().summary());
-  return {std::move(teacher), std::move(student)};
+  return {std::move(teacher), load_sampling_student(cfg.student, dtype, device)};
 }
 
 /// Compares the student's final latents with the teacher's, logs the statistics and the
 /// collapse verdict (a banner when collapsed) and records them in `report`.
-void check_collapse(const SampleConfig& cfg, const Conditions& cond, const torch::Tensor& xt, const torch::Tensor& xs,
+void check_collapse(const SampleConfig& cfg, const eval::SamplingConditions& cond, const torch::Tensor& xt, const torch::Tensor& xs,
                     nlohmann::json& report) {
   // What the sampler added to the noise: a student that predicts no velocity leaves the noise
   // in place (final latents with the noise's std) and shows up here instead.
@@ -269,7 +147,7 @@ void check_collapse(const SampleConfig& cfg, const Conditions& cond, const torch
 /// With a `classes` data set (make-dataset --kind classes): how many of each model's final
 /// latents show their sample's class, and strictly (best-shift cosine >= 0.95), logged and in
 /// `report`.
-void report_classes(const SampleConfig& cfg, const Conditions& cond, const TensorMap& finals, nlohmann::json& report) {
+void report_classes(const SampleConfig& cfg, const eval::SamplingConditions& cond, const TensorMap& finals, nlohmann::json& report) {
   if (cfg.data_path.empty()) return;
   const auto classes = data::read_dataset_classes(cfg.data_path);
   if (!classes.present()) return;
@@ -307,13 +185,11 @@ int run_sample(const std::vector<std::string>& args) {
   cfg.runtime.apply();
   const c10::Device device(cfg.device);
   auto [teacher, student] = load_models(cfg, device);
-  const auto cond = make_conditions(cfg, teacher.experts->config(), device);
+  const auto cond = eval::make_conditions({cfg.data_path, cfg.samples, cfg.latent, cfg.count, cfg.seed, cfg.negative},
+                                         teacher.experts->config(), device);
   const auto sigmas = data::sampling_sigmas(cfg.steps, cfg.shift);
-  const auto guided = [&](Velocity& model, const torch::Tensor& x, double sigma) {
-    torch::NoGradGuard no_grad;
-    if (cfg.guidance == 1.0) return model(x, sigma, cond.context, cond.lens.slice(0, 0, x.size(0)));
-    const auto both = model(torch::cat({x, x}), sigma, torch::cat({cond.context, cond.negative}), cond.lens);
-    return data::guide(both.slice(0, 0, x.size(0)), both.slice(0, x.size(0)), cfg.guidance);
+  const auto guided = [&](SamplingModel& model, const torch::Tensor& x, double sigma) {
+    return model.guided(x, sigma, cond.context, cond.negative, cond.lens, cfg.guidance);
   };
 
   // Both trajectories side by side from the same noise, one step of each at a time.

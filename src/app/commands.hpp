@@ -20,6 +20,7 @@ int run_plan(const std::vector<std::string>& args);
 int run_make_dataset(const std::vector<std::string>& args);
 int run_layout(const std::vector<std::string>& args);
 int run_sample(const std::vector<std::string>& args);
+int run_evaluate(const std::vector<std::string>& args);
 
 /// Prints "usage: ...", a short description and the options table (with real defaults).
 void print_help(const std::string& usage, const std::string& about, const OptionTable& table);

@@ -164,4 +164,35 @@ std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count,
   return dims;
 }
 
+std::vector<std::int64_t> parse_indices(const std::string& text, std::int64_t n, const std::string& option) {
+  std::vector<std::int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  const auto index = [&](const std::string& word, const std::string& item) {
+    std::size_t used = 0;
+    std::int64_t v = -1;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    WD_CHECK_AS(ConfigError, used == word.size() && !word.empty() && v >= 0 && v < n,
+                option << "(" << text << "): '" << item << "' is not a sample index or range a-b in 0.." << n - 1);
+    return v;
+  };
+  while (std::getline(in, item, ',')) {
+    const auto dash = item.find('-');
+    if (dash == std::string::npos) {
+      out.push_back(index(item, item));
+      continue;
+    }
+    const auto first = index(item.substr(0, dash), item), last = index(item.substr(dash + 1), item);
+    WD_CHECK_AS(ConfigError, first <= last, option << "(" << text << "): range '" << item << "' runs backwards");
+    for (auto v = first; v <= last; ++v) out.push_back(v);
+  }
+  WD_CHECK_AS(ConfigError, !out.empty(), option << "(" << text << ") names no sample");
+  return out;
+}
+
+
 }  // namespace wd

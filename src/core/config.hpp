@@ -142,4 +142,8 @@ std::uint64_t parse_size(const std::string& text, const std::string& option);
 /// Parses "a,b,c" into exactly `count` positive integers; throws wd::ConfigError naming `option`.
 std::vector<std::int64_t> parse_dims(const std::string& text, std::size_t count, const std::string& option);
 
+/// Parses "0,3,7" or "10-15,20" into sample indices, each in [0, n); throws wd::ConfigError
+/// naming `option` otherwise.
+std::vector<std::int64_t> parse_indices(const std::string& text, std::int64_t n, const std::string& option = "samples");
+
 }  // namespace wd

@@ -48,7 +48,10 @@ Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& p
   const auto p_norm = p.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(0);  // [1,K,F]
   const auto cosine = (best / (x_norm * p_norm).clamp_min(1e-12)).mean(2);  // [B,K]
   const auto [value, index] = cosine.max(1);
-  return {index, value};
+  // Where the best class sits: the arg-max shift of its correlation in the first frame.
+  const auto first = corr.select(2, 0).flatten(2);  // [B,K,H*W]
+  const auto at = std::get<1>(first.gather(1, index.view({-1, 1, 1}).expand({-1, 1, first.size(2)})).squeeze(1).max(1));
+  return {index, value, cosine, torch::stack({at.div(w, "floor"), at.remainder(w)}, 1)};
 }
 
 ClassAccuracy class_accuracy(const Classified& got, const std::vector<std::int64_t>& wanted, double strict_cosine) {

@@ -24,8 +24,10 @@ DatasetClasses read_dataset_classes(const std::string& path);
 /// class and frame, the cosine similarity between the frame and the class's frame at the best
 /// circular shift in H and W (cross-correlation by FFT), averaged over frames.
 struct Classified {
-  torch::Tensor label;   ///< [B] int64, the best class
-  torch::Tensor cosine;  ///< [B] float32, its mean best-shift cosine
+  torch::Tensor label;    ///< [B] int64, the best class
+  torch::Tensor cosine;   ///< [B] float32, its mean best-shift cosine
+  torch::Tensor cosines;  ///< [B,K] float32, every class's mean best-shift cosine
+  torch::Tensor shift;    ///< [B,2] int64, the best class's best (dy, dx) shift in the first frame
 };
 Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& patterns);
 

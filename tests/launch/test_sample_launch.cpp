@@ -109,6 +109,54 @@ TEST(SampleLaunch, AClassesDataSetScoresEachModelsSamplesByClass) {
   EXPECT_NE(out.find("samples(5-3): range '5-3' runs backwards"), std::string::npos) << out;
 }
 
+// `evaluate` with the teacher as its own "student" at the reference's settings: every row is
+// wired to the model, steps, solver and guidance it names, so the student row equals the
+// reference exactly, teacher_at_k (Euler at k) equals it when the reference is Euler at k too,
+// the reference's Fréchet distance is the floor, and the class scores and the report are there.
+TEST(EvaluateLaunch, EachRowSamplesWhatItNamesAndTheReportHasEveryMeasure) {
+  const auto dir = test::fresh_dir("evaluate");
+  fs::create_directories(dir);
+  const auto data = (dir / "classes.h5").string();
+  auto [code, out] = cli("make-dataset --output " + data +
+                         " --kind classes --classes 3 --samples 14 --latent 16,1,8,8 --text-len 4 --text-dim 64");
+  ASSERT_EQ(code, 0) << out;
+  const auto teacher = (dir / "teacher").string();
+  std::tie(code, out) = cli("init-teacher --output " + teacher);
+  ASSERT_EQ(code, 0) << out;
+  const std::string common = "evaluate --teacher.checkpoint " + teacher + " --student " + teacher + " --data.path " +
+                             data + " --count 6 --teacher.guidance 2 --teacher.shift 3 --batch 4 --runtime.threads 1";
+  std::tie(code, out) = cli(common + " --teacher.steps 3 --teacher.solver euler --student.steps 3 --student.guidance 2"
+                                     " --output " + (dir / "out").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto report = nlohmann::json::parse(std::ifstream(dir / "out" / "report.json"));
+  EXPECT_EQ(report["samples"], nlohmann::json({8, 9, 10, 11, 12, 13}));  // the last 6: held out
+  const auto& rows = report["rows"];
+  for (const char* row : {"reference", "teacher_unguided", "teacher_at_k", "student"}) {
+    ASSERT_TRUE(rows.contains(row)) << row << "\n" << report.dump(2);
+    for (const char* key : {"paired_rel_mse", "paired_rel_mse_median", "frechet", "class_accuracy", "strict_accuracy",
+                            "collapsed"}) {
+      EXPECT_TRUE(rows[row].contains(key)) << row << "." << key;
+    }
+  }
+  EXPECT_EQ(rows["student"]["paired_rel_mse"].get<double>(), 0.0);
+  EXPECT_EQ(rows["teacher_at_k"]["paired_rel_mse"].get<double>(), 0.0);
+  EXPECT_GT(rows["teacher_unguided"]["paired_rel_mse"].get<double>(), 1e-4);  // guidance changes the path
+  EXPECT_DOUBLE_EQ(rows["reference"]["frechet"].get<double>(), report["frechet_floor"].get<double>());
+  EXPECT_GT(report["frechet_floor"].get<double>(), 0.0);  // other noise, other samples
+  EXPECT_TRUE(rows.contains("reference_other_noise"));
+  const auto latents = SafetensorsFile::open((dir / "out" / "latents.safetensors").string());
+  EXPECT_EQ(latents.tensor("student").size(0), 6);
+  // A student at fewer steps than the reference is no longer the reference.
+  std::tie(code, out) = cli(common + " --teacher.steps 4 --student.steps 2 --output " + (dir / "k2").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto k2 = nlohmann::json::parse(std::ifstream(dir / "k2" / "report.json"));
+  EXPECT_GT(k2["rows"]["teacher_at_k"]["paired_rel_mse"].get<double>(), 1e-4);
+  std::tie(code, out) = cli("evaluate --teacher.checkpoint " + teacher + " --data.path " + data + " --count 1 --batch 0");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("count(1) must be >= 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("batch(0) must be >= 1"), std::string::npos) << out;
+}
+
 /// The `teacher` tensor of a sample run's latents.safetensors.
 torch::Tensor teacher_latents(const fs::path& out) {
   return SafetensorsFile::open((out / "latents.safetensors").string()).tensor("teacher").clone();

@@ -1,0 +1,195 @@
+// The evaluation rows: sampling, scoring, the report (evaluate.hpp).
+#include "eval/evaluate.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "data/classes.hpp"
+#include "data/dataset_info.hpp"
+#include "data/flow_sampler.hpp"
+#include "eval/conditions.hpp"
+#include "eval/metrics.hpp"
+#include "model/safetensors.hpp"
+#include "model/sampling_model.hpp"
+
+namespace wd::eval {
+
+namespace fs = std::filesystem;
+
+void EvaluateConfig::bind(OptionTable& t) {
+  t.require("teacher.checkpoint", teacher, "the teacher: a folder WanCheckpoint reads, or a two-expert folder")
+      .bind("teacher.boundary", boundary, "two-expert teacher: boundary ratio (0 = the folder's or the model type's)")
+      .bind("student", student, "a student folder (RUN_DIR/student); empty = the teacher's rows only")
+      .require("data.path", data_path, "HDF5 data set whose contexts (and latent shape) are used")
+      .bind("samples", samples,
+            "data set sample indices, e.g. 4096-4287; empty = the last --count samples (what train holds out "
+            "with train.eval_samples >= count: never trained on)")
+      .bind("count", count, "samples per row when --samples is empty (192 or more: the paired error is heavy-tailed)")
+      .bind("seed", seed, "seed of the rows' noise (per sample index); the reference's second set uses seed + 1")
+      .bind("teacher.steps", teacher_steps, "the reference's sampling steps")
+      .bind("teacher.solver", teacher_solver, "the reference's sampler: unipc | euler")
+      .bind("teacher.guidance", teacher_guidance, "the reference's guidance scale g (teacher_at_k's too)")
+      .bind("teacher.shift", shift, "σ shift of every row's schedule")
+      .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
+      .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
+      .bind("negative", negative, "safetensors with `context` [L,text_dim]: the negative context; empty = zeros")
+      .bind("batch", batch, "samples per sampler batch")
+      .bind("collapse-ratio", collapse_ratio,
+            "a row is flagged collapsed when a channel's std falls below this fraction of the reference's")
+      .bind("output", output, "directory for report.json and latents.safetensors")
+      .bind("dtype", dtype, "weight dtype of the models: fp32 | bf16 | fp16 | auto (as stored)")
+      .bind("device", device, "cpu | cuda | cuda:N");
+  log.bind(t);
+  runtime.bind(t);
+}
+
+void EvaluateConfig::validate() const {
+  ConfigProblems p;
+  const auto show = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  p.check(count >= 2, "count(" + std::to_string(count) + ") must be >= 2 (a Fréchet distance needs two samples)");
+  p.check(teacher_steps >= 1, "teacher.steps(" + std::to_string(teacher_steps) + ") must be >= 1");
+  p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
+  p.check(teacher_solver == "unipc" || teacher_solver == "euler",
+          "teacher.solver(" + teacher_solver + ") must be unipc or euler");
+  p.check(teacher_guidance > 0, "teacher.guidance(" + show(teacher_guidance) + ") must be > 0");
+  p.check(student_guidance > 0, "student.guidance(" + show(student_guidance) + ") must be > 0");
+  p.check(shift > 0, "teacher.shift(" + show(shift) + ") must be > 0");
+  p.check(batch >= 1, "batch(" + std::to_string(batch) + ") must be >= 1");
+  p.check(collapse_ratio > 0 && collapse_ratio < 1, "collapse-ratio(" + show(collapse_ratio) + ") must be in (0, 1)");
+  p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
+  p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
+          "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
+  log.validate(p);
+  runtime.validate(p);
+  p.throw_if_any("evaluate");
+}
+
+namespace {
+
+/// One row: which model samples how.
+struct RowSpec {
+  std::string name;
+  SamplingModel* model;
+  std::int64_t steps;
+  std::string solver;
+  double guidance;
+  const SamplingConditions* cond;
+};
+
+/// The row's final latents, batch by batch, with progress and an ETA.
+torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
+  const auto sigmas = data::sampling_sigmas(row.steps, shift);
+  const auto n = row.cond->noise.size(0);
+  std::vector<torch::Tensor> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t lo = 0; lo < n; lo += batch) {
+    const auto part = row.cond->slice(lo, std::min(n, lo + batch));
+    out.push_back(data::sample_flow(row.solver, sigmas, part.noise, [&](const torch::Tensor& x, double sigma) {
+                    return row.model->guided(x, sigma, part.context, part.negative, part.lens, row.guidance);
+                  }).to(torch::kFloat).cpu());
+    const auto done = std::min(n, lo + batch);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("{}: {}/{} samples ({} {} steps, g {}), {:.0f} s, ETA {:.0f} s", row.name, done, n, row.steps,
+                 row.solver, row.guidance, s, s / static_cast<double>(done) * static_cast<double>(n - done));
+  }
+  return torch::cat(out);
+}
+
+std::vector<std::int64_t> wanted_classes(const data::DatasetClasses& classes, const std::vector<std::int64_t>& idx) {
+  std::vector<std::int64_t> wanted;
+  for (const auto i : idx) wanted.push_back(classes.labels.at(static_cast<std::size_t>(i)));
+  return wanted;
+}
+
+}  // namespace
+
+nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
+  const c10::Device device(cfg.device);
+  const std::optional<c10::ScalarType> dtype =
+      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+  auto teacher = load_sampling_teacher(cfg.teacher, cfg.boundary, dtype, device);
+  std::optional<SamplingModel> student;
+  if (!cfg.student.empty()) student = load_sampling_student(cfg.student, dtype, device);
+  const auto& tc = teacher.experts->config();
+  auto samples = cfg.samples;
+  if (samples.empty()) {
+    const auto info = data::validate_dataset(cfg.data_path, {});
+    WD_CHECK_AS(ConfigError, info.samples >= cfg.count,
+                "count(" << cfg.count << ") exceeds the " << info.samples << " samples of " << cfg.data_path);
+    samples = std::to_string(info.samples - cfg.count) + "-" + std::to_string(info.samples - 1);
+  }
+  const auto cond = make_conditions({cfg.data_path, samples, "", 0, cfg.seed, cfg.negative}, tc, device);
+  const auto other = make_conditions({cfg.data_path, samples, "", 0, cfg.seed + 1, cfg.negative}, tc, device);
+  const auto k = cfg.student_steps;
+  const double g = cfg.teacher_guidance;
+  std::vector<RowSpec> rows{{"reference", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &cond},
+                            {"reference_other_noise", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &other},
+                            {"teacher_unguided", &teacher, cfg.teacher_steps, cfg.teacher_solver, 1.0, &cond},
+                            {"teacher_at_k", &teacher, k, "euler", g, &cond}};
+  if (student) rows.push_back({"student", &*student, k, "euler", cfg.student_guidance, &cond});
+
+  TensorMap latents{{"noise", cond.noise.cpu()}};
+  for (const auto& row : rows) latents[row.name] = sample_row(row, cfg.shift, cfg.batch);
+  const auto classes = data::read_dataset_classes(cfg.data_path);
+  const auto features = [&](const torch::Tensor& x) { return latent_features(x, classes.patterns); };
+  const auto& ref = latents.at("reference");
+  const auto other_features = features(latents.at("reference_other_noise"));
+  nlohmann::json report{{"samples", cond.indices}, {"count", cond.indices.size()}, {"seed", cfg.seed},
+                        {"shift", cfg.shift}, {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", cfg.teacher_solver},
+                        {"teacher_guidance", g}, {"student_steps", k}, {"student_guidance", cfg.student_guidance},
+                        {"frechet_floor", frechet_distance(features(ref), other_features)}};
+  for (const auto& row : rows) {
+    if (row.name == "reference_other_noise") continue;
+    const auto& x = latents.at(row.name);
+    const auto paired = paired_error(x, ref);
+    const auto flat = collapsed_channels(x, ref, cfg.collapse_ratio);
+    nlohmann::json r{{"steps", row.steps}, {"solver", row.solver}, {"guidance", row.guidance},
+                     {"paired_rel_mse", paired.rel_mse}, {"paired_rel_mse_median", paired.median},
+                     {"frechet", frechet_distance(features(x), other_features)},
+                     {"collapsed", !flat.empty()}, {"collapsed_channels", flat}};
+    if (classes.present()) {
+      const auto acc = data::class_accuracy(data::classify_latents(x, classes.patterns), wanted_classes(classes, cond.indices));
+      r["class_accuracy"] = acc.class_accuracy;
+      r["strict_accuracy"] = acc.strict_accuracy;
+    }
+    report["rows"][row.name] = r;
+  }
+  if (classes.present()) {
+    const auto acc = data::class_accuracy(data::classify_latents(latents.at("reference_other_noise"), classes.patterns),
+                                          wanted_classes(classes, cond.indices));
+    report["rows"]["reference_other_noise"] = {{"class_accuracy", acc.class_accuracy},
+                                               {"strict_accuracy", acc.strict_accuracy}};
+  }
+  spdlog::info("{:<22} {:>14} {:>8} {:>9} {:>8} {:>9} {:>10}", "row", "paired rel MSE", "median", "Fréchet", "class %",
+               "strict %", "collapsed");
+  for (const auto& [name, r] : report["rows"].items()) {
+    if (!r.contains("paired_rel_mse")) continue;
+    const auto percent = [&r](const char* key) {
+      return r.contains(key) ? fmt::format("{:.1f}", 100 * r[key].get<double>()) : std::string("-");
+    };
+    spdlog::info("{:<22} {:>14.4f} {:>8.4f} {:>9.4f} {:>8} {:>9} {:>10}", name, r["paired_rel_mse"].get<double>(),
+                 r["paired_rel_mse_median"].get<double>(), r["frechet"].get<double>(), percent("class_accuracy"),
+                 percent("strict_accuracy"), r["collapsed"].get<bool>() ? "yes" : "no");
+  }
+  spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f}",
+               report["frechet_floor"].get<double>());
+  if (!cfg.output.empty()) {
+    fs::create_directories(cfg.output);
+    write_safetensors((fs::path(cfg.output) / "latents.safetensors").string(), latents,
+                      {{"producer", "wan-distill evaluate"}});
+    std::ofstream((fs::path(cfg.output) / "report.json").string()) << report.dump(2) << "\n";
+    spdlog::info("wrote {}", cfg.output);
+  }
+  return report;
+}
+
+}  // namespace wd::eval

@@ -1,0 +1,45 @@
+// `wan-distill evaluate`: a teacher and a few-step student sampled from the same held-out noises
+// and contexts, every row scored against the guided teacher (docs/objectives.md#evaluate).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+
+namespace wd::eval {
+
+struct EvaluateConfig {
+  std::string teacher;
+  double boundary = 0.0;
+  std::string student;
+  std::string data_path;
+  std::string samples;     ///< empty: the last `count` samples of the data set (the held-out ones)
+  std::int64_t count = 192;
+  std::uint64_t seed = 7;  ///< the rows' noise; the reference's second set draws from seed + 1
+  std::int64_t teacher_steps = 40;
+  std::string teacher_solver = "unipc";
+  double teacher_guidance = 5.0;
+  double shift = 5.0;
+  std::int64_t student_steps = 4;
+  double student_guidance = 1.0;
+  std::string negative;
+  std::int64_t batch = 32;
+  double collapse_ratio = 0.5;
+  std::string output;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  LogConfig log;
+  RuntimeConfig runtime;
+
+  void bind(OptionTable& t);
+  void validate() const;
+};
+
+/// Samples every row, writes OUTPUT/report.json and OUTPUT/latents.safetensors (when `output` is
+/// set) and returns the report.
+nlohmann::json run_evaluation(const EvaluateConfig& cfg);
+
+}  // namespace wd::eval

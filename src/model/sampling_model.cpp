@@ -1,0 +1,63 @@
+// SamplingModel: teacher and student velocities for the samplers (sampling_model.hpp).
+#include "model/sampling_model.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "core/errors.hpp"
+#include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
+
+namespace wd {
+
+torch::Tensor SamplingModel::over_channels(const std::string& name, const torch::Tensor& x) const {
+  if (!heads.count(name + ".weight")) return x;
+  auto y = torch::matmul(x.movedim(1, -1), heads.at(name + ".weight").t());
+  if (heads.count(name + ".bias")) y = y + heads.at(name + ".bias");
+  return y.movedim(-1, 1);
+}
+
+torch::Tensor SamplingModel::operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
+                                        const torch::Tensor& lens) {
+  const auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
+  const auto in = WanInputs::batched(over_channels("in_proj", x), t, context, lens);
+  auto out = experts ? experts_forward(models, *experts, in) : models.front()->forward(in);
+  return over_channels("out_proj", torch::stack(out).to(torch::kFloat));
+}
+
+torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
+                                    const torch::Tensor& negative, const torch::Tensor& lens, double g) {
+  torch::NoGradGuard no_grad;
+  const auto B = x.size(0);
+  if (g == 1.0) return (*this)(x, sigma, context, lens.slice(0, 0, B));
+  const auto both = (*this)(torch::cat({x, x}), sigma, torch::cat({context, negative}), lens);
+  return both.slice(0, B) + g * (both.slice(0, 0, B) - both.slice(0, B));
+}
+
+SamplingModel load_sampling_teacher(const std::string& path, double boundary, std::optional<c10::ScalarType> dtype,
+                                    const c10::Device& device) {
+  SamplingModel teacher;
+  teacher.experts = WanExperts::open(path, boundary > 0 ? std::optional<double>(boundary) : std::nullopt);
+  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
+  const auto& tc = teacher.experts->config();
+  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sampling: i2v teachers need image conditioning (y), not supported");
+  spdlog::info("teacher: {}", tc.summary());
+  return teacher;
+}
+
+SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
+                                    const c10::Device& device) {
+  SamplingModel student;
+  const auto ck = WanCheckpoint::open(path);
+  student.models.push_back(load_wan_dit(ck, dtype, device));
+  const auto heads = std::filesystem::path(path) / "distill_heads" / "heads.safetensors";
+  if (std::filesystem::exists(heads)) {
+    const auto f = SafetensorsFile::open(heads.string());
+    for (const auto& info : f.tensors()) student.heads[info.name] = f.tensor(info.name, torch::kFloat, device);
+  }
+  spdlog::info("student: {}", ck.config().summary());
+  return student;
+}
+
+}  // namespace wd

@@ -1,0 +1,44 @@
+// SamplingModel: the velocity a sampler steps with: a teacher (one model or the two experts of an
+// A14B folder) or a student with its channel projections; shared by `sample` and `evaluate`.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/wan_dit.hpp"
+#include "model/wan_experts.hpp"
+
+namespace wd {
+
+/// One model's velocity at (x, σ): the teacher (one or two experts) or a student with its channel
+/// projections (distill_heads/heads.safetensors) when its channels differ from the teacher's.
+struct SamplingModel {
+  std::vector<WanDiT> models;
+  std::optional<WanExperts> experts;  ///< the teacher
+  std::map<std::string, torch::Tensor> heads;
+
+  /// The velocity of `x` [B,C,F,H,W] at σ (t = 1000·σ, as the noiser) with `context`/`lens`.
+  torch::Tensor operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
+                           const torch::Tensor& lens);
+  /// Classifier-free guidance in one batched forward: `context` and `negative` [B,L,D] of one
+  /// width, `lens` [2B] (the conditional lengths, then the negative's); g = 1: one plain forward.
+  torch::Tensor guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
+                       const torch::Tensor& negative, const torch::Tensor& lens, double g);
+
+ private:
+  torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const;
+};
+
+/// A teacher checkpoint (a folder WanCheckpoint reads, or a two-expert folder; boundary 0 = the
+/// folder's) in `dtype` (nullopt: as stored) on `device`. i2v teachers are refused.
+SamplingModel load_sampling_teacher(const std::string& path, double boundary, std::optional<c10::ScalarType> dtype,
+                                    const c10::Device& device);
+/// A student folder (RUN_DIR/student) with its projections.
+SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
+                                    const c10::Device& device);
+
+}  // namespace wd
