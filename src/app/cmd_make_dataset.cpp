@@ -11,6 +11,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   std::string output, latent = "16,3,16,16", dtype = "fp32", kind = "smooth";
   std::int64_t samples = 64, text_len = 16, text_dim = 64, classes = 6;
   std::uint64_t seed = 0;
+  bool contexts_only = false;
   LogConfig log;
   OptionTable table("make-dataset options");
   table.require("output", output, "HDF5 file to write")
@@ -24,7 +25,10 @@ int run_make_dataset(const std::vector<std::string>& args) {
             "smooth (random smooth latents, random contexts) | classes (a teacher can learn something: "
             "sample i is class i mod K, its class's smooth pattern shifted, moving, scaled and noised, with "
             "the class's context; writes /labels and /class_patterns; docs/objectives.md)")
-      .bind("classes", classes, "kind classes: the number of classes K");
+      .bind("classes", classes, "kind classes: the number of classes K")
+      .bind("contexts-only", contexts_only,
+            "write no /latents, only the contexts (and classes) with the latent shape declared in the root "
+            "attribute latent_shape: prompts without videos, what train.objective trajectory trains from");
   log.bind(table);
   if (parse_options(args, table).help) {
     print_help("wan-distill make-dataset --output FILE [--samples N] [--latent C,F,H,W] [--text-len L] [--text-dim D]",
@@ -53,6 +57,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   spec.half = dtype == "fp16";
   spec.kind = kind;
   spec.classes = classes;
+  spec.contexts_only = contexts_only;
   data::write_synthetic_dataset(spec);
   spdlog::info("wrote {} ({} samples)", output, samples);
   return kExitOk;

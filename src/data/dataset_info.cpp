@@ -267,6 +267,24 @@ void check_context_lens(const Opened& lens, const std::string& path, std::int64_
 
 }  // namespace
 
+/// The latent_shape root attribute of a contexts-only data set: 4 positive integers, C,F,H,W.
+std::array<std::int64_t, 4> read_latent_shape_attr(hid_t file, const std::string& path) {
+  const std::string expected = "[C,F,H,W] 4 positive integers (a data set without /latents declares its latent shape)";
+  const H5Attribute attr = open_root_attr(file, path, kLatentShapeAttr, expected);
+  const std::string item = root_attr(kLatentShapeAttr);
+  const H5Datatype type(WD_CHECK_H5(H5Aget_type(attr.get()), path, item));
+  const H5Dataspace space(H5Aget_space(attr.get()));
+  const auto points = space ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  WD_CHECK_DATA(H5Tget_class(type.get()) == H5T_INTEGER && points == 4, path, item,
+                "is " << class_name(H5Tget_class(type.get())) << " with " << points << " values, expected " << expected);
+  std::array<std::int64_t, 4> shape{};
+  WD_CHECK_H5(H5Aread(attr.get(), H5T_NATIVE_INT64, shape.data()), path, item);
+  for (int d = 0; d < 4; ++d) {
+    WD_CHECK_DATA(shape[d] >= 1, path, item, "CFHW"[d] << " is " << shape[d] << ", expected " << expected);
+  }
+  return shape;
+}
+
 DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations& expect) {
   const H5File file = h5_open_read_only(path);
   const hid_t f = file.get();
@@ -284,33 +302,47 @@ DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations&
                 "is \"" << info.latent_layout << "\", expected \"" << kLatentLayout
                         << "\" (latents stored as [N,C,F,H,W])");
 
-  // /latents fixes N and the latent shape; the other datasets must agree with it.
-  const Opened latents = open_dataset(f, path, kLatents, "[N,C,F,H,W] float32|float16");
-  check_rank(latents, path, kLatents, "NCFHW");
-  info.latent_dtype = check_float(latents, path, kLatents);
-  info.samples = latents.dims[0];
-  WD_CHECK_DATA(info.samples >= 1, path, kLatents,
-                "dimension 0 (N) is 0, expected at least 1 sample");
-  check_positive_dims(latents, path, kLatents, "NCFHW");
-  for (int d = 0; d < 4; ++d) info.latent_shape[d] = latents.dims[d + 1];
+  // /latents fixes N and the latent shape; the other datasets must agree with it. Without
+  // /latents (contexts only) the latent_shape attribute gives the shape and /context N.
+  const htri_t has_latents = WD_CHECK_H5(H5Lexists(f, kLatents, H5P_DEFAULT), path, kLatents);
+  info.has_latents = has_latents > 0;
+  std::string shape_source = kLatents;
+  if (info.has_latents) {
+    const Opened latents = open_dataset(f, path, kLatents, "[N,C,F,H,W] float32|float16");
+    check_rank(latents, path, kLatents, "NCFHW");
+    info.latent_dtype = check_float(latents, path, kLatents);
+    info.samples = latents.dims[0];
+    WD_CHECK_DATA(info.samples >= 1, path, kLatents,
+                  "dimension 0 (N) is 0, expected at least 1 sample");
+    check_positive_dims(latents, path, kLatents, "NCFHW");
+    for (int d = 0; d < 4; ++d) info.latent_shape[d] = latents.dims[d + 1];
+    check_extent(latents, path, kLatents, file_size);
+  } else {
+    info.latent_shape = read_latent_shape_attr(f, path);
+    shape_source = root_attr(kLatentShapeAttr);  // a contexts-only data set declares the shape
+  }
   if (expect.latent_channels > 0) {
-    WD_CHECK_DATA(latents.dims[1] == expect.latent_channels, path, kLatents,
-                  "dimension 1 (C) is " << latents.dims[1] << ", the teacher expects "
-                                        << expect.latent_channels);
+    WD_CHECK_DATA(info.latent_shape[0] == expect.latent_channels, path, shape_source,
+                  (info.has_latents ? "dimension 1 (C) is " : "C is ")
+                      << info.latent_shape[0] << ", the teacher expects " << expect.latent_channels);
   }
   for (int d = 0; d < 3; ++d) {
-    const std::int64_t size = latents.dims[d + 2], p = expect.patch[d];
-    WD_CHECK_DATA(p >= 1 && size % p == 0, path, kLatents,
-                  "dimension " << d + 2 << " ("
-                               << "FHW"[d] << ") is " << size << ", expected a multiple of " << p
-                               << " (the teacher's patch [" << expect.patch[0] << ","
-                               << expect.patch[1] << "," << expect.patch[2] << "])");
+    const std::int64_t size = info.latent_shape[d + 1], p = expect.patch[d];
+    WD_CHECK_DATA(p >= 1 && size % p == 0, path, shape_source,
+                  (info.has_latents ? "dimension " + std::to_string(d + 2) + " (" + "FHW"[d] + ")"
+                                    : std::string(1, "FHW"[d]))
+                      << " is " << size << ", expected a multiple of " << p
+                           << " (the teacher's patch [" << expect.patch[0] << ","
+                           << expect.patch[1] << "," << expect.patch[2] << "])");
   }
-  check_extent(latents, path, kLatents, file_size);
 
   const Opened context = open_dataset(f, path, kContext, "[N,L,text_dim] float32|float16");
   check_rank(context, path, kContext, "NLD");
   info.context_dtype = check_float(context, path, kContext);
+  if (!info.has_latents) {
+    info.samples = context.dims[0];
+    WD_CHECK_DATA(info.samples >= 1, path, kContext, "dimension 0 (N) is 0, expected at least 1 sample");
+  }
   check_samples(context, path, kContext, info.samples);
   WD_CHECK_DATA(context.dims[1] >= 1, path, kContext,
                 "dimension 1 (L) is " << context.dims[1] << ", expected >= 1");

@@ -26,11 +26,14 @@ struct DatasetInfo {
   std::string latent_dtype;   ///< "float32" | "float16"
   std::string context_dtype;  ///< "float32" | "float16"
   bool has_prompts = false;
+  /// false: contexts only (no /latents; latent_shape from the root attribute latent_shape)
+  bool has_latents = true;
   std::int64_t schema_version = 1;
   std::string latent_layout;  ///< root attribute, "CFHW"
 };
 
-/// Opens `path` read-only and validates it (datasets present, ranks, dims matching
+/// Opens `path` read-only and validates it. A contexts-only data set (no /latents) declares its
+/// latent shape in the root attribute latent_shape [C,F,H,W]; N is then /context's. (datasets present, ranks, dims matching
 /// `expect`, dtype classes, N >= 1, context_lens within 1..L, sizes within the file). Every
 /// problem is a wd::DataError naming the file, the dataset and the expected value.
 DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations& expect);

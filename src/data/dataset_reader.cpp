@@ -63,19 +63,21 @@ DatasetReader::DatasetReader(const DatasetInfo& info) : impl_(std::make_unique<I
   m.info = info;
   m.file = h5_open_read_only(info.path);
   const std::string& path = info.path;
-  m.latents = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kLatents, H5P_DEFAULT), path, kLatents));
+  if (info.has_latents) m.latents = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kLatents, H5P_DEFAULT), path, kLatents));
   m.context = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kContext, H5P_DEFAULT), path, kContext));
   // The file may have been replaced since validation; reading a different shape would be wrong.
   const auto& c = info.latent_shape;
   const std::vector<std::int64_t> latent_dims{info.samples, c[0], c[1], c[2], c[3]};
   const std::vector<std::int64_t> context_dims{info.samples, info.context_len, info.text_dim};
-  WD_CHECK_DATA(h5_dims(m.latents.get(), path, kLatents) == latent_dims, path, kLatents,
+  WD_CHECK_DATA(!info.has_latents || h5_dims(m.latents.get(), path, kLatents) == latent_dims, path, kLatents,
                 "shape changed since validation, expected " << format_shape(latent_dims));
   WD_CHECK_DATA(h5_dims(m.context.get(), path, kContext) == context_dims, path, kContext,
                 "shape changed since validation, expected " << format_shape(context_dims));
-  const H5Datatype latent_type(WD_CHECK_H5(H5Dget_type(m.latents.get()), path, kLatents));
+  if (info.has_latents) {
+    const H5Datatype latent_type(WD_CHECK_H5(H5Dget_type(m.latents.get()), path, kLatents));
+    m.latents_raw_half = is_ieee_half(latent_type.get());
+  }
   const H5Datatype context_type(WD_CHECK_H5(H5Dget_type(m.context.get()), path, kContext));
-  m.latents_raw_half = is_ieee_half(latent_type.get());
   m.context_raw_half = is_ieee_half(context_type.get());
 
   const H5Dataset lens(
@@ -106,15 +108,15 @@ CleanBatch DatasetReader::read(const std::vector<std::int64_t>& indices) {
   const auto& c = info.latent_shape;
   CleanBatch out;
   out.indices = indices;
-  out.latents = torch::empty({batch, c[0], c[1], c[2], c[3]}, torch::kFloat);
+  if (info.has_latents) out.latents = torch::empty({batch, c[0], c[1], c[2], c[3]}, torch::kFloat);
   out.context = torch::empty({batch, info.context_len, info.text_dim}, torch::kFloat);
   out.context_lens = torch::empty({batch}, torch::kLong);
   auto lens = out.context_lens.accessor<std::int64_t, 1>();
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t index = indices[static_cast<std::size_t>(b)];
-    WD_CHECK_DATA(index >= 0 && index < info.samples, info.path, kLatents,
+    WD_CHECK_DATA(index >= 0 && index < info.samples, info.path, kContext,
                   "sample index " << index << " is outside 0.." << info.samples - 1);
-    m.read_row(m.latents.get(), m.latents_raw_half, kLatents, index, out.latents[b]);
+    if (info.has_latents) m.read_row(m.latents.get(), m.latents_raw_half, kLatents, index, out.latents[b]);
     m.read_row(m.context.get(), m.context_raw_half, kContext, index, out.context[b]);
     const std::int64_t len = m.lens[static_cast<std::size_t>(index)];
     lens[b] = len;

@@ -14,7 +14,7 @@ namespace wd::data {
 /// One batch of clean samples, float32 on the host.
 struct CleanBatch {
   std::vector<std::int64_t> indices;  ///< sample indices in the file
-  torch::Tensor latents;              ///< [B,C,F,H,W] float32
+  torch::Tensor latents;              ///< [B,C,F,H,W] float32; undefined for a contexts-only data set
   torch::Tensor context;              ///< [B,L,text_dim] float32, rows >= context_lens zero
   torch::Tensor context_lens;         ///< [B] int64
 };

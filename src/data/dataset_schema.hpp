@@ -17,6 +17,9 @@ inline constexpr const char* kPrompts = "/prompts";
 inline constexpr const char* kLabels = "/labels";
 inline constexpr const char* kClassPatterns = "/class_patterns";
 inline constexpr const char* kSchemaAttr = "schema_version";
+/// A data set of contexts only (prompts, no videos; train.objective trajectory) has no /latents
+/// and declares the latent shape its samples would have: [C,F,H,W] int64.
+inline constexpr const char* kLatentShapeAttr = "latent_shape";
 inline constexpr const char* kLayoutAttr = "latent_layout";
 
 /// How a DataError names a root attribute: "root attribute <name>".

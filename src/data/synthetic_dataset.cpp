@@ -176,15 +176,24 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
 
   H5File file = h5_create(path);
   write_root_attrs(file.get(), path);
+  if (spec.contexts_only) {
+    const hsize_t four = 4;
+    const H5Dataspace space(WD_CHECK_H5(H5Screate_simple(1, &four, nullptr), path, root_attr(kLatentShapeAttr)));
+    const H5Attribute shape(WD_CHECK_H5(
+        H5Acreate2(file.get(), kLatentShapeAttr, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), path,
+        root_attr(kLatentShapeAttr)));
+    WD_CHECK_H5(H5Awrite(shape.get(), H5T_NATIVE_INT64, c.data()), path, root_attr(kLatentShapeAttr));
+  }
   {
     const H5Datatype half = h5_float16_type();
     const hid_t store_type = spec.half ? half.get() : H5T_IEEE_F32LE;
     const hid_t mem_type = spec.half ? half.get() : H5T_NATIVE_FLOAT;
     const auto store_dtype = spec.half ? torch::kHalf : torch::kFloat;
     const H5Dataset latents =
-        create_chunked(file.get(), path, kLatents, store_type,
-                       {n, static_cast<hsize_t>(c[0]), static_cast<hsize_t>(c[1]),
-                        static_cast<hsize_t>(c[2]), static_cast<hsize_t>(c[3])});
+        spec.contexts_only ? H5Dataset()
+                           : create_chunked(file.get(), path, kLatents, store_type,
+                                            {n, static_cast<hsize_t>(c[0]), static_cast<hsize_t>(c[1]),
+                                             static_cast<hsize_t>(c[2]), static_cast<hsize_t>(c[3])});
     const H5Dataset context =
         create_chunked(file.get(), path, kContext, store_type, {n, text_len, text_dim});
 
@@ -209,11 +218,12 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
       auto gen =
           at::detail::createCPUGenerator(hash_keys(spec.seed, 0, static_cast<std::uint64_t>(i)));
       const auto label = classes ? i % spec.classes : 0;
+      // Drawn whether or not written: the contexts of a contexts-only set equal the full set's.
       const auto latent = (classes ? class_latent(patterns[static_cast<std::size_t>(label)], i, spec.seed, gen)
                                    : smooth_latent(c, gen))
                               .to(store_dtype)
                               .contiguous();
-      write_row(latents.get(), mem_type, latent.data_ptr(), i, path, kLatents);
+      if (!spec.contexts_only) write_row(latents.get(), mem_type, latent.data_ptr(), i, path, kLatents);
 
       SplitMix64 rng(hash_keys(spec.seed, 1, static_cast<std::uint64_t>(i)));
       const auto len = classes ? spec.text_len : static_cast<std::int64_t>(1 + rng.below(text_len));
@@ -269,8 +279,9 @@ void write_synthetic_dataset(const SyntheticDatasetSpec& spec) {
   write_contents(tmp.path(), spec);
   tmp.commit();
   const auto& c = spec.latent;
-  spdlog::info("make-dataset: wrote {} ({} samples, latents [{},{},{},{}] {}, context [{},{}], {})",
-               spec.output, spec.samples, c[0], c[1], c[2], c[3], spec.half ? "float16" : "float32",
+  spdlog::info("make-dataset: wrote {} ({} samples, {}latents [{},{},{},{}] {}, context [{},{}], {})",
+               spec.output, spec.samples, spec.contexts_only ? "contexts only, declared " : "", c[0], c[1], c[2], c[3],
+               spec.half ? "float16" : "float32",
                spec.text_len, spec.text_dim,
                format_bytes(static_cast<double>(std::filesystem::file_size(spec.output))));
 }

@@ -22,6 +22,9 @@ struct SyntheticDatasetSpec {
   /// plus noise of std 0.05; /labels and /class_patterns are written too (data/classes.hpp).
   std::string kind = "smooth";
   std::int64_t classes = 6;
+  /// No /latents: the contexts (and classes) alone, the latent shape declared in the root
+  /// attribute latent_shape (the input of train.objective trajectory; docs/data-format.md).
+  bool contexts_only = false;
 };
 
 /// Writes a synthetic data set (`spec.kind`): spatially smooth latents (low-resolution noise upsampled, not

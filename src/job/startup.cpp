@@ -298,7 +298,11 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
 
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
   auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
-  WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, "/latents",
+  WD_CHECK_DATA(info.has_latents || cfg.train.trajectory(), info.path, "/latents",
+                "is missing: the file holds contexts only (make-dataset --contexts-only, prepare_data.py captions); "
+                "train.objective " << cfg.train.objective << " needs the latents of videos, train.objective trajectory "
+                "trains from contexts alone");
+  WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, info.has_latents ? "/latents" : "/context",
                 "has " << info.samples << " samples; train.eval_samples(" << cfg.train.eval_samples
                        << ") leaves none for training");
   return info;

@@ -129,10 +129,18 @@ TEST(Trajectory, AResumedRunIsBitIdenticalToAStraightOneFromMidRound) {
   test::expect_resumed_exactly(straight, resumed, 8, 4);
 }
 
-TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectories) {
+TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectoriesFromContextsAlone) {
   const auto dir = root() / "trajectory-colocated";
-  auto r = test::launch_train(2, "--run-dir " + dir.string() + builtin_assets() + kTrajectory +
-                                     " --teacher.placement colocated");
+  // Prompts without videos: a contexts-only data set for the builtin teacher (16 channels, 64-wide text).
+  fs::create_directories(root());
+  const auto contexts = (root() / "contexts.h5").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " make-dataset --contexts-only --output " + contexts +
+                                       " --samples 40 --latent 16,1,8,8 --text-len 16 --text-dim 64 2>&1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  static_cast<void>(builtin_assets());  // makes the teacher
+  auto r = test::launch_train(2, "--run-dir " + dir.string() + " --teacher.checkpoint " +
+                                     (root() / "assets" / "cache" / "tiny-teacher").string() + " --data.path " + contexts +
+                                     kTrajectory + " --teacher.placement colocated");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto l = losses(dir);
   ASSERT_EQ(l.size(), 8u) << r.output;

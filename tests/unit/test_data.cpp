@@ -350,9 +350,50 @@ TEST_F(DataTest, BigEndianFloat16IsConvertedByHdf5) {
 }
 
 TEST_F(DataTest, MissingLatents) {
+  // Without /latents a file must declare its latent shape (a contexts-only data set).
   Craft c;
   c.with_latents = false;
-  expect_data_error(craft(path("f.h5"), c), "/latents", {"missing", "[N,C,F,H,W]"});
+  expect_data_error(craft(path("f.h5"), c), "root attribute latent_shape", {"missing", "[C,F,H,W]", "without /latents"});
+  // A declared shape of 3 values, then one of a zero dimension.
+  const auto declare = [](std::vector<std::int64_t> shape) {
+    return [shape](hid_t f) {
+      const hsize_t n = shape.size();
+      const hid_t space = H5Screate_simple(1, &n, nullptr);
+      const hid_t attr = H5Acreate2(f, "latent_shape", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(attr, H5T_NATIVE_INT64, shape.data());
+      H5Aclose(attr);
+      H5Sclose(space);
+    };
+  };
+  expect_data_error(edit(craft(path("g.h5"), c), declare({4, 1, 4})), "root attribute latent_shape",
+                    {"with 3 values", "[C,F,H,W] 4 positive integers"});
+  expect_data_error(edit(craft(path("h.h5"), c), declare({4, 0, 4, 4})), "root attribute latent_shape",
+                    {"F is 0"});
+  const auto info = validate_dataset(edit(craft(path("i.h5"), c), declare({4, 1, 4, 4})), craft_expect());
+  EXPECT_FALSE(info.has_latents);
+  EXPECT_EQ(info.latent_shape, (std::array<std::int64_t, 4>{4, 1, 4, 4}));
+  // The teacher's channels and patch apply to the declared shape as to /latents.
+  expect_data_error(edit(craft(path("j.h5"), c), declare({3, 1, 4, 4})), "root attribute latent_shape",
+                    {"C is 3, the teacher expects 4"});
+}
+
+TEST_F(DataTest, ContextsOnlySyntheticSetHasTheFullSetsContextsAndNoLatents) {
+  auto spec = small_spec(path("full.h5"));
+  write_synthetic_dataset(spec);
+  spec.output = path("contexts.h5");
+  spec.contexts_only = true;
+  write_synthetic_dataset(spec);
+  const auto full = validate_dataset(path("full.h5"), {});
+  const auto ctx = validate_dataset(path("contexts.h5"), {});
+  EXPECT_TRUE(full.has_latents);
+  EXPECT_FALSE(ctx.has_latents);
+  EXPECT_EQ(ctx.latent_shape, full.latent_shape);
+  EXPECT_EQ(ctx.samples, full.samples);
+  const auto a = DatasetReader(full).read({0, 2}), b = DatasetReader(ctx).read({0, 2});
+  EXPECT_FALSE(b.latents.defined());
+  EXPECT_TRUE(torch::equal(a.context, b.context));
+  EXPECT_TRUE(torch::equal(a.context_lens, b.context_lens));
+  EXPECT_LT(fs::file_size(path("contexts.h5")), fs::file_size(path("full.h5")));
 }
 
 TEST_F(DataTest, WrongRank) {

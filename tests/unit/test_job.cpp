@@ -4,6 +4,8 @@
 // 2 within 5 s is tested once, launched (launch.train.Train.TheLauncherReturnsAtOnce...).
 #include <gtest/gtest.h>
 
+#include "data/synthetic_dataset.hpp"
+
 #include <fstream>
 #include <sstream>
 
@@ -173,6 +175,25 @@ TEST(JobStartup, ABadDataSetIsADataErrorNamingTheFile) {
   // A data set with no sample left for training once the held-out ones are set aside.
   message = error_of<DataError>([&] { job::check_data(config(tiny("--train.eval_samples 4096")), teacher); });
   EXPECT_TRUE(test::contains(message, "leaves none for training")) << message;
+  // Contexts only (no latents): trajectory trains from them; every other objective is refused.
+  data::SyntheticDatasetSpec spec;
+  spec.output = dir.str("contexts.h5");
+  spec.samples = 20;
+  spec.latent = {teacher.in_dim, 1, 8, 8};
+  spec.text_len = teacher.text_len;
+  spec.text_dim = teacher.text_dim;
+  spec.contexts_only = true;
+  data::write_synthetic_dataset(spec);
+  for (const char* objective : {"velocity", "guided"}) {
+    auto cfg = with_data(spec.output);
+    cfg.train.objective = objective;
+    message = error_of<DataError>([&] { job::check_data(cfg, teacher); });
+    EXPECT_TRUE(test::contains(message, spec.output + ": /latents: is missing: the file holds contexts only")) << message;
+    EXPECT_TRUE(test::contains(message, std::string("train.objective ") + objective + " needs the latents")) << message;
+  }
+  auto cfg = with_data(spec.output);
+  cfg.train.objective = "trajectory";
+  EXPECT_EQ(job::check_data(cfg, teacher).samples, 20);
 }
 
 TEST(JobStartup, ALayoutChoiceIsWrittenAsTheKeysAUserWouldGive) {
