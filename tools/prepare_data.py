@@ -17,6 +17,14 @@ Usage:
                          [--frames F --height H --width W] [--procs N | --shard I/N]
                          [--device cuda:0,cuda:1] [--limit K] [--skip-bad]
   prepare_data.py merge --output OUT.h5 --shards N
+  prepare_data.py captions --list PROMPTS.txt --text-encoder PATH --output OUT.h5
+                           (--latent C,F,H,W | --vae PATH [--frames F --height H --width W])
+
+`captions` encodes prompts alone (one per line; blank lines and '#' lines ignored) into a data set
+of contexts with no /latents: the root attribute latent_shape declares the latents a video of
+the given size would have (from --latent, or from the VAE's channels and scale factors). It is
+what `wan-distill train --train.objective trajectory` trains from (the teacher samples the
+latents itself); the other objectives refuse it.
 
 `encode` without --shard runs --procs shards (child processes, one device each, taken in turn
 from --device) and merges them into OUT.h5. `encode --shard I/N` runs one shard only (for a
@@ -169,7 +177,9 @@ def tokenizer_folder(text_encoder):
 
 
 class Encoders:
-    def __init__(self, args):
+    def __init__(self, args, text_only=False):
+        """The VAE and the text encoder; `text_only`: the text encoder alone (and, with --vae, the
+        VAE's config, without its weights)."""
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer, UMT5EncoderModel
 
@@ -177,15 +187,27 @@ class Encoders:
         self.text_len = args.text_len
         tokenizer_path = args.tokenizer or tokenizer_folder(args.text_encoder)
         try:
-            self.vae = AutoencoderKLWan.from_pretrained(model_folder(args.vae, "vae"), torch_dtype=DTYPES[args.vae_dtype],
-                                                        local_files_only=True)
+            if text_only:
+                self.vae = None
+                vae_config = AutoencoderKLWan.load_config(model_folder(args.vae, "vae"), local_files_only=True) \
+                    if args.vae else None
+            else:
+                self.vae = AutoencoderKLWan.from_pretrained(model_folder(args.vae, "vae"),
+                                                            torch_dtype=DTYPES[args.vae_dtype], local_files_only=True)
             self.text_encoder = UMT5EncoderModel.from_pretrained(
                 model_folder(args.text_encoder, "text_encoder"), dtype=DTYPES[args.text_dtype], local_files_only=True)
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
         except (OSError, ValueError) as e:
             raise Failure(f"cannot load a model: {e}") from e
-        self.vae.to(self.device).eval()
         self.text_encoder.to(self.device).eval()
+        self.text_dim = self.text_encoder.config.d_model
+        if text_only:
+            if vae_config is not None:
+                self.channels = vae_config["z_dim"]
+                self.temporal = vae_config.get("scale_factor_temporal", 4)
+                self.spatial = vae_config.get("scale_factor_spatial", 8)
+            return
+        self.vae.to(self.device).eval()
         if args.vae_tiling:
             self.vae.enable_tiling()
         cfg = self.vae.config
@@ -449,6 +471,66 @@ def write_merged(output, shards, order):
     os.replace(tmp, output)
 
 
+# --- prompts alone --------------------------------------------------------------------------------
+
+
+def read_prompts(path):
+    """The prompts of a list, one per line (blank lines and '#' lines ignored), cleaned."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Failure(f"{path}: cannot read the prompt list ({e})") from e
+    prompts = [clean_caption(line) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not prompts:
+        raise Failure(f"{path}: no prompts (one per line; blank lines and '#' lines are ignored)")
+    return prompts
+
+
+def parse_latent(text):
+    m = re.fullmatch(r"(\d+),(\d+),(\d+),(\d+)", text or "")
+    if not m or min(int(g) for g in m.groups()) < 1:
+        raise Failure(f"--latent {text}: expected C,F,H,W, four positive integers")
+    return tuple(int(g) for g in m.groups())
+
+
+def captions(args):
+    """Encodes the prompts of --list into a contexts-only data set (no /latents)."""
+    if not args.latent and not args.vae:
+        raise Failure("captions: give --latent C,F,H,W or --vae (with --frames/--height/--width) for the latent shape")
+    prompts = read_prompts(Path(args.list))
+    torch.set_grad_enabled(False)
+    enc = Encoders(args, text_only=True)
+    if args.latent:
+        shape = parse_latent(args.latent)
+    else:
+        enc.check_size(args.frames, args.height, args.width)
+        shape = latent_shape(enc, args)
+    output = Path(args.output)
+    tmp = Path(f"{output}.tmp")
+    n, L, store = len(prompts), args.text_len, STORE_DTYPES[args.dtype]
+    start = time.monotonic()
+    with h5py.File(tmp, "w") as out:
+        out.attrs["schema_version"] = 1
+        out.attrs["latent_layout"] = "CFHW"
+        out.attrs["latent_shape"] = np.array(shape, dtype=np.int64)
+        ctx = out.create_dataset("context", (n, L, enc.text_dim), store, chunks=(1, L, enc.text_dim))
+        lens = out.create_dataset("context_lens", (n,), np.int32)
+        out.create_dataset("prompts", data=prompts, dtype=h5py.string_dtype())
+        for i, prompt in enumerate(prompts):
+            hidden, length = enc.context(prompt)
+            ctx[i] = hidden.numpy().astype(store)
+            lens[i] = max(1, length)
+            if (i + 1) % 100 == 0 or i + 1 == n:
+                rate = (i + 1) / max(1e-9, time.monotonic() - start)
+                print(f"captions: {i + 1}/{n} prompts, {rate:.1f}/s, ETA {(n - i - 1) / rate:.0f} s", flush=True)
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, output)
+    print(f"captions: {output}: {n} prompts, context [{L}, {enc.text_dim}] {args.dtype}, declared latents "
+          f"{list(shape)} (no /latents: train.objective trajectory)", flush=True)
+    return 0
+
+
 # --- running the shards ----------------------------------------------------------------------------
 
 
@@ -518,6 +600,20 @@ def parser():
     e.add_argument("--shard", help="I/N: run only shard I of N, no merge")
     e.add_argument("--limit", type=int, help="encode at most K more samples per shard, then stop (resumable)")
     e.add_argument("--skip-bad", action="store_true", help="leave out unreadable videos and empty captions")
+    c = sub.add_parser("captions", help="encode prompts alone into a contexts-only data set (train.objective trajectory)")
+    c.add_argument("--list", required=True, help="prompt list: one prompt per line")
+    c.add_argument("--text-encoder", required=True, help="UMT5EncoderModel folder (or a pipeline folder with text_encoder/)")
+    c.add_argument("--tokenizer", help="tokenizer folder (default: the text encoder's pipeline tokenizer/, else the same folder)")
+    c.add_argument("--output", required=True, help="the HDF5 file to write")
+    c.add_argument("--latent", help="C,F,H,W of the latents the teacher samples (or --vae and the video size)")
+    c.add_argument("--vae", help="AutoencoderKLWan folder: its config gives C and the scale factors (weights not loaded)")
+    c.add_argument("--frames", type=int, default=81, help="with --vae: frames per clip, 4n+1 (default 81)")
+    c.add_argument("--height", type=int, default=480, help="with --vae: pixel height (default 480)")
+    c.add_argument("--width", type=int, default=832, help="with --vae: pixel width (default 832)")
+    c.add_argument("--text-len", type=int, default=512, help="text tokens, padded with zeros (default 512, Wan's)")
+    c.add_argument("--dtype", choices=STORE_DTYPES, default="fp16", help="stored dtype (default fp16)")
+    c.add_argument("--text-dtype", choices=DTYPES, default="fp32", help="text encoder compute dtype (default fp32)")
+    c.add_argument("--device", default="cpu", help="torch device")
     m = sub.add_parser("merge", help="join finished shards into the file train reads")
     m.add_argument("--output", required=True, help="the merged HDF5 file")
     m.add_argument("--shards", type=int, required=True, help="N of the shards' -of-N")
@@ -535,6 +631,8 @@ def main():
         if args.command == "merge":
             merge(args.output, args.shards)
             return 0
+        if args.command == "captions":
+            return captions(args)
         if args.shard:
             return encode_shard(args, *parse_shard(args.shard))
         if args.procs < 1:

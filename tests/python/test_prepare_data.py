@@ -269,6 +269,47 @@ def main():
             with h5py.File(bad_out, "r") as f:
                 check(list(f["sample_index"][:]) == [0, 1, 2, 4, 5], f"the good samples merged: {list(f['sample_index'][:])}")
 
+        print("5. prompts alone: captions, then train.objective trajectory on them")
+        prompts = clips / "prompts.txt"
+        prompts.write_text("# a comment\n" + "\n".join(c for _, c in entries) + "\n\n", encoding="utf-8")
+        ctx_out = root / "contexts.h5"
+        _, text_encoder, _ = models_
+        log = run("captions", [sys.executable, str(TOOL), "captions", "--list", str(prompts), "--text-encoder",
+                               str(text_encoder), "--output", str(ctx_out), "--latent", "16,1,4,4", "--text-len",
+                               str(TEXT_LEN)])
+        check("no /latents" in log and "ETA" in log, "captions reports its progress and what it wrote")
+        if ctx_out.exists():
+            pipe = WanPipeline(tokenizer=AutoTokenizer.from_pretrained(models_[2]),
+                               text_encoder=UMT5EncoderModel.from_pretrained(text_encoder).eval(), transformer=None,
+                               vae=None, scheduler=FlowMatchEulerDiscreteScheduler())
+            with h5py.File(ctx_out, "r") as f, torch.no_grad():
+                check("latents" not in f, "a contexts-only file has no /latents")
+                check(list(f.attrs["latent_shape"]) == [16, 1, 4, 4], f"latent_shape {list(f.attrs['latent_shape'])}")
+                check(f["context"].shape == (len(entries), TEXT_LEN, 64), f"/context {f['context'].shape}")
+                for i, (_, caption) in enumerate(entries):
+                    want = pipe._get_t5_prompt_embeds(caption, max_sequence_length=TEXT_LEN, device=torch.device("cpu"),
+                                                      dtype=torch.float32)[0].numpy()
+                    got = f["context"][i].astype(np.float32)
+                    d = np.abs(got - want).max() / np.abs(want).max()
+                    check(d < 2e-3, f"prompt {i}: context differs from _get_t5_prompt_embeds by {d:.2e} (< 2e-3)")
+            log = run("train trajectory on prompts", ["bash", str(LAUNCHER), "-np", "2", cli, "train", "--data.path",
+                                                      str(ctx_out), "--run-dir", str(root / "run-prompts"),
+                                                      "--train.objective", "trajectory", "--teacher.steps", "2",
+                                                      "--student.steps", "1", "--train.steps", "2",
+                                                      "--train.eval_samples", "2", "--train.batch_size", "2",
+                                                      "--log.level", "info", *CPU_JOB])
+            check("student saved" in log, "train.objective trajectory trains from the prompts alone")
+            log = run("train velocity on prompts", ["bash", str(LAUNCHER), "-np", "2", cli, "train", "--data.path",
+                                                    str(ctx_out), "--run-dir", str(root / "run-prompts-v"),
+                                                    "--train.steps", "2", "--train.eval_samples", "2", *CPU_JOB], code=3)
+            check("train.objective velocity needs the latents" in log, "velocity refuses the prompts alone, saying why (bad input: exit 3)")
+        no_list = root / "empty.txt"
+        no_list.write_text("# nothing\n")
+        log = run("captions, no prompts", [sys.executable, str(TOOL), "captions", "--list", str(no_list),
+                                           "--text-encoder", str(text_encoder), "--output", str(root / "x.h5"),
+                                           "--latent", "16,1,4,4"], code=2)
+        check("no prompts" in log, "an empty prompt list is refused")
+
     print("PASS" if not failures else f"{len(failures)} failure(s)")
     return 1 if failures else 0
 
