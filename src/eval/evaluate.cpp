@@ -37,6 +37,11 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("teacher.shift", shift, "σ shift of every row's schedule")
       .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
       .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
+      .bind("student.solver", student_solver, "the student's sampler: euler (a few-step student) | unipc")
+      .bind("reuse", reuse,
+            "an earlier evaluate's --output: its teacher rows (reference, its other-noise set, teacher_unguided, and "
+            "teacher_at_k at the same student.steps) are read instead of sampled again; its teacher settings must "
+            "equal these")
       .bind("negative", negative, "safetensors with `context` [L,text_dim]: the negative context; empty = zeros")
       .bind("batch", batch, "samples per sampler batch")
       .bind("collapse-ratio", collapse_ratio,
@@ -60,6 +65,8 @@ void EvaluateConfig::validate() const {
   p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
   p.check(teacher_solver == "unipc" || teacher_solver == "euler",
           "teacher.solver(" + teacher_solver + ") must be unipc or euler");
+  p.check(student_solver == "unipc" || student_solver == "euler",
+          "student.solver(" + student_solver + ") must be unipc or euler");
   p.check(teacher_guidance > 0, "teacher.guidance(" + show(teacher_guidance) + ") must be > 0");
   p.check(student_guidance > 0, "student.guidance(" + show(student_guidance) + ") must be > 0");
   p.check(shift > 0, "teacher.shift(" + show(shift) + ") must be > 0");
@@ -110,6 +117,33 @@ std::vector<std::int64_t> wanted_classes(const data::DatasetClasses& classes, co
   return wanted;
 }
 
+/// --reuse: the teacher rows of an earlier evaluation, whose settings must be `settings`.
+void take_teacher_rows(const std::string& dir, const nlohmann::json& settings, TensorMap& latents) {
+  const auto report_path = (fs::path(dir) / "report.json").string();
+  std::ifstream in(report_path);
+  WD_CHECK_DATA(in.good(), report_path, "", "cannot be read (reuse(" << dir << ") must be an evaluate --output)");
+  nlohmann::json earlier;
+  try {
+    earlier = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(report_path, "", std::string("not JSON (") + e.what() + ")");
+  }
+  for (const auto& [key, value] : settings.items()) {
+    if (key == "student_steps") continue;  // teacher_at_k's only: below
+    WD_CHECK_AS(ConfigError, earlier.contains(key) && earlier[key] == value,
+                "reuse(" << dir << "): its " << key << " is " << (earlier.contains(key) ? earlier[key].dump() : "absent")
+                         << ", this evaluation's is " << value.dump() << "; the teacher rows must be sampled alike");
+  }
+  const auto file = SafetensorsFile::open((fs::path(dir) / "latents.safetensors").string());
+  for (const char* row : {"reference", "reference_other_noise", "teacher_unguided"}) {
+    latents[row] = file.tensor(row, torch::kFloat).clone();
+  }
+  // teacher_at_k is the teacher at the student's k: taken when k is the same.
+  const bool same_k = earlier.contains("student_steps") && earlier["student_steps"] == settings["student_steps"];
+  if (same_k) latents["teacher_at_k"] = file.tensor("teacher_at_k", torch::kFloat).clone();
+  spdlog::info("reuse: the teacher rows of {}{}", dir, same_k ? "" : " (teacher_at_k sampled again: another k)");
+}
+
 }  // namespace
 
 nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
@@ -135,18 +169,26 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
                             {"reference_other_noise", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &other},
                             {"teacher_unguided", &teacher, cfg.teacher_steps, cfg.teacher_solver, 1.0, &cond},
                             {"teacher_at_k", &teacher, k, "euler", g, &cond}};
-  if (student) rows.push_back({"student", &*student, k, "euler", cfg.student_guidance, &cond});
+  if (student) rows.push_back({"student", &*student, k, cfg.student_solver, cfg.student_guidance, &cond});
 
   TensorMap latents{{"noise", cond.noise.cpu()}};
-  for (const auto& row : rows) latents[row.name] = sample_row(row, cfg.shift, cfg.batch);
+  nlohmann::json settings{{"samples", cond.indices}, {"seed", cfg.seed}, {"shift", cfg.shift},
+                          {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", cfg.teacher_solver},
+                          {"teacher_guidance", g}, {"student_steps", k}, {"teacher", cfg.teacher},
+                          {"negative", cfg.negative}};
+  if (!cfg.reuse.empty()) take_teacher_rows(cfg.reuse, settings, latents);
+  for (const auto& row : rows) {
+    if (!latents.count(row.name)) latents[row.name] = sample_row(row, cfg.shift, cfg.batch);
+  }
   const auto classes = data::read_dataset_classes(cfg.data_path);
   const auto features = [&](const torch::Tensor& x) { return latent_features(x, classes.patterns); };
   const auto& ref = latents.at("reference");
   const auto other_features = features(latents.at("reference_other_noise"));
-  nlohmann::json report{{"samples", cond.indices}, {"count", cond.indices.size()}, {"seed", cfg.seed},
-                        {"shift", cfg.shift}, {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", cfg.teacher_solver},
-                        {"teacher_guidance", g}, {"student_steps", k}, {"student_guidance", cfg.student_guidance},
-                        {"frechet_floor", frechet_distance(features(ref), other_features)}};
+  nlohmann::json report = settings;
+  report["count"] = cond.indices.size();
+  report["student_guidance"] = cfg.student_guidance;
+  report["student_solver"] = cfg.student_solver;
+  report["frechet_floor"] = frechet_distance(features(ref), other_features);
   for (const auto& row : rows) {
     if (row.name == "reference_other_noise") continue;
     const auto& x = latents.at(row.name);

@@ -25,6 +25,8 @@ struct EvaluateConfig {
   double shift = 5.0;
   std::int64_t student_steps = 4;
   double student_guidance = 1.0;
+  std::string student_solver = "euler";
+  std::string reuse;  ///< an earlier evaluate's OUTPUT whose teacher rows are taken (same settings)
   std::string negative;
   std::int64_t batch = 32;
   double collapse_ratio = 0.5;

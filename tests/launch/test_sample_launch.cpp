@@ -146,6 +146,15 @@ TEST(EvaluateLaunch, EachRowSamplesWhatItNamesAndTheReportHasEveryMeasure) {
   EXPECT_TRUE(rows.contains("reference_other_noise"));
   const auto latents = SafetensorsFile::open((dir / "out" / "latents.safetensors").string());
   EXPECT_EQ(latents.tensor("student").size(0), 6);
+  // --reuse takes the teacher rows of that run: the same report; with other settings, refused.
+  std::tie(code, out) = cli(common + " --teacher.steps 3 --teacher.solver euler --student.steps 3 --student.guidance 2"
+                                     " --reuse " + (dir / "out").string() + " --output " + (dir / "again").string());
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("reuse: the teacher rows of"), std::string::npos) << out;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "again" / "report.json"))["rows"], rows);
+  std::tie(code, out) = cli(common + " --teacher.steps 4 --teacher.solver euler --student.steps 3 --reuse " + (dir / "out").string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("its teacher_steps is 3, this evaluation's is 4; the teacher rows must be sampled alike"), std::string::npos) << out;
   // A student at fewer steps than the reference is no longer the reference.
   std::tie(code, out) = cli(common + " --teacher.steps 4 --student.steps 2 --output " + (dir / "k2").string());
   ASSERT_EQ(code, 0) << out;
