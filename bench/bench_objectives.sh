@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The objectives' bench (docs/objectives.md#the-bench): a classes data set, a teacher trained on it
-# with train.objective flow, and the teacher's samples of the held-out contexts scored: guided
-# (the reference), unguided, and guided at few steps (what a user runs instead of a distilled
-# student), then a guidance-distilled student (train.objective guided, initialised from the
-# teacher) sampled with no guidance. Writes OUT_DIR/summary.json and prints a table.
+# with train.objective flow, and `evaluate`'s rows on the held-out contexts: the teacher guided (the
+# reference), unguided, and guided at k steps (what a user runs instead of a distilled student);
+# a guidance-distilled student (train.objective guided) sampled with no guidance; a k-step
+# trajectory student (train.objective trajectory) at each of its checkpoints. Writes
+# OUT_DIR/summary.json and prints a table.
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
 #        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
@@ -34,15 +35,17 @@ if [[ -z ${SKIP_TRAIN:-} ]]; then
     > teacher.log 2>&1
   echo "teacher trained in $((SECONDS - start)) s ($steps steps)"
 fi
-held_out=4096-4287
-sample() {  # NAME STEPS GUIDANCE SHIFT SOLVER
-  "$bin" sample --teacher.checkpoint teacher-run/student --data.path classes.h5 --samples "$held_out" \
-    --steps "$2" --guidance "$3" --shift "$4" --solver "$5" --seed 7 --output "rows/$1" --runtime.threads 2 \
-    --log.level warn
+# Every row scored by `evaluate` on the 192 held-out samples (never trained on), from held-out
+# noise (seed 7; the reference's second set: seed 8). The teacher's rows once, then each student
+# against them (--reuse).
+evaluate() {  # OUTPUT [options]
+  local dir=$1
+  shift
+  "$bin" evaluate --teacher.checkpoint teacher-run/student --data.path classes.h5 --count 192 --seed 7 \
+    --teacher.steps 40 --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$k" --batch 64 \
+    --runtime.threads 2 --log.level warn --output "$dir" "$@"
 }
-sample reference 40 "$g" 3 unipc
-sample teacher_unguided 40 1 3 unipc
-sample teacher_at_k "$k" "$g" "$shift_k" euler
+[[ -f eval/teacher/report.json ]] || evaluate eval/teacher
 # Guidance distillation: a copy of the teacher (every block and tensor) learns the guided target,
 # each of 2 ranks with its own teacher (colocated), and samples with one forward a step.
 if ((guided_steps > 0)); then
@@ -57,8 +60,8 @@ if ((guided_steps > 0)); then
       --train.eval_every 500 --runtime.threads 1 --student.device cpu > guided.log 2>&1
     echo "guided student trained in $((SECONDS - start)) s ($guided_steps steps)"
   fi
-  "$bin" sample --teacher.checkpoint guided-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
-    --guidance 1 --shift 3 --seed 7 --output rows/guided_student --runtime.threads 2 --log.level warn
+  # 40 UniPC steps, no guidance: teacher_at_k becomes the teacher at 40 Euler steps here.
+  evaluate eval/guided --reuse eval/teacher --student guided-run/student --student.steps 40 --student.solver unipc
 fi
 # Trajectory distillation: a copy of the teacher learns the jumps of the guided teacher's 40-step
 # UniPC paths between its own k σ (shift SHIFT_K), every trajectory from fresh noise, each of 2
@@ -80,41 +83,39 @@ if ((traj_steps > 0)); then
     echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
   fi
   for ck in traj-run/checkpoints/step-*; do
-    step=$((10#${ck##*step-}))
-    "$bin" sample --teacher.checkpoint "$ck/student" --data.path classes.h5 --samples "$held_out" --steps "$k" \
-      --guidance 1 --shift "$shift_k" --solver euler --seed 7 --output "rows/trajectory_student-$step" \
-      --runtime.threads 2 --log.level warn
+    evaluate "eval/trajectory-$((10#${ck##*step-}))" --reuse eval/teacher --student "$ck/student"
   done
 fi
-# Other noise, the same contexts: the reference's second sample set, so that a paired match
-# earns nothing against it.
-"$bin" sample --teacher.checkpoint teacher-run/student --data.path classes.h5 --samples "$held_out" --steps 40 \
-  --guidance "$g" --shift 3 --seed 8 --output rows/reference_other --runtime.threads 2 --log.level warn
-
 "$py" - "$g" "$k" <<'PY'
-import json, sys
-import torch
-from safetensors.torch import load_file
+import glob, json, re, sys
 
-g, k = sys.argv[1], sys.argv[2]
-import os
-names = ["reference", "teacher_unguided", "teacher_at_k"] + (["guided_student"] if os.path.isdir("rows/guided_student") else [])
-final = {n: load_file(f"rows/{n}/latents.safetensors")["teacher"] for n in names + ["reference_other"]}
-ref = final["reference"]
-rows = {}
-for name in names:
-    x = final[name]
-    err = ((x - ref) ** 2).flatten(1).sum(1)
-    norm = (ref ** 2).flatten(1).sum(1)
-    report = json.load(open(f"rows/{name}/report.json"))["teacher"]
-    rows[name] = {"paired_rel_mse": float(err.sum() / norm.sum()),
-                  "paired_rel_mse_median": float((err / norm).median()),
-                  "class_accuracy": report["class_accuracy"], "strict_accuracy": report["strict_accuracy"]}
-other = json.load(open("rows/reference_other/report.json"))["teacher"]
-rows["reference_other_noise"] = {"class_accuracy": other["class_accuracy"], "strict_accuracy": other["strict_accuracy"]}
-json.dump({"guidance": float(g), "k": int(k), "rows": rows}, open("summary.json", "w"), indent=2)
-print(f"{'row':<24} {'paired rel MSE':>14} {'median':>8} {'class %':>8} {'strict %':>9}")
+g, k = float(sys.argv[1]), int(sys.argv[2])
+teacher = json.load(open("eval/teacher/report.json"))
+rows = dict(teacher["rows"])
+summary = {"guidance": g, "k": k, "frechet_floor": teacher["frechet_floor"], "rows": rows, "trajectory_curve": []}
+try:
+    rows["guided_student (40 UniPC steps, g 1)"] = json.load(open("eval/guided/report.json"))["rows"]["student"]
+except FileNotFoundError:
+    pass
+runs = sorted(glob.glob("eval/trajectory-*/report.json"), key=lambda p: int(re.search(r"trajectory-(\d+)", p)[1]))
+for path in runs:
+    step = int(re.search(r"trajectory-(\d+)", path)[1])
+    r = json.load(open(path))["rows"]["student"]
+    # 32 trained samples a step (2 ranks x 16), each trajectory giving k of them.
+    summary["trajectory_curve"].append({"step": step, "trajectories": step * 32 // k, **r})
+if runs:
+    rows[f"trajectory_student ({k} Euler steps, g 1)"] = summary["trajectory_curve"][-1]
+json.dump(summary, open("summary.json", "w"), indent=2)
+at_k = rows["teacher_at_k"]["paired_rel_mse"]
+print(f"{'row':<40} {'paired':>8} {'median':>8} {'Fréchet':>8} {'class %':>8} {'strict %':>9} {'collapsed':>9}")
 for name, r in rows.items():
-    print(f"{name:<24} {r.get('paired_rel_mse', float('nan')):>14.4f} {r.get('paired_rel_mse_median', float('nan')):>8.4f} "
-          f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f}")
+    if "paired_rel_mse" not in r:
+        print(f"{name:<40} {'-':>8} {'-':>8} {'-':>8} {100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f}")
+        continue
+    print(f"{name:<40} {r['paired_rel_mse']:>8.4f} {r['paired_rel_mse_median']:>8.4f} {r['frechet']:>8.4f} "
+          f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f} {str(r['collapsed']):>9}")
+print(f"Fréchet floor {teacher['frechet_floor']:.4f}")
+for c in summary["trajectory_curve"]:
+    print(f"trajectory student after {c['trajectories']:>6} trajectories: paired {c['paired_rel_mse']:.4f} = "
+          f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}")
 PY
