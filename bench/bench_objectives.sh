@@ -8,10 +8,12 @@
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
 #        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
-#        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve)
+#        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve;
+#        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
+#        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$PWD/${BUILD_DIR:-build}/src/app/wan-distill
+bin=${WAN_DISTILL:-$PWD/${BUILD_DIR:-build}/src/app/wan-distill}
 out=${1:-${BUILD_DIR:-build}/bench-objectives}
 steps=${STEPS:-8000}
 g=${GUIDANCE:-2}
@@ -19,33 +21,41 @@ guided_steps=${GUIDED_STEPS:-1500}
 k=${K:-4}
 shift_k=${SHIFT_K:-3}
 py=${PYTHON:-$PWD/.venv/bin/python}
+classes=${CLASSES:-6}
+samples=${SAMPLES:-4288}
+held_out=${HELD_OUT:-192}
+latent=${LATENT:-16,1,16,16}
+dims="--student.dim ${DIM:-128} --student.ffn_dim ${FFN:-512} --student.num_heads 4 --student.num_layers ${LAYERS:-4}"
+blocks=$(seq -s, 0 $((${LAYERS:-4} - 1)))
+batch=${BATCH:-16}
+teacher_steps=${TEACHER_STEPS:-40}
 mkdir -p "$out"
 cd "$out"
 
 # 6 classes of 16x1x16x16 latents, 8 context rows of 64; the last 192 samples are held out.
-[[ -f classes.h5 ]] || "$bin" make-dataset --output classes.h5 --kind classes --classes 6 --samples 4288 \
-  --latent 16,1,16,16 --text-len 8 --text-dim 64 --seed 1
+[[ -f classes.h5 ]] || "$bin" make-dataset --output classes.h5 --kind classes --classes "$classes" --samples "$samples" \
+  --latent "$latent" --text-len 8 --text-dim 64 --seed 1
 if [[ -z ${SKIP_TRAIN:-} ]]; then
   start=$SECONDS
   mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
     --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout 0.1 \
-    --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
-    --train.batch_size 16 --train.eval_samples 192 --train.steps "$steps" --train.lr 1e-3 --train.warmup_steps 200 \
-    --train.log_every 200 --train.eval_every 2000 --checkpoint.every 2000 --runtime.threads 1 --student.device cpu \
+    $dims --train.batch_size "$batch" --train.eval_samples "$held_out" --train.steps "$steps" --train.lr 1e-3 \
+    --train.warmup_steps $((steps < 2000 ? steps / 10 : 200)) \
+    --train.log_every 200 --train.eval_every $((steps < 2000 ? steps : 2000)) --checkpoint.every $((steps < 2000 ? steps : 2000)) --runtime.threads 1 --student.device cpu \
     > teacher.log 2>&1
   echo "teacher trained in $((SECONDS - start)) s ($steps steps)"
 fi
 # Every row scored by `evaluate` on the 192 held-out samples (never trained on), from held-out
 # noise (seed 7; the reference's second set: seed 8). The teacher's rows once, then each student
 # against them (--reuse).
-evaluate() {  # OUTPUT [options]
-  local dir=$1
-  shift
-  "$bin" evaluate --teacher.checkpoint teacher-run/student --data.path classes.h5 --count 192 --seed 7 \
-    --teacher.steps 40 --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$k" --batch 64 \
+evaluate() {  # OUTPUT K [options]
+  local dir=$1 steps=$2
+  shift 2
+  "$bin" evaluate --teacher.checkpoint teacher-run/student --data.path classes.h5 --count "$held_out" --seed 7 \
+    --teacher.steps "$teacher_steps" --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$steps" --batch 64 \
     --runtime.threads 2 --log.level warn --output "$dir" "$@"
 }
-[[ -f eval/teacher/report.json ]] || evaluate eval/teacher
+[[ -f eval/teacher/report.json ]] || evaluate eval/teacher "$k"
 # Guidance distillation: a copy of the teacher (every block and tensor) learns the guided target,
 # each of 2 ranks with its own teacher (colocated), and samples with one forward a step.
 if ((guided_steps > 0)); then
@@ -54,14 +64,13 @@ if ((guided_steps > 0)); then
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
       --run-dir guided-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
       --train.objective guided --teacher.guidance "$g" --teacher.placement colocated --teacher.compute fp32 \
-      --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
-      --student.init teacher-blocks:0,1,2,3 --train.batch_size 16 --train.eval_samples 192 \
+      $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$guided_steps" --train.lr 3e-4 --train.warmup_steps 50 --train.log_every 100 \
       --train.eval_every 500 --runtime.threads 1 --student.device cpu > guided.log 2>&1
     echo "guided student trained in $((SECONDS - start)) s ($guided_steps steps)"
   fi
   # 40 UniPC steps, no guidance: teacher_at_k becomes the teacher at 40 Euler steps here.
-  evaluate eval/guided --reuse eval/teacher --student guided-run/student --student.steps 40 --student.solver unipc
+  evaluate eval/guided "$teacher_steps" --reuse eval/teacher --student guided-run/student --student.solver unipc
 fi
 # Trajectory distillation: a copy of the teacher learns the jumps of the guided teacher's 40-step
 # UniPC paths between its own k σ (shift SHIFT_K), every trajectory from fresh noise, each of 2
@@ -74,35 +83,34 @@ if ((traj_steps > 0)); then
     start=$SECONDS
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
       --run-dir traj-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
-      --train.objective trajectory --teacher.guidance "$g" --teacher.steps 40 --teacher.shift "$shift_k" \
+      --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
       --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
-      --student.dim 128 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4 \
-      --student.init teacher-blocks:0,1,2,3 --train.batch_size 16 --train.eval_samples 192 \
+      $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$traj_steps" --train.lr 2e-4 --train.warmup_steps 50 --train.log_every 50 \
       --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1
     echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
   fi
   for ck in traj-run/checkpoints/step-*; do
-    evaluate "eval/trajectory-$((10#${ck##*step-}))" --reuse eval/teacher --student "$ck/student"
+    evaluate "eval/trajectory-$((10#${ck##*step-}))" "$k" --reuse eval/teacher --student "$ck/student"
   done
 fi
-"$py" - "$g" "$k" <<'PY'
+"$py" - "$g" "$k" "$batch" <<'PY'
 import glob, json, re, sys
 
-g, k = float(sys.argv[1]), int(sys.argv[2])
+g, k, batch = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 teacher = json.load(open("eval/teacher/report.json"))
 rows = dict(teacher["rows"])
 summary = {"guidance": g, "k": k, "frechet_floor": teacher["frechet_floor"], "rows": rows, "trajectory_curve": []}
 try:
-    rows["guided_student (40 UniPC steps, g 1)"] = json.load(open("eval/guided/report.json"))["rows"]["student"]
+    rows["guided_student (UniPC, g 1)"] = json.load(open("eval/guided/report.json"))["rows"]["student"]
 except FileNotFoundError:
     pass
 runs = sorted(glob.glob("eval/trajectory-*/report.json"), key=lambda p: int(re.search(r"trajectory-(\d+)", p)[1]))
 for path in runs:
     step = int(re.search(r"trajectory-(\d+)", path)[1])
     r = json.load(open(path))["rows"]["student"]
-    # 32 trained samples a step (2 ranks x 16), each trajectory giving k of them.
-    summary["trajectory_curve"].append({"step": step, "trajectories": step * 32 // k, **r})
+    # 2 ranks x batch trained samples a step, each trajectory giving k of them.
+    summary["trajectory_curve"].append({"step": step, "trajectories": step * 2 * batch // k, **r})
 if runs:
     rows[f"trajectory_student ({k} Euler steps, g 1)"] = summary["trajectory_curve"][-1]
 json.dump(summary, open("summary.json", "w"), indent=2)

@@ -36,10 +36,11 @@ stage() {
 # mpirun's stop sequence), and every one has its own timeout.
 stage "ctest (LibTorch 1.13 CPU build)" ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure \
   --timeout 600 --parallel "${CTEST_PARALLEL:-2}" "$@"
-# The SLURM tests check the sbatch templates and the job's launch, not LibTorch: once is enough.
+# The SLURM tests check the sbatch templates and the job's launch, not LibTorch, and the toy bench
+# checks an objective, not the build: once is enough.
 if [[ -z ${SKIP_CUDA:-} ]]; then
   stage "ctest (LibTorch 2.11 CUDA build, on the CPU)" ctest --test-dir "${CUDA_BUILD_DIR:-build-cuda}" \
-    --output-on-failure --timeout 600 --parallel "${CTEST_PARALLEL:-2}" -LE slurm "$@"
+    --output-on-failure --timeout 600 --parallel "${CTEST_PARALLEL:-2}" -LE 'slurm|bench' "$@"
 fi
 if [[ -z ${SKIP_ASAN:-} ]]; then stage "asan data tests" bash launch/asan.sh; fi
 if [[ -z ${SKIP_FUZZ:-} ]]; then stage "fuzz safetensors" bash launch/fuzz.sh "${FUZZ_SECONDS:-60}"; fi
