@@ -48,6 +48,21 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   return stage;
 }
 
+namespace {
+
+/// train.objective trajectory: this replica's trajectory rounds (a whole teacher: stage 0 reads).
+std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job, teacher::TeacherStage& stage,
+                                                             data::DatasetReader* reader,
+                                                             const data::SampleSchedule& schedule) {
+  if (!job.cfg.train.trajectory()) return nullptr;
+  WD_CHECK(reader, "train.objective trajectory: the teacher rank has no data reader");
+  return std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
+      stage, *reader, schedule, job.plan, job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),
+      job.layout.replicas, job.per_replica, job.train_samples, job.cfg.train.seed});
+}
+
+}  // namespace
+
 RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   const auto& cfg = job.cfg;
   const auto& layout = job.layout;
@@ -107,12 +122,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
   data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
   data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
-  std::unique_ptr<teacher::TrajectoryRounds> trajectory;
-  if (cfg.train.trajectory()) {
-    trajectory = std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
-        stage_model, *reader, schedule, job.plan, cfg.trajectory_spec(), layout.replica_of(rank), layout.replicas,
-        job.per_replica, job.train_samples, cfg.train.seed});
-  }
+  const auto trajectory = trajectory_rounds(job, stage_model, reader ? &*reader : nullptr, schedule);
   teacher::TeacherJob loop{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
                            transport.get(), job.plan, layout.replica_of(rank), layout.replicas,
                            layout.students_per_replica(), job.train_samples, job.broadcast};
