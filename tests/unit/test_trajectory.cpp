@@ -82,6 +82,18 @@ std::map<std::pair<std::int64_t, std::int64_t>, Pair> round_pairs(TrajectoryRoun
   return pairs;
 }
 
+/// `stage`'s velocity for one trajectory: state `x` [1,...] at σ with sample `b`'s context of `c`.
+torch::Tensor velocity_of(TeacherStage& stage, const torch::Tensor& x, double sigma, const data::CleanBatch& c,
+                          std::int64_t b) {
+  StageBatch one;
+  one.x_t = x;
+  one.t = torch::full({1}, static_cast<float>(sigma * 1000));
+  one.context = c.context.slice(0, b, b + 1);
+  one.context_lens = c.context_lens.slice(0, b, b + 1);
+  stage.run(one);
+  return one.out;
+}
+
 TEST(Trajectory, StudentSigmasArePointsOfTheTeachersScheduleAndTheOfficialKStepOne) {
   const auto s = spec(40, 4);
   const auto teacher = s.teacher_sigmas(), student = s.student_sigmas();
@@ -129,13 +141,7 @@ TEST(Trajectory, JumpsChainIntoTheGuidedTeachersOwnSampledPath) {
     const auto end = last.x + (0.0 - sigmas[static_cast<std::size_t>(k - 1)]) * last.v;
     const auto want = data::sample_flow(s.solver, s.teacher_sigmas(), pairs.at({b, 0}).x.unsqueeze(0),
                                         [&](const torch::Tensor& x, double sigma) {
-                                          StageBatch one;
-                                          one.x_t = x;
-                                          one.t = torch::full({1}, static_cast<float>(sigma * 1000));
-                                          one.context = contexts.context.slice(0, b, b + 1);
-                                          one.context_lens = contexts.context_lens.slice(0, b, b + 1);
-                                          stage.run(one);
-                                          return one.out;
+                                          return velocity_of(stage, x, sigma, contexts, b);
                                         });
     EXPECT_TRUE(torch::allclose(end, want[0], 1e-4, 1e-4)) << "trajectory " << b << ": max diff "
                                                            << (end - want[0]).abs().max().item<float>();
@@ -217,13 +223,7 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
     // land elsewhere (both experts matter).
     const auto run = [&](bool routed) {
       return data::sample_flow("euler", sigmas, pairs.at({b, 0}).x.unsqueeze(0), [&](const torch::Tensor& x, double sigma) {
-        StageBatch one;
-        one.x_t = x;
-        one.t = torch::full({1}, static_cast<float>(sigma * 1000));
-        one.context = contexts.context.slice(0, b, b + 1);
-        one.context_lens = contexts.context_lens.slice(0, b, b + 1);
-        (routed && sigma * 1000 >= 500 ? high : low).run(one);
-        return one.out;
+        return velocity_of(routed && sigma * 1000 >= 500 ? high : low, x, sigma, contexts, b);
       });
     };
     const auto& last = pairs.at({b, k - 1});
