@@ -132,7 +132,6 @@ StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
   const auto round = position / k, slot = position % k;
   if (round_.index != round || round_.eval != eval) sample_round(round, eval);
   const auto B = src_.per_replica;
-  const auto device = round_.states.front().device();
   std::vector<std::int64_t> traj, interval;
   for (std::int64_t j = slot * B; j < (slot + 1) * B; ++j) {
     const auto pair = round_.order[static_cast<std::size_t>(j)];
@@ -155,7 +154,7 @@ StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
   StageBatch out;
   out.x_t = torch::stack(x);
   out.out = torch::stack(target);
-  out.t = torch::stack(t).to(device);
+  out.t = torch::stack(t);  // on the host, as the noiser's t of the other objectives
   out.context = round_.context.index_select(0, traj_idx.to(round_.context.device()));
   out.context_lens = round_.context_lens.index_select(0, traj_idx);
   for (auto& [block, hs] : features) out.features[block] = torch::stack(hs);
