@@ -104,6 +104,16 @@ struct RunConfig {
   teacher::TrajectorySpec trajectory_spec() const {
     return {teacher.solver, teacher.steps, student.steps, teacher.shift};
   }
+  /// The [train] section as the student loop uses it: a trajectory student's sampling probe
+  /// samples its own student.steps (Euler) on teacher.shift's schedule.
+  student::TrainConfig student_train() const {
+    auto t = train;
+    if (train.trajectory()) {
+      t.sample_steps = student.steps;
+      t.sample_shift = teacher.shift;
+    }
+    return t;
+  }
   /// Whether the teacher's forwards are guided ([cond; neg] in one batch): guided, and
   /// trajectory unless teacher.guidance is 1.
   bool teacher_guided() const { return train.guided() || (train.trajectory() && teacher.guidance != 1.0); }

@@ -224,7 +224,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
   }
-  student::StudentJob loop{parts, *transport, *reducer, plan, cfg.train, job.groups->students(),
+  const auto train = cfg.student_train();
+  student::StudentJob loop{parts, *transport, *reducer, plan, train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            student::CheckpointPolicy::parse(cfg.student.checkpointing)};

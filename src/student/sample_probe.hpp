@@ -22,7 +22,8 @@ struct SampleProbe {
   bool collapsed() const { return !flat_channels.empty() || !static_channels.empty(); }
 };
 
-/// Samples `parts` (train.sample_steps UniPC steps, shift train.sample_shift) from noise seeded
+/// Samples `parts` (train.sample_steps UniPC steps, Euler for train.objective trajectory; shift
+/// train.sample_shift) from noise seeded
 /// by train.seed, with the contexts of `batch` (a received batch: x_t, t, context,
 /// context_lens, teacher_out). The references come from the same batch: the teacher's x0
 /// estimate x_t − σ·teacher_out and its velocity teacher_out (σ = t / 1000, per sample; the

@@ -138,8 +138,10 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("train.sample_every", sample_every,
             "steps between sampling probes: student rank 0 samples its student (UniPC) with the contexts of "
             "the first held-out batch and flags a collapse against that batch's teacher outputs (0 = off)")
-      .bind("train.sample_steps", sample_steps, "sampling steps of a probe")
-      .bind("train.sample_shift", sample_shift, "σ shift of a probe's schedule (as wan-distill sample --shift)")
+      .bind("train.sample_steps", sample_steps,
+            "sampling steps of a probe (train.objective trajectory: student.steps, Euler)")
+      .bind("train.sample_shift", sample_shift,
+            "σ shift of a probe's schedule (as wan-distill sample --shift; train.objective trajectory: teacher.shift)")
       .bind("train.collapse_ratio", collapse_ratio,
             "a probe flags the student when a channel's std falls below this fraction of the teacher's")
       .bind("train.seed", seed, "seed of the data order, the noise and the student init")

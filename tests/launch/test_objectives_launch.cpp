@@ -140,8 +140,10 @@ TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectoriesFromContextsAlone) 
   static_cast<void>(builtin_assets());  // makes the teacher
   auto r = test::launch_train(2, "--run-dir " + dir.string() + " --teacher.checkpoint " +
                                      (root() / "assets" / "cache" / "tiny-teacher").string() + " --data.path " + contexts +
-                                     kTrajectory + " --teacher.placement colocated");
+                                     kTrajectory + " --teacher.placement colocated --train.sample_every 8");
   ASSERT_EQ(r.code, 0) << r.output;
+  // The sampling probe samples the student as it will be used: its 3 Euler steps on teacher.shift's schedule.
+  EXPECT_NE(r.output.find("sample probe at step 8 (3 Euler steps, shift 3)"), std::string::npos) << r.output;
   const auto l = losses(dir);
   ASSERT_EQ(l.size(), 8u) << r.output;
   for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << x;
