@@ -8,7 +8,9 @@
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
 #        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
-#        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve;
+#        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
+#        TRAJ_LR=2e-4, TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
+#        for a half-depth one);
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
 #        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
@@ -78,6 +80,8 @@ fi
 # TRAJ_EVERY steps a checkpoint's student is sampled too: the curve of error against trajectories.
 traj_steps=${TRAJ_STEPS:-1500}
 traj_every=${TRAJ_EVERY:-250}
+traj_blocks=${TRAJ_BLOCKS:-$blocks}
+traj_dims="--student.dim ${DIM:-128} --student.ffn_dim ${FFN:-512} --student.num_heads 4 --student.num_layers $(tr ',' '\n' <<<"$traj_blocks" | wc -l)"
 if ((traj_steps > 0)); then
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
@@ -85,8 +89,8 @@ if ((traj_steps > 0)); then
       --run-dir traj-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
       --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
       --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
-      $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
-      --train.steps "$traj_steps" --train.lr 2e-4 --train.warmup_steps 50 --train.log_every 50 \
+      $traj_dims --student.init "teacher-blocks:$traj_blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
+      --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.warmup_steps 50 --train.log_every 50 \
       --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1
     echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
   fi

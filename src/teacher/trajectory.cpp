@@ -63,9 +63,8 @@ torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) cons
   return S > 0 ? t.view({batch, 1}).expand({batch, S}).contiguous() : t;
 }
 
-std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t round, bool eval, std::int64_t j) const {
-  const auto k = src_.spec.student_steps;
-  const auto n = src_.per_replica * k;
+std::vector<std::int64_t> TrajectoryRounds::deal(std::int64_t round, bool eval) const {
+  const auto n = src_.per_replica * src_.spec.student_steps;
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   data::SplitMix64 rng(round_key(src_.seed, kDealStream, eval, round, src_.replica));
@@ -73,7 +72,12 @@ std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t rou
     const auto r = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(i + 1)));
     std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(r)]);
   }
-  const auto pair = order.at(static_cast<std::size_t>(j));
+  return order;
+}
+
+std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t round, bool eval, std::int64_t j) const {
+  const auto k = src_.spec.student_steps;
+  const auto pair = deal(round, eval).at(static_cast<std::size_t>(j));
   return {pair / k, pair % k};
 }
 
@@ -119,10 +123,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   }
   WD_CHECK(static_cast<std::int64_t>(r.states.size()) == k + 1, "trajectory round kept " << r.states.size()
                                                                                           << " states for " << k << " intervals");
-  for (std::int64_t j = 0; j < B * k; ++j) {
-    const auto [b, i] = pair_at(round, eval, j);
-    r.order.push_back(b * k + i);
-  }
+  r.order = deal(round, eval);
   round_ = std::move(r);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -67,7 +67,11 @@ class TrajectoryRounds {
   StageBatch batch(std::int64_t position, bool eval);
   /// Seconds spent sampling trajectories.
   double sampling_seconds() const { return seconds_; }
-  /// Which (trajectory, interval) pair sits at place `j` of round `round`'s deal (exposed for tests).
+  /// Round `round`'s deal: place j -> pair b·k + i (trajectory b, interval i); places
+  /// [s·B, (s+1)·B) are the batch of the round's position s.
+  std::vector<std::int64_t> deal(std::int64_t round, bool eval) const;
+  /// Which (trajectory, interval) pair sits at place `j` of round `round`'s deal (for tests: it
+  /// deals the whole round on every call).
   std::pair<std::int64_t, std::int64_t> pair_at(std::int64_t round, bool eval, std::int64_t j) const;
 
  private:
