@@ -21,6 +21,7 @@
 #include "model/wan_checkpoint.hpp"
 #include "model/sampling_model.hpp"
 #include "model/wan_experts.hpp"
+#include "teacher/sampling_teacher.hpp"
 
 namespace wd::app {
 
@@ -47,6 +48,7 @@ struct SampleConfig {
   bool trajectory = false;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  teacher::SamplingPlacement placement;
   LogConfig log;
   RuntimeConfig runtime;
 
@@ -72,6 +74,7 @@ struct SampleConfig {
         .bind("trajectory", trajectory, "also write every step's latents of both models")
         .bind("dtype", dtype, "weight dtype of both models: fp32 | bf16 | fp16 | auto (as stored)")
         .bind("device", device, "cpu | cuda | cuda:N");
+    placement.bind(t);
     log.bind(t);
     runtime.bind(t);
   }
@@ -91,6 +94,7 @@ struct SampleConfig {
     p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
     p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
             "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
+    placement.validate(p, device);
     log.validate(p);
     runtime.validate(p);
     p.throw_if_any("sample");
@@ -110,7 +114,8 @@ std::string show_channels(const std::vector<double>& v) {
 std::pair<SamplingModel, std::optional<SamplingModel>> load_models(const SampleConfig& cfg, const c10::Device& device) {
   const std::optional<c10::ScalarType> dtype =
       cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
-  auto teacher = load_sampling_teacher(cfg.teacher, cfg.boundary, dtype, device);
+  auto teacher = teacher::load_sampling_teacher(
+      {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   if (cfg.student.empty()) return {std::move(teacher), std::nullopt};
   return {std::move(teacher), load_sampling_student(cfg.student, dtype, device)};
 }

@@ -16,6 +16,7 @@
 #include "eval/metrics.hpp"
 #include "model/safetensors.hpp"
 #include "model/sampling_model.hpp"
+#include "teacher/sampling_teacher.hpp"
 
 namespace wd::eval {
 
@@ -49,6 +50,7 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("output", output, "directory for report.json and latents.safetensors")
       .bind("dtype", dtype, "weight dtype of the models: fp32 | bf16 | fp16 | auto (as stored)")
       .bind("device", device, "cpu | cuda | cuda:N");
+  placement.bind(t);
   log.bind(t);
   runtime.bind(t);
 }
@@ -75,6 +77,7 @@ void EvaluateConfig::validate() const {
   p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
   p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
           "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
+  placement.validate(p, device);
   log.validate(p);
   runtime.validate(p);
   p.throw_if_any("evaluate");
@@ -150,7 +153,8 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   const c10::Device device(cfg.device);
   const std::optional<c10::ScalarType> dtype =
       cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
-  auto teacher = load_sampling_teacher(cfg.teacher, cfg.boundary, dtype, device);
+  auto teacher = teacher::load_sampling_teacher(
+      {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   std::optional<SamplingModel> student;
   if (!cfg.student.empty()) student = load_sampling_student(cfg.student, dtype, device);
   const auto& tc = teacher.experts->config();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "teacher/sampling_teacher.hpp"
 
 namespace wd::eval {
 
@@ -33,6 +34,7 @@ struct EvaluateConfig {
   std::string output;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  teacher::SamplingPlacement placement;
   LogConfig log;
   RuntimeConfig runtime;
 

@@ -21,9 +21,7 @@ torch::Tensor SamplingModel::over_channels(const std::string& name, const torch:
 torch::Tensor SamplingModel::operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
                                         const torch::Tensor& lens) {
   const auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
-  const auto in = WanInputs::batched(over_channels("in_proj", x), t, context, lens);
-  auto out = experts ? experts_forward(models, *experts, in) : models.front()->forward(in);
-  return over_channels("out_proj", torch::stack(out).to(torch::kFloat));
+  return over_channels("out_proj", forward(over_channels("in_proj", x), t, context, lens));
 }
 
 torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
@@ -35,22 +33,15 @@ torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const 
   return both.slice(0, B) + g * (both.slice(0, 0, B) - both.slice(0, B));
 }
 
-SamplingModel load_sampling_teacher(const std::string& path, double boundary, std::optional<c10::ScalarType> dtype,
-                                    const c10::Device& device) {
-  SamplingModel teacher;
-  teacher.experts = WanExperts::open(path, boundary > 0 ? std::optional<double>(boundary) : std::nullopt);
-  teacher.models = load_wan_experts(*teacher.experts, dtype, device);
-  const auto& tc = teacher.experts->config();
-  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sampling: i2v teachers need image conditioning (y), not supported");
-  spdlog::info("teacher: {}", tc.summary());
-  return teacher;
-}
-
 SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
                                     const c10::Device& device) {
   SamplingModel student;
   const auto ck = WanCheckpoint::open(path);
-  student.models.push_back(load_wan_dit(ck, dtype, device));
+  auto model = load_wan_dit(ck, dtype, device);
+  student.forward = [model](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,
+                            const torch::Tensor& lens) mutable {
+    return torch::stack(model->forward(WanInputs::batched(x, t, context, lens))).to(torch::kFloat);
+  };
   const auto heads = std::filesystem::path(path) / "distill_heads" / "heads.safetensors";
   if (std::filesystem::exists(heads)) {
     const auto f = SafetensorsFile::open(heads.string());

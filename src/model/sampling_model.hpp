@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -14,11 +15,16 @@
 
 namespace wd {
 
-/// One model's velocity at (x, σ): the teacher (one or two experts) or a student with its channel
-/// projections (distill_heads/heads.safetensors) when its channels differ from the teacher's.
+/// One model's velocity at (x, σ): the teacher (one or two experts, in a placement:
+/// teacher::load_sampling_teacher) or a student with its channel projections
+/// (distill_heads/heads.safetensors) when its channels differ from the teacher's.
 struct SamplingModel {
-  std::vector<WanDiT> models;
-  std::optional<WanExperts> experts;  ///< the teacher
+  /// The model's output [B,out_dim,F,H,W] fp32 on x's device for x [B,C,F,H,W] (in the model's
+  /// channels), t [B] on the host, context [B,L,D] and lens [B].
+  using Forward = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& t,
+                                              const torch::Tensor& context, const torch::Tensor& lens)>;
+  Forward forward;
+  std::optional<WanExperts> experts;  ///< the teacher's checkpoints (its config, its mappings)
   std::map<std::string, torch::Tensor> heads;
 
   /// The velocity of `x` [B,C,F,H,W] at σ (t = 1000·σ, as the noiser) with `context`/`lens`.
@@ -33,10 +39,6 @@ struct SamplingModel {
   torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const;
 };
 
-/// A teacher checkpoint (a folder WanCheckpoint reads, or a two-expert folder; boundary 0 = the
-/// folder's) in `dtype` (nullopt: as stored) on `device`. i2v teachers are refused.
-SamplingModel load_sampling_teacher(const std::string& path, double boundary, std::optional<c10::ScalarType> dtype,
-                                    const c10::Device& device);
 /// A student folder (RUN_DIR/student) with its projections.
 SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
                                     const c10::Device& device);

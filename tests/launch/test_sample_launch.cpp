@@ -194,6 +194,65 @@ TEST(SampleLaunch, GuidanceWithATwoExpertTeacher) {
   fs::remove_all(dir);
 }
 
+// `sample` and `evaluate` take train's teacher placements: a teacher whose blocks stay mapped on
+// the host and are copied ahead of use (stream; on this host the copies go host to host) samples
+// exactly what the same teacher computing on the host does, two experts and guidance included;
+// gpu without a CUDA device and train-only placements are refused before anything loads.
+TEST(SampleLaunch, AStreamedTeacherSamplesWhatTheHostTeacherDoes) {
+  const auto dir = test::fresh_dir("sample-stream");
+  fs::create_directories(dir);
+  const auto teacher = (dir / "a14b").string();
+  auto [code, out] = cli("init-teacher --preset tiny --experts 2 --output " + teacher);  // bf16, as shipped
+  ASSERT_EQ(code, 0) << out;
+  const auto run = [&](const std::string& placement) {
+    const auto to = dir / placement;
+    const auto [rc, output] = cli("sample --teacher.checkpoint " + teacher + " --teacher.boundary 0.9 --count 3" +
+                                  " --latent 2,4,4 --steps 6 --guidance 3 --runtime.threads 1 --teacher.placement " +
+                                  placement + " --teacher.stream_ahead 1 --output " + to.string());
+    EXPECT_EQ(rc, 0) << output;
+    EXPECT_NE(output.find("placement " + (placement == "auto" ? std::string("cpu") : placement)), std::string::npos)
+        << output;
+    if (placement == "stream") {
+      EXPECT_NE(output.find("stay mapped on the host"), std::string::npos) << output;
+    }
+    return teacher_latents(to);
+  };
+  const auto host = run("cpu"), streamed = run("stream");
+  EXPECT_TRUE(torch::equal(host, streamed)) << (host - streamed).abs().max().item<double>();
+  EXPECT_TRUE(torch::equal(host, run("auto")));  // auto on a CPU device: cpu
+
+  // evaluate: the same rows whichever placement, the teacher checkpoint as its own student.
+  const auto data = (dir / "classes.h5").string();
+  std::tie(code, out) = cli("make-dataset --output " + data +
+                            " --kind classes --classes 2 --samples 6 --latent 16,1,4,4 --text-len 4 --text-dim 64");
+  ASSERT_EQ(code, 0) << out;
+  const auto single = (dir / "teacher").string();
+  std::tie(code, out) = cli("init-teacher --output " + single);
+  ASSERT_EQ(code, 0) << out;
+  const auto evaluate = [&](const std::string& placement) {
+    const auto to = dir / ("eval-" + placement);
+    const auto [rc, output] = cli("evaluate --teacher.checkpoint " + single + " --data.path " + data +
+                                  " --count 4 --teacher.steps 4 --student.steps 2 --teacher.guidance 2 --batch 3"
+                                  " --runtime.threads 1 --teacher.placement " + placement + " --output " + to.string());
+    EXPECT_EQ(rc, 0) << output;
+    return SafetensorsFile::open((to / "latents.safetensors").string());
+  };
+  const auto a = evaluate("cpu"), b = evaluate("stream");
+  for (const char* row : {"reference", "reference_other_noise", "teacher_unguided", "teacher_at_k"}) {
+    EXPECT_TRUE(torch::equal(a.tensor(row), b.tensor(row))) << row;
+  }
+
+  std::tie(code, out) = cli("sample --teacher.checkpoint " + teacher + " --teacher.placement gpu --device cpu");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("teacher.placement(gpu) needs a CUDA --device (device is cpu)"), std::string::npos) << out;
+  std::tie(code, out) = cli("evaluate --teacher.checkpoint " + single + " --data.path " + data +
+                            " --teacher.placement shard --teacher.stream_ahead 0");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("teacher.placement(shard) must be auto, gpu, cpu or stream"), std::string::npos) << out;
+  EXPECT_NE(out.find("teacher.stream_ahead(0) must be >= 1"), std::string::npos) << out;
+  fs::remove_all(dir);
+}
+
 TEST(SampleLaunch, TrainingLowersTheErrorAndAZeroHeadIsFlagged) {
   const auto dir = test::fresh_dir("sample");
   const auto trained = dir / "trained", untrained = dir / "untrained";
