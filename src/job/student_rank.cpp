@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "job/train_job.hpp"
 #include "comm/gradient_reducer.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/torch_compat.hpp"
+#include "student/ema.hpp"
 #include "student/student_device.hpp"
 #include "job/plan_input.hpp"
 #include "teacher/colocated_teacher.hpp"
@@ -143,17 +145,25 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
 void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::StudentParts& parts,
                         const RoleServices& services, const c10::Device& device) {
   loop.checkpoint_every = job.cfg.checkpoint.every;
+  student::EmaWeights* ema = loop.ema;
   if (!job.resume_path.empty()) {
-    loop.restore = [&job, &parts](torch::optim::AdamW& optimizer) {
+    loop.restore = [&job, &parts, ema](torch::optim::AdamW& optimizer) {
       const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
       WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
                     "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
+      if (ema) ema->restore(job.resume_path, parts);
     };
   }
-  loop.save = [&job, &parts, &faults = services.faults, device](std::int64_t step, torch::optim::AdamW& optimizer) {
+  loop.save = [&job, &parts, ema, &faults = services.faults, device](std::int64_t step,
+                                                                      torch::optim::AdamW& optimizer) {
     if (!job.store) return;
     const auto path = job.store->save(step, [&](const std::string& dir) {
-      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini);
+      // With a weight average, checkpoints keep both and student/ holds the average.
+      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr);
+      if (ema) {
+        ema->save(dir, parts);
+        ema->with_averaged(parts, [&] { parts.save((fs::path(dir) / student::TrainStateFiles::kStudent).string()); });
+      }
       // Mid-save: the files are written, the checkpoint is neither sealed nor renamed.
       faults.at(FaultSpec::Point::kSave, step, device);
     });
@@ -163,7 +173,7 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
 
 /// What the loop reports; the students' first rank saves the student unless stopped for a requeue.
 RoleResult finish_student(const TrainJob& job, const student::StudentStats& stats, student::StudentParts& parts,
-                          bool first) {
+                          const student::EmaWeights* ema, bool first) {
   const auto& plan = job.plan;
   RoleResult result;
   result.requeue = stats.stopped_after >= 0;
@@ -173,10 +183,15 @@ RoleResult finish_student(const TrainJob& job, const student::StudentStats& stat
                     0};
   if (first && !result.requeue) {
     const auto dir = (fs::path(job.cfg.run_dir) / "student").string();
-    parts.save(dir);
-    spdlog::info("student saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
+    if (ema) {
+      ema->with_averaged(parts, [&] { parts.save(dir); });
+    } else {
+      parts.save(dir);
+    }
+    spdlog::info("student{} saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
                  "{:.1f} s, waiting for batches {:.0f}%",
-                 dir, wan_param_count(parts.model()->config()), stats.first_eval_rel_mse,
+                 ema ? " (its weight average, train.ema_decay)" : "", dir, wan_param_count(parts.model()->config()),
+                 stats.first_eval_rel_mse,
                  stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
   }
   return result;
@@ -234,8 +249,10 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.faults = &services.faults;
   loop.teachers = layout.teacher_world_ranks();
   loop.tracked_memory = &services.memory.model;
+  std::optional<student::EmaWeights> ema;
+  if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
   attach_checkpoints(loop, job, parts, services, device);
-  return finish_student(job, student::run_student(loop), parts, group_rank == 0);
+  return finish_student(job, student::run_student(loop), parts, loop.ema, group_rank == 0);
 }
 
 }  // namespace wd::job

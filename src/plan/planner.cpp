@@ -225,7 +225,8 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   place(kGradients, grads,
         !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
                  : scratch ? "fp32 .grad + all-reduce buckets + MPI scratch" : "fp32 .grad + all-reduce buckets");
-  place(kOptimizerState, 2 * W, "AdamW exp_avg + exp_avg_sq (fp32)");
+  place(kOptimizerState, (in.student_ema ? 3 : 2) * W,
+        in.student_ema ? "AdamW exp_avg + exp_avg_sq + the weight average (fp32)" : "AdamW exp_avg + exp_avg_sq (fp32)");
   place(kStudentActivations, s_act);
   St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
 

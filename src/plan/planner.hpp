@@ -36,6 +36,7 @@ struct PlanInput {
   std::int64_t teacher_elem_bytes = 2;     ///< teacher.dtype: bf16/fp16 2, fp32 4
   std::int64_t checkpoint_elem_bytes = 2;  ///< as stored; another dtype is converted at load
   bool student_bf16_mixed = false;         ///< student.precision = bf16-mixed
+  bool student_ema = false;                ///< train.ema_decay > 0: an fp32 weight average
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)

@@ -131,6 +131,10 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("train.beta1", beta1, "AdamW beta1")
       .bind("train.beta2", beta2, "AdamW beta2")
       .bind("train.grad_clip", grad_clip, "max global gradient norm (0 = off)")
+      .bind("train.ema_decay", ema_decay,
+            "exponential moving average of the student's weights, updated every step (e.g. 0.999; 0 = off): "
+            "RUN/student and each checkpoint's student/ hold the average, checkpoints keep the trained weights "
+            "too (ema.safetensors beside trainable.safetensors)")
       .bind("train.log_every", log_every, "steps between progress lines")
       .bind("train.eval_samples", eval_samples,
             "held-out samples (the last of the data set) for the relative-MSE evaluation")
@@ -168,6 +172,7 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
           "train.beta1" + v(beta1) + " and train.beta2" + v(beta2) + " must be in [0, 1)");
   p.check(grad_clip >= 0, "train.grad_clip" + v(grad_clip) + " must be >= 0");
+  p.check(ema_decay >= 0 && ema_decay < 1, "train.ema_decay" + v(ema_decay) + " must be in [0, 1) (0 = off)");
   p.check(log_every >= 1, "train.log_every" + v(log_every) + " must be >= 1");
   p.check(eval_samples >= 0, "train.eval_samples" + v(eval_samples) + " must be >= 0");
   p.check(eval_every >= 0, "train.eval_every" + v(eval_every) + " must be >= 0");

@@ -59,6 +59,7 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.99;
   double grad_clip = 1.0;          ///< max global grad norm; 0 = off
+  double ema_decay = 0.0;          ///< weight average of the student (student/ holds it); 0 = off
   std::int64_t log_every = 10;
   std::int64_t eval_samples = 8;   ///< held-out samples (the last ones of the data set)
   std::int64_t eval_every = 0;     ///< 0 = evaluate at the start and the end only

@@ -72,6 +72,7 @@ StudentStats run_student(StudentJob& job) {
     if (job.health) job.health->check();
     const double lr = job.train.lr_at(step);
     const auto [loss, stop] = share_step(job, step, train_step(context, step, lr, batches));
+    if (job.ema) job.ema->update(job.parts, step + 1);
     stats.losses.push_back(loss);
     diagnostics.after_step(step, lr, loss, stop);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;

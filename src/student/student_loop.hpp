@@ -17,6 +17,7 @@
 #include "comm/receiver.hpp"
 #include "memory/memory_monitor.hpp"
 #include "model/wan_dit.hpp"
+#include "student/ema.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
@@ -53,6 +54,8 @@ struct StudentJob {
   /// Updated after every optimizer step with the weights/grads/optimizer bytes, so a failure
   /// report can name them after the stack unwound; null = not tracked.
   memory::ModelMemory* tracked_memory = nullptr;
+  /// train.ema_decay: the weight average, updated after every optimizer step; null = off.
+  EmaWeights* ema = nullptr;
 };
 
 struct StudentStats {

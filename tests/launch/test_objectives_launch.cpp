@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "launch_util.hpp"
+#include "model/safetensors.hpp"
 
 namespace wd {
 namespace {
@@ -61,6 +62,38 @@ TEST(Flow, AResumedRunIsBitIdenticalToAStraightOne) {
                                 (straight / "checkpoints" / "step-00000004").string());
   ASSERT_EQ(r.code, 0) << r.output;
   test::expect_resumed_exactly(straight, resumed, 8, 4);
+}
+
+// train.ema_decay: the run's student/ is the weight average (the checkpoint's ema.safetensors),
+// not the trained weights, and a resumed run averages exactly as the straight one did.
+TEST(Ema, TheStudentIsTheAverageAndAResumedRunAveragesExactly) {
+  const auto straight = root() / "ema-straight", resumed = root() / "ema-resumed";
+  const std::string ema = kFlow + " --train.steps 8 --train.ema_decay 0.8";
+  auto r = test::launch_train(2, "--run-dir " + straight.string() + ema + " --checkpoint.every 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("student (its weight average, train.ema_decay) saved to"), std::string::npos) << r.output;
+  r = test::launch_train(2, "--run-dir " + resumed.string() + ema + " --data.path " +
+                                (straight / "cache" / "tiny-data.h5").string() + " --resume " +
+                                (straight / "checkpoints" / "step-00000004").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 8, 4);
+  const auto open = [](const fs::path& file) { return SafetensorsFile::open(file.string()); };
+  const auto last = straight / "checkpoints" / "step-00000008";
+  const auto average = open(last / "ema.safetensors"), trained = open(last / "trainable.safetensors");
+  const auto a = open(straight / "student" / "diffusion_pytorch_model.safetensors");
+  const auto b = open(resumed / "student" / "diffusion_pytorch_model.safetensors");
+  const auto in_checkpoint = open(last / "student" / "diffusion_pytorch_model.safetensors");
+  ASSERT_FALSE(a.tensors().empty());
+  int differ = 0;
+  for (const auto& info : a.tensors()) {
+    const auto t = a.tensor(info.name, torch::kFloat);
+    EXPECT_TRUE(torch::equal(t, b.tensor(info.name, torch::kFloat))) << info.name;
+    EXPECT_TRUE(torch::equal(t, in_checkpoint.tensor(info.name, torch::kFloat))) << info.name;
+    ASSERT_TRUE(average.contains(info.name)) << info.name;
+    EXPECT_TRUE(torch::equal(t, average.tensor(info.name, torch::kFloat))) << info.name;
+    differ += torch::equal(t, trained.tensor(info.name, torch::kFloat)) ? 0 : 1;
+  }
+  EXPECT_GT(differ, 0);  // the average is not the last step's weights
 }
 
 /// The builtin teacher and data set, made once by a first short run.

@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
 #include "student/distill_objective.hpp"
+#include "student/ema.hpp"
 #include "student/train_state.hpp"
 #include "student/train_step.hpp"
 #include "student_batches.hpp"
@@ -212,6 +213,92 @@ TEST(TrainState, AmsgradWithoutSavedMaximaIsRefused) {
   const auto e = load_error({}, ams);
   EXPECT_TRUE(test::contains(e.file(), "optimizer.safetensors")) << e.what();
   EXPECT_EQ(e.item(), "__metadata__.amsgrad");
+}
+
+
+// train.ema_decay: the average follows d·ema + (1 − d)·w with the warm-up decay, saves and
+// restores exactly (a resumed average equals the straight one bit for bit), lends its weights
+// to the parts (and their bf16 copy) only while asked, and a checkpoint without an average
+// starts it from the restored weights.
+TEST(Ema, AveragesTheStepsResumesExactlyAndLendsItsWeights) {
+  Options o;
+  o.mixed = true;
+  Trainee straight(o, 7);
+  EmaWeights ema(*straight.parts, 0.8);
+  EXPECT_DOUBLE_EQ(ema.decay_at(1), 2.0 / 11.0);  // warm-up: (1 + s) / (10 + s)
+  EXPECT_DOUBLE_EQ(ema.decay_at(100), 0.8);
+  std::vector<torch::Tensor> expected;
+  for (const auto& w : straight.parts->trainable()) expected.push_back(w.detach().to(torch::kDouble).clone());
+  test::TempDir tmp("wd-ema");
+  torch::manual_seed(11);
+  for (std::int64_t s = 0; s < 6; ++s) {
+    straight.step(s);
+    ema.update(*straight.parts, s + 1);
+    const double d = ema.decay_at(s + 1);
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      expected[i] = d * expected[i] + (1 - d) * straight.parts->trainable()[i].detach().to(torch::kDouble);
+    }
+    if (s + 1 == 3) {  // save_train_state keeps the generator: the resumed steps see the same noise
+      save_train_state(tmp.str(), *straight.parts, *straight.optimizer, TrainCursor{3}, "", false);
+      ema.save(tmp.str(), *straight.parts);
+    }
+  }
+  const auto& names = straight.parts->trainable_names();
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(ema.tensors()[i].to(torch::kDouble), expected[i], 1e-6, 1e-7)) << names[i];
+  }
+
+  // Resumed from step 3 as a new process would be: the same average at step 6, bit for bit.
+  Trainee resumed(o, 99);
+  EmaWeights again(*resumed.parts, 0.8);
+  ASSERT_EQ(load_train_state(tmp.str(), *resumed.parts, *resumed.optimizer).step, 3);
+  again.restore(tmp.str(), *resumed.parts);
+  for (std::int64_t s = 3; s < 6; ++s) {
+    resumed.step(s);
+    again.update(*resumed.parts, s + 1);
+  }
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(again.tensors()[i], ema.tensors()[i])) << names[i];
+
+  // Lent while asked: the parts predict with the average (bf16 copy refreshed), then exactly as before.
+  const auto b = batch(2, 5);
+  std::vector<torch::Tensor> trained;
+  for (const auto& w : straight.parts->trainable()) trained.push_back(w.detach().clone());
+  const auto before = straight.parts->predict(b);
+  torch::Tensor during;
+  ema.with_averaged(*straight.parts, [&] {
+    for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(straight.parts->trainable()[i], ema.tensors()[i]));
+    during = straight.parts->predict(b);
+  });
+  EXPECT_GT((during - before).abs().max().item<float>(), 0.f);
+  for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(straight.parts->trainable()[i], trained[i])) << names[i];
+  EXPECT_TRUE(torch::equal(straight.parts->predict(b), before));
+
+  // A checkpoint without ema.safetensors: the average starts from the restored weights.
+  fs::remove(fs::path(tmp.str()) / EmaWeights::kFile);
+  Trainee plain(o, 5);
+  EmaWeights fresh(*plain.parts, 0.8);
+  load_train_state(tmp.str(), *plain.parts, *plain.optimizer);
+  fresh.restore(tmp.str(), *plain.parts);
+  for (std::size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(torch::equal(fresh.tensors()[i], plain.parts->trainable()[i])) << names[i];
+}
+
+TEST(Ema, AnAverageOfAnotherStudentIsRefusedNamingTheTensor) {
+  Trainee a(Options{}, 1);
+  EmaWeights ema(*a.parts, 0.9);
+  test::TempDir tmp("wd-ema-other");
+  ema.save(tmp.str(), *a.parts);
+  Options wider;
+  wider.dim = 40;
+  Trainee b(wider, 1);
+  EmaWeights other(*b.parts, 0.9);
+  try {
+    other.restore(tmp.str(), *b.parts);
+    FAIL() << "an average of another shape was taken";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(test::contains(e.file(), "ema.safetensors")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "shape")) << e.what();
+  }
+  EXPECT_THROW(EmaWeights(*a.parts, 1.0), ConfigError);
 }
 
 }  // namespace
