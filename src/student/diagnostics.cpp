@@ -7,6 +7,7 @@
 
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "data/flow_sampler.hpp"
 #include "student/sample_probe.hpp"
 #include "student/student_loop.hpp"
 
@@ -59,14 +60,33 @@ Diagnostics::Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer)
     eval_set_.push_back(std::move(copy));
     job_.transport.release(e);
   }
+  if (job_.train.trajectory()) {  // student_train(): sample_steps = student.steps, sample_shift = teacher.shift
+    const auto sigmas = data::sampling_sigmas(job_.train.sample_steps, job_.train.sample_shift);
+    for (std::size_t i = 0; i + 1 < sigmas.size(); ++i) interval_t_.push_back(1000.0 * sigmas[i]);
+  }
+}
+
+double Diagnostics::report_eval(std::int64_t step, const std::string& when, const std::string& note,
+                                nlohmann::json extra) {
+  const double rel = evaluate(step);
+  std::string intervals;
+  for (std::size_t i = 0; i < interval_rel_mse_.size(); ++i) {
+    intervals += (i ? ", " : " (per interval: ") + fmt::format("{:.5f}", interval_rel_mse_[i]);
+  }
+  if (!intervals.empty()) intervals += ")";
+  if (job_.leader) spdlog::info("eval {}: relative MSE {:.5f}{}{}", when, rel, note, intervals);
+  nlohmann::json line{{"eval_step", step}, {"rel_mse", rel}};
+  // An object keyed by interval (TensorBoard: eval/rel_mse_interval/<i>).
+  for (std::size_t i = 0; i < interval_rel_mse_.size(); ++i) line["rel_mse_interval"][std::to_string(i)] = interval_rel_mse_[i];
+  for (const auto& [key, value] : extra.items()) line[key] = value;
+  metrics_.append(line);
+  return rel;
 }
 
 double Diagnostics::before_training() {
   const auto first = job_.plan.first_step;
   if (!eval_set_.empty()) {
-    first_eval_ = evaluate(first);
-    if (job_.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", first, first_eval_);
-    metrics_.append({{"eval_step", first}, {"rel_mse", first_eval_}});
+    first_eval_ = report_eval(first, fmt::format("at step {}", first));
   }
   window_start_ = Clock::now();
   window_wait_ = job_.transport.wait_seconds();
@@ -91,9 +111,7 @@ bool Diagnostics::probe_due(std::int64_t step) const {
 void Diagnostics::after_step(std::int64_t step, double lr, double loss, bool stop) {
   if (log_due(step, stop)) log_window(step, lr, loss);
   if (eval_due(step, stop)) {
-    const double rel = evaluate(step + 1);
-    if (job_.leader) spdlog::info("eval at step {}: relative MSE {:.5f}", step + 1, rel);
-    metrics_.append({{"eval_step", step + 1}, {"rel_mse", rel}});
+    report_eval(step + 1, fmt::format("at step {}", step + 1));
   }
   if (probe_due(step)) {
     report_probe(probe_sampling(job_.parts, eval_set_.front(), job_.train), step + 1, job_.train, metrics_);
@@ -106,13 +124,8 @@ void Diagnostics::after_step(std::int64_t step, double lr, double loss, bool sto
 double Diagnostics::after_training() {
   if (eval_set_.empty()) return -1;
   const auto last = job_.plan.train_steps;
-  const double rel = evaluate(last);
-  if (job_.leader) {
-    spdlog::info("eval after training: relative MSE {:.5f} (at step {}: {:.5f})", rel, job_.plan.first_step,
-                 first_eval_);
-  }
-  metrics_.append({{"eval_step", last}, {"rel_mse", rel}, {"rel_mse_before", first_eval_}});
-  return rel;
+  return report_eval(last, "after training", fmt::format(" (at step {}: {:.5f})", job_.plan.first_step, first_eval_),
+                     {{"rel_mse_before", first_eval_}});
 }
 
 void Diagnostics::track_memory() {
@@ -121,13 +134,32 @@ void Diagnostics::track_memory() {
 
 double Diagnostics::evaluate(std::int64_t step) {
   torch::NoGradGuard no_grad;
-  std::vector<double> sums{0.0, 0.0};
+  const auto k = interval_t_.size();
+  std::vector<double> sums(2 + 2 * k, 0.0);  // error, norm; then per interval
   for (const auto& b : eval_set_) {
     const auto& target = b.at("teacher_out");
-    sums[0] += (job_.parts.predict(b) - target).pow(2).sum().item<double>();
-    sums[1] += target.pow(2).sum().item<double>();
+    const auto err = (job_.parts.predict(b) - target).pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
+    const auto norm = target.pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
+    sums[0] += err.sum().item<double>();
+    sums[1] += norm.sum().item<double>();
+    if (k == 0) continue;
+    // Each sample's interval: the nearest of the k timesteps (t is [B] or per token [B,S]).
+    const auto t = b.at("t").reshape({err.size(0), -1}).select(1, 0).to(torch::kDouble).cpu();
+    for (std::int64_t s = 0; s < t.size(0); ++s) {
+      const double ts = t[s].item<double>();
+      std::size_t best = 0;
+      for (std::size_t i = 1; i < k; ++i) {
+        if (std::abs(interval_t_[i] - ts) < std::abs(interval_t_[best] - ts)) best = i;
+      }
+      sums[2 + 2 * best] += err[s].item<double>();
+      sums[3 + 2 * best] += norm[s].item<double>();
+    }
   }
   sum_over_students(job_, sums, step, "allreduce eval");
+  interval_rel_mse_.assign(k, -1.0);
+  for (std::size_t i = 0; i < k; ++i) {
+    if (sums[3 + 2 * i] > 0) interval_rel_mse_[i] = sums[2 + 2 * i] / sums[3 + 2 * i];
+  }
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 

@@ -2,6 +2,7 @@
 // on held-out batches, the sampling probe, the memory report), each deciding when it is due.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -50,8 +51,14 @@ class Diagnostics {
  private:
   using Clock = std::chrono::steady_clock;
 
-  /// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches.
+  /// Relative MSE Σ‖student − teacher‖² / Σ‖teacher‖² over every student's held-out batches;
+  /// for train.objective trajectory also per student interval (by each sample's t), logged and
+  /// written to metrics.jsonl as `rel_mse_interval` {"0": ..., "k-1": ...}.
   double evaluate(std::int64_t step);
+  /// evaluate(), logged as "eval <when>: relative MSE <value><note>" (then the intervals) and
+  /// appended to the metrics with `extra`.
+  double report_eval(std::int64_t step, const std::string& when, const std::string& note = "",
+                     nlohmann::json extra = nlohmann::json::object());
   /// One log line and a metrics line for the window that ends at `step`; opens the next.
   void log_window(std::int64_t step, double lr, double loss);
   memory::ModelMemory model_memory() const;
@@ -61,6 +68,8 @@ class Diagnostics {
   metrics::MetricsWriter metrics_;  ///< metrics.jsonl and TensorBoard (the leader's; a no-op elsewhere)
   std::vector<comm::TensorDict> eval_set_;
   double first_eval_ = -1;
+  std::vector<double> interval_t_;       ///< trajectory: 1000·σ_i of the student's k intervals
+  std::vector<double> interval_rel_mse_;  ///< the last evaluation's, per interval (-1: none held out)
   int group_size_ = 1;
   Clock::time_point window_start_;
   double window_wait_ = 0;  ///< the transport's wait seconds when the window opened

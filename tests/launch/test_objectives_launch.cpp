@@ -7,8 +7,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "launch_util.hpp"
 #include "model/safetensors.hpp"
@@ -155,6 +158,23 @@ TEST(Trajectory, AResumedRunIsBitIdenticalToAStraightOneFromMidRound) {
                           "the student learns the jumps between its 3 σ, 4 teacher forwards a trained sample"),
             std::string::npos)
       << r.output;
+  // The held-out error per student interval, in the log and in metrics.jsonl.
+  EXPECT_NE(r.output.find("eval after training: relative MSE "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(per interval: "), std::string::npos) << r.output;
+  {
+    std::ifstream metrics(straight / "metrics.jsonl");
+    std::string line;
+    int evals = 0;
+    while (std::getline(metrics, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("eval_step")) continue;
+      ++evals;
+      ASSERT_TRUE(j.contains("rel_mse_interval")) << line;
+      EXPECT_EQ(j["rel_mse_interval"].size(), 3u) << line;
+      for (const auto& [i, v] : j["rel_mse_interval"].items()) EXPECT_GT(v.get<double>(), 0.0) << line;
+    }
+    EXPECT_EQ(evals, 2);  // before and after training
+  }
   // Step 4 is the second position of a round (rounds of 3): the resumed teacher recomputes it.
   r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + kTrajectory + " --resume " +
                                 (straight / "checkpoints" / "step-00000004").string());
