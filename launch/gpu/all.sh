@@ -149,8 +149,15 @@ publish_step() {
     rm -f "$out/$1.log"
     mv "$publish/$1.log" "$out/$1.log" 2>/dev/null || :
   fi
-  tar -C "$out" --exclude=summary.md.tmp -czf "$publish/logs.tar.gz.tmp" . 2>/dev/null &&
+  local rc=0
+  tar -C "$out" --exclude=summary.md.tmp --warning=no-file-changed -czf "$publish/logs.tar.gz.tmp" . 2>/dev/null || rc=$?
+  # 1: a file grew while it was read (a rank of the step just ended still flushing its log):
+  # the archive is whole and holds what was there; only a fatal error (2) keeps the old one.
+  if ((rc <= 1)); then
     mv "$publish/logs.tar.gz.tmp" "$publish/logs.tar.gz"
+  else
+    rm -f "$publish/logs.tar.gz.tmp"
+  fi
 }
 
 # --- Running a step --------------------------------------------------------------------------
