@@ -7,7 +7,8 @@
 # OUT_DIR/summary.json and prints a table.
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
 #        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
-#        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
+#        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, GUIDED_LR=3e-4, GUIDED_EMA=0 (train.ema_decay),
+#        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
 #        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
 #        for a half-depth one);
@@ -67,12 +68,20 @@ if ((guided_steps > 0)); then
       --run-dir guided-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
       --train.objective guided --teacher.guidance "$g" --teacher.placement colocated --teacher.compute fp32 \
       $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
-      --train.steps "$guided_steps" --train.lr 3e-4 --train.warmup_steps 50 --train.log_every 100 \
-      --train.eval_every 500 --runtime.threads 1 --student.device cpu > guided.log 2>&1
+      --train.steps "$guided_steps" --train.lr "${GUIDED_LR:-3e-4}" --train.ema_decay "${GUIDED_EMA:-0}" \
+      --train.warmup_steps 50 --train.log_every 100 --train.eval_every 500 \
+      $( ((${GUIDED_EVERY:-0} > 0)) && echo "--checkpoint.every ${GUIDED_EVERY} --checkpoint.keep 0") \
+      --runtime.threads 1 --student.device cpu > guided.log 2>&1
     echo "guided student trained in $((SECONDS - start)) s ($guided_steps steps)"
   fi
   # 40 UniPC steps, no guidance: teacher_at_k becomes the teacher at 40 Euler steps here.
   evaluate eval/guided "$teacher_steps" --reuse eval/teacher --student guided-run/student --student.solver unipc
+  if ((${GUIDED_EVERY:-0} > 0)); then
+    for ck in guided-run/checkpoints/step-*; do
+      evaluate "eval/guided-$((10#${ck##*step-}))" "$teacher_steps" --reuse eval/teacher --student "$ck/student" \
+        --student.solver unipc
+    done
+  fi
 fi
 # Trajectory distillation: a copy of the teacher learns the jumps of the guided teacher's 40-step
 # UniPC paths between its own k σ (shift SHIFT_K), every trajectory from fresh noise, each of 2
@@ -109,6 +118,9 @@ try:
     rows["guided_student (UniPC, g 1)"] = json.load(open("eval/guided/report.json"))["rows"]["student"]
 except FileNotFoundError:
     pass
+summary["guided_curve"] = []
+for path in sorted(glob.glob("eval/guided-*/report.json"), key=lambda p: int(re.search(r"guided-(\d+)", p)[1])):
+    summary["guided_curve"].append({"step": int(re.search(r"guided-(\d+)", path)[1]), **json.load(open(path))["rows"]["student"]})
 runs = sorted(glob.glob("eval/trajectory-*/report.json"), key=lambda p: int(re.search(r"trajectory-(\d+)", p)[1]))
 for path in runs:
     step = int(re.search(r"trajectory-(\d+)", path)[1])
@@ -127,6 +139,11 @@ for name, r in rows.items():
     print(f"{name:<40} {r['paired_rel_mse']:>8.4f} {r['paired_rel_mse_median']:>8.4f} {r['frechet']:>8.4f} "
           f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f} {str(r['collapsed']):>9}")
 print(f"Fréchet floor {teacher['frechet_floor']:.4f}")
+unguided = rows["teacher_unguided"]["paired_rel_mse"]
+for c in summary["guided_curve"]:
+    print(f"guided student after {c['step']:>6} steps: paired {c['paired_rel_mse']:.4f} = "
+          f"{c['paired_rel_mse'] / unguided:.2f}x teacher_unguided, median {c['paired_rel_mse_median']:.4f}, "
+          f"strict {100 * c['strict_accuracy']:.1f}%")
 for c in summary["trajectory_curve"]:
     print(f"trajectory student after {c['trajectories']:>6} trajectories: paired {c['paired_rel_mse']:.4f} = "
           f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}")

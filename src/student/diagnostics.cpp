@@ -136,6 +136,7 @@ double Diagnostics::evaluate(std::int64_t step) {
   torch::NoGradGuard no_grad;
   const auto k = interval_t_.size();
   std::vector<double> sums(2 + 2 * k, 0.0);  // error, norm; then per interval
+  const auto interval_ts = torch::tensor(interval_t_, torch::kDouble);
   for (const auto& b : eval_set_) {
     const auto& target = b.at("teacher_out");
     const auto err = (job_.parts.predict(b) - target).pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
@@ -143,16 +144,17 @@ double Diagnostics::evaluate(std::int64_t step) {
     sums[0] += err.sum().item<double>();
     sums[1] += norm.sum().item<double>();
     if (k == 0) continue;
-    // Each sample's interval: the nearest of the k timesteps (t is [B] or per token [B,S]).
+    // Each sample's interval: the nearest of the k timesteps (t is [B] or per token [B,S]; a tie
+    // goes to the earlier interval, argmin's first).
     const auto t = b.at("t").reshape({err.size(0), -1}).select(1, 0).to(torch::kDouble).cpu();
-    for (std::int64_t s = 0; s < t.size(0); ++s) {
-      const double ts = t[s].item<double>();
-      std::size_t best = 0;
-      for (std::size_t i = 1; i < k; ++i) {
-        if (std::abs(interval_t_[i] - ts) < std::abs(interval_t_[best] - ts)) best = i;
-      }
-      sums[2 + 2 * best] += err[s].item<double>();
-      sums[3 + 2 * best] += norm[s].item<double>();
+    const auto nearest = (t.unsqueeze(1) - interval_ts.unsqueeze(0)).abs().argmin(1);
+    const auto by_interval = torch::zeros({2, static_cast<std::int64_t>(k)}, torch::kDouble);
+    by_interval[0].index_add_(0, nearest, err);
+    by_interval[1].index_add_(0, nearest, norm);
+    const auto acc = by_interval.accessor<double, 2>();
+    for (std::size_t i = 0; i < k; ++i) {
+      sums[2 + 2 * i] += acc[0][i];
+      sums[3 + 2 * i] += acc[1][i];
     }
   }
   sum_over_students(job_, sums, step, "allreduce eval");

@@ -9,6 +9,7 @@
 
 #include "core/errors.hpp"
 #include "model/safetensors.hpp"
+#include "student/train_state.hpp"
 
 namespace wd::student {
 
@@ -58,11 +59,8 @@ void EmaWeights::restore(const std::string& dir, const StudentParts& parts) {
   const auto& names = parts.trainable_names();
   std::vector<torch::Tensor> loaded;
   for (std::size_t i = 0; i < w.size(); ++i) {  // every tensor checked before any is changed
-    WD_CHECK_DATA(file.contains(names[i]), path, names[i], "missing: the average was written for another student");
-    auto t = file.tensor(names[i], torch::kFloat, ema_[i].device());
-    WD_CHECK_DATA(t.sizes() == ema_[i].sizes(), path, names[i],
-                  "shape " << t.sizes() << ", the student's is " << ema_[i].sizes());
-    loaded.push_back(std::move(t));
+    expect_saved_tensor(file, names[i], ema_[i]);
+    loaded.push_back(file.tensor(names[i], torch::kFloat, ema_[i].device()));
   }
   WD_CHECK_DATA(file.tensors().size() == w.size(), path, "(tensors)",
                 file.tensors().size() << " tensors, the student has " << w.size());
@@ -78,15 +76,18 @@ void EmaWeights::with_averaged(StudentParts& parts, const std::function<void()>&
     w[i].detach().copy_(ema_[i]);
   }
   parts.after_optimizer_step();  // the compute copy follows
-  try {
-    fn();
-  } catch (...) {
-    for (std::size_t i = 0; i < w.size(); ++i) w[i].detach().copy_(trained[i]);
-    parts.after_optimizer_step();
-    throw;
-  }
-  for (std::size_t i = 0; i < w.size(); ++i) w[i].detach().copy_(trained[i]);
-  parts.after_optimizer_step();
+  // The trained weights come back however fn ends (returns or throws).
+  struct Restore {
+    StudentParts& parts;
+    const std::vector<torch::Tensor>& trained;
+    ~Restore() {
+      torch::NoGradGuard guard;
+      const auto& w = parts.trainable();
+      for (std::size_t i = 0; i < w.size(); ++i) w[i].detach().copy_(trained[i]);
+      parts.after_optimizer_step();
+    }
+  } restore{parts, trained};
+  fn();
 }
 
 }  // namespace wd::student

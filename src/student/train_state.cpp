@@ -85,8 +85,14 @@ const torch::optim::AdamWOptions& adamw_options(const torch::optim::AdamW& optim
   return static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups().front().options());
 }
 
-/// Checks that `file` holds `name` with exactly `like`'s dtype and shape.
-void expect_tensor(const SafetensorsFile& file, const std::string& name, const torch::Tensor& like) {
+/// A copy of `src` shaped, typed and placed like `param` (so optimizer state sits beside it).
+torch::Tensor like_param(const torch::Tensor& param, const torch::Tensor& src) {
+  return torch::empty_like(param, torch::MemoryFormat::Preserve).copy_(src);
+}
+
+}  // namespace
+
+void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, const torch::Tensor& like) {
   WD_CHECK_DATA(file.contains(name), file.path(), name,
                 "missing: the checkpoint was written for a student with other tensors");
   const auto& info = file.info(name);
@@ -95,13 +101,6 @@ void expect_tensor(const SafetensorsFile& file, const std::string& name, const t
   WD_CHECK_DATA(like.sizes().vec() == info.shape, file.path(), name,
                 "shape mismatch: expected " << shape_text(like.sizes()) << ", found " << shape_text(info.shape));
 }
-
-/// A copy of `src` shaped, typed and placed like `param` (so optimizer state sits beside it).
-torch::Tensor like_param(const torch::Tensor& param, const torch::Tensor& src) {
-  return torch::empty_like(param, torch::MemoryFormat::Preserve).copy_(src);
-}
-
-}  // namespace
 
 void save_train_state(const std::string& dir, const StudentParts& parts, const torch::optim::AdamW& optimizer,
                       const TrainCursor& cursor, const std::string& config_ini, bool export_student) {
@@ -158,7 +157,7 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
 
   // Everything is checked first, so a refused checkpoint leaves parts and optimizer untouched.
   const auto weights = SafetensorsFile::open(join(dir, TrainStateFiles::kTrainable));
-  for (std::size_t i = 0; i < params.size(); ++i) expect_tensor(weights, names[i], params[i]);
+  for (std::size_t i = 0; i < params.size(); ++i) expect_saved_tensor(weights, names[i], params[i]);
   if (weights.tensors().size() != params.size()) {
     for (const auto& t : weights.tensors()) {
       WD_CHECK_DATA(std::find(names.begin(), names.end(), t.name) != names.end(), weights.path(), t.name,
@@ -183,10 +182,10 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!moments.contains(names[i] + ".exp_avg")) continue;
     has_state[i] = true;
-    expect_tensor(moments, names[i] + ".exp_avg", params[i]);
-    expect_tensor(moments, names[i] + ".exp_avg_sq", params[i]);
-    expect_tensor(moments, names[i] + ".step", step_like);
-    if (options.amsgrad()) expect_tensor(moments, names[i] + ".max_exp_avg_sq", params[i]);
+    expect_saved_tensor(moments, names[i] + ".exp_avg", params[i]);
+    expect_saved_tensor(moments, names[i] + ".exp_avg_sq", params[i]);
+    expect_saved_tensor(moments, names[i] + ".step", step_like);
+    if (options.amsgrad()) expect_saved_tensor(moments, names[i] + ".max_exp_avg_sq", params[i]);
   }
   const std::pair<const char*, double> current[] = {{"beta1", std::get<0>(options.betas())},
                                                     {"beta2", std::get<1>(options.betas())},

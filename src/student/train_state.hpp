@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "model/safetensors.hpp"
 #include "student/student_parts.hpp"
 
 namespace wd::student {
@@ -47,6 +48,10 @@ struct TrainStateFiles {
 void save_train_state(const std::string& dir, const StudentParts& parts,
                       const torch::optim::AdamW& optimizer, const TrainCursor& cursor,
                       const std::string& config_ini, bool export_student = true);
+
+/// Checks that `file` holds `name` with exactly `like`'s dtype and shape; a wd::DataError naming
+/// the file and tensor otherwise (the check every restore of saved tensors makes first).
+void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, const torch::Tensor& like);
 
 /// Restores what save_train_state() wrote into `parts` (in place, so the optimizer's and the
 /// gradient reducer's references stay valid) and `optimizer`, restores the CPU generator and
