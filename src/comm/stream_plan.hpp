@@ -27,6 +27,8 @@ struct StreamPlan {
   std::vector<std::int64_t> feature_blocks;
   std::int64_t tokens = 0;       ///< tokens per sample
   std::int64_t teacher_dim = 0;  ///< hidden width of the teacher
+  /// train.trajectory_rollout: each sample's trajectory noise is sent as `x_start` [b,C,F,H,W].
+  bool start_states = false;
 
   std::int64_t end_step() const { return eval_messages + (train_steps - first_step) * micro_batches; }
   /// Transport step of micro-batch `micro` of optimizer step `train_step` (>= first_step).
@@ -40,7 +42,8 @@ struct StreamPlan {
     if (offset < 0 || offset % micro_batches != 0) return -1;
     return first_step + offset / micro_batches;
   }
-  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>.
+  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>, and
+  /// x_start when start_states.
   MessageSpec message_spec() const;
 };
 

@@ -1,6 +1,8 @@
 // run_teacher_rank: a teacher rank's wiring (device, link, stage model, stage links) and its loop.
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
 #include "model/negative_context.hpp"
@@ -44,6 +46,13 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     spdlog::info("train.objective trajectory: the teacher samples {} {} steps (shift {}) from seeded noise; the "
                  "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
                  spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
+    const auto& train = job.cfg.train;
+    if (train.trajectory_rollout > 0) {
+      spdlog::info("train.trajectory_rollout {}: the first {} of each student's {} samples start from the state the "
+                   "student's own jumps reach from the trajectory's noise (x_start sent with each batch)",
+                   train.trajectory_rollout,
+                   std::llround(train.trajectory_rollout * static_cast<double>(train.batch_size)), train.batch_size);
+    }
   }
   return stage;
 }

@@ -158,7 +158,12 @@ void TrainConfig::bind(OptionTable& t) {
             "student; docs/objectives.md)")
       .bind("train.cond_dropout", cond_dropout,
             "flow: the fraction of training samples whose context is zeroed, so the model also learns "
-            "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)");
+            "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)")
+      .bind("train.trajectory_rollout", trajectory_rollout,
+            "trajectory: the fraction of each batch (its first places; the deal is random) whose input is the "
+            "state the student reaches by its own Euler jumps from the trajectory's noise instead of the "
+            "teacher's state, and whose target is the jump from there to the teacher's next state: the student "
+            "learns to return to the teacher's path from where its own steps put it (0 = off; docs/objectives.md)");
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
@@ -186,6 +191,11 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(cond_dropout == 0 || objective == "flow",
           "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +
               objective);
+  p.check(trajectory_rollout >= 0 && trajectory_rollout <= 1,
+          "train.trajectory_rollout" + v(trajectory_rollout) + " must be in [0, 1]");
+  p.check(trajectory_rollout == 0 || objective == "trajectory",
+          "train.trajectory_rollout" + v(trajectory_rollout) + " rolls the student out along teacher trajectories: it "
+              "needs train.objective trajectory, not " + objective);
   p.check(sample_every == 0 || eval_samples > 0,
           "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
 }

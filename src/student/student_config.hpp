@@ -74,6 +74,9 @@ struct TrainConfig {
   /// student's student.steps σ (docs/objectives.md)
   std::string objective = "velocity";
   double cond_dropout = 0.0;  ///< flow: fraction of training samples whose context is zeroed
+  /// trajectory: fraction of each batch whose input state the student reaches by its own jumps
+  /// from the trajectory's noise (target: the jump to the teacher's next state); 0 = off
+  double trajectory_rollout = 0.0;
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;

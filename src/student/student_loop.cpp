@@ -5,11 +5,14 @@
 
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <utility>
 
+#include "data/flow_sampler.hpp"
 #include "student/diagnostics.hpp"
 #include "student/distill_objective.hpp"
 #include "student/train_step.hpp"
+#include "student/trajectory_rollout.hpp"
 
 
 namespace wd::student {
@@ -60,7 +63,15 @@ StudentStats run_student(StudentJob& job) {
   if (job.restore) job.restore(optimizer);
   Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();
-  DistillObjective objective(job.parts, job.checkpointing);
+  DistillObjective distill(job.parts, job.checkpointing);
+  // train.trajectory_rollout: part of each batch starts from the student's own states.
+  std::unique_ptr<RolloutObjective> rollout;
+  if (job.train.trajectory() && job.train.trajectory_rollout > 0) {
+    rollout = std::make_unique<RolloutObjective>(
+        job.parts, distill, data::sampling_sigmas(job.train.sample_steps, job.train.sample_shift),
+        job.train.trajectory_rollout);
+  }
+  Objective& objective = rollout ? static_cast<Objective&>(*rollout) : distill;
   StreamBatches batches(job);
   StepContext context{objective, optimizer, &job.reducer, job.train.grad_clip, job.world_rank,
                       [&] { diagnostics.track_memory(); }};

@@ -112,6 +112,7 @@ comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::
                      {"context_lens", batch.context_lens.slice(0, lo, hi)},
                      {"teacher_out", batch.out.slice(0, lo, hi)}};
   for (const auto& [j, h] : batch.features) m["feat." + std::to_string(j)] = h.slice(0, lo, hi);
+  if (batch.start.defined()) m["x_start"] = batch.start.slice(0, lo, hi);
   return m;
 }
 
@@ -120,6 +121,7 @@ comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t 
   comm::StreamPlan p = plan;
   p.batch_per_student = samples;
   p.feature_blocks = features;
+  p.start_states = false;  // stage messages carry the pipeline's state only
   auto spec = p.message_spec();
   // The stage message carries the hidden state where the student message has the output.
   for (auto& t : spec.tensors) {

@@ -28,6 +28,7 @@ struct StageBatch {
   torch::Tensor hidden;        ///< [B,S,dim] fp32 after the previous stage; undefined on stage 0
   std::map<std::int64_t, torch::Tensor> features;  ///< block -> [B,S,dim] fp32
   torch::Tensor out;           ///< [B,out_dim,F,H,W] fp32, set by the last stage
+  torch::Tensor start;         ///< trajectory with plan.start_states: [B,C,F,H,W] each path's noise
 };
 
 /// One expert's model on this rank, with its streamer when the placement is `stream`.

@@ -140,7 +140,7 @@ StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
     interval.push_back(pair % k);
   }
   const auto traj_idx = torch::tensor(traj, torch::kLong);
-  std::vector<torch::Tensor> x, target, t;
+  std::vector<torch::Tensor> x, target, t, start;
   std::map<std::int64_t, std::vector<torch::Tensor>> features;
   for (std::int64_t s = 0; s < B; ++s) {
     const auto b = traj[static_cast<std::size_t>(s)], i = interval[static_cast<std::size_t>(s)];
@@ -148,6 +148,7 @@ StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
     const auto& to = round_.states[static_cast<std::size_t>(i + 1)][b];
     const double s0 = student_sigmas_[static_cast<std::size_t>(i)], s1 = student_sigmas_[static_cast<std::size_t>(i + 1)];
     x.push_back(from);
+    if (src_.plan.start_states) start.push_back(round_.states.front()[b]);
     target.push_back((to - from) / (s1 - s0));
     t.push_back(timesteps(s0, 1)[0]);
     for (const auto& [block, h] : round_.features[static_cast<std::size_t>(i)]) features[block].push_back(h[b]);
@@ -159,6 +160,7 @@ StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
   out.context = round_.context.index_select(0, traj_idx.to(round_.context.device()));
   out.context_lens = round_.context_lens.index_select(0, traj_idx);
   for (auto& [block, hs] : features) out.features[block] = torch::stack(hs);
+  if (!start.empty()) out.start = torch::stack(start);
   return out;
 }
 

@@ -182,6 +182,40 @@ TEST(Trajectory, AResumedRunIsBitIdenticalToAStraightOneFromMidRound) {
   test::expect_resumed_exactly(straight, resumed, 8, 4);
 }
 
+// train.trajectory_rollout: the teacher sends each path's noise and half of each batch starts
+// from the student's own jumps: other losses than the plain run's, and a resume mid-round is exact
+// (the roll-out uses the restored weights).
+TEST(Trajectory, RolledOutSamplesTrainOtherwiseAndResumeExactly) {
+  const auto plain = root() / "rollout-plain", straight = root() / "rollout-straight",
+             resumed = root() / "rollout-resumed";
+  auto r = test::launch_train(3, "--run-dir " + plain.string() + builtin_assets() + kTrajectory);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string rollout = kTrajectory + " --train.trajectory_rollout 0.5";
+  r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + rollout + " --checkpoint.every 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.trajectory_rollout 0.5: the first 1 of each student's 2 samples start from"),
+            std::string::npos)
+      << r.output;
+  const auto a = test::losses(plain), b = test::losses(straight);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  std::size_t differ = 0;
+  for (std::size_t i = 1; i < a.size(); ++i) differ += a[i] != b[i];
+  EXPECT_GE(differ, 6u) << "the rolled-out run trained on the plain run's targets";
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + rollout + " --resume " +
+                                (straight / "checkpoints" / "step-00000004").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 8, 4);
+  // Only with the trajectory objective.
+  r = test::launch_train(1, "--run-dir " + (root() / "rollout-refused").string() + builtin_assets() +
+                                " --train.objective guided --train.trajectory_rollout 0.5 --train.steps 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.trajectory_rollout(0.5) rolls the student out along teacher trajectories: it needs "
+                          "train.objective trajectory, not guided"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectoriesFromContextsAlone) {
   const auto dir = root() / "trajectory-colocated";
   // Prompts without videos: a contexts-only data set for the builtin teacher (16 channels, 64-wide text).
