@@ -30,12 +30,13 @@ double teacher_seconds_per_sample(const SpeedInput& in) {
 }
 
 double student_seconds_per_sample(const SpeedInput& in) {
-  if (in.student_measured_s > 0) return in.student_measured_s;
+  // A measured step is a forward and a backward (3 forwards' worth); roll-out jumps add forwards.
+  if (in.student_measured_s > 0) return in.student_measured_s * (1 + in.student_extra_forwards / 3);
   // Forward, then a backward of twice its FLOPs; checkpointed blocks run their forward again.
   const double forward = dit_forward_flops(in.student, in.tokens, in.context_len);
   const double layers = static_cast<double>(std::max<std::int64_t>(1, in.student.num_layers));
   const double recompute = forward * static_cast<double>(in.recomputed_blocks) / layers;
-  return (3 * forward + recompute) / (in.student_gflops * 1e9);
+  return ((3 + in.student_extra_forwards) * forward + recompute) / (in.student_gflops * 1e9);
 }
 
 TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_size, std::int64_t replica_batch) {

@@ -59,6 +59,9 @@ struct SpeedInput {
   /// conditional and the negative; trajectory (2 when guided)·teacher.steps/student.steps); the
   /// teacher's seconds per sample scale with it.
   double teacher_forwards = 1;
+  /// Student forwards without a backward per trained sample on top of the step
+  /// (train.trajectory_rollout p: p·(k − 1)/2 on average, the jumps of a roll-out).
+  double student_extra_forwards = 0;
   /// The objective needs the whole teacher on one rank (guided, trajectory): no shard stages.
   bool whole_teacher = false;
   /// Steps a teacher may run ahead of its consumers (comm.prefetch_depth ring slots).

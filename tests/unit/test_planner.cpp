@@ -253,6 +253,14 @@ TEST(Speed, RatesOrMeasuredSecondsGiveTheSecondsPerSample) {
   in.teacher_forwards = 2;
   EXPECT_EQ(teacher_seconds_per_sample(in), 0.5);
   EXPECT_EQ(student_seconds_per_sample(in), 0.125);
+  // train.trajectory_rollout 1 at k = 4: 1.5 jumps (forwards) a sample on top of the step's 3.
+  in.student_extra_forwards = 1.5;
+  EXPECT_EQ(student_seconds_per_sample(in), 0.125 * 1.5);
+  in.student_measured_s = 0;
+  in.recomputed_blocks = 0;
+  EXPECT_NEAR(student_seconds_per_sample(in), 4.5 * dit_forward_flops(in.student, 512, 32) / 30e9, 1e-12);
+  in.student_measured_s = 0.125;
+  in.student_extra_forwards = 0;
   in.teacher_measured_by_size = {{4, 0.2}, {2, 0.3}};
   EXPECT_EQ(teacher_forward(in, 4).seconds_per_sample, 0.4);
   // train.objective trajectory, guided, 40 teacher steps for 4 student intervals: 20 forwards.
