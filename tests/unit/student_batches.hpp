@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "comm/message_spec.hpp"
+#include "model/wan_config.hpp"
 
 namespace wd::student::testing {
 
@@ -18,6 +19,22 @@ inline comm::TensorDict batch(std::int64_t b, std::uint64_t seed) {
           {"context_lens", torch::full({b}, 5, torch::kLong)},
           {"teacher_out", torch::randn({b, 4, 2, 4, 4}, g)},
           {"feat.1", torch::randn({b, 8, 24}, g)}};
+}
+
+/// The small student these batches fit (text rows 5 of width 8), `in_dim` and `out_dim` latent
+/// channels (the batches' teacher space has 4).
+inline WanConfig small_student(std::int64_t in_dim = 4, std::int64_t out_dim = 4, std::int64_t dim = 32) {
+  WanConfig c = WanConfig::preset("tiny");
+  c.dim = dim;
+  c.num_heads = 2;
+  c.ffn_dim = 48;
+  c.num_layers = 2;
+  c.text_dim = 8;
+  c.text_len = 5;
+  c.freq_dim = 16;
+  c.in_dim = in_dim;
+  c.out_dim = out_dim;
+  return c;
 }
 
 /// Samples [lo, hi) of every tensor of `d`.

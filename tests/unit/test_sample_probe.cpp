@@ -8,26 +8,12 @@
 namespace wd::student {
 namespace {
 
-WanConfig small_student() {
-  WanConfig c = WanConfig::preset("tiny");
-  c.dim = 32;
-  c.num_heads = 2;
-  c.ffn_dim = 48;
-  c.num_layers = 2;
-  c.text_dim = 8;
-  c.text_len = 5;
-  c.freq_dim = 16;
-  c.in_dim = 4;
-  c.out_dim = 4;
-  return c;
-}
-
 StudentParts make_parts() {
   PartsSetup s;
   s.teacher_in_channels = 4;
   s.teacher_out_channels = 4;
   s.teacher_dim = 24;
-  return StudentParts(WanDiT(small_student(), WanInit::kRandom, torch::kFloat, 3), s);
+  return StudentParts(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 3), s);
 }
 
 TrainConfig probe_config() {

@@ -11,20 +11,6 @@
 namespace wd::student {
 namespace {
 
-WanConfig small(std::int64_t in_dim = 4, std::int64_t out_dim = 4) {
-  WanConfig c = WanConfig::preset("tiny");
-  c.dim = 32;
-  c.num_heads = 2;
-  c.ffn_dim = 48;
-  c.num_layers = 2;
-  c.text_dim = 8;
-  c.text_len = 5;
-  c.freq_dim = 16;
-  c.in_dim = in_dim;
-  c.out_dim = out_dim;
-  return c;
-}
-
 using testing::batch;
 using testing::slice;
 
@@ -50,8 +36,8 @@ TEST(StudentParts, GradAccumulationEqualsOneStepOverTheConcatenatedBatch) {
   auto s = setup();
   s.feature_pairs = {{0, 1}};
   s.feature_weight = 0.5;
-  StudentParts accum(WanDiT(small(), WanInit::kRandom, torch::kFloat, 3), s);
-  StudentParts whole(WanDiT(small(), WanInit::kRandom, torch::kFloat, 3), s);
+  StudentParts accum(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 3), s);
+  StudentParts whole(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 3), s);
   // Same start: the feature head is random too, so copy it over.
   {
     torch::NoGradGuard no_grad;
@@ -69,7 +55,7 @@ TEST(StudentParts, GradAccumulationEqualsOneStepOverTheConcatenatedBatch) {
 
 TEST(StudentParts, ProjectionsAppearWhenChannelsDifferAndAreNotZero) {
   auto s = setup();
-  StudentParts trained(WanDiT(small(6, 2), WanInit::kRandom, torch::kFloat, 1), s);
+  StudentParts trained(WanDiT(testing::small_student(6, 2), WanInit::kRandom, torch::kFloat, 1), s);
   const auto n_model = trained.model()->parameters().size();
   EXPECT_EQ(trained.trainable().size(), n_model + 4);  // in_proj and out_proj weight + bias
   // in_proj [6,4]: orthonormal columns; out_proj [4,2]: orthonormal columns. Never zeros.
@@ -81,7 +67,7 @@ TEST(StudentParts, ProjectionsAppearWhenChannelsDifferAndAreNotZero) {
   EXPECT_GT(in_w.grad().abs().sum().item<float>(), 0.f);
 
   s.train_projections = false;
-  StudentParts frozen(WanDiT(small(6, 2), WanInit::kRandom, torch::kFloat, 1), s);
+  StudentParts frozen(WanDiT(testing::small_student(6, 2), WanInit::kRandom, torch::kFloat, 1), s);
   EXPECT_EQ(frozen.trainable().size(), n_model);
   EXPECT_EQ(frozen.predict(batch(2, 5)).sizes(), (std::vector<std::int64_t>{2, 4, 2, 4, 4}));
 }
@@ -91,7 +77,7 @@ TEST(StudentParts, NothingIsCreatedAfterStepZero) {
   s.feature_pairs = {{1, 1}};
   s.feature_weight = 1.0;
   s.mixed_bf16 = true;
-  StudentParts parts(WanDiT(small(6, 2), WanInit::kRandom, torch::kFloat, 2), s);
+  StudentParts parts(WanDiT(testing::small_student(6, 2), WanInit::kRandom, torch::kFloat, 2), s);
   torch::optim::AdamW opt(parts.trainable(), torch::optim::AdamWOptions(1e-3));
   const auto modules = parts.module_count();
   const auto params = parts.parameter_count();
@@ -110,9 +96,9 @@ TEST(StudentParts, NothingIsCreatedAfterStepZero) {
 
 TEST(StudentParts, MixedPrecisionKeepsFp32MastersAndFollowsFp32Gradients) {
   auto s = setup();
-  StudentParts fp32(WanDiT(small(), WanInit::kRandom, torch::kFloat, 4), s);
+  StudentParts fp32(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 4), s);
   s.mixed_bf16 = true;
-  StudentParts mixed(WanDiT(small(), WanInit::kRandom, torch::kFloat, 4), s);
+  StudentParts mixed(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 4), s);
   const auto b = batch(2, 9);
   fp32.zero_grad();
   mixed.zero_grad();
@@ -139,14 +125,14 @@ TEST(StudentParts, FeatureHeadsLearnFromTheTeachersHiddenStates) {
   auto s = setup();
   s.feature_pairs = {{0, 1}};
   s.feature_weight = 1.0;
-  StudentParts parts(WanDiT(small(), WanInit::kRandom, torch::kFloat, 6), s);
+  StudentParts parts(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 6), s);
   parts.zero_grad();
   const auto l = parts.micro_step(batch(2, 7), 1.0, kOff).read();
   EXPECT_GT(l.features, 0.0);
   EXPECT_NEAR(l.total, l.output + l.features, 1e-5);
   EXPECT_GT(parts.trainable().back().grad().abs().sum().item<float>(), 0.f);
   s.feature_pairs = {{5, 1}};  // the student has blocks 0..1
-  EXPECT_THROW(StudentParts(WanDiT(small(), WanInit::kRandom, torch::kFloat, 6), s), ConfigError);
+  EXPECT_THROW(StudentParts(WanDiT(testing::small_student(), WanInit::kRandom, torch::kFloat, 6), s), ConfigError);
 }
 
 }  // namespace

@@ -22,20 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-WanConfig small(std::int64_t dim = 32) {
-  WanConfig c = WanConfig::preset("tiny");
-  c.dim = dim;
-  c.num_heads = 2;
-  c.ffn_dim = 48;
-  c.num_layers = 2;
-  c.text_dim = 8;
-  c.text_len = 5;
-  c.freq_dim = 16;
-  c.in_dim = 6;  // != the teacher's 4 channels: projections are trained too
-  c.out_dim = 2;
-  return c;
-}
-
 using testing::batch;
 using testing::slice;
 
@@ -61,7 +47,9 @@ struct Trainee {
     s.mixed_bf16 = o.mixed;
     s.seed = init_seed;
     torch::manual_seed(init_seed);
-    parts = std::make_unique<StudentParts>(WanDiT(small(o.dim), WanInit::kRandom, torch::kFloat, init_seed), s);
+    // 6 and 2 channels against the teacher's 4: the projections are trained too.
+    parts = std::make_unique<StudentParts>(
+        WanDiT(testing::small_student(6, 2, o.dim), WanInit::kRandom, torch::kFloat, init_seed), s);
     optimizer = std::make_unique<torch::optim::AdamW>(
         parts->trainable(),
         torch::optim::AdamWOptions(1e-2).betas({0.9, 0.99}).weight_decay(0.05).amsgrad(o.amsgrad));

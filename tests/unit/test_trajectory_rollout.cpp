@@ -6,6 +6,7 @@
 #include "core/errors.hpp"
 #include "data/flow_sampler.hpp"
 #include "student/trajectory_rollout.hpp"
+#include "student_batches.hpp"
 #include "test_util.hpp"
 
 namespace wd::student {
@@ -13,14 +14,7 @@ namespace {
 
 struct Fixture {
   Fixture() {
-    WanConfig c = WanConfig::preset("tiny");
-    c.dim = 32;
-    c.num_heads = 2;
-    c.ffn_dim = 48;
-    c.num_layers = 2;
-    c.text_dim = 8;
-    c.text_len = 5;
-    c.freq_dim = 16;
+    const auto c = testing::small_student();
     PartsSetup s;
     s.teacher_in_channels = c.in_dim;
     s.teacher_out_channels = c.out_dim;
