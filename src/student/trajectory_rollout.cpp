@@ -18,7 +18,6 @@ comm::TensorDict roll_out(StudentParts& parts, const comm::TensorDict& batch, co
   const auto start_it = batch.find("x_start");
   WD_CHECK(start_it != batch.end(), "train.trajectory_rollout needs each sample's noise (x_start) in the batch");
   WD_CHECK(sigmas.size() >= 2, "train.trajectory_rollout needs the student's σ (" << sigmas.size() << " given)");
-  const auto k = static_cast<std::int64_t>(sigmas.size()) - 1;
   const auto device = x.device();
   const auto& t = batch.at("t");
   // Each sample's interval: the σ_i (i < k) nearest to its t / 1000 (t is [B] or per token [B,S]).
