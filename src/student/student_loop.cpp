@@ -52,6 +52,15 @@ std::pair<double, bool> share_step(StudentJob& job, std::int64_t step, double lo
   return {reduced[0] / group_size, reduced[1] > 0 && step + 1 < job.plan.train_steps};
 }
 
+/// train.trajectory_rollout: `distill` with part of each batch starting from the student's own
+/// states; null when off.
+std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill) {
+  if (!job.train.trajectory() || job.train.trajectory_rollout <= 0) return nullptr;
+  return std::make_unique<RolloutObjective>(job.parts, distill,
+                                            data::sampling_sigmas(job.train.sample_steps, job.train.sample_shift),
+                                            job.train.trajectory_rollout);
+}
+
 }  // namespace
 
 StudentStats run_student(StudentJob& job) {
@@ -64,13 +73,7 @@ StudentStats run_student(StudentJob& job) {
   Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();
   DistillObjective distill(job.parts, job.checkpointing);
-  // train.trajectory_rollout: part of each batch starts from the student's own states.
-  std::unique_ptr<RolloutObjective> rollout;
-  if (job.train.trajectory() && job.train.trajectory_rollout > 0) {
-    rollout = std::make_unique<RolloutObjective>(
-        job.parts, distill, data::sampling_sigmas(job.train.sample_steps, job.train.sample_shift),
-        job.train.trajectory_rollout);
-  }
+  const auto rollout = rollout_of(job, distill);
   Objective& objective = rollout ? static_cast<Objective&>(*rollout) : distill;
   StreamBatches batches(job);
   StepContext context{objective, optimizer, &job.reducer, job.train.grad_clip, job.world_rank,
