@@ -18,10 +18,13 @@ CLUSTER_DIR=${CLUSTER_DIR:-}
 
 _cluster_log() { echo "cluster: $*" >&2; }
 
-# A free TCP port at or above $1 (probes with ss; ports in use are skipped).
+# A free TCP port at or above $1 (probes with ss; ports in use are skipped). Every state counts,
+# not only listening: a port held by another process's connection (the ports tried here overlap
+# the kernel's ephemeral range, so an mpirun's or a closing slurm connection's local port can be
+# one; TIME_WAIT too) makes slurmctld's bind fail with "Address already in use" (CI, stop 33).
 _cluster_free_port() {
   local port=$1
-  while ss -Htln "sport = :$port" | grep -q .; do port=$((port + 1)); done
+  while ss -Htan "sport = :$port" | grep -q .; do port=$((port + 1)); done
   echo "$port"
 }
 
