@@ -10,6 +10,7 @@
 #include "data/flow_sampler.hpp"
 #include "student/sample_probe.hpp"
 #include "student/student_loop.hpp"
+#include "student/trajectory_rollout.hpp"
 
 namespace wd::student {
 
@@ -61,8 +62,7 @@ Diagnostics::Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer)
     job_.transport.release(e);
   }
   if (job_.train.trajectory()) {  // student_train(): sample_steps = student.steps, sample_shift = teacher.shift
-    const auto sigmas = data::sampling_sigmas(job_.train.sample_steps, job_.train.sample_shift);
-    for (std::size_t i = 0; i + 1 < sigmas.size(); ++i) interval_t_.push_back(1000.0 * sigmas[i]);
+    interval_sigmas_ = data::sampling_sigmas(job_.train.sample_steps, job_.train.sample_shift);
   }
 }
 
@@ -134,9 +134,8 @@ void Diagnostics::track_memory() {
 
 double Diagnostics::evaluate(std::int64_t step) {
   torch::NoGradGuard no_grad;
-  const auto k = interval_t_.size();
+  const auto k = interval_sigmas_.empty() ? 0 : interval_sigmas_.size() - 1;
   std::vector<double> sums(2 + 2 * k, 0.0);  // error, norm; then per interval
-  const auto interval_ts = torch::tensor(interval_t_, torch::kDouble);
   for (const auto& b : eval_set_) {
     const auto& target = b.at("teacher_out");
     const auto err = (job_.parts.predict(b) - target).pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
@@ -144,10 +143,7 @@ double Diagnostics::evaluate(std::int64_t step) {
     sums[0] += err.sum().item<double>();
     sums[1] += norm.sum().item<double>();
     if (k == 0) continue;
-    // Each sample's interval: the nearest of the k timesteps (t is [B] or per token [B,S]; a tie
-    // goes to the earlier interval, argmin's first).
-    const auto t = b.at("t").reshape({err.size(0), -1}).select(1, 0).to(torch::kDouble).cpu();
-    const auto nearest = (t.unsqueeze(1) - interval_ts.unsqueeze(0)).abs().argmin(1);
+    const auto nearest = nearest_interval(b.at("t"), interval_sigmas_);
     const auto by_interval = torch::zeros({2, static_cast<std::int64_t>(k)}, torch::kDouble);
     by_interval[0].index_add_(0, nearest, err);
     by_interval[1].index_add_(0, nearest, norm);

@@ -68,7 +68,7 @@ class Diagnostics {
   metrics::MetricsWriter metrics_;  ///< metrics.jsonl and TensorBoard (the leader's; a no-op elsewhere)
   std::vector<comm::TensorDict> eval_set_;
   double first_eval_ = -1;
-  std::vector<double> interval_t_;       ///< trajectory: 1000·σ_i of the student's k intervals
+  std::vector<double> interval_sigmas_;  ///< trajectory: the student's k + 1 σ (empty otherwise)
   std::vector<double> interval_rel_mse_;  ///< the last evaluation's, per interval (-1: none held out)
   int group_size_ = 1;
   Clock::time_point window_start_;

@@ -8,6 +8,12 @@
 
 namespace wd::student {
 
+torch::Tensor nearest_interval(const torch::Tensor& t, const std::vector<double>& sigmas) {
+  const auto grid = torch::tensor(std::vector<double>(sigmas.begin(), sigmas.end() - 1), torch::kDouble);
+  const auto t0 = t.reshape({t.size(0), -1}).select(1, 0).to(torch::kDouble).cpu() / 1000.0;
+  return (t0.unsqueeze(1) - grid.unsqueeze(0)).abs().argmin(1);
+}
+
 comm::TensorDict roll_out(StudentParts& parts, const comm::TensorDict& batch, const std::vector<double>& sigmas,
                           double fraction) {
   torch::NoGradGuard no_grad;
@@ -20,10 +26,7 @@ comm::TensorDict roll_out(StudentParts& parts, const comm::TensorDict& batch, co
   WD_CHECK(sigmas.size() >= 2, "train.trajectory_rollout needs the student's σ (" << sigmas.size() << " given)");
   const auto device = x.device();
   const auto& t = batch.at("t");
-  // Each sample's interval: the σ_i (i < k) nearest to its t / 1000 (t is [B] or per token [B,S]).
-  const auto grid = torch::tensor(std::vector<double>(sigmas.begin(), sigmas.end() - 1), torch::kDouble);
-  const auto t0 = t.reshape({B, -1}).select(1, 0).to(torch::kDouble).cpu() / 1000.0;
-  const auto interval = (t0.unsqueeze(1) - grid.unsqueeze(0)).abs().argmin(1);
+  const auto interval = nearest_interval(t, sigmas);
   const auto iv = interval.accessor<std::int64_t, 1>();
 
   std::vector<std::int64_t> rolled;  // chosen samples past the first interval

@@ -16,6 +16,10 @@
 
 namespace wd::student {
 
+/// Each sample's student interval: the i < k whose σ_i (of the k + 1 `sigmas`) is nearest to its
+/// t / 1000 (t is [B] or per token [B,S]; a tie goes to the earlier interval). [B] int64 on the host.
+torch::Tensor nearest_interval(const torch::Tensor& t, const std::vector<double>& sigmas);
+
 /// `batch` with its first round(fraction·B) samples rolled out: for each of them at interval
 /// i ≥ 1 (found as the σ of `sigmas` nearest to its t / 1000), x_t = the state the student's i
 /// Euler jumps from `x_start` reach (predict with the current weights, t = 1000·σ_j, its own
