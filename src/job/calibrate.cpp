@@ -181,7 +181,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.student = in.student;
   s.tokens = in.tokens;
   s.teacher_forwards = cfg.teacher_forwards();  // guided: [cond; neg]; trajectory: teacher.steps / student.steps
-  s.whole_teacher = cfg.train.guided() || cfg.train.trajectory();  // no shard stages (check_job)
+  s.whole_teacher = cfg.whole_teacher();  // no shard stages (check_job)
   if (cfg.train.trajectory()) {  // a roll-out sample at interval i takes i jumps; i is uniform over k
     s.student_extra_forwards =
         cfg.train.trajectory_rollout * static_cast<double>(cfg.student.steps - 1) / 2.0;

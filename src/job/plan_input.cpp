@@ -156,7 +156,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.context_len = tc.text_len;  // the model pads every context to text_len
   in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
   in.teacher_forwards = cfg.teacher_guided() ? 2 : 1;  // [cond; neg] as one batch
-  in.whole_teacher = cfg.train.guided() || cfg.train.trajectory();
+  in.whole_teacher = cfg.whole_teacher();
   in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
   in.prefetch_depth = cfg.comm.prefetch_depth;
   in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;
@@ -172,6 +172,15 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.host_budget = ctx.host_bytes;
   in.gpus_per_node = ctx.gpus_per_node;
   return in;
+}
+
+comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {
+  comm::ServiceSchedule s;
+  s.ratio = cfg.train.critic_ratio;
+  s.first_step = plan.first_step;
+  s.train_steps = plan.train_steps;
+  s.lead = cfg.comm.prefetch_depth;
+  return s;
 }
 
 }  // namespace wd::job

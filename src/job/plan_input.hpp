@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "job/run_config.hpp"
+#include "comm/score_channel.hpp"
 #include "comm/stream_plan.hpp"
 #include "data/dataset_info.hpp"
 #include "model/wan_config.hpp"
@@ -54,6 +55,10 @@ std::pair<std::vector<std::uint64_t>, std::uint64_t> teacher_block_bytes(const W
 
 /// Tokens of one latent sample: its frames, height and width over the patch size.
 std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t, 4>& latent);
+
+/// train.objective dmd: when the students ask and the teachers answer (plan's steps, train.critic_ratio,
+/// comm.prefetch_depth stream steps of lead before an answer).
+comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan);
 
 /// The message geometry of a run (batch, latent, context, channels, feature blocks): what
 /// every transport step carries. `train` adds the steps to stream.

@@ -108,19 +108,26 @@ struct RunConfig {
   /// samples its own student.steps (Euler) on teacher.shift's schedule.
   student::TrainConfig student_train() const {
     auto t = train;
-    if (train.trajectory()) {
+    if (train.trajectory() || train.dmd()) {
       t.sample_steps = student.steps;
       t.sample_shift = teacher.shift;
     }
     return t;
   }
   /// Whether the teacher's forwards are guided ([cond; neg] in one batch): guided, and
-  /// trajectory unless teacher.guidance is 1.
-  bool teacher_guided() const { return train.guided() || (train.trajectory() && teacher.guidance != 1.0); }
+  /// trajectory and dmd unless teacher.guidance is 1.
+  bool teacher_guided() const {
+    return train.guided() || ((train.trajectory() || train.dmd()) && teacher.guidance != 1.0);
+  }
+  /// Whether the teacher must be whole on one rank (no shard stages): guidance, trajectories
+  /// and the dmd real-score service need every block in one forward.
+  bool whole_teacher() const { return train.guided() || train.trajectory() || train.dmd(); }
   /// Teacher forwards (in samples) per trained sample: 1, doubled when guided; a trajectory's
-  /// teacher.steps forwards serve its student.steps intervals.
+  /// teacher.steps forwards serve its student.steps intervals; dmd adds its real-score
+  /// requests, one sample every train.critic_ratio steps.
   double teacher_forwards() const {
     const double guided = teacher_guided() ? 2.0 : 1.0;
+    if (train.dmd()) return guided * (1.0 + 1.0 / static_cast<double>(std::max<std::int64_t>(1, train.critic_ratio)));
     if (!train.trajectory()) return guided;
     return guided * static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps));
   }

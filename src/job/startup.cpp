@@ -289,6 +289,14 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
           "train.objective guided runs the conditional and negative forwards of the whole teacher on one rank; "
           "teacher.placement shard splits it over " + std::to_string(layout.stages) + " stages (use gpu, cpu, stream "
           "or colocated)");
+  p.check(!cfg.train.dmd() || layout.stages <= 1,
+          "train.objective dmd's teacher answers the real score with the conditional and negative forwards of the "
+          "whole teacher on one rank; teacher.placement shard splits it over " + std::to_string(layout.stages) +
+              " stages (use gpu, cpu, stream or colocated)");
+  p.check(!cfg.train.dmd() || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
+          "train.objective dmd's generator samples the teacher's latents from noise: it needs a t2v teacher whose "
+          "in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
+              std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
   p.throw_if_any("train config");
   // The negative context's file, read where it will be used: a bad one stops the job here.
   if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {

@@ -9,6 +9,8 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/torch_compat.hpp"
+#include "comm/score_channel.hpp"
+#include "student/dmd.hpp"
 #include "student/ema.hpp"
 #include "student/student_device.hpp"
 #include "job/plan_input.hpp"
@@ -140,26 +142,146 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
                                setup);
 }
 
+/// Where a student's batches come from: its teacher rank's link, its own teacher (colocated) or
+/// its own targets (flow).
+struct StudentStream {
+  std::unique_ptr<OwnTeacher> own;
+  std::unique_ptr<OwnTargets> targets;
+  std::unique_ptr<comm::Receiver> link;
+  comm::Receiver* transport = nullptr;
+};
+
+StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  const auto& plan = job.plan;
+  StudentStream s;
+  if (!cfg.has_teacher()) {
+    s.targets = std::make_unique<OwnTargets>(job, device);
+    s.transport = &s.targets->transport;
+  } else if (job.layout.colocated()) {
+    s.own = std::make_unique<OwnTeacher>(job, device, services.memory);
+    s.transport = &s.own->transport;
+  } else {
+    s.link = comm::make_receiver(comm::link_end(*job.groups, job.world_rank(), cfg.comm), plan.message_spec(),
+                                 cfg.comm, 0, plan.end_step(), device, &services.health);
+    services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+    s.transport = s.link.get();
+  }
+  return s;
+}
+
+/// teacher.placement colocated, dmd: this rank's own teacher answers its requests on the spot.
+class LocalScore final : public student::RealScore {
+ public:
+  explicit LocalScore(teacher::TeacherStage& stage) : stage_(stage) {}
+  void ask(std::int64_t cycle, const comm::TensorDict& request) override {
+    teacher::StageBatch b;
+    b.x_t = request.at("x_t");
+    b.t = request.at("t");
+    b.context = request.at("context");
+    b.context_lens = request.at("context_lens");
+    stage_.run(b);
+    answer_ = b.out;
+    cycle_ = cycle;
+  }
+  const torch::Tensor& answer(std::int64_t cycle) override {
+    WD_CHECK(cycle == cycle_, "dmd: cycle " << cycle << " was not asked (the last request was cycle " << cycle_ << ")");
+    return answer_;
+  }
+  void release(std::int64_t) override { answer_ = torch::Tensor(); }
+  double wait_seconds() const override { return 0; }
+
+ private:
+  teacher::TeacherStage& stage_;
+  torch::Tensor answer_;
+  std::int64_t cycle_ = -1;
+};
+
+/// train.objective dmd on a student rank: the critic (its parts, AdamW, gradient reducer), the
+/// real score (the channel to the replica's teacher, or the colocated teacher) and the trainer.
+struct DmdSide {
+  student::TrainConfig train;  ///< the loop's [train] (RunConfig::student_train)
+  std::optional<comm::StudentService> service;
+  std::unique_ptr<student::RealScore> score;
+  std::unique_ptr<student::StudentParts> critic;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<comm::GradientReducer> reducer;
+  std::unique_ptr<student::DmdTrainer> trainer;
+};
+
+/// The critic DiT: the student's dims; critic.init student starts it as the generator starts.
+student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& device) {
+  const auto& cfg = job.cfg;
+  student::PartsSetup setup;
+  setup.teacher_in_channels = job.plan.latent[0];
+  setup.teacher_out_channels = job.plan.out_channels;
+  setup.teacher_dim = job.model.dim;
+  setup.train_projections = cfg.student.projection == "trained";
+  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
+  setup.seed = cfg.train.seed;
+  setup.device = device;
+  const auto sc = cfg.student.model_config(job.model);
+  return student::StudentParts(cfg.train.critic_init == "student"
+                                   ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
+                                   : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed ^ 0xC817ULL),
+                               setup);
+}
+
+/// The channel to the teacher (dedicated layouts; right after the link, as the teacher makes it).
+void open_service(DmdSide& side, const TrainJob& job, const c10::Device& device, RoleServices& services) {
+  side.service = comm::student_service(*job.groups, job.world_rank(), job.plan, service_schedule(job.cfg, job.plan),
+                                       job.cfg.comm, device, &services.health);
+  side.score = std::make_unique<student::RemoteScore>(*side.service->requests, *side.service->answers);
+}
+
+/// The critic and the trainer, after the generator's reducer (every student makes its reducers in
+/// one order).
+void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts& generator, const c10::Device& device,
+                      int group_rank, const std::vector<int>& peers, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  side.train = cfg.student_train();
+  side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device));
+  const auto& train = cfg.train;
+  side.optimizer = std::make_unique<torch::optim::AdamW>(
+      side.critic->trainable(), torch::optim::AdamWOptions(train.critic_lr > 0 ? train.critic_lr : train.lr)
+                                    .betas({train.beta1, train.beta2})
+                                    .weight_decay(train.weight_decay));
+  side.reducer = comm::make_gradient_reducer(job.groups->students(), side.critic->trainable(),
+                                             cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(), device,
+                                             cfg.comm.backend, &services.health);
+  services.memory.model.weights_bytes += memory::tensor_bytes(side.critic->trainable());
+  side.trainer = std::make_unique<student::DmdTrainer>(student::DmdParts{
+      generator, *side.critic, *side.optimizer, side.reducer.get(), *side.score,
+      student::DmdSpec::from(cfg.student_train(), job.plan.latent, group_rank), service_schedule(cfg, job.plan),
+      side.train, student::CheckpointPolicy::parse(cfg.student.checkpointing), job.world_rank(),
+      job.groups->students(), cfg.comm.timeout_s, peers, &services.health});
+}
+
 /// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
 /// through the store; every replica holds the same state).
 void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::StudentParts& parts,
                         const RoleServices& services, const c10::Device& device) {
   loop.checkpoint_every = job.cfg.checkpoint.every;
   student::EmaWeights* ema = loop.ema;
+  student::DmdTrainer* dmd = loop.dmd;
   if (!job.resume_path.empty()) {
-    loop.restore = [&job, &parts, ema](torch::optim::AdamW& optimizer) {
+    loop.restore = [&job, &parts, ema, dmd](torch::optim::AdamW& optimizer) {
       const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
       WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
                     "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
       if (ema) ema->restore(job.resume_path, parts);
+      if (dmd) dmd->restore(job.resume_path);
     };
   }
-  loop.save = [&job, &parts, ema, &faults = services.faults, device](std::int64_t step,
-                                                                      torch::optim::AdamW& optimizer) {
+  loop.save = [&job, &parts, ema, dmd, &faults = services.faults, device](std::int64_t step,
+                                                                           torch::optim::AdamW& optimizer) {
+    // Every student joins the gather of the dmd cycle's request inputs; the first one writes.
+    const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
     if (!job.store) return;
     const auto path = job.store->save(step, [&](const std::string& dir) {
       // With a weight average, checkpoints keep both and student/ holds the average.
       student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr);
+      if (dmd) dmd->save(dir, step, job.config_ini, pending);
       if (ema) {
         ema->save(dir, parts);
         ema->with_averaged(parts, [&] { parts.save((fs::path(dir) / student::TrainStateFiles::kStudent).string()); });
@@ -202,27 +324,14 @@ RoleResult finish_student(const TrainJob& job, const student::StudentStats& stat
 RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   const auto& cfg = job.cfg;
   const auto& layout = job.layout;
-  const auto& plan = job.plan;
   const int rank = job.world_rank();
   const auto device = take_student_device(job, services);
-  // Link first, gradient group second, on every student: NCCL communicators are created in one
-  // order everywhere (docs/transport.md).
-  std::unique_ptr<OwnTeacher> own;
-  std::unique_ptr<OwnTargets> targets;
-  std::unique_ptr<comm::Receiver> link;
-  comm::Receiver* transport = nullptr;
-  if (!cfg.has_teacher()) {
-    targets = std::make_unique<OwnTargets>(job, device);
-    transport = &targets->transport;
-  } else if (layout.colocated()) {
-    own = std::make_unique<OwnTeacher>(job, device, services.memory);
-    transport = &own->transport;
-  } else {
-    link = comm::make_receiver(comm::link_end(*job.groups, rank, cfg.comm), plan.message_spec(), cfg.comm, 0,
-                               plan.end_step(), device, &services.health);
-    services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
-    transport = link.get();
-  }
+  // Link first (and dmd's channel), gradient groups second, on every student: NCCL communicators
+  // are created in one order everywhere (docs/transport.md).
+  auto stream = open_stream(job, device, services);
+  DmdSide dmd;
+  if (cfg.train.dmd() && stream.link) open_service(dmd, job, device, services);
+  if (cfg.train.dmd() && stream.own) dmd.score = std::make_unique<LocalScore>(stream.own->stage);
   auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
@@ -239,8 +348,9 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
   }
+  if (cfg.train.dmd()) make_dmd_trainer(dmd, job, parts, device, group_rank, peers, services);
   const auto train = cfg.student_train();
-  student::StudentJob loop{parts, *transport, *reducer, plan, train, job.groups->students(),
+  student::StudentJob loop{parts, *stream.transport, *reducer, job.plan, train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            student::CheckpointPolicy::parse(cfg.student.checkpointing)};
@@ -251,6 +361,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.tracked_memory = &services.memory.model;
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
+  loop.dmd = dmd.trainer.get();
+  if (dmd.score) loop.extra_wait = [score = dmd.score.get()] { return score->wait_seconds(); };
   attach_checkpoints(loop, job, parts, services, device);
   return finish_student(job, student::run_student(loop), parts, loop.ema, group_rank == 0);
 }

@@ -2,11 +2,13 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <optional>
 
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
 #include "model/negative_context.hpp"
 #include "core/torch_compat.hpp"
+#include "comm/score_channel.hpp"
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
@@ -59,6 +61,13 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
 
 namespace {
 
+/// Bytes of the real-score channel's rings on a teacher: a request and an answer ring per student.
+std::uint64_t service_bytes(const comm::StreamPlan& plan, const comm::CommConfig& comm, int students) {
+  const auto depth = static_cast<std::uint64_t>(comm.prefetch_depth);
+  return (comm::request_spec(plan).bytes() + comm::answer_spec(plan).bytes()) * depth *
+         static_cast<std::uint64_t>(students);
+}
+
 /// train.objective trajectory: this replica's trajectory rounds (a whole teacher: stage 0 reads).
 std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job, teacher::TeacherStage& stage,
                                                              data::DatasetReader* reader,
@@ -103,6 +112,13 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
                                       static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
                                       static_cast<std::uint64_t>(layout.students_per_replica());
   }
+  // dmd: the real-score channel, made right after the link on both sides.
+  std::optional<comm::TeacherService> service;
+  if (cfg.train.dmd() && transport) {
+    service = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm,
+                                    how.device, &services.health);
+    services.memory.transport_bytes += service_bytes(job.plan, cfg.comm, layout.students_per_replica());
+  }
 
   auto stage_model = load_teacher_stage(job, how, services.memory);
   const auto per_stage_spec = [&](int s) {
@@ -141,6 +157,8 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   loop.from_previous = links.from_previous.get();
   loop.to_next = links.to_next.get();
   loop.trajectory = trajectory.get();
+  std::optional<teacher::ScoreServer> server;
+  if (service) loop.server = &server.emplace(stage_model, *service, service_schedule(cfg, job.plan));
   const auto stats = teacher::run_teacher(loop);
   RoleResult result;
   result.requeue = stats.stopped_after >= 0;

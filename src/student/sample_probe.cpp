@@ -50,7 +50,7 @@ SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, c
   const auto sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
   // A trajectory student learned Euler jumps: it is sampled with Euler (at train.sample_steps,
   // which its run sets to student.steps).
-  const auto sampled = data::sample_flow(train.trajectory() ? "euler" : "unipc", sigmas, noise, velocity);
+  const auto sampled = data::sample_flow(train.trajectory() || train.dmd() ? "euler" : "unipc", sigmas, noise, velocity);
 
   SampleProbe p;
   p.final_ratio = worst_ratio(data::channel_stats(sampled), data::channel_stats(x0_teacher), train.collapse_ratio,

@@ -155,7 +155,8 @@ void TrainConfig::bind(OptionTable& t) {
             "teacher) | flow (flow-matching training on the data alone, target noise - x0, no teacher: "
             "teacher.ranks 0) | trajectory (the teacher samples from seeded noise with teacher.steps, "
             "teacher.guidance; the student learns the jump between its student.steps σ: a few-step "
-            "student; docs/objectives.md)")
+            "student) | dmd (distribution matching: the student samples in student.steps, a critic learns "
+            "the student's samples, the teacher answers the guided score at them; docs/objectives.md)")
       .bind("train.cond_dropout", cond_dropout,
             "flow: the fraction of training samples whose context is zeroed, so the model also learns "
             "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)")
@@ -163,7 +164,18 @@ void TrainConfig::bind(OptionTable& t) {
             "trajectory: the fraction of each batch (its first places; the deal is random) whose input is the "
             "state the student reaches by its own Euler jumps from the trajectory's noise instead of the "
             "teacher's state, and whose target is the jump from there to the teacher's next state: the student "
-            "learns to return to the teacher's path from where its own steps put it (0 = off; docs/objectives.md)");
+            "learns to return to the teacher's path from where its own steps put it (0 = off; docs/objectives.md)")
+      .bind("train.dmd_start", dmd_start,
+            "dmd: simulate (the generator's sample is its own student.steps Euler jumps from seeded noise, the "
+            "gradient through the last jump) | data (one jump from the stream's noised data)")
+      .bind("train.critic_ratio", critic_ratio,
+            "dmd: critic updates per generator update; train.steps counts critic updates and the generator "
+            "updates after every critic_ratio-th")
+      .bind("train.dmd_t_min", dmd_t_min, "dmd: lower end of u, the re-noised sample's σ = shift(u) (teacher.shift)")
+      .bind("train.dmd_t_max", dmd_t_max, "dmd: upper end of u (see train.dmd_t_min)")
+      .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
+      .bind("critic.init", critic_init,
+            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random");
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
@@ -185,8 +197,10 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
   p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
-  p.check(objective == "velocity" || objective == "guided" || objective == "flow" || objective == "trajectory",
-          "train.objective(" + objective + ") must be velocity, guided, flow or trajectory");
+  p.check(objective == "velocity" || objective == "guided" || objective == "flow" || objective == "trajectory" ||
+              objective == "dmd",
+          "train.objective(" + objective + ") must be velocity, guided, flow, trajectory or dmd");
+  validate_dmd(p);
   p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
   p.check(cond_dropout == 0 || objective == "flow",
           "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +
@@ -198,6 +212,19 @@ void TrainConfig::validate(ConfigProblems& p) const {
               "needs train.objective trajectory, not " + objective);
   p.check(sample_every == 0 || eval_samples > 0,
           "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
+}
+
+void TrainConfig::validate_dmd(ConfigProblems& p) const {
+  p.check(dmd_start == "simulate" || dmd_start == "data", "train.dmd_start(" + dmd_start + ") must be simulate or data");
+  p.check(critic_ratio >= 1, "train.critic_ratio" + v(static_cast<double>(critic_ratio)) + " must be >= 1");
+  p.check(dmd_t_min > 0 && dmd_t_min < dmd_t_max && dmd_t_max < 1,
+          "train.dmd_t_min" + v(dmd_t_min) + " and train.dmd_t_max" + v(dmd_t_max) + " must satisfy 0 < min < max < 1");
+  p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
+  p.check(critic_init == "student" || critic_init == "random",
+          "critic.init(" + critic_init + ") must be student or random");
+  if (!dmd()) return;
+  p.check(grad_accum == 1, "train.objective dmd takes one micro-batch a step: train.grad_accum" +
+                               v(static_cast<double>(grad_accum)) + " must be 1");
 }
 
 double TrainConfig::lr_at(std::int64_t step) const {

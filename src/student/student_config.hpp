@@ -77,12 +77,29 @@ struct TrainConfig {
   /// trajectory: fraction of each batch whose input state the student reaches by its own jumps
   /// from the trajectory's noise (target: the jump to the teacher's next state); 0 = off
   double trajectory_rollout = 0.0;
+  /// dmd: where the generator's training sample starts: simulate (its own student.steps Euler
+  /// jumps from noise, gradient through the last) | data (one jump from the stream's noised data)
+  std::string dmd_start = "simulate";
+  /// dmd: critic updates per generator update (train.steps counts critic updates)
+  std::int64_t critic_ratio = 5;
+  /// dmd: the range of u in the re-noising σ = shift(u) (shift: teacher.shift), as DMD2's 2%..98%
+  double dmd_t_min = 0.02;
+  double dmd_t_max = 0.98;
+  /// dmd: the critic's learning rate (same warmup/cosine shape as train.lr); 0 = train.lr
+  double critic_lr = 0.0;
+  /// dmd: student (the critic starts as a copy of the generator's initial weights) | random
+  std::string critic_init = "student";
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
+  /// The dmd keys' problems (every key checked; the objective's own limits when it is dmd).
+  void validate_dmd(ConfigProblems& p) const;
   bool flow() const { return objective == "flow"; }
   bool guided() const { return objective == "guided"; }
   bool trajectory() const { return objective == "trajectory"; }
+  bool dmd() const { return objective == "dmd"; }
+  /// The critic's learning rate at `step` (dmd): lr_at(step) scaled to critic_lr.
+  double critic_lr_at(std::int64_t step) const { return lr_at(step) * (critic_lr > 0 ? critic_lr / lr : 1.0); }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.
   double lr_at(std::int64_t step) const;
 };

@@ -61,6 +61,20 @@ std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill
                                             job.train.trajectory_rollout);
 }
 
+/// Step `step`'s update: the distillation step, or dmd's critic (and generator) update, whose
+/// generator loss is logged beside the critic's. Returns this rank's loss (dmd: the critic's).
+double update(StudentJob& job, StepContext& context, std::int64_t step, MicroBatches& batches) {
+  const double lr = job.train.lr_at(step);
+  if (!job.dmd) return train_step(context, step, lr, batches);
+  const auto losses = job.dmd->step(context, step, batches.take(step, 0));
+  batches.release(step, 0);
+  if (losses.generator && job.leader && (step + 1) % job.train.log_every == 0) {
+    spdlog::info("dmd step {}: generator loss {:.5f} (this rank), critic loss {:.5f}", step + 1, *losses.generator,
+                 losses.critic);
+  }
+  return losses.critic;
+}
+
 }  // namespace
 
 StudentStats run_student(StudentJob& job) {
@@ -85,8 +99,9 @@ StudentStats run_student(StudentJob& job) {
     if (job.faults) job.faults->at_step(step + 1, device);
     if (job.health) job.health->check();
     const double lr = job.train.lr_at(step);
-    const auto [loss, stop] = share_step(job, step, train_step(context, step, lr, batches));
-    if (job.ema) job.ema->update(job.parts, step + 1);
+    const auto [loss, stop] = share_step(job, step, update(job, context, step, batches));
+    // dmd: the average follows the generator's updates only.
+    if (job.ema && (!job.dmd || (step + 1) % job.train.critic_ratio == 0)) job.ema->update(job.parts, step + 1);
     stats.losses.push_back(loss);
     diagnostics.after_step(step, lr, loss, stop);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;
@@ -106,7 +121,7 @@ StudentStats run_student(StudentJob& job) {
   }
   if (stats.stopped_after < 0) stats.final_eval_rel_mse = diagnostics.after_training();
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  stats.wait_seconds = job.transport.wait_seconds();
+  stats.wait_seconds = job.transport.wait_seconds() + (job.extra_wait ? job.extra_wait() : 0.0);
   return stats;
 }
 

@@ -19,6 +19,7 @@
 #include "model/wan_dit.hpp"
 #include "student/ema.hpp"
 #include "student/checkpointing.hpp"
+#include "student/dmd.hpp"
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
 
@@ -56,6 +57,11 @@ struct StudentJob {
   memory::ModelMemory* tracked_memory = nullptr;
   /// train.ema_decay: the weight average, updated after every optimizer step; null = off.
   EmaWeights* ema = nullptr;
+  /// train.objective dmd: the critic and real-score steps (each step a critic update, a
+  /// generator update at the end of a cycle); null = the distillation step.
+  DmdTrainer* dmd = nullptr;
+  /// dmd: seconds blocked on the teacher's answers (added to wait_seconds); null = none.
+  std::function<double()> extra_wait;
 };
 
 struct StudentStats {

@@ -159,7 +159,16 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
     loss = loss + setup_.feature_weight * feature_loss;
   }
   losses.total = loss.detach().to(torch::kFloat);
-  (loss * scale).backward();
+  backward(loss * scale);
+  return losses;
+}
+
+torch::Tensor StudentParts::forward_train(const comm::TensorDict& batch, const CheckpointPolicy& policy) {
+  return forward(compute_, batch, policy, nullptr);
+}
+
+void StudentParts::backward(const torch::Tensor& loss) {
+  loss.backward();
   // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
   for (auto& [master, compute] : master_compute_) {
     if (!compute.grad().defined()) continue;
@@ -170,7 +179,6 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
     }
     compute.mutable_grad() = torch::Tensor();
   }
-  return losses;
 }
 
 torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {

@@ -66,6 +66,11 @@ class StudentParts {
   MicroLosses micro_step(const comm::TensorDict& batch, double scale, const CheckpointPolicy& policy);
   /// The student's prediction in the teacher's output space (evaluation; no grad).
   torch::Tensor predict(const comm::TensorDict& batch);
+  /// The prediction with its graph, for a loss of the caller's (train.objective dmd); pass the
+  /// loss to backward().
+  torch::Tensor forward_train(const comm::TensorDict& batch, const CheckpointPolicy& policy);
+  /// Backward of `loss` (already scaled), gradients accumulated into the fp32 master parameters.
+  void backward(const torch::Tensor& loss);
 
   /// The fp32 tensors the optimizer and the gradient all-reduce see (fixed after start-up).
   const std::vector<torch::Tensor>& trainable() const { return trainable_; }

@@ -172,8 +172,11 @@ TeacherStats run_teacher(TeacherJob& job) {
       // with zeros for the student categories. Step `step`'s batch is on its way, so the
       // students can reach this step while this rank waits.
       if (job.memory) job.memory->after_step(step + 1, device);
+      // After the collective: a student's request of this cycle went out before its critic steps.
+      if (job.server) job.server->after_stream_step(step);
     }
     (job.stage.last() ? job.transport : job.to_next)->flush();
+    if (job.server) job.server->flush();
   } catch (const comm::StopRequested& stop) {
     // The students stopped after stop.step() for a requeue; what this rank streamed beyond it
     // is dropped (a resumed run recomputes it: batches are a function of the step).
@@ -181,7 +184,13 @@ TeacherStats run_teacher(TeacherJob& job) {
   }
   stats.seconds = since(t0);
   stats.wait_seconds = (job.stage.last() ? job.transport : job.to_next)->wait_seconds() +
-                       (job.from_previous ? job.from_previous->wait_seconds() : 0.0);
+                       (job.from_previous ? job.from_previous->wait_seconds() : 0.0) +
+                       (job.server ? job.server->wait_seconds() : 0.0);
+  if (job.server) {
+    stats.busy_seconds += job.server->busy_seconds();
+    spdlog::info("teacher real-score service: {} samples answered in {:.1f} s", job.server->answered(),
+                 job.server->busy_seconds());
+  }
   spdlog::info("teacher done: {} samples in {:.1f} s, busy {:.0f}%, waiting {:.0f}%", stats.samples,
                stats.seconds, 100 * stats.busy_seconds / stats.seconds, 100 * stats.wait_seconds / stats.seconds);
   return stats;

@@ -14,6 +14,7 @@
 #include "data/sample_schedule.hpp"
 #include "memory/memory_monitor.hpp"
 #include "teacher/teacher_stage.hpp"
+#include "teacher/score_server.hpp"
 #include "teacher/trajectory.hpp"
 
 namespace wd::teacher {
@@ -43,6 +44,8 @@ struct TeacherJob {
   comm::Sender* to_next = nullptr;          ///< shard: the stream to the next stage
   /// train.objective trajectory: the batches come from the teacher's trajectories (whole teacher).
   TrajectoryRounds* trajectory = nullptr;
+  /// train.objective dmd: answers the students' real-score requests between stream steps.
+  ScoreServer* server = nullptr;
 };
 
 /// Stage 0's input: the samples `idx` read from `reader`, noised for stream position

@@ -1,0 +1,278 @@
+// train.objective dmd: the generator's samples, the DMD gradient, the critic and generator updates.
+#include "student/dmd.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "comm/mpi_check.hpp"
+#include "comm/mpi_runtime.hpp"
+#include "core/errors.hpp"
+#include "data/flow_sampler.hpp"
+#include "data/splitmix64.hpp"
+#include "model/safetensors.hpp"
+#include "student/train_state.hpp"
+
+namespace wd::student {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Seed domains: the critic's samples and re-noising per step, the generator's per cycle.
+constexpr std::uint64_t kSampleSalt = 0xD3D0'5A3EULL;
+constexpr std::uint64_t kCriticSalt = 0xC817'1C00ULL;
+constexpr std::uint64_t kDmdSalt = 0xD3D0'0D3DULL;
+
+std::int64_t critic_key(std::int64_t step) { return 2 * step; }
+std::int64_t generator_key(std::int64_t cycle) { return 2 * cycle + 1; }
+
+/// The request inputs of a batch: what generate() reads (copies: the batch's slot is reused).
+comm::TensorDict request_inputs(const comm::TensorDict& batch, bool simulate) {
+  comm::TensorDict in;
+  for (const char* name : {"context", "context_lens", "x_t", "t"}) {
+    if (simulate && (name == std::string("x_t") || name == std::string("t"))) continue;
+    in[name] = batch.at(name).clone();
+  }
+  return in;
+}
+
+comm::TensorDict model_inputs(const torch::Tensor& x, const torch::Tensor& t, const comm::TensorDict& in) {
+  return {{"x_t", x}, {"t", t}, {"context", in.at("context")}, {"context_lens", in.at("context_lens")}};
+}
+
+/// The critic's flow-matching loss on the generator's samples of one batch.
+class CriticObjective final : public Objective {
+ public:
+  CriticObjective(DmdParts& p, std::int64_t step) : p_(p), step_(step) {}
+  const std::vector<torch::Tensor>& parameters() const override { return p_.critic.trainable(); }
+  void zero_grad() override { p_.critic.zero_grad(); }
+  torch::Tensor backward(const comm::TensorDict& batch, double scale) override {
+    const auto x0 = generate(p_.generator, batch, p_.spec, critic_key(step_), false, p_.policy);
+    const auto n = renoise(x0, p_.spec, step_, kCriticSalt);
+    auto in = model_inputs(n.x, n.t, batch);
+    in["teacher_out"] = n.noise - x0;  // the flow of the generator's samples
+    return p_.critic.micro_step(in, scale, p_.policy).total;
+  }
+  void after_step() override { p_.critic.after_optimizer_step(); }
+
+ private:
+  DmdParts& p_;
+  std::int64_t step_;
+};
+
+/// The generator's DMD loss for its cycle's request, with the teacher's answer.
+class GeneratorObjective final : public Objective {
+ public:
+  GeneratorObjective(DmdParts& p, std::int64_t cycle, const torch::Tensor& real_velocity)
+      : p_(p), cycle_(cycle), real_(real_velocity) {}
+  const std::vector<torch::Tensor>& parameters() const override { return p_.generator.trainable(); }
+  void zero_grad() override { p_.generator.zero_grad(); }
+  torch::Tensor backward(const comm::TensorDict& in, double scale) override {
+    // The generator is unchanged since the request: x0 has the request's values, now with a graph.
+    const auto x0 = generate(p_.generator, in, p_.spec, generator_key(cycle_), true, p_.policy);
+    const auto& x = in.at("dmd.x");
+    const auto sigma = in.at("dmd.sigma");
+    const auto real_x0 = x - sigma * real_.to(x.scalar_type());
+    const auto fake_x0 = x - sigma * p_.critic.predict(model_inputs(x, in.at("dmd.t"), in));
+    const auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0));
+    p_.generator.backward(loss * scale);
+    return loss.detach().to(torch::kFloat);
+  }
+  void after_step() override { p_.generator.after_optimizer_step(); }
+
+ private:
+  DmdParts& p_;
+  std::int64_t cycle_;
+  const torch::Tensor& real_;
+};
+
+}  // namespace
+
+DmdSpec DmdSpec::from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student) {
+  DmdSpec s;
+  s.sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
+  s.simulate = train.dmd_start == "simulate";
+  s.t_min = train.dmd_t_min;
+  s.t_max = train.dmd_t_max;
+  s.shift = train.sample_shift;
+  s.seed = train.seed;
+  s.student = static_cast<std::uint64_t>(student);
+  s.latent = latent;
+  return s;
+}
+
+torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, const DmdSpec& spec,
+                       std::int64_t key, bool grad, const CheckpointPolicy& policy) {
+  const auto batch = inputs.at("context").size(0);
+  const auto jump = [&](const torch::Tensor& x, const torch::Tensor& t, bool keep) {
+    const auto in = model_inputs(x, t, inputs);
+    return keep ? generator.forward_train(in, policy) : generator.predict(in);
+  };
+  if (!spec.simulate) {  // one jump from the stream's noised data
+    const auto& x_t = inputs.at("x_t");
+    const auto& t = inputs.at("t");
+    return x_t - (t / 1000.0).view({batch, 1, 1, 1, 1}) * jump(x_t, t, grad);
+  }
+  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, kSampleSalt, key, spec.student));
+  const auto [c, f, h, w] = spec.latent;
+  auto x = torch::randn({batch, c, f, h, w}, gen).to(generator.device());
+  const auto k = spec.sigmas.size() - 1;
+  for (std::size_t i = 0; i < k; ++i) {
+    const auto t = torch::full({batch}, 1000.0 * spec.sigmas[i],
+                               torch::TensorOptions().dtype(torch::kFloat).device(generator.device()));
+    // σ_k = 0: the last jump lands on x0.
+    x = x + (spec.sigmas[i + 1] - spec.sigmas[i]) * jump(x, t, grad && i + 1 == k);
+  }
+  return x;
+}
+
+Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt) {
+  const auto batch = x0.size(0);
+  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, salt, key, spec.student));
+  const auto u = torch::rand({batch}, gen, torch::kDouble) * (spec.t_max - spec.t_min) + spec.t_min;
+  const auto sigma = spec.shift * u / (1.0 + (spec.shift - 1.0) * u);  // Wan's shifted schedule
+  const auto noise = torch::randn(x0.sizes(), gen, torch::kFloat).to(x0.device());
+  Renoised r;
+  r.sigma = sigma.to(torch::kFloat).to(x0.device()).view({batch, 1, 1, 1, 1});
+  r.noise = noise;
+  r.x = (1.0 - r.sigma) * x0.detach() + r.sigma * noise;
+  r.t = (sigma * 1000.0).to(torch::kFloat).to(x0.device());
+  return r;
+}
+
+torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::int64_t> dims;
+  for (std::int64_t d = 1; d < x0.dim(); ++d) dims.push_back(d);
+  const auto weight = (x0 - real_x0).abs().mean(dims, /*keepdim=*/true);
+  return torch::nan_to_num((fake_x0 - real_x0) / weight, 0.0, 0.0, 0.0);
+}
+
+torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad) {
+  return 0.5 * torch::mse_loss(x0, (x0 - grad).detach());
+}
+
+void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
+  const auto cycle = p_.schedule.cycle_of(step);
+  if (pending_cycle_ != cycle) {  // a resumed run restored its cycle's inputs instead
+    pending_ = request_inputs(batch, p_.spec.simulate);
+    pending_cycle_ = cycle;
+  }
+  const auto x0 = generate(p_.generator, pending_, p_.spec, generator_key(cycle), false, p_.policy);
+  const auto n = renoise(x0, p_.spec, cycle, kDmdSalt);
+  pending_["dmd.x"] = n.x;
+  pending_["dmd.t"] = n.t;
+  pending_["dmd.sigma"] = n.sigma;
+  p_.score.ask(cycle, model_inputs(n.x, n.t, pending_));
+}
+
+double DmdTrainer::update_critic(std::int64_t step, const comm::TensorDict& batch) {
+  CriticObjective objective(p_, step);
+  StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {}};
+  FixedBatches batches({batch});
+  return train_step(ctx, step, p_.train.critic_lr_at(step), batches);
+}
+
+double DmdTrainer::update_generator(StepContext& generator, std::int64_t step) {
+  const auto cycle = p_.schedule.cycle_of(step);
+  WD_CHECK(pending_cycle_ == cycle, "dmd: the generator update of step " << step + 1 << " has no request of cycle "
+                                                                         << cycle << " (pending: " << pending_cycle_
+                                                                         << ")");
+  GeneratorObjective objective(p_, cycle, p_.score.answer(cycle));
+  StepContext ctx{objective, generator.optimizer, generator.reducer, generator.grad_clip, generator.world_rank,
+                  generator.after_step};
+  FixedBatches batches({pending_});
+  const double loss = train_step(ctx, step, p_.train.lr_at(step), batches);
+  p_.score.release(cycle);
+  pending_.clear();
+  pending_cycle_ = -1;
+  return loss;
+}
+
+DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {
+  if (p_.schedule.asks_at(step)) ask(step, batch);
+  DmdLosses losses;
+  losses.critic = update_critic(step, batch);
+  if (p_.schedule.generator_step(step)) losses.generator = update_generator(generator, step);
+  return losses;
+}
+
+TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
+  TensorMap out;
+  const auto cycle = p_.schedule.cycle_of(steps_done);
+  if (steps_done % p_.schedule.ratio == 0 || cycle >= p_.schedule.end_cycle()) return out;  // between cycles
+  WD_CHECK(pending_cycle_ == cycle, "dmd: no request inputs of cycle " << cycle << " to checkpoint");
+  int size = 1, rank = 0;
+  MPI_Comm_size(p_.students, &size);
+  MPI_Comm_rank(p_.students, &rank);
+  for (const auto& [name, t] : pending_) {
+    if (name.rfind("dmd.", 0) == 0) continue;  // recomputed from the rest
+    const auto mine = t.detach().cpu().contiguous();
+    auto sizes = mine.sizes().vec();
+    sizes[0] *= size;
+    // Kept until exit if a wait is abandoned (MPI may still write into it).
+    auto all = torch::empty(sizes, mine.options());
+    const auto bytes = static_cast<int>(mine.nbytes());
+    MPI_Request req;
+    WD_CHECK_MPI(MPI_Igather(mine.data_ptr(), bytes, MPI_BYTE, all.data_ptr(), bytes, MPI_BYTE, 0, p_.students, &req));
+    try {
+      comm::wait_with_deadline(req, {"gather dmd request inputs", steps_done, mine.nbytes(), p_.peers},
+                               std::chrono::duration<double>(p_.timeout_s), p_.world_rank, p_.health);
+    } catch (...) {
+      comm::keep_until_exit(all);
+      comm::keep_until_exit(mine);
+      throw;
+    }
+    if (rank == 0) out[name] = all;
+  }
+  return out;
+}
+
+void DmdTrainer::save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
+                      const TensorMap& pending) const {
+  const auto critic_dir = fs::path(dir) / kCriticDir;
+  fs::create_directories(critic_dir);
+  save_train_state(critic_dir.string(), p_.critic, p_.critic_optimizer, {steps_done}, config_ini,
+                   /*export_student=*/false);
+  if (pending.empty()) return;
+  write_safetensors((fs::path(dir) / kPendingFile).string(), pending,
+                    {{"cycle", std::to_string(pending_cycle_)}, {"producer", "wan-distill train (dmd)"}});
+}
+
+void DmdTrainer::restore(const std::string& dir) {
+  const auto critic_dir = (fs::path(dir) / kCriticDir).string();
+  WD_CHECK_DATA(fs::is_directory(critic_dir), dir, kCriticDir,
+                "is missing: a train.objective dmd checkpoint holds the critic's training state there");
+  const auto cursor = load_train_state(critic_dir, p_.critic, p_.critic_optimizer);
+  const auto first = p_.schedule.first_step;
+  WD_CHECK_DATA(cursor.step == first, critic_dir, TrainStateFiles::kTrainer,
+                "step " << cursor.step << " differs from the generator's step " << first);
+  const auto cycle = p_.schedule.cycle_of(first);
+  if (first % p_.schedule.ratio == 0 || cycle >= p_.schedule.end_cycle()) return;
+  const auto path = (fs::path(dir) / kPendingFile).string();
+  WD_CHECK_DATA(fs::exists(path), dir, kPendingFile,
+                "is missing: step " << first << " is inside critic cycle " << cycle
+                                    << ", whose generator request inputs the checkpoint must hold");
+  const auto file = SafetensorsFile::open(path);
+  int size = 1, rank = 0;
+  MPI_Comm_size(p_.students, &size);
+  MPI_Comm_rank(p_.students, &rank);
+  pending_.clear();
+  for (const auto& info : file.tensors()) {
+    WD_CHECK_DATA(!info.shape.empty() && info.shape[0] % size == 0, path, info.name,
+                  "has " << (info.shape.empty() ? 0 : info.shape[0]) << " rows, not a multiple of the " << size
+                         << " students that resume from it");
+    const auto rows = info.shape[0] / size;
+    // This student's rows, copied off the mapping (which closes with `file`).
+    const auto t = file.tensor(info.name).slice(0, rank * rows, (rank + 1) * rows).clone();
+    pending_[info.name] = comm::host_resident(info.name) ? t : t.to(p_.generator.device());
+  }
+  for (const char* name : {"context", "context_lens"}) {
+    WD_CHECK_DATA(pending_.count(name), path, name, "is missing (the request inputs of cycle " << cycle << ")");
+  }
+  pending_cycle_ = cycle;
+}
+
+}  // namespace wd::student

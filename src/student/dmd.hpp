@@ -1,0 +1,151 @@
+// train.objective dmd: distribution matching distillation (DMD2, Yin et al. 2024) with the
+// teacher as the real-score service. The student (the generator) samples in student.steps; a
+// critic (a second DiT on the student ranks) learns the flow of the generator's samples; the
+// generator moves its samples along the difference of the critic's and the teacher's guided x0
+// predictions at re-noised samples (docs/objectives.md#dmd).
+#pragma once
+
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/gradient_reducer.hpp"
+#include "comm/health_channel.hpp"
+#include "comm/message_spec.hpp"
+#include "comm/receiver.hpp"
+#include "comm/score_channel.hpp"
+#include "comm/sender.hpp"
+#include "model/safetensors.hpp"
+#include "student/checkpointing.hpp"
+#include "student/student_config.hpp"
+#include "student/student_parts.hpp"
+#include "student/train_step.hpp"
+
+namespace wd::student {
+
+/// The fixed numbers of a dmd run.
+struct DmdSpec {
+  std::vector<double> sigmas;  ///< the generator's k + 1 σ (student.steps on teacher.shift's schedule)
+  bool simulate = true;        ///< train.dmd_start simulate | data
+  double t_min = 0.02, t_max = 0.98;  ///< u range of the re-noising σ = shift(u)
+  double shift = 5.0;                 ///< teacher.shift
+  std::uint64_t seed = 0;             ///< train.seed
+  std::uint64_t student = 0;          ///< the student's rank in its group: its own noise
+  std::array<std::int64_t, 4> latent{};  ///< C, F, H, W
+
+  static DmdSpec from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student);
+};
+
+/// The generator's sample x̂0 [B,C,F,H,W] in the teacher's latent space for the contexts of
+/// `inputs` (context, context_lens; with dmd_start data also x_t and t): simulate runs the k Euler
+/// jumps from noise seeded by (seed, `key`, student), data jumps once from x_t at σ = t / 1000.
+/// With `grad` the last jump keeps its graph (backward simulation: only the last step learns).
+torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, const DmdSpec& spec,
+                       std::int64_t key, bool grad, const CheckpointPolicy& policy);
+
+/// A sample re-noised: x = (1 − σ)·x0 + σ·noise with σ = shift(u), u uniform in [t_min, t_max],
+/// one σ per sample; t = 1000·σ. Seeded by (seed, `key`, student, `salt`).
+struct Renoised {
+  torch::Tensor x, t, sigma, noise;  ///< sigma [B,1,1,1,1]; t [B]
+};
+Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt);
+
+/// The DMD gradient of each sample: (fake_x0 − real_x0) / mean|x0 − real_x0| over the sample's
+/// elements (DMD2's normaliser), NaN/Inf set to 0. All [B,C,F,H,W].
+torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0);
+/// 0.5·mean((x0 − sg(x0 − grad))²): its gradient in x0 is grad / numel.
+torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad);
+
+/// The teacher's guided velocity at a generator's re-noised samples: asked at a cycle's request
+/// step, read at its generator update.
+class RealScore {
+ public:
+  virtual ~RealScore() = default;
+  /// Sends (or computes) cycle `cycle`'s request: x_t, t, context, context_lens.
+  virtual void ask(std::int64_t cycle, const comm::TensorDict& request) = 0;
+  /// The answer to cycle `cycle`'s request [b,C,F,H,W], valid until release(cycle).
+  virtual const torch::Tensor& answer(std::int64_t cycle) = 0;
+  virtual void release(std::int64_t cycle) = 0;
+  /// Seconds blocked waiting for answers.
+  virtual double wait_seconds() const = 0;
+};
+
+/// RealScore over the channel to the replica's teacher rank (comm::student_service).
+class RemoteScore final : public RealScore {
+ public:
+  RemoteScore(comm::Sender& requests, comm::Receiver& answers) : requests_(requests), answers_(answers) {}
+  void ask(std::int64_t cycle, const comm::TensorDict& request) override { requests_.send(cycle, {request}); }
+  const torch::Tensor& answer(std::int64_t cycle) override { return answers_.recv(cycle).at("teacher_out"); }
+  void release(std::int64_t cycle) override { answers_.release(cycle); }
+  double wait_seconds() const override { return answers_.wait_seconds() + requests_.wait_seconds(); }
+
+ private:
+  comm::Sender& requests_;
+  comm::Receiver& answers_;
+};
+
+/// What the dmd steps train besides the generator; owned by the caller.
+struct DmdParts {
+  StudentParts& generator;  ///< the student (its optimizer and reducer come with each step's context)
+  StudentParts& critic;
+  torch::optim::AdamW& critic_optimizer;
+  comm::GradientReducer* critic_reducer = nullptr;  ///< null: alone
+  RealScore& score;
+  DmdSpec spec;
+  comm::ServiceSchedule schedule;
+  const TrainConfig& train;
+  CheckpointPolicy policy;
+  int world_rank = 0;
+  /// The student group: a checkpoint gathers every student's request inputs to group rank 0.
+  MPI_Comm students = MPI_COMM_SELF;
+  double timeout_s = 120;
+  std::vector<int> peers;              ///< world ranks of the other students (named on a timeout)
+  comm::HealthChannel* health = nullptr;
+};
+
+/// Losses of one dmd step (this rank's).
+struct DmdLosses {
+  double critic = 0;
+  std::optional<double> generator;  ///< set at a generator update
+};
+
+/// The dmd training steps: each step updates the critic on the generator's samples for the
+/// step's batch; the step that ends a cycle also updates the generator with the DMD gradient.
+class DmdTrainer {
+ public:
+  explicit DmdTrainer(DmdParts parts) : p_(std::move(parts)) {}
+  /// Step `step` with `batch` (context, context_lens; x_t and t for dmd_start data): the cycle's
+  /// request at its request step, the critic update, the generator update (`generator`) at the
+  /// cycle's end.
+  DmdLosses step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch);
+  /// Every student's request inputs of the cycle under way after `steps_done` steps, concatenated
+  /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
+  /// the student group, with the loop's deadline.
+  TensorMap gather_pending(std::int64_t steps_done) const;
+  /// Writes the critic's training state into `dir`/critic and, when there is one, `pending`
+  /// (gather_pending) into `dir`/dmd_pending.safetensors.
+  void save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
+            const TensorMap& pending) const;
+  /// Restores what save() wrote for a run resuming at schedule.first_step: the critic, and this
+  /// student's share of the pending request inputs when the run resumes mid-cycle.
+  void restore(const std::string& dir);
+
+  static constexpr const char* kCriticDir = "critic";
+  static constexpr const char* kPendingFile = "dmd_pending.safetensors";
+
+ private:
+  void ask(std::int64_t step, const comm::TensorDict& batch);
+  double update_critic(std::int64_t step, const comm::TensorDict& batch);
+  double update_generator(StepContext& generator, std::int64_t step);
+
+  DmdParts p_;
+  comm::TensorDict pending_;  ///< the current cycle's request inputs (copies)
+  std::int64_t pending_cycle_ = -1;
+};
+
+}  // namespace wd::student

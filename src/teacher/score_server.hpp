@@ -1,0 +1,40 @@
+// The teacher's side of train.objective dmd's real-score channel: it answers the requests of its
+// replica's students between the batches of its forward stream (docs/transport.md#requests).
+#pragma once
+
+#include <cstdint>
+
+#include "comm/score_channel.hpp"
+#include "teacher/teacher_stage.hpp"
+
+namespace wd::teacher {
+
+/// Answers each cycle's requests after the forward stream's step schedule.answer_after(cycle):
+/// receives every student's request, runs them as one batch through the whole (guided) teacher
+/// (teacher.micro_batch slices it; a two-expert teacher routes each sample by its t), and sends
+/// each student its teacher_out.
+class ScoreServer {
+ public:
+  ScoreServer(TeacherStage& stage, comm::TeacherService& service, comm::ServiceSchedule schedule)
+      : stage_(stage), service_(service), schedule_(schedule), next_(schedule.first_cycle()) {}
+  /// Called after the forward stream's training step `step`: answers the cycles due then.
+  void after_stream_step(std::int64_t step);
+  /// Waits until every answer is sent.
+  void flush() { service_.answers->flush(); }
+  double busy_seconds() const { return busy_seconds_; }
+  /// Seconds blocked on requests and answers.
+  double wait_seconds() const;
+  std::int64_t answered() const { return answered_; }
+
+ private:
+  void answer(std::int64_t cycle);
+
+  TeacherStage& stage_;
+  comm::TeacherService& service_;
+  comm::ServiceSchedule schedule_;
+  std::int64_t next_;  ///< the next cycle to answer
+  double busy_seconds_ = 0;
+  std::int64_t answered_ = 0;  ///< samples
+};
+
+}  // namespace wd::teacher
