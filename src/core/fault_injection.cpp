@@ -30,7 +30,8 @@ const std::map<std::string, FaultSpec::Point>& points() {
   static const std::map<std::string, FaultSpec::Point> table{{"step", FaultSpec::Point::kStep},
                                                              {"allreduce", FaultSpec::Point::kAllreduce},
                                                              {"send", FaultSpec::Point::kSend},
-                                                             {"save", FaultSpec::Point::kSave}};
+                                                             {"save", FaultSpec::Point::kSave},
+                                                             {"serve", FaultSpec::Point::kServe}};
   return table;
 }
 
@@ -48,7 +49,8 @@ std::string name_in(const std::map<std::string, T>& table, T value) {
                     "sigkill, sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks, "
                     "STEP the 1-based training step and POINT step (its start, the default), allreduce (a "
                     "student, inside the gradient all-reduce), send (a teacher, inside the send of the step's "
-                    "batch) or save (student 0, inside the checkpoint save), e.g. oom@student:0:3 or "
+                    "batch), save (student 0, inside the checkpoint save) or serve (a teacher of train.objective dmd, "
+                    "inside a real-score answer), e.g. oom@student:0:3 or "
                     "sigkill@student:1:3:allreduce");
 }
 
@@ -65,6 +67,9 @@ void check_point(const FaultSpec& spec, const std::string& text) {
   }
   if (spec.point == Point::kSend && spec.role != Role::kTeacher) {
     bad(text, "puts a student at point send, which only teachers reach (they send the batches)");
+  }
+  if (spec.point == Point::kServe && spec.role != Role::kTeacher) {
+    bad(text, "puts a student at point serve, which only teachers reach (they answer the real-score requests)");
   }
   if (spec.point == Point::kSave && spec.role_rank != 0) {
     bad(text, "puts student " + std::to_string(spec.role_rank) +

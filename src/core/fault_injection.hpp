@@ -21,8 +21,10 @@ struct FaultSpec {
   /// Where in the step: kStep its start; kAllreduce (students) inside the gradient all-reduce,
   /// once this rank's part is posted; kSend (teachers) inside the send of the step's batch,
   /// once its sends are started; kSave (student 0, the writer) inside the checkpoint save of
-  /// the step, once the files are in the temporary directory and before it is sealed.
-  enum class Point { kStep, kAllreduce, kSend, kSave };
+  /// the step, once the files are in the temporary directory and before it is sealed; kServe
+  /// (teachers, train.objective dmd) inside the real-score answer due after the step's batch,
+  /// once the students' requests are received and before the answer is sent.
+  enum class Point { kStep, kAllreduce, kSend, kSave, kServe };
   Kind kind = Kind::kThrow;
   Role role = Role::kStudent;
   int role_rank = 0;        ///< index among the ranks of `role` (teacher i, student i)

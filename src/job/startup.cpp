@@ -2,6 +2,8 @@
 // No MPI here: start_train.cpp makes the ranks agree.
 #include "job/startup.hpp"
 
+#include "comm/score_channel.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/score_channel.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "data/synthetic_dataset.hpp"
@@ -279,6 +282,22 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
                 std::to_string(fault->step) + ", but none is written then: checkpoints follow every checkpoint.every(" +
                 std::to_string(every) + ") steps (0: none mid-run) and the last step, train.steps(" +
                 std::to_string(cfg.train.steps) + ")");
+  }
+  if (const auto fault = FaultSpec::parse(cfg.inject_fault); fault && fault->point == FaultSpec::Point::kServe) {
+    p.check(cfg.train.dmd() && layout.teacher_ranks > 0 && !layout.colocated(),
+            "inject-fault(" + cfg.inject_fault + ") strikes in a real-score answer, which only teacher ranks of "
+            "train.objective dmd give (not " + cfg.train.objective + (layout.colocated() ? ", colocated" : "") + ")");
+    comm::ServiceSchedule schedule;
+    schedule.ratio = cfg.train.critic_ratio;
+    schedule.train_steps = cfg.train.steps;
+    schedule.lead = cfg.comm.prefetch_depth;
+    bool answered = false;
+    for (auto c = schedule.first_cycle(); c < schedule.end_cycle(); ++c) answered |= schedule.answer_after(c) + 1 == fault->step;
+    p.check(!cfg.train.dmd() || answered,
+            "inject-fault(" + cfg.inject_fault + ") strikes in the real-score answer of step " +
+                std::to_string(fault->step) + ", but the teacher answers after steps min(c·" +
+                std::to_string(schedule.ratio) + " + comm.prefetch_depth, c·" + std::to_string(schedule.ratio) + " + " +
+                std::to_string(schedule.ratio - 1) + ") + 1 only (train.critic_ratio)");
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");

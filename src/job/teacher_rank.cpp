@@ -158,7 +158,11 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   loop.to_next = links.to_next.get();
   loop.trajectory = trajectory.get();
   std::optional<teacher::ScoreServer> server;
-  if (service) loop.server = &server.emplace(stage_model, *service, service_schedule(cfg, job.plan));
+  if (service) {
+    loop.server = &server.emplace(stage_model, *service, service_schedule(cfg, job.plan));
+    server->set_faults(&services.faults);
+    server->set_health(&services.health);
+  }
   const auto stats = teacher::run_teacher(loop);
   RoleResult result;
   result.requeue = stats.stopped_after >= 0;

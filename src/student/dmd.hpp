@@ -38,6 +38,8 @@ struct DmdSpec {
   std::uint64_t student = 0;          ///< the student's rank in its group: its own noise
   std::array<std::int64_t, 4> latent{};  ///< C, F, H, W
 
+  /// From the loop's [train] (RunConfig::student_train(): sample_steps = student.steps,
+  /// sample_shift = teacher.shift, the generator's schedule).
   static DmdSpec from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student);
 };
 
@@ -49,7 +51,7 @@ torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, 
                        std::int64_t key, bool grad, const CheckpointPolicy& policy);
 
 /// A sample re-noised: x = (1 − σ)·x0 + σ·noise with σ = shift(u), u uniform in [t_min, t_max],
-/// one σ per sample; t = 1000·σ. Seeded by (seed, `key`, student, `salt`).
+/// one σ per sample; t = 1000·σ. Seeded by (seed, `salt`, `key`, student).
 struct Renoised {
   torch::Tensor x, t, sigma, noise;  ///< sigma [B,1,1,1,1]; t [B]
 };

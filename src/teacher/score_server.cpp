@@ -8,10 +8,10 @@
 namespace wd::teacher {
 
 void ScoreServer::after_stream_step(std::int64_t step) {
-  while (next_ < schedule_.end_cycle() && schedule_.answer_after(next_) <= step) answer(next_++);
+  while (next_ < schedule_.end_cycle() && schedule_.answer_after(next_) <= step) answer(next_++, step);
 }
 
-void ScoreServer::answer(std::int64_t cycle) {
+void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
   std::vector<torch::Tensor> x, t, context, lens;
   for (auto& requests : service_.requests) {
     const auto& m = requests->recv(cycle);
@@ -20,6 +20,8 @@ void ScoreServer::answer(std::int64_t cycle) {
     context.push_back(m.at("context"));
     lens.push_back(m.at("context_lens"));
   }
+  if (health_) health_->at(step + 1, "real-score answer");
+  if (faults_) faults_->at(FaultSpec::Point::kServe, step + 1, x.front().device());
   const auto t0 = std::chrono::steady_clock::now();
   StageBatch batch;
   batch.x_t = torch::cat(x);  // copies: the request slots are free again below

@@ -5,6 +5,8 @@
 #include <cstdint>
 
 #include "comm/score_channel.hpp"
+#include "comm/health_channel.hpp"
+#include "core/fault_injection.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::teacher {
@@ -19,6 +21,10 @@ class ScoreServer {
       : stage_(stage), service_(service), schedule_(schedule), next_(schedule.first_cycle()) {}
   /// Called after the forward stream's training step `step`: answers the cycles due then.
   void after_stream_step(std::int64_t step);
+  /// Testing aid: inject-fault's point serve strikes at step + 1 inside the answer due after step.
+  void set_faults(const FaultInjector* faults) { faults_ = faults; }
+  /// Where a failure report says this rank was ("real-score answer"); null = none.
+  void set_health(comm::HealthChannel* health) { health_ = health; }
   /// Waits until every answer is sent.
   void flush() { service_.answers->flush(); }
   double busy_seconds() const { return busy_seconds_; }
@@ -27,7 +33,9 @@ class ScoreServer {
   std::int64_t answered() const { return answered_; }
 
  private:
-  void answer(std::int64_t cycle);
+  void answer(std::int64_t cycle, std::int64_t step);
+  const FaultInjector* faults_ = nullptr;
+  comm::HealthChannel* health_ = nullptr;
 
   TeacherStage& stage_;
   comm::TeacherService& service_;

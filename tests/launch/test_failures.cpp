@@ -29,18 +29,25 @@ struct Case {
   std::string kind;   ///< oom | nan | throw | sigkill | sigterm | hang
   std::string role;   ///< teacher | student
   int step;           ///< 1 (first) or 6 (later) at the step's start; 3 or 4 inside it
-  std::string point;  ///< empty: the step's start; allreduce | send | save: inside the step
+  std::string point;  ///< empty: the step's start; allreduce | send | save | serve: inside the step
+  bool dmd = false;   ///< train.objective dmd (critic_ratio 3): a real-score request is under way
 };
+
+/// The dmd job of the matrix's dmd cases: cycles of 3 steps, the request of a cycle goes out at
+/// its first step and the teacher answers it after the cycle's third batch (step 3's).
+const std::string kDmd = " --train.objective dmd --train.critic_ratio 3 --student.steps 2";
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return c.kind + "_" + c.role + "_" + (!c.point.empty() ? c.point : c.step == 1 ? "first" : "later");
+  return c.kind + "_" + c.role + "_" + (!c.point.empty() ? c.point : c.step == 1 ? "first" : "later") +
+         (c.dmd ? "_dmd" : "");
 }
 
 /// Where the failing rank was, as the diagnosis says it ("in allreduce grads").
 std::string op_of(const std::string& point) {
   static const std::map<std::string, std::string> table{
-      {"allreduce", "allreduce grads"}, {"send", "send batch"}, {"save", "save checkpoint"}};
+      {"allreduce", "allreduce grads"}, {"send", "send batch"}, {"save", "save checkpoint"},
+      {"serve", "real-score answer"}};
   return table.at(point);
 }
 
@@ -85,7 +92,7 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
   const std::string args = "--run-dir " + dir.string() + " --train.steps 40 --comm.timeout_s " +
                            std::to_string(kDeadline) + (c.point == "save" ? " --checkpoint.every 2" : "") +
                            " --inject-fault " + c.kind + "@" + c.role + ":" + std::to_string(role_rank) + ":" +
-                           std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point);
+                           std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point) + (c.dmd ? kDmd : "");
   // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
   // plus the protocol to explain, so they get a longer grace there.
   const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
@@ -152,6 +159,11 @@ std::vector<Case> matrix() {
   for (const std::string kind : {"sigkill", "hang", "throw"}) cases.push_back({kind, "student", 3, "allreduce"});
   for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "teacher", 3, "send"});
   for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 4, "save"});
+  // train.objective dmd: the teacher dies answering the students' requests (they wait for the
+  // answer or for the stream), a student dies with its request outstanding (the teacher waits
+  // in the request stream or the batch stream).
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "teacher", 3, "serve", true});
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 2, "", true});
   return cases;
 }
 

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""An independent reference for train.objective dmd's math (src/student/dmd.cpp).
+
+tests/reference/dump_dmd builds two small random students (a generator and a critic: the same
+config, different weights, fp32, no projections) and a batch of 2 contexts, and runs dmd's pieces
+as DmdTrainer does for one generator update: generate() samples x0 by k = 2 Euler jumps from seeded
+noise on the shift-3 schedule, renoise() draws σ and noise and forms x, a seeded random velocity
+stands in for the teacher's guided answer, the critic predicts x0 at (x, t), dmd_gradient() and
+dmd_loss() give the generator's loss, whose backward reaches the generator's parameters through
+the last jump only; the critic's flow-matching step (micro_step) trains on the same x with target
+noise - x0. The dump holds the weights, the batch, the given draws (noise0, σ, t, noise, the
+stand-in velocity) and every result.
+
+Here PyTorch recomputes the results from the given draws alone, with diffusers'
+WanTransformer3DModel loaded with the same weights (names mapped by tools/wan_keys.py; the
+timestep sinusoid in fp64 as in the official code, see test_reference_step.py) and autograd:
+  x0          x <- x + (σ_{i+1} - σ_i) * generator(x, 1000 σ_i) from noise0, σ the official
+              shifted schedule (computed here, and checked against the dump's)
+  x           (1 - σ) x0 + σ noise, with σ in [shift(t_min), shift(t_max)] and t = 1000 σ
+  fake_x0     x - σ critic(x, t)
+  grad        (fake_x0 - real_x0) / mean|x0 - real_x0| per sample, real_x0 = x - σ v_real (DMD2)
+  loss        0.5 mse(x0, sg(x0 - grad))
+  gradients   of that loss in the generator's parameters, the earlier jumps under no_grad
+  critic      mse(critic(x, t), noise - x0) and its gradients in the critic's parameters
+Errors are relative, max|a - b| / max|b| per tensor (|a - b| / |b| for a loss), b the dump's,
+and all must be <= 1e-5. Two more checks make sure the comparisons can fail: the generator's
+gradients backpropagated through every jump, and the gradient without DMD2's normaliser, must be
+more than 100x the tolerance away from the dump's. For information, the script also says whether
+PyTorch's CPU generator, seeded as dmd.cpp seeds it, draws the dump's noise0, σ and noise.
+
+usage: test_dmd_reference.py DUMP_DIR
+Exit status 0 when everything agrees, 1 otherwise (also when a package is missing).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+except ImportError as e:
+    sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
+
+import wan_keys  # noqa: E402  (tools/, after the path is set)
+from wd_test_support import check, diffusers_model, failures, padded_context  # noqa: E402
+
+TOLERANCE = 1e-5
+
+
+def relative(a, b):
+    """max|a - b| / max|b| over the tensor (max|a - b| when b is all zeros)."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().item()
+    diff = (a - b).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def shift_sigma(sigma, shift):
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
+def sampling_sigmas(steps, shift):
+    """The official schedule (FlowUniPCMultistepScheduler.set_timesteps): linspace(1 - 1/1000, 0,
+    steps + 1) without its last point, shifted, and a final 0."""
+    top = 1 - 1 / 1000
+    return [shift_sigma(top - top * i / steps, shift) for i in range(steps)] + [0.0]
+
+
+class Student:
+    """One of the dumped students as diffusers' model, its parameters in the dump's order."""
+
+    def __init__(self, config, weights, names):
+        self.model = diffusers_model(config, weights)
+        self.names = names
+        self.params = [self.model.get_parameter(wan_keys.native_to_diffusers(n)) for n in names]
+        back = [wan_keys.diffusers_to_native(k) for k in self.model.state_dict()]
+        assert sorted(back) == sorted(names), "diffusers' tensors differ from the trainable ones"
+
+    def __call__(self, x, t, context):
+        return self.model(x, t, context, return_dict=False)[0]
+
+    def grads(self):
+        return {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+
+def simulate(generator, noise, sigmas, context, grad_from):
+    """The k Euler jumps from `noise`; jumps i >= grad_from keep their graph."""
+    x = noise
+    batch = noise.shape[0]
+    for i in range(len(sigmas) - 1):
+        t = torch.full((batch,), 1000 * sigmas[i], dtype=torch.float32)
+        with torch.set_grad_enabled(i >= grad_from):
+            x = x + (sigmas[i + 1] - sigmas[i]) * generator(x, t, context)
+    return x
+
+
+# dmd.cpp's seed domains (generate's noise, the generator request's re-noising) and data::hash_keys
+# (src/data/splitmix64.hpp), for the information line on the draws.
+SAMPLE_SALT, DMD_SALT = 0xD3D05A3E, 0xD3D00D3D
+MASK = (1 << 64) - 1
+
+
+def mix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def hash_keys(seed, *rest):
+    for key in rest:
+        seed = mix64(seed) ^ key
+    return mix64(seed)
+
+
+def same_draws(dump, spec):
+    """Whether the dump's noise0, σ and noise are PyTorch's CPU generator's draws under dmd.cpp's
+    seeds (mt19937, as LibTorch's CPU generator)."""
+    g = torch.Generator().manual_seed(hash_keys(spec["seed"], SAMPLE_SALT, spec["key"], spec["student"]))
+    noise0 = torch.randn(dump["noise0"].shape, generator=g)
+    g = torch.Generator().manual_seed(hash_keys(spec["seed"], DMD_SALT, spec["cycle"], spec["student"]))
+    u = torch.rand(dump["noise0"].shape[0], generator=g, dtype=torch.float64) * (spec["t_max"] - spec["t_min"])
+    sigma = shift_sigma(u + spec["t_min"], spec["shift"]).float()
+    noise = torch.randn(dump["noise"].shape, generator=g)
+    return (torch.equal(noise0, dump["noise0"]) and torch.equal(sigma, dump["sigma"].flatten())
+            and torch.equal(noise, dump["noise"]))
+
+
+def dmd_gradient(x0, real_x0, fake_x0, normalise=True):
+    """DMD2's gradient: (p_real - p_fake) / mean|p_real| per sample, p = x0 - prediction."""
+    p_real, p_fake = x0 - real_x0, x0 - fake_x0
+    weight = p_real.abs().mean(dim=tuple(range(1, x0.dim())), keepdim=True) if normalise else 1.0
+    return torch.nan_to_num((p_real - p_fake) / weight, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def report(name, err, limit=TOLERANCE):
+    print(f"  {name:44s} {err:.2e}")
+    check(err <= limit, f"{name} differs by {err:.2e} relative (tolerance {limit:.0e})")
+
+
+def worst(errors):
+    name = max(errors, key=errors.get)
+    return errors[name], name
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: test_dmd_reference.py DUMP_DIR")
+    torch.set_num_threads(1)
+    folder = Path(sys.argv[1])
+    meta = json.loads((folder / "reference.json").read_text())
+    cfg, spec = meta["model"], meta["spec"]
+    dump = load_file(folder / "dmd.safetensors")
+    generator = Student(cfg, load_file(folder / "generator.safetensors"), meta["generator_trainable"])
+    critic = Student(cfg, load_file(folder / "critic.safetensors"), meta["critic_trainable"])
+    want_gen_grads = load_file(folder / "generator_grads.safetensors")
+    want_critic_grads = load_file(folder / "critic_grads.safetensors")
+    context = padded_context(dump["context"], dump["context_lens"], cfg["text_len"])
+    k = spec["steps"]
+
+    print(f"train.objective dmd (k = {k} jumps, shift {spec['shift']}) against PyTorch {torch.__version__} "
+          f"autograd + diffusers; max|a-b|/max|b|:")
+    sigmas = sampling_sigmas(k, spec["shift"])
+    report("sampling σ (the official schedule)", relative(dump["sigmas"], torch.tensor(sigmas, dtype=torch.float64)))
+
+    # The generator's sample: k Euler jumps from the dump's noise, the last with its graph.
+    x0_graph = simulate(generator, dump["noise0"], sigmas, context, grad_from=k - 1)
+    x0 = x0_graph.detach()
+    report("x0 (k Euler jumps of the generator)", relative(x0, dump["x0"]))
+
+    # The re-noised sample from the dump's σ and noise.
+    sigma, t, noise = dump["sigma"], dump["t"], dump["noise"]
+    lo, hi = shift_sigma(spec["t_min"], spec["shift"]), shift_sigma(spec["t_max"], spec["shift"])
+    s = sigma.flatten().double()
+    check(bool(((s >= lo - 1e-6) & (s <= hi + 1e-6)).all()),
+          f"re-noising σ {s.tolist()} outside [shift(t_min), shift(t_max)] = [{lo:.4f}, {hi:.4f}]")
+    report("t = 1000 σ", relative(t.double(), 1000 * s))
+    x = (1 - sigma) * x0 + sigma * noise
+    report("x = (1 - σ) x0 + σ noise", relative(x, dump["x"]))
+
+    # The critic's and the teacher's x0 predictions, the DMD gradient and the generator's loss.
+    real_x0 = x - sigma * dump["real_velocity"]
+    with torch.no_grad():
+        fake_x0 = x - sigma * critic(x, t, context)
+    report("fake_x0 = x - σ critic(x, t)", relative(fake_x0, dump["fake_x0"]))
+    grad = dmd_gradient(x0, real_x0, fake_x0)
+    report("DMD gradient", relative(grad, dump["grad"]))
+    loss = 0.5 * F.mse_loss(x0_graph, (x0_graph - grad).detach())
+    want_loss = float(dump["loss"][0])
+    check(abs(meta["generator_loss"] - want_loss) <= 1e-7 * abs(want_loss), "reference.json's loss is not the dump's")
+    report("generator loss 0.5 mse(x0, sg(x0 - grad))", abs(loss.item() - want_loss) / abs(want_loss))
+    generator.zero_grad()
+    loss.backward()
+    err, name = worst({n: relative(g, want_gen_grads[n]) for n, g in generator.grads().items()})
+    report(f"generator gradients (worst: {name})", err)
+
+    # The critic's flow-matching step on the same sample.
+    critic.zero_grad()
+    critic_loss = F.mse_loss(critic(x, t, context), noise - x0)
+    critic_loss.backward()
+    report("critic loss mse(critic(x, t), noise - x0)",
+           abs(critic_loss.item() - meta["critic_loss"]) / abs(meta["critic_loss"]))
+    err, name = worst({n: relative(g, want_critic_grads[n]) for n, g in critic.grads().items()})
+    report(f"critic gradients (worst: {name})", err)
+
+    # The checks above tell the alternatives apart: backpropagation through every jump, and the
+    # gradient without DMD2's normaliser.
+    generator.zero_grad()
+    x0_all = simulate(generator, dump["noise0"], sigmas, context, grad_from=0)
+    (0.5 * F.mse_loss(x0_all, (x0_all - grad).detach())).backward()
+    apart_jumps = max(relative(g, want_gen_grads[n]) for n, g in generator.grads().items())
+    apart_norm = relative(dmd_gradient(x0, real_x0, fake_x0, normalise=False), dump["grad"])
+    print(f"  (the gradients through every jump are {apart_jumps:.2e} away, "
+          f"the unnormalised DMD gradient {apart_norm:.2e})")
+    check(apart_jumps > 100 * TOLERANCE, f"the gradients through every jump are only {apart_jumps:.2e} away")
+    check(apart_norm > 100 * TOLERANCE, f"the unnormalised DMD gradient is only {apart_norm:.2e} away")
+    # For information only (LibTorch's and PyTorch's generators need not agree across versions).
+    print(f"  (the dump's noise0, σ and noise are PyTorch's own draws under dmd.cpp's seeds: "
+          f"{'yes' if same_draws(dump, spec) else 'no'})")
+    print("FAIL" if failures else "PASS")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

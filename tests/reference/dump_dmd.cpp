@@ -1,0 +1,184 @@
+// dump_dmd: train.objective dmd's math (src/student/dmd.hpp) on two small random students,
+// written for tests/python/test_dmd_reference.py to recompute with diffusers: a generator and a
+// critic (the same config, different random weights, fp32 on the host, no projections), a batch
+// of 2 contexts (sample 1 shorter, with non-zero rows past its length), k = 2 simulated Euler
+// jumps on the shift-3 schedule (generate), the re-noised sample (renoise), a seeded random
+// velocity standing in for the teacher's guided answer, the critic's x0 prediction, the DMD
+// gradient and loss, the generator's parameter gradients (through the last jump only), and the
+// critic's flow-matching loss and gradients on the same re-noised sample (micro_step).
+//
+// OUT_DIR holds generator.safetensors and critic.safetensors (the initial trainable tensors
+// under their native names), dmd.safetensors (the batch and every input and result below),
+// generator_grads.safetensors, critic_grads.safetensors and reference.json (the model config,
+// the DmdSpec, the trainable names, the losses).
+// Usage: dump_dmd OUT_DIR
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "../unit/student_batches.hpp"
+#include "core/errors.hpp"
+#include "core/threads.hpp"
+#include "data/flow_sampler.hpp"
+#include "data/splitmix64.hpp"
+#include "model/safetensors.hpp"
+#include "student/dmd.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace wd;
+
+// Copies of dmd.cpp's private seed domains (kSampleSalt: generate's noise; kDmdSalt: the
+// generator request's re-noising). If dmd.cpp changes them, the check of noise0 below fails.
+constexpr std::uint64_t kSampleSalt = 0xD3D0'5A3EULL;
+constexpr std::uint64_t kDmdSalt = 0xD3D0'0D3DULL;
+
+constexpr std::int64_t kB = 2;
+constexpr std::int64_t kCycle = 1;             // the generator update's cycle
+constexpr std::int64_t kKey = 2 * kCycle + 1;  // dmd.cpp's generator_key(cycle)
+constexpr std::uint64_t kGeneratorSeed = 11, kCriticSeed = 12, kBatchSeed = 13, kRealSeed = 14;
+
+TensorMap named(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors, bool grads) {
+  TensorMap out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& t = grads ? tensors[i].grad() : tensors[i];
+    WD_CHECK(t.defined(), names[i] << " has no gradient");
+    out[names[i]] = t.detach().clone();
+  }
+  return out;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.detach().to(torch::kDouble) - b.detach().to(torch::kDouble)).abs().max().item<double>();
+}
+
+void dump(const fs::path& out) {
+  set_intra_op_threads(1);
+  const auto cfg = student::testing::small_student(4, 4, 32);
+  student::PartsSetup setup;
+  setup.teacher_in_channels = cfg.in_dim;  // the student's own channels: no projections
+  setup.teacher_out_channels = cfg.out_dim;
+  setup.teacher_dim = cfg.dim;
+  setup.seed = kGeneratorSeed;
+  student::StudentParts generator(WanDiT(cfg, WanInit::kRandom, torch::kFloat, kGeneratorSeed), setup);
+  setup.seed = kCriticSeed;
+  student::StudentParts critic(WanDiT(cfg, WanInit::kRandom, torch::kFloat, kCriticSeed), setup);
+  write_safetensors((out / "generator.safetensors").string(),
+                    named(generator.trainable_names(), generator.trainable(), false), {{"format", "pt"}});
+  write_safetensors((out / "critic.safetensors").string(), named(critic.trainable_names(), critic.trainable(), false),
+                    {{"format", "pt"}});
+
+  // The batch: sample 0 has its full context, sample 1 three rows and random rows after them.
+  auto gen = at::detail::createCPUGenerator(kBatchSeed);
+  comm::TensorDict batch{{"context", torch::randn({kB, cfg.text_len, cfg.text_dim}, gen)},
+                         {"context_lens", torch::tensor({cfg.text_len, std::int64_t{3}}, torch::kLong)}};
+  student::DmdSpec spec;
+  spec.sigmas = data::sampling_sigmas(2, 3.0);
+  spec.simulate = true;
+  spec.shift = 3.0;
+  spec.seed = 7;
+  spec.student = 0;
+  spec.latent = {cfg.in_dim, 2, 8, 8};
+  const auto policy = student::CheckpointPolicy::parse("off");
+
+  // The generator's sample, and the same k Euler jumps from generate's own noise by hand.
+  const auto x0 = student::generate(generator, batch, spec, kKey, /*grad=*/false, policy);
+  const auto [c, f, h, w] = spec.latent;
+  const auto noise0 = torch::randn(
+      {kB, c, f, h, w}, at::detail::createCPUGenerator(data::hash_keys(spec.seed, kSampleSalt, kKey, spec.student)));
+  auto x = noise0;
+  for (std::size_t i = 0; i + 1 < spec.sigmas.size(); ++i) {
+    const auto t = torch::full({kB}, 1000.0 * spec.sigmas[i], torch::kFloat);
+    x = x + (spec.sigmas[i + 1] - spec.sigmas[i]) *
+                generator.predict({{"x_t", x}, {"t", t}, {"context", batch.at("context")},
+                                   {"context_lens", batch.at("context_lens")}});
+  }
+  WD_CHECK(torch::equal(x, x0), "generate() is not k Euler jumps from noise0: max |diff| " << max_abs_diff(x, x0)
+                                                                                         << " (dmd.cpp's salts?)");
+
+  const auto r = student::renoise(x0, spec, kCycle, kDmdSalt);
+  const comm::TensorDict at_x{{"x_t", r.x}, {"t", r.t}, {"context", batch.at("context")},
+                              {"context_lens", batch.at("context_lens")}};
+  const auto real_velocity = torch::randn(x0.sizes(), at::detail::createCPUGenerator(kRealSeed));
+  const auto real_x0 = r.x - r.sigma * real_velocity;
+  const auto fake_x0 = r.x - r.sigma * critic.predict(at_x);
+  const auto grad = student::dmd_gradient(x0, real_x0, fake_x0);
+
+  // The generator update: x0 again, with the last jump's graph.
+  generator.zero_grad();
+  const auto x0_graph = student::generate(generator, batch, spec, kKey, /*grad=*/true, policy);
+  WD_CHECK(x0_graph.requires_grad(), "generate(grad=true) returned no graph");
+  const double x0_graph_diff = max_abs_diff(x0_graph, x0);
+  const auto loss = student::dmd_loss(x0_graph, grad);
+  generator.backward(loss);
+
+  // The critic update: flow matching on the generator's re-noised sample.
+  critic.zero_grad();
+  auto critic_batch = at_x;
+  critic_batch["teacher_out"] = r.noise - x0;
+  const auto critic_loss = critic.micro_step(critic_batch, 1.0, policy).read();
+
+  write_safetensors((out / "generator_grads.safetensors").string(),
+                    named(generator.trainable_names(), generator.trainable(), true), {{"format", "pt"}});
+  write_safetensors((out / "critic_grads.safetensors").string(),
+                    named(critic.trainable_names(), critic.trainable(), true), {{"format", "pt"}});
+  write_safetensors((out / "dmd.safetensors").string(),
+                    {{"context", batch.at("context")},
+                     {"context_lens", batch.at("context_lens")},
+                     {"sigmas", torch::tensor(spec.sigmas, torch::kDouble)},
+                     {"noise0", noise0},
+                     {"x0", x0},
+                     {"x", r.x},
+                     {"t", r.t},
+                     {"sigma", r.sigma},
+                     {"noise", r.noise},
+                     {"real_velocity", real_velocity},
+                     {"fake_x0", fake_x0},
+                     {"grad", grad},
+                     {"loss", loss.detach().reshape({1})}},
+                    {{"producer", "dump_dmd"}});
+  const nlohmann::ordered_json meta = {
+      {"format", "wan-distill-reference-dmd"},
+      {"version", 1},
+      {"model", nlohmann::ordered_json::parse(cfg.to_json())},
+      {"spec",
+       {{"sigmas", spec.sigmas},
+        {"steps", spec.sigmas.size() - 1},
+        {"shift", spec.shift},
+        {"t_min", spec.t_min},
+        {"t_max", spec.t_max},
+        {"seed", spec.seed},
+        {"student", spec.student},
+        {"latent", spec.latent},
+        {"key", kKey},
+        {"cycle", kCycle}}},
+      {"generator_trainable", generator.trainable_names()},
+      {"critic_trainable", critic.trainable_names()},
+      {"generator_loss", loss.item<double>()},
+      {"critic_loss", critic_loss.total},
+      {"x0_graph_vs_x0", x0_graph_diff}};
+  write_file_atomically((out / "reference.json").string(), meta.dump(2) + "\n");
+  std::cout << "wrote " << out.string() << ": generator loss " << loss.item<double>() << ", critic loss "
+            << critic_loss.total << ", sigma " << r.sigma.flatten()[0].item<double>() << " "
+            << r.sigma.flatten()[1].item<double>() << ", x0 with its graph " << x0_graph_diff << " from x0\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: dump_dmd OUT_DIR\n";
+    return 2;
+  }
+  try {
+    fs::create_directories(argv[1]);
+    dump(argv[1]);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "dump_dmd: " << e.what() << "\n";
+    return 1;
+  }
+}
