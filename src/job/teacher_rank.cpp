@@ -56,6 +56,13 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                    std::llround(train.trajectory_rollout * static_cast<double>(train.batch_size)), train.batch_size);
     }
   }
+  if (job.cfg.train.dmd() && job.world_rank() == 0) {
+    const auto& train = job.cfg.train;
+    spdlog::info("train.objective dmd: the generator samples in {} Euler steps (train.dmd_start {}); {} critic "
+                 "updates per generator update; {} answers each update's real-score request",
+                 job.cfg.student.steps, train.dmd_start, train.critic_ratio,
+                 job.layout.colocated() ? "each student's own teacher" : "the replica's teacher rank");
+  }
   return stage;
 }
 

@@ -2,7 +2,9 @@
 // teacher ranks), its held-out error falls, its result loads as a teacher, and a resumed run is
 // bit-identical to a straight one; `guided` trains on the guided target from a teacher rank and
 // from colocated teachers alike, and resumes exactly; `trajectory` trains from a teacher rank and
-// from colocated teachers, and a run resumed mid-round is bit-identical to a straight one.
+// from colocated teachers, and a run resumed mid-round is bit-identical to a straight one; `dmd`
+// answers its students' real-score requests from a teacher rank as colocated teachers do, on
+// 2, 3 and 4 ranks, and resumes bit-exactly from inside a cycle.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -240,6 +242,79 @@ TEST(Trajectory, ColocatedTeachersTrainOnTheirOwnTrajectoriesFromContextsAlone) 
                                 " --train.eval_samples 12 --teacher.placement colocated");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(losses(root() / "trajectory-velocity"), l);
+}
+
+// train.objective dmd: cycles of 5 steps (the generator updates after steps 5 and 10), the
+// teacher in fp32 so that a teacher rank and colocated teachers answer alike.
+const std::string kDmd = " --train.objective dmd --teacher.guidance 3 --student.steps 2 --teacher.shift 3"
+                         " --teacher.compute fp32 --train.steps 10 --train.log_every 1 --train.seed 5";
+
+/// The teacher's "real-score service: N samples answered" count, or -1.
+long answered(const std::string& output) {
+  const std::string key = "teacher real-score service: ";
+  const auto at = output.find(key);
+  return at == std::string::npos ? -1 : std::stol(output.substr(at + key.size()));
+}
+
+// Requests and answers on 2, 3 and 4 ranks: one teacher rank batching the requests of 1, 2 and 3
+// students trains as the same students with colocated teachers answering on the spot.
+TEST(Dmd, ATeacherRankAnswersItsStudentsAsColocatedTeachersDo) {
+  for (const int students : {1, 2, 3}) {
+    const auto dedicated = root() / ("dmd-dedicated-" + std::to_string(students));
+    const auto colocated = root() / ("dmd-colocated-" + std::to_string(students));
+    auto r = test::launch_train(students + 1, "--run-dir " + dedicated.string() + builtin_assets() + kDmd +
+                                                  " --teacher.ranks 1 --train.eval_samples 12");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("train.objective dmd: the generator samples in 2 Euler steps (train.dmd_start simulate); "
+                            "5 critic updates per generator update; the replica's teacher rank answers"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("transport: mpi on the real-score answers of replica 0 to " + std::to_string(students)),
+              std::string::npos)
+        << r.output;
+    // Two generator updates, each asking for the student's 2 samples.
+    EXPECT_EQ(answered(r.output), 2L * 2 * students) << r.output;
+    EXPECT_NE(r.output.find("dmd step 10: generator loss "), std::string::npos) << r.output;
+    r = test::launch_train(students, "--run-dir " + colocated.string() + builtin_assets() + kDmd +
+                                         " --teacher.placement colocated --train.eval_samples 12");
+    ASSERT_EQ(r.code, 0) << r.output;
+    test::expect_close_losses(dedicated, colocated, 10);
+  }
+}
+
+// A checkpoint inside a cycle holds the critic and every student's request inputs of the cycle:
+// the resumed students ask again and train bit for bit as the straight run.
+TEST(Dmd, AResumedRunIsBitIdenticalToAStraightOneFromMidCycle) {
+  const auto straight = root() / "dmd-straight", resumed = root() / "dmd-resumed";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + kDmd + " --checkpoint.every 3 --checkpoint.keep 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto step3 = straight / "checkpoints" / "step-00000003";
+  EXPECT_TRUE(fs::exists(step3 / "critic" / "trainable.safetensors"));
+  EXPECT_TRUE(fs::exists(step3 / "dmd_pending.safetensors"));
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + kDmd + " --resume " + step3.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 10, 3);
+  // The generator changes with its updates only: the dmd target is not the guided one.
+  r = test::launch_train(3, "--run-dir " + (root() / "dmd-guided").string() + builtin_assets() +
+                                " --train.objective guided --teacher.guidance 3 --teacher.compute fp32 --train.steps 10"
+                                " --train.log_every 1 --train.seed 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(losses(root() / "dmd-guided"), losses(straight));
+}
+
+TEST(Dmd, RefusesWhatItCannotTrain) {
+  auto r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
+                                     " --train.grad_accum 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.objective dmd takes one micro-batch a step: train.grad_accum(2) must be 1"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_train(3, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
+                                " --train.steps 2 --inject-fault throw@teacher:0:2:serve");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("strikes in a real-score answer, which only teacher ranks of train.objective dmd give"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
