@@ -151,6 +151,8 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   if (sc.in_dim != lat[0]) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
   if (sc.out_dim != tc.out_dim) in.student_extra_params += sc.out_dim * tc.out_dim + tc.out_dim;
   in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
+  // dmd: the critic, a second student (its weights, gradients and AdamW moments).
+  if (cfg.train.dmd()) in.student_extra_params += wan_param_count(sc);
   in.batch = cfg.train.batch_size;
   in.tokens = stream.tokens;
   in.context_len = tc.text_len;  // the model pads every context to text_len
@@ -172,6 +174,11 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.host_budget = ctx.host_bytes;
   in.gpus_per_node = ctx.gpus_per_node;
   return in;
+}
+
+double dmd_extra_forwards(const RunConfig& cfg) {
+  const double k = cfg.train.dmd_start == "simulate" ? static_cast<double>(cfg.student.steps) : 1.0;
+  return k + (k + 3.0) / static_cast<double>(std::max<std::int64_t>(1, cfg.train.critic_ratio));
 }
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {

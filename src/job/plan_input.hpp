@@ -60,6 +60,11 @@ std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t
 /// comm.prefetch_depth stream steps of lead before an answer).
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan);
 
+/// train.objective dmd: student forwards a step beyond a training forward and backward (3). A
+/// critic step samples the generator (k forwards, simulate; 1, data) and trains the critic (3);
+/// every critic_ratio-th step the generator samples again (k − 1 + 3) and the critic scores (1).
+double dmd_extra_forwards(const RunConfig& cfg);
+
 /// The message geometry of a run (batch, latent, context, channels, feature blocks): what
 /// every transport step carries. `train` adds the steps to stream.
 comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
