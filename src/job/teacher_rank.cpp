@@ -86,6 +86,27 @@ std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job
       job.layout.replicas, job.per_replica, job.train_samples, job.cfg.train.seed});
 }
 
+/// The last stage's links to its students: the batch stream and, for dmd, the real-score channel
+/// (made right after it; the students make theirs in the same order in run_student_rank).
+std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> open_student_links(
+    const TrainJob& job, const c10::Device& device, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> out;
+  if (job.groups->link() == MPI_COMM_NULL) return out;
+  const int rank = job.world_rank();
+  const auto students = job.layout.students_per_replica();
+  out.first = comm::make_sender(comm::link_end(*job.groups, rank, cfg.comm), job.plan.message_spec(), cfg.comm, 0,
+                                job.plan.end_step(), device, &services.health);
+  services.memory.transport_bytes = job.plan.message_spec().bytes() *
+                                    static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
+                                    static_cast<std::uint64_t>(students);
+  if (!cfg.train.dmd()) return out;
+  out.second = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm, device,
+                                     &services.health);
+  services.memory.transport_bytes += service_bytes(job.plan, cfg.comm, students);
+  return out;
+}
+
 }  // namespace
 
 RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
@@ -109,24 +130,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
     spdlog::info("teacher stage {}/{} of replica {}: blocks {}-{} on {}", stage + 1, layout.stages,
                  layout.replica_of(rank), how.blocks.begin, how.blocks.end - 1, how.device.str());
   }
-  // The last stage of a replica streams to its students; the students set up the other end
-  // (same collective) in run_student_rank.
-  std::unique_ptr<comm::Sender> transport;
-  if (job.groups->link() != MPI_COMM_NULL) {
-    transport = comm::make_sender(comm::link_end(*job.groups, rank, cfg.comm), job.plan.message_spec(), cfg.comm,
-                                  0, job.plan.end_step(), how.device, &services.health);
-    services.memory.transport_bytes = job.plan.message_spec().bytes() *
-                                      static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
-                                      static_cast<std::uint64_t>(layout.students_per_replica());
-  }
-  // dmd: the real-score channel, made right after the link on both sides.
-  std::optional<comm::TeacherService> service;
-  if (cfg.train.dmd() && transport) {
-    service = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm,
-                                    how.device, &services.health);
-    services.memory.transport_bytes += service_bytes(job.plan, cfg.comm, layout.students_per_replica());
-  }
-
+  auto [transport, service] = open_student_links(job, how.device, services);
   auto stage_model = load_teacher_stage(job, how, services.memory);
   const auto per_stage_spec = [&](int s) {
     return teacher::stage_message_spec(
@@ -166,7 +170,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   loop.trajectory = trajectory.get();
   std::optional<teacher::ScoreServer> server;
   if (service) {
-    loop.server = &server.emplace(stage_model, *service, service_schedule(cfg, job.plan));
+    loop.server = &server.emplace(stage_model, *service, service_schedule(job.cfg, job.plan));
     server->set_faults(&services.faults);
     server->set_health(&services.health);
   }
