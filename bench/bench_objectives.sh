@@ -11,7 +11,9 @@
 #        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
 #        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
-#        for a half-depth one);
+#        for a half-depth one); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
+#        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
+#        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0;
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
 #        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
@@ -108,6 +110,29 @@ if ((traj_steps > 0)); then
     evaluate "eval/trajectory-$((10#${ck##*step-}))" "$k" --reuse eval/teacher --student "$ck/student"
   done
 fi
+# Distribution matching: a copy of the teacher (the generator) samples in DMD_K Euler steps, a
+# second copy (the critic) learns its samples' flow, each of 2 ranks asks its own teacher
+# (colocated) for the guided score at the generator's re-noised samples.
+dmd_steps=${DMD_STEPS:-0}
+dmd_k=${DMD_K:-$k}
+if ((dmd_steps > 0)); then
+  if [[ -z ${SKIP_DMD:-} ]]; then
+    start=$SECONDS
+    mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
+      --run-dir dmd-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
+      --train.objective dmd --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$dmd_k" \
+      --train.dmd_start "${DMD_START:-simulate}" --train.critic_ratio "${DMD_RATIO:-5}" --critic.lr "${DMD_CRITIC_LR:-1e-4}" \
+      --teacher.placement colocated --teacher.compute fp32 \
+      $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
+      --train.steps "$dmd_steps" --train.lr "${DMD_LR:-2e-5}" --train.min_lr 0 --train.ema_decay "${DMD_EMA:-0}" \
+      --train.warmup_steps 50 --train.log_every 50 \
+      --checkpoint.every "${DMD_EVERY:-250}" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > dmd.log 2>&1
+    echo "dmd student trained in $((SECONDS - start)) s ($dmd_steps critic steps)"
+  fi
+  for ck in dmd-run/checkpoints/step-*; do
+    evaluate "eval/dmd-$((10#${ck##*step-}))" "$dmd_k" --reuse eval/teacher --student "$ck/student"
+  done
+fi
 "$py" - "$g" "$k" "$batch" <<'PY'
 import glob, json, re, sys
 
@@ -130,6 +155,11 @@ for path in runs:
     summary["trajectory_curve"].append({"step": step, "trajectories": step * 2 * batch // k, **r})
 if runs:
     rows[f"trajectory_student ({k} Euler steps, g 1)"] = summary["trajectory_curve"][-1]
+summary["dmd_curve"] = []
+for path in sorted(glob.glob("eval/dmd-*/report.json"), key=lambda p: int(re.search(r"dmd-(\d+)", p)[1])):
+    summary["dmd_curve"].append({"step": int(re.search(r"dmd-(\d+)", path)[1]), **json.load(open(path))["rows"]["student"]})
+if summary["dmd_curve"]:
+    rows["dmd_student (last checkpoint, g 1)"] = summary["dmd_curve"][-1]
 json.dump(summary, open("summary.json", "w"), indent=2)
 at_k = rows["teacher_at_k"]["paired_rel_mse"]
 print(f"{'row':<40} {'paired':>8} {'median':>8} {'Fréchet':>8} {'class %':>8} {'strict %':>9} {'collapsed':>9}")
@@ -145,6 +175,9 @@ for c in summary["guided_curve"]:
     print(f"guided student after {c['step']:>6} steps: paired {c['paired_rel_mse']:.4f} = "
           f"{c['paired_rel_mse'] / unguided:.2f}x teacher_unguided, median {c['paired_rel_mse_median']:.4f}, "
           f"strict {100 * c['strict_accuracy']:.1f}%")
+for c in summary["dmd_curve"]:
+    print(f"dmd student after {c['step']:>6} critic steps: paired {c['paired_rel_mse']:.4f}, Fréchet {c['frechet']:.4f} = "
+          f"{c['frechet'] / teacher['frechet_floor']:.2f}x floor, strict {100 * c['strict_accuracy']:.1f}%")
 for c in summary["trajectory_curve"]:
     print(f"trajectory student after {c['trajectories']:>6} trajectories: paired {c['paired_rel_mse']:.4f} = "
           f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}")

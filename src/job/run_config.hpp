@@ -85,7 +85,7 @@ struct RunConfig {
   /// The objective against the teacher keys: flow trains without a teacher (teacher.ranks 0,
   /// nothing of the teacher's to match); every other objective needs one.
   void check_objective(ConfigProblems& p) const {
-    if (train.trajectory()) trajectory_spec().validate(p);
+    if (train.trajectory_stream()) trajectory_spec().validate(p);
     if (!train.flow()) {
       p.check(teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective flow trains "
                                   "without; train.objective(" + train.objective + ") needs teacher.ranks >= 1");
@@ -123,13 +123,14 @@ struct RunConfig {
   /// and the dmd real-score service need every block in one forward.
   bool whole_teacher() const { return train.guided() || train.trajectory() || train.dmd(); }
   /// Teacher forwards (in samples) per trained sample: 1, doubled when guided; a trajectory's
-  /// teacher.steps forwards serve its student.steps intervals; dmd adds its real-score
-  /// requests, one sample every train.critic_ratio steps.
+  /// teacher.steps forwards serve its student.steps intervals (also dmd's with a regression
+  /// term); dmd adds its real-score requests, one sample every train.critic_ratio steps.
   double teacher_forwards() const {
     const double guided = teacher_guided() ? 2.0 : 1.0;
-    if (train.dmd()) return guided * (1.0 + 1.0 / static_cast<double>(std::max<std::int64_t>(1, train.critic_ratio)));
-    if (!train.trajectory()) return guided;
-    return guided * static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps));
+    const double requests = train.dmd() ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, train.critic_ratio)) : 0.0;
+    if (!train.trajectory_stream()) return guided * (1.0 + requests);
+    return guided * (static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps)) +
+                     requests);
   }
   std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }
   std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }

@@ -325,7 +325,7 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
 
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
   auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
-  WD_CHECK_DATA(info.has_latents || cfg.train.trajectory(), info.path, "/latents",
+  WD_CHECK_DATA(info.has_latents || cfg.train.trajectory_stream(), info.path, "/latents",
                 "is missing: the file holds contexts only (make-dataset --contexts-only, prepare_data.py captions); "
                 "train.objective " << cfg.train.objective << " needs the latents of videos, train.objective trajectory "
                 "trains from contexts alone");

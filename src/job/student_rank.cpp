@@ -72,7 +72,7 @@ struct OwnTeacher {
   OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
       : stage(load_teacher_stage(job, load_for(job, device), memory)),
         data(job),
-        trajectory(job.cfg.train.trajectory() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
+        trajectory(job.cfg.train.trajectory_stream() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
                                                     stage, data.reader, data.schedule, job.plan,
                                                     job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),
                                                     job.layout.replicas, job.per_replica, job.train_samples,

@@ -43,11 +43,11 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                    job.cfg.train.objective, cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
     }
   }
-  if (job.cfg.train.trajectory() && job.world_rank() == 0) {
+  if (job.cfg.train.trajectory_stream() && job.world_rank() == 0) {
     const auto spec = job.cfg.trajectory_spec();
-    spdlog::info("train.objective trajectory: the teacher samples {} {} steps (shift {}) from seeded noise; the "
+    spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the "
                  "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
-                 spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
+                 job.cfg.train.objective, spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
     const auto& train = job.cfg.train;
     if (train.trajectory_rollout > 0) {
       spdlog::info("train.trajectory_rollout {}: the first {} of each student's {} samples start from the state the "
@@ -79,7 +79,7 @@ std::uint64_t service_bytes(const comm::StreamPlan& plan, const comm::CommConfig
 std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job, teacher::TeacherStage& stage,
                                                              data::DatasetReader* reader,
                                                              const data::SampleSchedule& schedule) {
-  if (!job.cfg.train.trajectory()) return nullptr;
+  if (!job.cfg.train.trajectory_stream()) return nullptr;
   WD_CHECK(reader, "train.objective trajectory: the teacher rank has no data reader");
   return std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
       stage, *reader, schedule, job.plan, job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),

@@ -61,7 +61,7 @@ Diagnostics::Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer)
     eval_set_.push_back(std::move(copy));
     job_.transport.release(e);
   }
-  if (job_.train.trajectory()) {  // student_train(): sample_steps = student.steps, sample_shift = teacher.shift
+  if (job_.train.trajectory_stream()) {  // student_train(): sample_steps = student.steps, sample_shift = teacher.shift
     interval_sigmas_ = data::sampling_sigmas(job_.train.sample_steps, job_.train.sample_shift);
   }
 }

@@ -65,8 +65,11 @@ class CriticObjective final : public Objective {
 /// The generator's DMD loss for its cycle's request, with the teacher's answer.
 class GeneratorObjective final : public Objective {
  public:
-  GeneratorObjective(DmdParts& p, std::int64_t cycle, const torch::Tensor& real_velocity)
-      : p_(p), cycle_(cycle), real_(real_velocity) {}
+  /// `regression`: the step's trajectory batch, whose jump target the generator also regresses
+  /// to with train.dmd_regression_weight; null = none.
+  GeneratorObjective(DmdParts& p, std::int64_t cycle, const torch::Tensor& real_velocity,
+                     const comm::TensorDict* regression)
+      : p_(p), cycle_(cycle), real_(real_velocity), regression_(regression) {}
   const std::vector<torch::Tensor>& parameters() const override { return p_.generator.trainable(); }
   void zero_grad() override { p_.generator.zero_grad(); }
   torch::Tensor backward(const comm::TensorDict& in, double scale) override {
@@ -76,7 +79,13 @@ class GeneratorObjective final : public Objective {
     const auto sigma = in.at("dmd.sigma");
     const auto real_x0 = x - sigma * real_.to(x.scalar_type());
     const auto fake_x0 = x - sigma * p_.critic.predict(model_inputs(x, in.at("dmd.t"), in));
-    const auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0));
+    auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0));
+    if (regression_) {
+      const auto& b = *regression_;
+      loss = loss + p_.train.dmd_regression_weight *
+                        distill_loss(p_.generator.forward_train(model_inputs(b.at("x_t"), b.at("t"), b), p_.policy),
+                                     b.at("teacher_out"));
+    }
     p_.generator.backward(loss * scale);
     return loss.detach().to(torch::kFloat);
   }
@@ -86,6 +95,7 @@ class GeneratorObjective final : public Objective {
   DmdParts& p_;
   std::int64_t cycle_;
   const torch::Tensor& real_;
+  const comm::TensorDict* regression_;
 };
 
 }  // namespace
@@ -175,12 +185,13 @@ double DmdTrainer::update_critic(std::int64_t step, const comm::TensorDict& batc
   return train_step(ctx, step, p_.train.critic_lr_at(step), batches);
 }
 
-double DmdTrainer::update_generator(StepContext& generator, std::int64_t step) {
+double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {
   const auto cycle = p_.schedule.cycle_of(step);
   WD_CHECK(pending_cycle_ == cycle, "dmd: the generator update of step " << step + 1 << " has no request of cycle "
                                                                          << cycle << " (pending: " << pending_cycle_
                                                                          << ")");
-  GeneratorObjective objective(p_, cycle, p_.score.answer(cycle));
+  GeneratorObjective objective(p_, cycle, p_.score.answer(cycle),
+                               p_.train.dmd_regression_weight > 0 ? &batch : nullptr);
   StepContext ctx{objective, generator.optimizer, generator.reducer, generator.grad_clip, generator.world_rank,
                   generator.after_step};
   FixedBatches batches({pending_});
@@ -195,7 +206,7 @@ DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm
   if (p_.schedule.asks_at(step)) ask(step, batch);
   DmdLosses losses;
   losses.critic = update_critic(step, batch);
-  if (p_.schedule.generator_step(step)) losses.generator = update_generator(generator, step);
+  if (p_.schedule.generator_step(step)) losses.generator = update_generator(generator, step, batch);
   return losses;
 }
 

@@ -143,7 +143,7 @@ class DmdTrainer {
  private:
   void ask(std::int64_t step, const comm::TensorDict& batch);
   double update_critic(std::int64_t step, const comm::TensorDict& batch);
-  double update_generator(StepContext& generator, std::int64_t step);
+  double update_generator(StepContext& generator, std::int64_t step, const comm::TensorDict& batch);
 
   DmdParts p_;
   comm::TensorDict pending_;  ///< the current cycle's request inputs (copies)

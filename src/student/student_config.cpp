@@ -173,6 +173,10 @@ void TrainConfig::bind(OptionTable& t) {
             "updates after every critic_ratio-th")
       .bind("train.dmd_t_min", dmd_t_min, "dmd: lower end of u, the re-noised sample's σ = shift(u) (teacher.shift)")
       .bind("train.dmd_t_max", dmd_t_max, "dmd: upper end of u (see train.dmd_t_min)")
+      .bind("train.dmd_regression_weight", dmd_regression_weight,
+            "dmd: weight of a regression to the teacher's trajectories added to the generator's loss (the "
+            "trajectory objective's jump target on the stream's batch; the teacher then samples trajectories "
+            "with teacher.steps); 0 = pure distribution matching")
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
             "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random");
@@ -222,6 +226,10 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
   p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
   p.check(critic_init == "student" || critic_init == "random",
           "critic.init(" + critic_init + ") must be student or random");
+  p.check(dmd_regression_weight >= 0, "train.dmd_regression_weight" + v(dmd_regression_weight) + " must be >= 0");
+  p.check(dmd_regression_weight == 0 || dmd(), "train.dmd_regression_weight" + v(dmd_regression_weight) +
+                                                   " weighs a term of the dmd generator loss: it needs train.objective "
+                                                   "dmd, not " + objective);
   if (!dmd()) return;
   p.check(grad_accum == 1, "train.objective dmd takes one micro-batch a step: train.grad_accum" +
                                v(static_cast<double>(grad_accum)) + " must be 1");

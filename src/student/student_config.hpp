@@ -89,6 +89,9 @@ struct TrainConfig {
   double critic_lr = 0.0;
   /// dmd: student (the critic starts as a copy of the generator's initial weights) | random
   std::string critic_init = "student";
+  /// dmd: weight of a regression to the teacher's trajectories (the `trajectory` target of the
+  /// stream's batch) added to the generator's loss; > 0 makes the stream the trajectory stream
+  double dmd_regression_weight = 0.0;
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
@@ -98,6 +101,9 @@ struct TrainConfig {
   bool guided() const { return objective == "guided"; }
   bool trajectory() const { return objective == "trajectory"; }
   bool dmd() const { return objective == "dmd"; }
+  /// Whether the teacher's batches come from its trajectories: trajectory, and dmd with a
+  /// regression term.
+  bool trajectory_stream() const { return trajectory() || (dmd() && dmd_regression_weight > 0); }
   /// The critic's learning rate at `step` (dmd): lr_at(step) scaled to critic_lr.
   double critic_lr_at(std::int64_t step) const { return lr_at(step) * (critic_lr > 0 ? critic_lr / lr : 1.0); }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.

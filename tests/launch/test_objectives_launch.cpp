@@ -302,11 +302,37 @@ TEST(Dmd, AResumedRunIsBitIdenticalToAStraightOneFromMidCycle) {
   EXPECT_NE(losses(root() / "dmd-guided"), losses(straight));
 }
 
+// train.dmd_regression_weight: the teacher streams trajectory batches (from contexts), the
+// generator's loss adds the trajectory target of the step's batch; resumed mid-cycle exactly.
+TEST(Dmd, ARegressionTermTrainsOnTheTeachersTrajectoriesAndResumesExactly) {
+  const auto straight = root() / "dmd-regression", resumed = root() / "dmd-regression-resumed";
+  const std::string args = kDmd + " --train.dmd_regression_weight 0.5 --teacher.steps 4 --train.eval_samples 12";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + args +
+                                     " --checkpoint.every 3 --checkpoint.keep 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.objective dmd: the teacher samples 4 unipc steps (shift 3) from seeded noise"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(per interval: "), std::string::npos) << r.output;
+  EXPECT_NE(losses(straight), losses(root() / "dmd-straight"));
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + args + " --resume " +
+                                (straight / "checkpoints" / "step-00000003").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 10, 3);
+}
+
 TEST(Dmd, RefusesWhatItCannotTrain) {
   auto r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
                                      " --train.grad_accum 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.objective dmd takes one micro-batch a step: train.grad_accum(2) must be 1"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
+                                " --train.objective guided --train.dmd_regression_weight 0.5 --train.steps 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.dmd_regression_weight(0.5) weighs a term of the dmd generator loss: it needs "
+                          "train.objective dmd, not guided"),
             std::string::npos)
       << r.output;
   r = test::launch_train(3, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
