@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +121,60 @@ std::vector<std::int64_t> wanted_classes(const data::DatasetClasses& classes, co
   return wanted;
 }
 
+/// A row's `diversity` in report.json: per class its values over the reference's (a class the
+/// reference shows no spread in counts 1: nothing to lose), and the lowest of each over classes.
+nlohmann::json diversity_ratios(const ClassDiversity& row, const ClassDiversity& ref) {
+  WD_CHECK(row.classes.size() == ref.classes.size(), "diversity: " << row.classes.size() << " classes against the "
+                                                                   << "reference's " << ref.classes.size());
+  const auto over = [](double x, double r) { return r > 0 ? x / r : 1.0; };
+  nlohmann::json per_class = nlohmann::json::array();
+  double positions = 1, amplitude = 1, pair = 1;
+  for (std::size_t i = 0; i < row.classes.size(); ++i) {
+    const auto& c = row.classes[i];
+    const auto& r = ref.classes[i];
+    WD_CHECK(c.label == r.label && c.samples == r.samples, "diversity: class " << c.label << " (" << c.samples
+                                                                               << " samples) against the reference's "
+                                                                               << r.label << " (" << r.samples << ")");
+    const double p = over(static_cast<double>(c.positions), static_cast<double>(r.positions));
+    const double a = over(c.amplitude_std, r.amplitude_std);
+    const double d = over(c.pair_distance, r.pair_distance);
+    per_class.push_back({{"class", c.label}, {"samples", c.samples}, {"positions", p}, {"amplitude", a},
+                         {"pair_distance", d}});
+    positions = i == 0 ? p : std::min(positions, p);
+    amplitude = i == 0 ? a : std::min(amplitude, a);
+    pair = i == 0 ? d : std::min(pair, d);
+  }
+  return {{"positions", positions}, {"amplitude", amplitude}, {"pair_distance", pair}, {"per_class", per_class}};
+}
+
+/// The rows' table in the log (report.json has it all), the Fréchet floor, and what pos, amp and
+/// pair mean.
+void log_table(const nlohmann::json& report, bool classes) {
+  spdlog::info("{:<22} {:>14} {:>8} {:>9} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5}", "row", "paired rel MSE", "median",
+               "Fréchet", "class %", "strict %", "collapsed", "pos", "amp", "pair");
+  for (const auto& [name, r] : report["rows"].items()) {
+    if (!r.contains("paired_rel_mse")) continue;
+    const auto percent = [&r](const char* key) {
+      return r.contains(key) ? fmt::format("{:.1f}", 100 * r[key].get<double>()) : std::string("-");
+    };
+    const auto ratio = [&r](const char* key) {
+      return r.contains("diversity") ? fmt::format("{:.2f}", r["diversity"][key].get<double>()) : std::string("-");
+    };
+    spdlog::info("{:<22} {:>14.4f} {:>8.4f} {:>9.4f} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5}", name,
+                 r["paired_rel_mse"].get<double>(), r["paired_rel_mse_median"].get<double>(),
+                 r["frechet"].get<double>(), percent("class_accuracy"), percent("strict_accuracy"),
+                 r["collapsed"].get<bool>() ? "yes" : "no", ratio("positions"), ratio("amplitude"),
+                 ratio("pair_distance"));
+  }
+  spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f}",
+               report["frechet_floor"].get<double>());
+  if (classes) {
+    spdlog::info("pos, amp, pair: the lowest over classes of the row's / the reference's distinct positions, "
+                 "amplitude std and mean within-class pair distance (below 1: less varied than the reference; "
+                 "per class in report.json)");
+  }
+}
+
 /// --reuse: the teacher rows of an earlier evaluation, whose settings must be `settings`.
 void take_teacher_rows(const std::string& dir, const nlohmann::json& settings, TensorMap& latents) {
   const auto report_path = (fs::path(dir) / "report.json").string();
@@ -193,6 +248,12 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   report["student_guidance"] = cfg.student_guidance;
   report["student_solver"] = cfg.student_solver;
   report["frechet_floor"] = frechet_distance(features(ref), other_features);
+  std::vector<std::int64_t> wanted;
+  ClassDiversity ref_diversity;
+  if (classes.present()) {
+    wanted = wanted_classes(classes, cond.indices);
+    ref_diversity = class_diversity(ref, data::classify_latents(ref, classes.patterns), classes.patterns, wanted);
+  }
   for (const auto& row : rows) {
     if (row.name == "reference_other_noise") continue;
     const auto& x = latents.at(row.name);
@@ -203,31 +264,23 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
                      {"frechet", frechet_distance(features(x), other_features)},
                      {"collapsed", !flat.empty()}, {"collapsed_channels", flat}};
     if (classes.present()) {
-      const auto acc = data::class_accuracy(data::classify_latents(x, classes.patterns), wanted_classes(classes, cond.indices));
+      const auto got = data::classify_latents(x, classes.patterns);
+      const auto acc = data::class_accuracy(got, wanted);
       r["class_accuracy"] = acc.class_accuracy;
       r["strict_accuracy"] = acc.strict_accuracy;
+      // The reference against itself: ratios of 1, from the very values the other rows divide by.
+      r["diversity"] = diversity_ratios(
+          row.name == "reference" ? ref_diversity : class_diversity(x, got, classes.patterns, wanted), ref_diversity);
     }
     report["rows"][row.name] = r;
   }
   if (classes.present()) {
-    const auto acc = data::class_accuracy(data::classify_latents(latents.at("reference_other_noise"), classes.patterns),
-                                          wanted_classes(classes, cond.indices));
+    const auto acc =
+        data::class_accuracy(data::classify_latents(latents.at("reference_other_noise"), classes.patterns), wanted);
     report["rows"]["reference_other_noise"] = {{"class_accuracy", acc.class_accuracy},
                                                {"strict_accuracy", acc.strict_accuracy}};
   }
-  spdlog::info("{:<22} {:>14} {:>8} {:>9} {:>8} {:>9} {:>10}", "row", "paired rel MSE", "median", "Fréchet", "class %",
-               "strict %", "collapsed");
-  for (const auto& [name, r] : report["rows"].items()) {
-    if (!r.contains("paired_rel_mse")) continue;
-    const auto percent = [&r](const char* key) {
-      return r.contains(key) ? fmt::format("{:.1f}", 100 * r[key].get<double>()) : std::string("-");
-    };
-    spdlog::info("{:<22} {:>14.4f} {:>8.4f} {:>9.4f} {:>8} {:>9} {:>10}", name, r["paired_rel_mse"].get<double>(),
-                 r["paired_rel_mse_median"].get<double>(), r["frechet"].get<double>(), percent("class_accuracy"),
-                 percent("strict_accuracy"), r["collapsed"].get<bool>() ? "yes" : "no");
-  }
-  spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f}",
-               report["frechet_floor"].get<double>());
+  log_table(report, classes.present());
   if (!cfg.output.empty()) {
     fs::create_directories(cfg.output);
     write_safetensors((fs::path(cfg.output) / "latents.safetensors").string(), latents,

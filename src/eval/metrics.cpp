@@ -1,7 +1,10 @@
-// Paired error, fixed features, Fréchet distance and collapse (metrics.hpp).
+// Paired error, fixed features, Fréchet distance, collapse and class diversity (metrics.hpp).
 #include "eval/metrics.hpp"
 
 #include <cmath>
+#include <map>
+#include <set>
+#include <utility>
 
 #include "core/errors.hpp"
 #include "data/classes.hpp"
@@ -64,6 +67,61 @@ double frechet_distance(const torch::Tensor& a, const torch::Tensor& b) {
 
 std::vector<std::int64_t> collapsed_channels(const torch::Tensor& x, const torch::Tensor& ref, double ratio) {
   return data::collapsed_channels(data::channel_stats(x), data::channel_stats(ref), ratio);
+}
+
+torch::Tensor pattern_amplitudes(const torch::Tensor& latents, const torch::Tensor& patterns,
+                                 const torch::Tensor& labels, const torch::Tensor& shifts) {
+  WD_CHECK(latents.dim() == 5 && patterns.dim() == 5 && latents.sizes().slice(1) == patterns.sizes().slice(1),
+           "pattern_amplitudes: latents " << latents.sizes() << " and patterns " << patterns.sizes()
+                                          << " must be [B,C,F,H,W] and [K,C,F,H,W] of one latent shape");
+  const auto b = latents.size(0);
+  WD_CHECK(labels.dim() == 1 && labels.size(0) == b && shifts.dim() == 2 && shifts.size(0) == b && shifts.size(1) == 2,
+           "pattern_amplitudes: labels " << labels.sizes() << " and shifts " << shifts.sizes() << " for " << b
+                                         << " latents must be [B] and [B,2]");
+  const auto x = latents.select(2, 0).to(torch::kDouble).cpu();  // [B,C,H,W]
+  const auto p = patterns.select(2, 0).to(torch::kDouble).cpu();  // [K,C,H,W]
+  const auto label = labels.to(torch::kLong).cpu();
+  const auto shift = shifts.to(torch::kLong).cpu();
+  auto out = torch::zeros({b}, torch::kDouble);
+  for (std::int64_t i = 0; i < b; ++i) {
+    const auto k = label[i].item<std::int64_t>();
+    WD_CHECK(k >= 0 && k < p.size(0), "pattern_amplitudes: class " << k << " of " << p.size(0));
+    const auto placed = torch::roll(p[k], {shift[i][0].item<std::int64_t>(), shift[i][1].item<std::int64_t>()}, {1, 2});
+    const double norm = p[k].pow(2).sum().item<double>();
+    out[i] = norm > 0 ? (x[i] * placed).sum().item<double>() / norm : 0.0;
+  }
+  return out;
+}
+
+ClassDiversity class_diversity(const torch::Tensor& latents, const torch::Tensor& shifts,
+                               const torch::Tensor& amplitudes, const std::vector<std::int64_t>& wanted) {
+  const auto b = latents.size(0);
+  WD_CHECK(latents.dim() >= 2 && static_cast<std::int64_t>(wanted.size()) == b && shifts.dim() == 2 &&
+               shifts.size(0) == b && shifts.size(1) == 2 && amplitudes.dim() == 1 && amplitudes.size(0) == b,
+           "class_diversity: latents " << latents.sizes() << ", shifts " << shifts.sizes() << ", amplitudes "
+                                       << amplitudes.sizes() << " and " << wanted.size()
+                                       << " classes must be [B,...], [B,2], [B] and B");
+  const auto flat = latents.to(torch::kDouble).cpu().flatten(1);
+  const auto shift = shifts.to(torch::kLong).cpu();
+  const auto amplitude = amplitudes.to(torch::kDouble).cpu();
+  std::map<std::int64_t, std::vector<std::int64_t>> members;
+  for (std::int64_t i = 0; i < b; ++i) members[wanted[static_cast<std::size_t>(i)]].push_back(i);
+  ClassDiversity out;
+  for (const auto& [label, idx] : members) {
+    if (idx.size() < 2) continue;
+    std::set<std::pair<std::int64_t, std::int64_t>> positions;
+    for (const auto i : idx) positions.emplace(shift[i][0].item<std::int64_t>(), shift[i][1].item<std::int64_t>());
+    const auto at = torch::tensor(idx, torch::kLong);
+    out.classes.push_back({label, static_cast<std::int64_t>(idx.size()), static_cast<std::int64_t>(positions.size()),
+                           amplitude.index_select(0, at).std(/*unbiased=*/false).item<double>(),
+                           torch::pdist(flat.index_select(0, at)).mean().item<double>()});
+  }
+  return out;
+}
+
+ClassDiversity class_diversity(const torch::Tensor& latents, const data::Classified& got, const torch::Tensor& patterns,
+                               const std::vector<std::int64_t>& wanted) {
+  return class_diversity(latents, got.shift, pattern_amplitudes(latents, patterns, got.label, got.shift), wanted);
 }
 
 }  // namespace wd::eval
