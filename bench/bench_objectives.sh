@@ -176,8 +176,10 @@ for c in summary["guided_curve"]:
           f"{c['paired_rel_mse'] / unguided:.2f}x teacher_unguided, median {c['paired_rel_mse_median']:.4f}, "
           f"strict {100 * c['strict_accuracy']:.1f}%")
 for c in summary["dmd_curve"]:
+    d = c.get("diversity", {})
+    div = (f", diversity pos {d['positions']:.2f} amp {d['amplitude']:.2f} pair {d['pair_distance']:.2f}" if d else "")
     print(f"dmd student after {c['step']:>6} critic steps: paired {c['paired_rel_mse']:.4f}, Fréchet {c['frechet']:.4f} = "
-          f"{c['frechet'] / teacher['frechet_floor']:.2f}x floor, strict {100 * c['strict_accuracy']:.1f}%")
+          f"{c['frechet'] / teacher['frechet_floor']:.2f}x floor, strict {100 * c['strict_accuracy']:.1f}%{div}")
 for c in summary["trajectory_curve"]:
     print(f"trajectory student after {c['trajectories']:>6} trajectories: paired {c['paired_rel_mse']:.4f} = "
           f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}")
