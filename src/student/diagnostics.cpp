@@ -181,7 +181,15 @@ void Diagnostics::log_window(std::int64_t step, double lr, double loss) {
 
 memory::ModelMemory Diagnostics::model_memory() const {
   const auto& params = job_.parts.trainable();
-  return {memory::tensor_bytes(params), memory::grad_bytes(params), memory::optimizer_state_bytes(optimizer_)};
+  memory::ModelMemory m{memory::tensor_bytes(params), memory::grad_bytes(params),
+                        memory::optimizer_state_bytes(optimizer_)};
+  if (job_.dmd) {  // the critic trains beside the student: its weights, gradients and AdamW moments
+    const auto critic = job_.dmd->critic_memory();
+    m.weights_bytes += critic.weights_bytes;
+    m.grads_bytes += critic.grads_bytes;
+    m.optimizer_state_bytes += critic.optimizer_state_bytes;
+  }
+  return m;
 }
 
 }  // namespace wd::student

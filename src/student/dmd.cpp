@@ -202,6 +202,11 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
   return loss;
 }
 
+memory::ModelMemory DmdTrainer::critic_memory() const {
+  const auto& params = p_.critic.trainable();
+  return {memory::tensor_bytes(params), memory::grad_bytes(params), memory::optimizer_state_bytes(p_.critic_optimizer)};
+}
+
 DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {
   if (p_.schedule.asks_at(step)) ask(step, batch);
   DmdLosses losses;

@@ -20,6 +20,7 @@
 #include "comm/receiver.hpp"
 #include "comm/score_channel.hpp"
 #include "comm/sender.hpp"
+#include "memory/memory_report.hpp"
 #include "model/safetensors.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_config.hpp"
@@ -136,6 +137,9 @@ class DmdTrainer {
   /// Restores what save() wrote for a run resuming at schedule.first_step: the critic, and this
   /// student's share of the pending request inputs when the run resumes mid-cycle.
   void restore(const std::string& dir);
+
+  /// The critic's weights, gradients and AdamW state (memory reports and the OOM diagnosis).
+  memory::ModelMemory critic_memory() const;
 
   static constexpr const char* kCriticDir = "critic";
   static constexpr const char* kPendingFile = "dmd_pending.safetensors";
