@@ -29,6 +29,10 @@ struct StreamPlan {
   std::int64_t teacher_dim = 0;  ///< hidden width of the teacher
   /// train.trajectory_rollout: each sample's trajectory noise is sent as `x_start` [b,C,F,H,W].
   bool start_states = false;
+  /// false: a training message's teacher_out is not computed and left zero (train.objective dmd
+  /// without a regression term reads only the contexts, and x_t with dmd_start data; its teacher
+  /// spends its forwards on the real-score requests). Held-out messages always carry it.
+  bool train_targets = true;
 
   std::int64_t end_step() const { return eval_messages + (train_steps - first_step) * micro_batches; }
   /// Transport step of micro-batch `micro` of optimizer step `train_step` (>= first_step).

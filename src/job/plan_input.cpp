@@ -119,6 +119,7 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
   stream.teacher_dim = tc.dim;
   stream.start_states = cfg.train.trajectory() && cfg.train.trajectory_rollout > 0;
+  stream.train_targets = !cfg.train.dmd() || cfg.train.trajectory_stream();
   for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);
   std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
   stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),

@@ -128,7 +128,8 @@ struct RunConfig {
   double teacher_forwards() const {
     const double guided = teacher_guided() ? 2.0 : 1.0;
     const double requests = train.dmd() ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, train.critic_ratio)) : 0.0;
-    if (!train.trajectory_stream()) return guided * (1.0 + requests);
+    if (train.dmd() && !train.trajectory_stream()) return guided * requests;  // StreamPlan::train_targets
+    if (!train.trajectory_stream()) return guided;
     return guided * (static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps)) +
                      requests);
   }

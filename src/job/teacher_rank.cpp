@@ -62,6 +62,10 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                  "updates per generator update; {} answers each update's real-score request",
                  job.cfg.student.steps, train.dmd_start, train.critic_ratio,
                  job.layout.colocated() ? "each student's own teacher" : "the replica's teacher rank");
+    if (!job.plan.train_targets) {
+      spdlog::info("train.objective dmd without a regression term: training batches carry the data alone (no teacher "
+                   "forward); the teacher's forwards go to the held-out batches and the real-score requests");
+    }
   }
   return stage;
 }

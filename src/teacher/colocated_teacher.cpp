@@ -53,6 +53,10 @@ comm::TensorDict ColocatedTeacher::compute(std::int64_t step) {
   if (src_.trajectory) return student_message(src_.trajectory->batch(at.noise_step, at.eval), 0, plan.batch_per_student);
   auto batch = read_stage_batch(src_.reader, src_.stage, plan, at.indices, at.noise_step,
                                 at.eval ? src_.eval_noiser : src_.noiser);
+  if (!plan.train_targets && !at.eval) {  // nothing of the teacher's is read (StreamPlan::train_targets)
+    batch.out = untargeted_out(plan, batch.x_t.size(0));
+    return student_message(batch, 0, plan.batch_per_student);
+  }
   src_.stage.run(batch);
   if (!read_scalar<bool>(torch::isfinite(batch.out).all(), "colocated teacher finite check")) {
     throw NumericalError("the colocated teacher's output for step " + std::to_string(step) + " has NaN/Inf values");

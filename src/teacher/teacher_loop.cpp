@@ -78,7 +78,11 @@ void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int6
     stats.busy_seconds += since(t);
   } else if (job.stage.first()) {
     const auto t = Clock::now();
-    process(job, step, read_stage_batch(*job.reader, job.stage, job.plan, idx, noise_step, noiser), poison);
+    auto batch = read_stage_batch(*job.reader, job.stage, job.plan, idx, noise_step, noiser);
+    // No target for a training message (StreamPlan::train_targets): the data alone goes out.
+    const bool untargeted = !job.plan.train_targets && &noiser != &job.eval_noiser;
+    if (untargeted) batch.out = untargeted_out(job.plan, batch.x_t.size(0));
+    process(job, step, std::move(batch), poison, untargeted);
     stats.busy_seconds += since(t);
   } else {
     auto batch = receive_batch(job, step);  // waiting on the previous stage, not busy
@@ -103,6 +107,10 @@ StageBatch read_stage_batch(data::DatasetReader& reader, const TeacherStage& sta
   b.context = clean.context;
   b.context_lens = clean.context_lens;
   return b;
+}
+
+torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples) {
+  return torch::zeros({samples, plan.out_channels, plan.latent[1], plan.latent[2], plan.latent[3]});
 }
 
 comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::int64_t hi) {

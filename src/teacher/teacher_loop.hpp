@@ -54,6 +54,10 @@ StageBatch read_stage_batch(data::DatasetReader& reader, const TeacherStage& sta
                             const std::vector<std::int64_t>& idx, std::int64_t noise_step,
                             const data::FlowMatchingNoiser& noiser);
 
+/// The teacher_out of a training message the plan computes no target for
+/// (StreamPlan::train_targets false): zeros [samples, out_channels, F, H, W].
+torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples);
+
 /// The student message of samples [lo, hi) of a computed batch: x_t, t, context, context_lens,
 /// teacher_out and feat.<j> (views of `batch`).
 comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::int64_t hi);

@@ -269,6 +269,9 @@ TEST(Dmd, ATeacherRankAnswersItsStudentsAsColocatedTeachersDo) {
                             "5 critic updates per generator update; the replica's teacher rank answers"),
               std::string::npos)
         << r.output;
+    EXPECT_NE(r.output.find("training batches carry the data alone (no teacher forward)"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("eval after training: relative MSE "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("transport: mpi on the real-score answers of replica 0 to " + std::to_string(students)),
               std::string::npos)
         << r.output;
