@@ -50,9 +50,20 @@ MPI_Comm pair_comm(MPI_Comm link, int student_rank) {
   return comm;
 }
 
-std::string request_name(const ProcessGroups& groups, int student_world) {
-  return "the real-score requests of student rank " + std::to_string(student_world) + " (replica " +
-         std::to_string(groups.layout().replica_of(student_world)) + ")";
+/// `world_rank`'s end of the request stream of the student at link rank `student_rank` (world
+/// rank `student_world`): the student sends (to `peer`, the teacher, pair rank 0), the teacher
+/// receives (from `peer`, the student, pair rank 1).
+StreamEnd request_end(const ProcessGroups& groups, int world_rank, int student_rank, int peer, int student_world) {
+  StreamEnd end;
+  end.comm = pair_comm(groups.link(), student_rank);
+  end.world_rank = world_rank;
+  end.sending = world_rank == student_world;
+  end.peers = {peer};
+  end.peer_ranks = {end.sending ? 0 : 1};
+  end.name = "the real-score requests of student rank " + std::to_string(student_world) + " (replica " +
+             std::to_string(groups.layout().replica_of(student_world)) + ")";
+  end.receiver = "teacher";
+  return end;
 }
 
 }  // namespace
@@ -71,15 +82,9 @@ StudentService student_service(const ProcessGroups& groups, int world_rank, cons
                               health);
   int link_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(groups.link(), &link_rank));
-  StreamEnd ask;
-  ask.comm = pair_comm(groups.link(), link_rank);
-  ask.world_rank = world_rank;
-  ask.sending = true;
-  ask.peers = {groups.layout().sender_of_replica(groups.layout().replica_of(world_rank))};
-  ask.peer_ranks = {0};
-  ask.name = request_name(groups, world_rank);
-  ask.receiver = "teacher";
-  out.requests = make_sender(ask, request_spec(plan), config, first, end, device, health);
+  const auto teacher = groups.layout().sender_of_replica(groups.layout().replica_of(world_rank));
+  out.requests = make_sender(request_end(groups, world_rank, link_rank, teacher, world_rank), request_spec(plan),
+                             config, first, end, device, health);
   return out;
 }
 
@@ -92,13 +97,7 @@ TeacherService teacher_service(const ProcessGroups& groups, int world_rank, cons
   auto answers = answer_end(groups, world_rank, config);
   out.answers = make_sender(answers, answer_spec(plan), config, first, end, device, health);
   for (std::size_t i = 0; i < answers.peers.size(); ++i) {
-    StreamEnd ask;
-    ask.comm = pair_comm(groups.link(), answers.peer_ranks[i]);
-    ask.world_rank = world_rank;
-    ask.sending = false;
-    ask.peers = {answers.peers[i]};
-    ask.peer_ranks = {1};
-    ask.name = request_name(groups, answers.peers[i]);
+    const auto ask = request_end(groups, world_rank, answers.peer_ranks[i], answers.peers[i], answers.peers[i]);
     out.requests.push_back(make_receiver(ask, request_spec(plan), config, first, end, device, health));
   }
   return out;

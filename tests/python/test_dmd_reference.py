@@ -49,17 +49,9 @@ except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from wd_test_support import check, diffusers_model, failures, padded_context  # noqa: E402
+from wd_test_support import check, diffusers_model, failures, padded_context, relative  # noqa: E402
 
 TOLERANCE = 1e-5
-
-
-def relative(a, b):
-    """max|a - b| / max|b| over the tensor (max|a - b| when b is all zeros)."""
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
 
 
 def shift_sigma(sigma, shift):

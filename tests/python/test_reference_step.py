@@ -53,15 +53,7 @@ except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from wd_test_support import diffusers_model, padded_context  # noqa: E402  (shared with the other Python tests)
-
-
-def rel_error(a, b):
-    """max|a - b| / max|b| over the tensor (max|a - b| when b is all zeros)."""
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.abs().max().item()
-    diff = (a - b).abs().max().item()
-    return diff / scale if scale > 0 else diff
+from wd_test_support import diffusers_model, padded_context, relative  # noqa: E402  (shared with the other Python tests)
 
 
 def check_fixtures():
@@ -74,7 +66,7 @@ def check_fixtures():
     with torch.no_grad():
         out = model(inp["x"], inp["t"], padded_context(inp["context"], inp["context_lens"], cfg["text_len"]),
                     return_dict=False)[0]
-    errors = {"wan-tiny-a out": rel_error(out, exp["out"])}
+    errors = {"wan-tiny-a out": relative(out, exp["out"])}
 
     b = FIXTURES / "wan-tiny-b"
     cfg = json.loads((b / "config.json").read_text())
@@ -88,10 +80,10 @@ def check_fixtures():
             x = inp[f"x.{i}"][None]
             tokens = math.prod(x.shape[2:]) // math.prod(cfg["patch_size"])
             out = model(x, inp["t_tokens"][i : i + 1, :tokens], ctx[i : i + 1], return_dict=False)[0]
-            errors[f"wan-tiny-b out.{i} (per-token t)"] = rel_error(out[0], exp[f"out.{i}"])
+            errors[f"wan-tiny-b out.{i} (per-token t)"] = relative(out[0], exp[f"out.{i}"])
         ctx1 = padded_context(inp["context1"], inp["context_lens1"], cfg["text_len"])
         out = model(inp["x1.0"][None], inp["t1"], ctx1, return_dict=False)[0]
-        errors["wan-tiny-b out1.0 (1-D t)"] = rel_error(out[0], exp["out1.0"])
+        errors["wan-tiny-b out1.0 (1-D t)"] = relative(out[0], exp["out1.0"])
     print("diffusers WanTransformer3DModel against the official Wan code (golden vectors):")
     for name, err in errors.items():
         print(f"  {name:36s} {err:.2e}")
@@ -190,16 +182,16 @@ def check_steps(folder):
         ref.set_params(before)
         loss, py_grads, norm = ref.loss_and_grads(batch)
         errors = {"loss": {"loss": abs(loss - entry["loss"]) / abs(entry["loss"])},
-                  "gradient": {n: rel_error(py_grads[n], grads[n]) for n in ref.names}}
+                  "gradient": {n: relative(py_grads[n], grads[n]) for n in ref.names}}
         stepped = ref.step(entry["lr"], grads)
-        errors["parameter"] = {n: rel_error(stepped[n], after[n]) for n in ref.names}
-        errors["moment"] = {n: rel_error(m, saved_moments[n]) for n, m in ref.moments().items()}
+        errors["parameter"] = {n: relative(stepped[n], after[n]) for n in ref.names}
+        errors["moment"] = {n: relative(m, saved_moments[n]) for n, m in ref.moments().items()}
         worst_of = {what: worst(e) for what, e in errors.items()}
 
         free_loss, _, _ = free.loss_and_grads(batch)
-        free_grad = max(rel_error(p.grad, grads[n]) for n, p in zip(free.names, free.params))
+        free_grad = max(relative(p.grad, grads[n]) for n, p in zip(free.names, free.params))
         free_params = free.step(entry["lr"])
-        free_param = max(rel_error(free_params[n], after[n]) for n in free.names)
+        free_param = max(relative(free_params[n], after[n]) for n in free.names)
 
         cells = " ".join(f"{worst_of[w][0]:>9.2e}" for w in ("loss", "gradient", "parameter", "moment"))
         print(f"  {k:>4} {entry['lr']:>10.3e} {norm:>9.4f} {cells}   "

@@ -30,7 +30,7 @@ try:
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-from wd_test_support import check, diffusers_model, failures, padded_context  # noqa: E402
+from wd_test_support import check, diffusers_model, failures, padded_context, relative  # noqa: E402
 
 TOLERANCE = 1e-4
 
@@ -51,10 +51,6 @@ def scheduler_for(solver, sigmas):
         s.sigmas = sigmas.to(torch.float32)
         s.timesteps = (sigmas[:-1] * 1000).to(torch.float32)
     return s
-
-
-def relative(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
 def main():

@@ -23,6 +23,14 @@ def check(ok, message):
     return ok
 
 
+def relative(a, b):
+    """max|a - b| / max|b| over the tensor (max|a - b| when b is all zeros), in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().item()
+    diff = (a - b).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
 # --- the official timestep embedding -----------------------------------------------------------
 
 
