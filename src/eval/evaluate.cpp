@@ -166,8 +166,9 @@ void log_table(const nlohmann::json& report, bool classes) {
                  r["collapsed"].get<bool>() ? "yes" : "no", ratio("positions"), ratio("amplitude"),
                  ratio("pair_distance"));
   }
-  spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f}",
-               report["frechet_floor"].get<double>());
+  spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f} ± {:.4f} (the bootstrap "
+               "spread of a Fréchet distance at this count; report.json has each row's)",
+               report["frechet_floor"].get<double>(), report["frechet_floor_spread"].get<double>());
   if (classes) {
     spdlog::info("pos, amp, pair: the lowest over classes of the row's / the reference's distinct positions, "
                  "amplitude std and mean within-class pair distance (below 1: less varied than the reference; "
@@ -247,7 +248,9 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   report["count"] = cond.indices.size();
   report["student_guidance"] = cfg.student_guidance;
   report["student_solver"] = cfg.student_solver;
-  report["frechet_floor"] = frechet_distance(features(ref), other_features);
+  const auto ref_features = features(ref);
+  report["frechet_floor"] = frechet_distance(ref_features, other_features);
+  report["frechet_floor_spread"] = frechet_spread(ref_features, other_features);
   std::vector<std::int64_t> wanted;
   ClassDiversity ref_diversity;
   if (classes.present()) {
@@ -259,9 +262,11 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
     const auto& x = latents.at(row.name);
     const auto paired = paired_error(x, ref);
     const auto flat = collapsed_channels(x, ref, cfg.collapse_ratio);
+    const auto x_features = features(x);
     nlohmann::json r{{"steps", row.steps}, {"solver", row.solver}, {"guidance", row.guidance},
                      {"paired_rel_mse", paired.rel_mse}, {"paired_rel_mse_median", paired.median},
-                     {"frechet", frechet_distance(features(x), other_features)},
+                     {"frechet", frechet_distance(x_features, other_features)},
+                     {"frechet_spread", frechet_spread(x_features, other_features)},
                      {"collapsed", !flat.empty()}, {"collapsed_channels", flat}};
     if (classes.present()) {
       const auto got = data::classify_latents(x, classes.patterns);

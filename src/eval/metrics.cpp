@@ -52,6 +52,17 @@ torch::Tensor covariance(const torch::Tensor& f, const torch::Tensor& mean) {
 
 }  // namespace
 
+double frechet_spread(const torch::Tensor& a, const torch::Tensor& b, int rounds, std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<double> d;
+  for (int r = 0; r < rounds; ++r) {
+    const auto ia = torch::randint(a.size(0), {a.size(0)}, gen, torch::kLong);
+    const auto ib = torch::randint(b.size(0), {b.size(0)}, gen, torch::kLong);
+    d.push_back(frechet_distance(a.index_select(0, ia), b.index_select(0, ib)));
+  }
+  return torch::tensor(d, torch::kDouble).std().item<double>();
+}
+
 double frechet_distance(const torch::Tensor& a, const torch::Tensor& b) {
   WD_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) && a.size(0) >= 2 && b.size(0) >= 2,
            "frechet_distance: feature sets " << a.sizes() << " and " << b.sizes() << " must be [N>=2, D] of one D");

@@ -33,6 +33,11 @@ torch::Tensor latent_features(const torch::Tensor& latents, const torch::Tensor&
 /// ‖μa − μb‖² + tr(Σa) + tr(Σb) − 2·tr((Σa^½ Σb Σa^½)^½), by symmetric eigendecompositions.
 double frechet_distance(const torch::Tensor& a, const torch::Tensor& b);
 
+/// The measurement noise of frechet_distance(a, b) at these sample sizes: the standard deviation
+/// of the distance over `rounds` bootstrap resamples (each set's rows drawn with replacement,
+/// seeded by `seed`). Two distances closer than about twice this are not told apart.
+double frechet_spread(const torch::Tensor& a, const torch::Tensor& b, int rounds = 50, std::uint64_t seed = 0);
+
 /// Channels whose std in `x` falls below `ratio` times that in `ref` (latents [B,C,F,H,W]).
 std::vector<std::int64_t> collapsed_channels(const torch::Tensor& x, const torch::Tensor& ref, double ratio);
 

@@ -33,6 +33,19 @@ TEST(Frechet, MatchesTheClosedFormsOfGaussians) {
   EXPECT_GT(frechet_distance(a, b), 0.1);
 }
 
+TEST(Frechet, ItsSpreadIsTheSamplingNoiseAndShrinksWithTheCount) {
+  auto g = at::detail::createCPUGenerator(5);
+  const auto small_a = torch::randn({60, 4}, g, torch::kDouble), small_b = torch::randn({60, 4}, g, torch::kDouble);
+  const auto big_a = torch::randn({960, 4}, g, torch::kDouble), big_b = torch::randn({960, 4}, g, torch::kDouble);
+  const double small = eval::frechet_spread(small_a, small_b, 40, 1), big = eval::frechet_spread(big_a, big_b, 40, 1);
+  EXPECT_GT(small, 0.0);
+  EXPECT_LT(big, small / 2) << "16x the samples: about a quarter of the spread";  // ~1/n for a bias-dominated estimate
+  EXPECT_EQ(small, eval::frechet_spread(small_a, small_b, 40, 1));  // seeded
+  // Two sets of one distribution are about their spread apart; two of distributions 1 apart are not.
+  EXPECT_LT(eval::frechet_distance(small_a, small_b), 4 * small);
+  EXPECT_GT(eval::frechet_distance(small_a, small_b + 1.0), 4 * small);
+}
+
 TEST(PairedError, IsTheRatioOfSumsAndTheMedianOfRatios) {
   const auto ref = torch::ones({3, 1, 1, 2, 2});
   auto x = ref.clone();
