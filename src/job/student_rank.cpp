@@ -249,6 +249,12 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   side.reducer = comm::make_gradient_reducer(job.groups->students(), side.critic->trainable(),
                                              cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(), device,
                                              cfg.comm.backend, &services.health);
+  if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
+    // Every step reduces the critic's gradients (the generator's only at its updates).
+    side.reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
+      faults.at(FaultSpec::Point::kAllreduce, step + 1, device);
+    });
+  }
   services.memory.model.weights_bytes += memory::tensor_bytes(side.critic->trainable());
   side.trainer = std::make_unique<student::DmdTrainer>(student::DmdParts{
       generator, *side.critic, *side.optimizer, side.reducer.get(), *side.score,
