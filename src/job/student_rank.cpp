@@ -122,19 +122,26 @@ c10::Device take_student_device(const TrainJob& job, RoleServices& services) {
 }
 
 /// Everything the student trains, created here, once, on its device; the loop creates nothing.
-student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
+/// The parts' set-up of the student (and, without feature pairs, of the dmd critic).
+student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
-  const auto& tc = job.model;
   student::PartsSetup setup;
   setup.teacher_in_channels = job.plan.latent[0];
   setup.teacher_out_channels = job.plan.out_channels;
-  setup.teacher_dim = tc.dim;
+  setup.teacher_dim = job.model.dim;
   setup.feature_pairs = cfg.student.feature_pairs();
   setup.feature_weight = cfg.student.feature_weight;
   setup.train_projections = cfg.student.projection == "trained";
   setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
   setup.seed = cfg.train.seed;
   setup.device = device;
+  return setup;
+}
+
+student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
+  const auto& cfg = job.cfg;
+  const auto& tc = job.model;
+  const auto setup = parts_setup(job, device);
   const auto sc = cfg.student.model_config(tc);
   // Without a teacher (flow) the student starts from random weights (student.init random).
   return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
@@ -212,14 +219,8 @@ struct DmdSide {
 /// The critic DiT: the student's dims; critic.init student starts it as the generator starts.
 student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
-  student::PartsSetup setup;
-  setup.teacher_in_channels = job.plan.latent[0];
-  setup.teacher_out_channels = job.plan.out_channels;
-  setup.teacher_dim = job.model.dim;
-  setup.train_projections = cfg.student.projection == "trained";
-  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
-  setup.seed = cfg.train.seed;
-  setup.device = device;
+  auto setup = parts_setup(job, device);
+  setup.feature_pairs.clear();  // the critic matches no teacher features
   const auto sc = cfg.student.model_config(job.model);
   return student::StudentParts(cfg.train.critic_init == "student"
                                    ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
