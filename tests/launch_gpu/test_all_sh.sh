@@ -342,7 +342,10 @@ expect_text "$sum" 'Not run here: `STEPS="train train_mpi oom' "the next command
 # What a cut-off command returns: the running step's log as it stood, and the steps before it.
 expect_text "$tmp/two-out/train.log" '^# .*wan-distill train' "the running step's log in OUT"
 checks=$((checks + 1))
-tar -tzf "$tmp/two-out/logs.tar.gz" 2>/dev/null | grep -qx '\./nccl\.log' || fail "run 2's logs.tar.gz lacks nccl.log"
+# The listing is read whole first: `tar | grep -q` under pipefail fails whenever grep exits on
+# its match before tar has written the rest (tar's SIGPIPE), which happened under load in CI.
+packed=$(tar -tzf "$tmp/two-out/logs.tar.gz" 2>&1)
+grep -qx '\./nccl\.log' <<<"$packed" || fail "run 2's logs.tar.gz lacks nccl.log (tar -tzf: $(paste -sd' ' <<<"$packed"))"
 checks=$((checks + 1))
 [[ -s $pids_file ]] || fail "run 2 left no hung process to find (the stand-in did not start?)"
 
