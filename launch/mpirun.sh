@@ -36,7 +36,9 @@ for sig in TERM INT HUP USR1; do
 done
 while kill -0 "$pid" 2>/dev/null; do
   # Ranks that have exited stay zombies until mpirun reaps them after its sleep: count the rest.
-  if [[ -s $status ]] && ! ps --ppid "$pid" -o stat= | grep -qv '^Z'; then
+  # (grep without -q reads all of ps's output: `ps | grep -q` under pipefail fails whenever grep
+  # exits on its match before ps has written the rest.)
+  if [[ -s $status && -z $(ps --ppid "$pid" -o stat= | grep -v '^Z' || true) ]]; then
     kill -KILL "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null || true
     exit "$(cat "$status")"

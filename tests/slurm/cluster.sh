@@ -24,7 +24,7 @@ _cluster_log() { echo "cluster: $*" >&2; }
 # one; TIME_WAIT too) makes slurmctld's bind fail with "Address already in use" (CI, stop 33).
 _cluster_free_port() {
   local port=$1
-  while ss -Htan "sport = :$port" | grep -q .; do port=$((port + 1)); done
+  while [[ -n $(ss -Htan "sport = :$port") ]]; do port=$((port + 1)); done
   echo "$port"
 }
 
