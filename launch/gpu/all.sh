@@ -20,8 +20,10 @@
 #   stream         bench_stream --device cuda
 #   checkpointing  bench_checkpointing --device cuda
 #   ctest_gpu      builds the executables of the CTest tests labelled gpu, then ctest -L gpu
-# Not in the default list: train2 (1 teacher + 2 students on the GPU, 3 ranks) and ctest (the
-# whole suite; many tests assume a CPU-only host).
+# Not in the default list: train2 (1 teacher + 2 students on the GPU, 3 ranks), trajectory (the
+# teacher's sampler on the GPU, the trajectory objective), dmd (the dmd objective: the critic on
+# the GPU, the teacher rank answering real-score requests), dmd_colocated (dmd with the teacher on
+# the student's rank) and ctest (the whole suite; many tests assume a CPU-only host).
 #
 # Environment:
 #   OUT            the folder that comes back (the device tool sets it): summary.md, logs.tar.gz
@@ -38,6 +40,7 @@
 #   <STEP>_TIMEOUT a step's limit in seconds, e.g. BUILD_TIMEOUT=420 TRAIN_TIMEOUT=150
 #   KILL_AFTER     seconds from a step's TERM to its KILL (default 15)
 #   TRAIN_STEPS    optimizer steps of the train steps (default 200)
+#   DMD_STEPS      optimizer steps of the trajectory, dmd and dmd_colocated steps (default 50)
 #   PEAK_TFLOPS    dense bf16 peak for bench_forward's MFU (default 989: H100 SXM; the H200 has
 #                  the same compute)
 #   FORWARD_ARGS, STREAM_ARGS, CHECKPOINTING_ARGS, NCCL_ARGS, CTEST_ARGS: replace the defaults
@@ -56,12 +59,13 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps train2 ctest"
+known_steps="$all_steps train2 trajectory dmd dmd_colocated ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
 kill_after=${KILL_AFTER:-15}
 train_steps=${TRAIN_STEPS:-200}
+dmd_steps=${DMD_STEPS:-50}
 peak=${PEAK_TFLOPS:-989}
 build=$(realpath -m "${BUILD_DIR:-build-gpu}")
 publish=$(realpath -m "${OUT:-bench/results/gpu-raw}")
@@ -274,7 +278,7 @@ figures() {
       echo "${line:-no CTest summary}; $skipped skipped"
       ;;
     nccl) table_rows "$log" | awk -F'|' '{ for (i = 2; i <= 5; i++) gsub(/^ +| +$/, "", $i); r = $0; s = $2; m = $3; n = $4; p = $5 } END { if (s != "") printf "%s: cudaMemcpy D2D %s GB/s, NCCL to self %s GB/s, rank 0 -> 1 %s", s, m, n, p }' ;;
-    train | train_mpi | train_stream | train_ckpt | train_bf16 | colocated | train2 | oom)
+    train | train_mpi | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated | oom)
       local last eval ranks
       last=$(grep -oE 'step [0-9]+/[0-9]+ loss [0-9.e+-]+.*samples/s' "$log" | tail -1 | sed -E 's/ lr [^ ]+//')
       eval=$(grep -oE 'eval after training: relative MSE [0-9.e+-]+' "$log" | tail -1 | sed 's/eval after training: //')
@@ -374,7 +378,7 @@ targets_for() {
   case $1 in
     nccl_init) echo test_nccl_mpi ;;
     nccl) echo nccl_bandwidth ;;
-    train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2) echo wan-distill ;;
+    train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated) echo wan-distill ;;
     forward) echo bench_forward ;;
     stream) echo bench_stream ;;
     checkpointing) echo bench_checkpointing ;;
@@ -516,6 +520,18 @@ for s in $steps; do
     train2)
       train_step train2 3 150 "1 teacher + 2 students on one GPU" --student.device cuda --teacher.placement gpu \
         --train.steps "$train_steps"
+      ;;
+    trajectory)
+      train_step trajectory 2 150 "the teacher's 40-step guided sampler on the GPU, 4-step student" \
+        --student.device cuda --teacher.placement gpu --train.objective trajectory --train.steps "$dmd_steps"
+      ;;
+    dmd)
+      train_step dmd 2 150 "critic on the GPU; the teacher rank answers real-score requests" --student.device cuda \
+        --teacher.placement gpu --train.objective dmd --train.steps "$dmd_steps"
+      ;;
+    dmd_colocated)
+      train_step dmd_colocated 1 150 "dmd with the teacher on the student's rank (local answers)" \
+        --student.device cuda --teacher.placement colocated --train.objective dmd --train.steps "$dmd_steps"
       ;;
     forward)
       # Wan 2.2 TI2V-5B at 480p: 81 frames -> 21 latent frames of 30x52 (VAE 4x16x16), 8190
