@@ -273,7 +273,7 @@ figures() {
     smi) grep -E ', (Default|Exclusive_Process|Prohibited|Exclusive_Thread)$' "$log" | head -1 ;;
     nccl_init | ctest_gpu | ctest)
       local line skipped
-      line=$(grep -E 'tests passed, [0-9]+ tests? failed out of' "$log" | tail -1)
+      line=$(grep -E 'tests passed(, [0-9]+ tests? failed)? out of' "$log" | tail -1)
       skipped=$(grep -c '\*\*\*Skipped' "$log")
       echo "${line:-no CTest summary}; $skipped skipped"
       ;;
@@ -390,7 +390,7 @@ targets_for() {
 # targets (paths relative to the build tree that ninja knows); "all" when CTest cannot say.
 gpu_test_targets() {
   local json known
-  json=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 2>/dev/null) || { echo all; return; }
+  json=$(ctest --test-dir "$build" -L '^gpu$' --show-only=json-v1 2>/dev/null) || { echo all; return; }
   known=$(ninja -C "$build" -t targets all 2>/dev/null | cut -d: -f1)
   [[ -n $known ]] || { echo all; return; }
   "${PYTHON:-python3}" -c '
@@ -557,7 +557,7 @@ for s in $steps; do
       # shellcheck disable=SC2086,SC2016  # CTEST_ARGS is a list; the script's $1, $2 are its own
       run_step ctest_gpu 300 "targets: ${tests_targets:-none}" bash -c \
         'set -e; [[ -z $2 ]] || cmake --build "$1" --target $2; shift 2; ctest "$@"' wd-ctest \
-        "$build" "$tests_targets" --test-dir "$build" -L gpu --output-on-failure --parallel 2 ${CTEST_ARGS:-}
+        "$build" "$tests_targets" --test-dir "$build" -L '^gpu$' --output-on-failure --parallel 2 ${CTEST_ARGS:-}
       finish_step ctest_gpu "targets: ${tests_targets:-none}"
       ;;
     ctest)
