@@ -32,13 +32,44 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& para
   return buckets;
 }
 
+namespace {
+/// True when `grad` is the bucket slice starting at `slice` (bound by bind_grads).
+bool is_bound(const torch::Tensor& grad, const torch::Tensor& slice) {
+  return grad.defined() && grad.data_ptr() == slice.data_ptr() && grad.numel() == slice.numel();
+}
+}  // namespace
+
+void bind_grads(std::vector<torch::Tensor>& params, GradBucket& bucket) {
+  torch::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (const std::size_t i : bucket.params) {
+    torch::Tensor& p = params[i];
+    auto slice = bucket.flat.narrow(0, offset, p.numel());
+    offset += p.numel();
+    if (p.scalar_type() != bucket.flat.scalar_type() || p.device() != bucket.flat.device() ||
+        !p.is_contiguous()) {
+      continue;
+    }
+    torch::Tensor& grad = p.mutable_grad();
+    if (is_bound(grad, slice)) continue;
+    if (grad.defined()) {
+      slice.copy_(grad.reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    grad = slice.view(p.sizes());
+  }
+}
+
 void pack_grads(const std::vector<torch::Tensor>& params, GradBucket& bucket) {
   std::int64_t offset = 0;
   for (const std::size_t i : bucket.params) {
     const torch::Tensor& p = params[i];
     auto slice = bucket.flat.narrow(0, offset, p.numel());
     const torch::Tensor& grad = p.grad();
-    if (grad.defined()) {
+    if (is_bound(grad, slice)) {
+      // accumulated in place by the backward
+    } else if (grad.defined()) {
       slice.copy_(grad.reshape({-1}));
     } else {
       slice.zero_();
@@ -54,7 +85,9 @@ void unpack_grads(std::vector<torch::Tensor>& params, GradBucket& bucket, int gr
     torch::Tensor& p = params[i];
     const auto slice = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
     torch::Tensor& grad = p.mutable_grad();
-    if (grad.defined()) {
+    if (is_bound(grad, slice)) {
+      // the division above was the whole unpacking
+    } else if (grad.defined()) {
       grad.copy_(slice);
     } else {
       grad = slice.to(p.options(), /*non_blocking=*/false, /*copy=*/true);

@@ -25,11 +25,19 @@ struct GradBucket {
 std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
                                           std::uint64_t bucket_bytes, const torch::TensorOptions& options);
 
-/// Copies the bucket's parameters' grads into `bucket.flat` (a missing grad counts as zeros).
+/// Makes each of the bucket's parameters' .grad a view of its slice of `bucket.flat` (a grad it
+/// already had is copied in first), so the backward accumulates straight into the bucket and the
+/// gradients exist once, not also as a packed copy. A parameter whose dtype, device or layout
+/// differs from the bucket's keeps a grad of its own (packed and unpacked as before). Whoever
+/// resets grads must then zero them in place, never drop or replace them.
+void bind_grads(std::vector<torch::Tensor>& params, GradBucket& bucket);
+
+/// Copies the bucket's parameters' grads into `bucket.flat` (a missing grad counts as zeros); a
+/// grad bound to its slice (bind_grads) is already there.
 void pack_grads(const std::vector<torch::Tensor>& params, GradBucket& bucket);
 
 /// Divides the summed bucket by `group_size` and copies it back into the grads (creating them
-/// where missing).
+/// where missing); a bound grad already is its slice.
 void unpack_grads(std::vector<torch::Tensor>& params, GradBucket& bucket, int group_size);
 
 }  // namespace wd::comm

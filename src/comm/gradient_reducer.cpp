@@ -48,6 +48,7 @@ MpiGradientReducer::MpiGradientReducer(MPI_Comm students, std::vector<torch::Ten
   buckets_ = make_grad_buckets(params_, bucket_bytes,
                                torch::TensorOptions().dtype(torch::kFloat).device(device_of(params_)));
   for (auto& bucket : buckets_) {
+    bind_grads(params_, bucket);
     // Pinned, so the copies each way are asynchronous DMA transfers.
     if (staged_) {
       bucket.host = torch::empty({bucket.flat.numel()},

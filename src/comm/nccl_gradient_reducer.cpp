@@ -42,6 +42,7 @@ struct NcclGradientReducer::Impl {
     }
     buckets = make_grad_buckets(params, bucket_bytes,
                                 torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index));
+    for (GradBucket& bucket : buckets) bind_grads(params, bucket);
     comm.emplace(students, index, timeout_s, health);
     group_size = comm->size();
     for (int r = 0; r < comm->size(); ++r) {

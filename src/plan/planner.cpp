@@ -210,9 +210,10 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   const u64 W = student_param_bytes(in);
   const u64 half_copy = in.student_bf16_mixed ? W / 2 : 0;
   const u64 scratch = !cuda && kMpiAllreduceScratch && in.student_ranks > 1 ? W : 0;
-  // A group of one student has no reducer and so no buckets (comm::LocalGradientReducer).
-  const u64 buckets = in.student_ranks > 1 ? W : 0;
-  const u64 grads = W + buckets + scratch + half_copy;  // .grad, all-reduce buckets, MPI scratch, bf16 grads
+  // The .grad of every parameter is a view into its all-reduce bucket (comm::bind_grads), so
+  // the buckets add nothing; a group of one student has no buckets at all.
+  const bool buckets = in.student_ranks > 1;
+  const u64 grads = W + scratch + half_copy;  // .grad (= the buckets), MPI scratch, bf16 grads
   const u64 s_ring = (n(in.prefetch_depth) + n(in.eval_messages)) * msg;
   const u64 s_act = student_activation_bytes(in, in.checkpointed_blocks);
   out.student_activations_all = student_activation_bytes(in, in.student.num_layers);
@@ -224,7 +225,8 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
   place(kGradients, grads,
         !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
-                 : scratch ? "fp32 .grad + all-reduce buckets + MPI scratch" : "fp32 .grad + all-reduce buckets");
+                 : scratch ? "fp32 .grad, views into the all-reduce buckets, + MPI scratch"
+                           : "fp32 .grad, views into the all-reduce buckets");
   place(kOptimizerState, (in.student_ema ? 3 : 2) * W,
         in.student_ema ? "AdamW exp_avg + exp_avg_sq + the weight average (fp32)" : "AdamW exp_avg + exp_avg_sq (fp32)");
   place(kStudentActivations, s_act);

@@ -591,6 +591,54 @@ TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
   }
 }
 
+// The gradients exist once: every .grad is a view into its bucket (bound at construction, the
+// values a grad already had kept), the backward accumulates into it in place, and the average
+// leaves it there (same storage), equal to one process over the union of the batches.
+TEST(GradientReducer, GradientsAreViewsIntoTheBucketsAndStayThere) {
+  const int rank = world_rank();
+  const auto l = Layout::make(test::world_size(), 1);
+  ProcessGroups g(l, rank);
+  if (l.role_of(rank) == Role::kTeacher) return;
+  constexpr std::int64_t kPerStudent = 4;
+  torch::manual_seed(11);
+  const auto x = torch::randn({l.student_ranks * kPerStudent, 6});
+  const auto y = torch::randn({l.student_ranks * kPerStudent, 3});
+  auto reference = tiny_model();
+  torch::mse_loss(reference->forward(x), y).backward();
+
+  auto model = tiny_model();
+  auto params = model->parameters();
+  params[0].mutable_grad() = torch::full_like(params[0], 0.25);  // a grad from before: kept
+  MpiGradientReducer reducer(g.students(), params, /*bucket_bytes=*/1 << 20, /*timeout_s=*/30, rank, nullptr);
+  ASSERT_EQ(reducer.bucket_count(), 1u);
+  EXPECT_EQ(params[0].grad().min().item<float>(), 0.25f);
+  std::vector<const void*> storage;
+  const auto* base = static_cast<const char*>(params[0].grad().data_ptr());
+  std::int64_t offset = 0;
+  for (const auto& p : params) {
+    ASSERT_TRUE(p.grad().defined());
+    // One flat buffer in parameter order: each grad starts where the previous one ends.
+    EXPECT_EQ(static_cast<const char*>(p.grad().data_ptr()), base + offset * 4);
+    offset += p.numel();
+    storage.push_back(p.grad().data_ptr());
+  }
+  const std::int64_t me = rank - l.teacher_ranks;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params) grads.push_back(p.mutable_grad());
+    for (auto& grad : grads) grad.zero_();  // as StudentParts::zero_grad: in place
+    torch::mse_loss(model->forward(x.narrow(0, me * kPerStudent, kPerStudent)),
+                    y.narrow(0, me * kPerStudent, kPerStudent))
+        .backward();
+    reducer.average(step);
+    const auto want = reference->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].grad().data_ptr(), storage[i]) << "parameter " << i << " lost its view";
+      EXPECT_LE((params[i].grad() - want[i].grad()).abs().max().item<double>(), 1e-6) << "parameter " << i;
+    }
+  }
+}
+
 // The all-reduce fault hook (--inject-fault ...:allreduce) runs inside every average, with the
 // step it was given, and leaves the average as it was.
 TEST(GradientReducer, FaultHookRunsInsideEveryAverageWithItsStep) {
