@@ -6,14 +6,17 @@
 namespace wd::comm {
 
 std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
-                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options) {
+                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options,
+                                          std::int64_t pad_to, torch::Tensor* whole) {
+  WD_CHECK(pad_to >= 1, "gradient buffer padding must be >= 1, got " << pad_to);
   std::vector<GradBucket> buckets;
+  std::vector<std::int64_t> sizes;
   GradBucket current;
   std::uint64_t current_bytes = 0;
   std::int64_t current_numel = 0;
   const auto close = [&] {
     if (current.params.empty()) return;
-    current.flat = torch::zeros({current_numel}, options);
+    sizes.push_back(current_numel);
     buckets.push_back(std::move(current));
     current = GradBucket{};
     current_bytes = 0;
@@ -29,6 +32,15 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& para
     current_numel += numel;
   }
   close();
+  std::int64_t total = 0;
+  for (const auto size : sizes) total += size;
+  const auto buffer = torch::zeros({(total + pad_to - 1) / pad_to * pad_to}, options);
+  std::int64_t offset = 0;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    buckets[b].flat = buffer.narrow(0, offset, sizes[b]);
+    offset += sizes[b];
+  }
+  if (whole) *whole = buffer;
   return buckets;
 }
 

@@ -19,11 +19,15 @@ struct GradBucket {
 };
 
 /// Splits `params` in order into buckets of at most `bucket_bytes` of fp32 (a larger parameter
-/// gets a bucket of its own), each allocated once with `options`. Parameter order is the same
-/// on every student, so bucket b holds the same parameters everywhere and one all-reduce per
-/// bucket lines up across ranks. Throws wd::Error for an undefined parameter.
+/// gets a bucket of its own). Parameter order is the same on every student, so bucket b holds
+/// the same parameters everywhere and one all-reduce per bucket lines up across ranks. All
+/// buckets are consecutive views of one buffer allocated once with `options`, padded with zeros
+/// to a multiple of `pad_to` elements (the student group's size: a sharded optimizer cuts it
+/// into equal slices); `*whole` (if given) receives that buffer. Throws wd::Error for an
+/// undefined parameter.
 std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
-                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options);
+                                          std::uint64_t bucket_bytes, const torch::TensorOptions& options,
+                                          std::int64_t pad_to = 1, torch::Tensor* whole = nullptr);
 
 /// Makes each of the bucket's parameters' .grad a view of its slice of `bucket.flat` (a grad it
 /// already had is copied in first), so the backward accumulates straight into the bucket and the

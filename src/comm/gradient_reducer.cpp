@@ -46,7 +46,8 @@ MpiGradientReducer::MpiGradientReducer(MPI_Comm students, std::vector<torch::Ten
   peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank), peers_.end());
 
   buckets_ = make_grad_buckets(params_, bucket_bytes,
-                               torch::TensorOptions().dtype(torch::kFloat).device(device_of(params_)));
+                               torch::TensorOptions().dtype(torch::kFloat).device(device_of(params_)),
+                               group_size_, &whole_);
   for (auto& bucket : buckets_) {
     bind_grads(params_, bucket);
     // Pinned, so the copies each way are asynchronous DMA transfers.

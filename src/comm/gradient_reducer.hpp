@@ -31,6 +31,9 @@ class GradientReducer {
   virtual double wait_seconds() const = 0;
   /// "mpi" or "nccl", for the log.
   virtual const char* backend() const = 0;
+  /// The one buffer every bucket (and so every bound .grad) is a view of, padded with zeros to
+  /// a multiple of the group size; undefined for a group of one (no buckets).
+  virtual torch::Tensor whole_buffer() const { return {}; }
   /// Testing aid: `hook(step)` runs inside every average(step), once this rank's part of the
   /// all-reduce is posted and before it waits, so a fault there strikes while the other
   /// students are inside the collective.
@@ -61,11 +64,13 @@ class MpiGradientReducer final : public GradientReducer {
   std::size_t bucket_count() const override { return buckets_.size(); }
   double wait_seconds() const override { return wait_seconds_; }
   const char* backend() const override { return "mpi"; }
+  torch::Tensor whole_buffer() const override { return whole_; }
 
  private:
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
   std::vector<GradBucket> buckets_;
+  torch::Tensor whole_;
   bool staged_ = false;  ///< device parameters: buckets have a pinned host twin
   StreamMark packed_;    ///< after the copies into the host twins
   std::vector<int> peers_;  ///< world ranks of the student group, for timeout messages

@@ -40,8 +40,11 @@ struct NcclGradientReducer::Impl {
                             << "; the NCCL reducer of rank " << world_rank << " works on cuda:"
                             << static_cast<int>(index));
     }
+    int students_size = 1;
+    MPI_Comm_size(students, &students_size);
     buckets = make_grad_buckets(params, bucket_bytes,
-                                torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index));
+                                torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA, index),
+                                students_size, &whole);
     for (GradBucket& bucket : buckets) bind_grads(params, bucket);
     comm.emplace(students, index, timeout_s, health);
     group_size = comm->size();
@@ -96,6 +99,7 @@ struct NcclGradientReducer::Impl {
   CudaEvent packed;  ///< on the compute stream, after the buckets are filled
   CudaEvent done;    ///< on the comm stream, after the all-reduce
   std::vector<GradBucket> buckets;
+  torch::Tensor whole;  ///< the one buffer the buckets are views of
   std::optional<NcclComm> comm;
   double waited = 0;
 };
@@ -114,6 +118,7 @@ void NcclGradientReducer::average(std::int64_t step) {
   impl_->average(step, [&] { fault_point(step); });
 }
 std::size_t NcclGradientReducer::bucket_count() const { return impl_->buckets.size(); }
+torch::Tensor NcclGradientReducer::whole_buffer() const { return impl_->whole; }
 double NcclGradientReducer::wait_seconds() const { return impl_->waited; }
 
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm students,

@@ -32,6 +32,7 @@ class NcclGradientReducer final : public GradientReducer {
   /// Averages the .grad of every parameter over the student group.
   void average(std::int64_t step) override;
   std::size_t bucket_count() const override;
+  torch::Tensor whole_buffer() const override;
   double wait_seconds() const override;
   const char* backend() const override { return "nccl"; }
 

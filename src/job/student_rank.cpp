@@ -264,6 +264,30 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
       job.groups->students(), cfg.comm.timeout_s, peers, &services.health});
 }
 
+/// student.shard optimizer over a group of several students: this rank's slice of the optimizer
+/// (null otherwise: one student has nothing to split with).
+std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student::StudentParts& parts,
+                                                    const comm::GradientReducer& reducer, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  if (student::parse_shard_mode(cfg.student.shard) == student::ShardMode::kNone) return nullptr;
+  if (!reducer.whole_buffer().defined()) {
+    spdlog::info("student.shard {}: one student, nothing to split (the optimizer stays whole)", cfg.student.shard);
+    return nullptr;
+  }
+  auto shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                         reducer.whole_buffer(), cfg.comm.timeout_s, job.world_rank(),
+                                                         &services.health);
+  WD_CHECK_AS(ConfigError, !shard->views().empty(),
+              "student.shard optimizer: the student's " << reducer.whole_buffer().numel() << " parameters leave rank "
+                                                        << job.world_rank() << " no slice among "
+                                                        << shard->group_size() << " students; use student.shard none");
+  if (job.world_rank() == job.layout.student_world_ranks().front()) {
+    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters",
+                 shard->group_size(), shard->slice_size(), reducer.whole_buffer().numel());
+  }
+  return shard;
+}
+
 /// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
 /// through the store; every replica holds the same state).
 void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::StudentParts& parts,
@@ -271,23 +295,27 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
   loop.checkpoint_every = job.cfg.checkpoint.every;
   student::EmaWeights* ema = loop.ema;
   student::DmdTrainer* dmd = loop.dmd;
+  student::OptimizerShard* shard = loop.shard;
   if (!job.resume_path.empty()) {
-    loop.restore = [&job, &parts, ema, dmd](torch::optim::AdamW& optimizer) {
-      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer);
+    loop.restore = [&job, &parts, ema, dmd, shard](torch::optim::AdamW& optimizer) {
+      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer, shard);
       WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
                     "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
       if (ema) ema->restore(job.resume_path, parts);
       if (dmd) dmd->restore(job.resume_path);
     };
   }
-  loop.save = [&job, &parts, ema, dmd, &faults = services.faults, device](std::int64_t step,
-                                                                           torch::optim::AdamW& optimizer) {
-    // Every student joins the gather of the dmd cycle's request inputs; the first one writes.
+  loop.save = [&job, &parts, ema, dmd, shard, &faults = services.faults, device](std::int64_t step,
+                                                                                  torch::optim::AdamW& optimizer) {
+    // Every student joins the gathers (the dmd cycle's request inputs, the optimizer's slices);
+    // the first one writes.
     const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
+    const auto moments = shard ? shard->gather_moments(optimizer, parts.trainable_names(), step) : TensorMap{};
     if (!job.store) return;
     const auto path = job.store->save(step, [&](const std::string& dir) {
       // With a weight average, checkpoints keep both and student/ holds the average.
-      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr);
+      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr,
+                                shard ? &moments : nullptr);
       if (dmd) dmd->save(dir, step, job.config_ini, pending);
       if (ema) {
         ema->save(dir, parts);
@@ -351,6 +379,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   }
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
+  const auto shard = make_shard(job, parts, *reducer, services);
   std::vector<int> peers;
   for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
@@ -369,6 +398,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
   loop.dmd = dmd.trainer.get();
+  loop.shard = shard.get();
   if (dmd.score) loop.extra_wait = [score = dmd.score.get()] { return score->wait_seconds(); };
   attach_checkpoints(loop, job, parts, services, device);
   return finish_student(job, student::run_student(loop), parts, loop.ema, group_rank == 0);

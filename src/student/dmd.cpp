@@ -192,8 +192,8 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
                                                                          << ")");
   GeneratorObjective objective(p_, cycle, p_.score.answer(cycle),
                                p_.train.dmd_regression_weight > 0 ? &batch : nullptr);
-  StepContext ctx{objective, generator.optimizer, generator.reducer, generator.grad_clip, generator.world_rank,
-                  generator.after_step};
+  StepContext ctx{objective,           generator.optimizer,  generator.reducer, generator.grad_clip,
+                  generator.world_rank, generator.after_step, generator.shard};
   FixedBatches batches({pending_});
   const double loss = train_step(ctx, step, p_.train.lr_at(step), batches);
   p_.score.release(cycle);

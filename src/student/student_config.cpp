@@ -6,6 +6,7 @@
 
 #include "core/errors.hpp"
 #include "student/checkpointing.hpp"
+#include "student/optimizer_shard.hpp"
 
 namespace wd::student {
 
@@ -30,6 +31,9 @@ void StudentConfig::bind(OptionTable& t) {
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
+      .bind("student.shard", shard,
+            "none | optimizer (ZeRO-1: each of N student ranks keeps the AdamW moments of 1/N of the "
+            "parameters, updates that slice and all-gathers the result; checkpoints stay whole)")
       .bind("student.tf32", tf32,
             "on a CUDA student, fp32 matmuls may use TF32 tensor cores (about 8x the fp32 rate "
             "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
@@ -68,6 +72,11 @@ void StudentConfig::validate(ConfigProblems& p) const {
   p.check(init_ok, "student.init(" + init + ") must be random or teacher-blocks:i,j,...");
   try {
     CheckpointPolicy::parse(checkpointing);
+  } catch (const ConfigError& e) {
+    p.check(false, e.what());
+  }
+  try {
+    parse_shard_mode(shard);
   } catch (const ConfigError& e) {
     p.check(false, e.what());
   }

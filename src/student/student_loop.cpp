@@ -80,7 +80,8 @@ double update(StudentJob& job, StepContext& context, std::int64_t step, MicroBat
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
-  torch::optim::AdamW optimizer(job.parts.trainable(), torch::optim::AdamWOptions(job.train.lr)
+  torch::optim::AdamW optimizer(job.shard ? job.shard->views() : job.parts.trainable(),
+                                torch::optim::AdamWOptions(job.train.lr)
                                                            .betas({job.train.beta1, job.train.beta2})
                                                            .weight_decay(job.train.weight_decay));
   if (job.restore) job.restore(optimizer);
@@ -91,7 +92,7 @@ StudentStats run_student(StudentJob& job) {
   Objective& objective = rollout ? static_cast<Objective&>(*rollout) : distill;
   StreamBatches batches(job);
   StepContext context{objective, optimizer, &job.reducer, job.train.grad_clip, job.world_rank,
-                      [&] { diagnostics.track_memory(); }};
+                      [&] { diagnostics.track_memory(); }, job.shard};
   const auto device = job.parts.trainable().front().device();
   const auto last = job.plan.train_steps;
   for (std::int64_t step = job.plan.first_step; step < last; ++step) {

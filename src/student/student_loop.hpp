@@ -57,6 +57,8 @@ struct StudentJob {
   memory::ModelMemory* tracked_memory = nullptr;
   /// train.ema_decay: the weight average, updated after every optimizer step; null = off.
   EmaWeights* ema = nullptr;
+  /// student.shard optimizer: the optimizer steps this rank's slice; null = unsharded.
+  OptimizerShard* shard = nullptr;
   /// train.objective dmd: the critic and real-score steps (each step a critic update, a
   /// generator update at the end of a cycle); null = the distillation step.
   DmdTrainer* dmd = nullptr;

@@ -90,6 +90,32 @@ torch::Tensor like_param(const torch::Tensor& param, const torch::Tensor& src) {
   return torch::empty_like(param, torch::MemoryFormat::Preserve).copy_(src);
 }
 
+/// student.shard optimizer: each of the shard's views gets its slice of the saved moments.
+void restore_shard_moments(const OptimizerShard& shard, const SafetensorsFile& moments,
+                           const std::vector<std::string>& names, const std::vector<bool>& has_state, bool amsgrad,
+                           torch::optim::AdamW& optimizer) {
+  WD_CHECK_DATA(!amsgrad, moments.path(), "__metadata__.amsgrad", "student.shard optimizer does not support amsgrad");
+  torch::NoGradGuard no_grad;
+  const auto& views = shard.views();
+  for (std::size_t k = 0; k < views.size(); ++k) {
+    const auto& seg = shard.segments()[k];
+    const auto key = compat::optimizer_state_key(views[k]);
+    if (!has_state[seg.param]) {
+      optimizer.state().erase(key);
+      continue;
+    }
+    const auto& name = names[seg.param];
+    const auto part = [&](const char* suffix) {
+      return like_param(views[k], moments.tensor(name + suffix).reshape({-1}).narrow(0, seg.offset, seg.length));
+    };
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(moments.tensor(name + ".step").item<std::int64_t>());
+    state->exp_avg(part(".exp_avg"));
+    state->exp_avg_sq(part(".exp_avg_sq"));
+    optimizer.state()[key] = std::move(state);
+  }
+}
+
 }  // namespace
 
 void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, const torch::Tensor& like) {
@@ -103,7 +129,8 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
 }
 
 void save_train_state(const std::string& dir, const StudentParts& parts, const torch::optim::AdamW& optimizer,
-                      const TrainCursor& cursor, const std::string& config_ini, bool export_student) {
+                      const TrainCursor& cursor, const std::string& config_ini, bool export_student,
+                      const TensorMap* sharded_moments) {
   const auto& params = parts.trainable();
   const auto& names = parts.trainable_names();
   const auto& options = adamw_options(optimizer);
@@ -112,6 +139,7 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
   TensorMap moments;
   for (std::size_t i = 0; i < params.size(); ++i) {
     weights[names[i]] = params[i].detach();
+    if (sharded_moments) continue;
     const auto it = optimizer.state().find(compat::optimizer_state_key(params[i]));
     if (it == optimizer.state().end()) continue;  // not stepped yet (no gradient so far)
     const auto* state = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
@@ -121,6 +149,7 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
     if (state->max_exp_avg_sq().defined()) moments[names[i] + ".max_exp_avg_sq"] = state->max_exp_avg_sq();
     moments[names[i] + ".step"] = torch::full({1}, state->step(), torch::kLong);
   }
+  if (sharded_moments) moments = *sharded_moments;
   const std::map<std::string, std::string> common = {
       {"format", kFormat}, {"version", std::to_string(kVersion)}, {"step", std::to_string(cursor.step)}};
   write_safetensors(join(dir, TrainStateFiles::kTrainable), weights, common);
@@ -149,7 +178,8 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
   if (export_student) parts.save(join(dir, TrainStateFiles::kStudent));
 }
 
-TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer) {
+TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
+                             const OptimizerShard* shard) {
   const auto& params = parts.trainable();
   const auto& names = parts.trainable_names();
   auto& options = static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups().front().options());
@@ -239,6 +269,7 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto param = params[i];
       param.copy_(weights.tensor(names[i]));
+      if (shard) continue;
       const auto key = compat::optimizer_state_key(param);
       if (!has_state[i]) {
         optimizer.state().erase(key);
@@ -252,6 +283,7 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
       optimizer.state()[key] = std::move(state);
     }
   }
+  if (shard) restore_shard_moments(*shard, moments, names, has_state, options.amsgrad(), optimizer);
   options.lr(saved_lr);
   compat::rng_restore(rng);
   parts.after_optimizer_step();

@@ -9,6 +9,7 @@
 
 #include "core/config.hpp"
 #include "model/safetensors.hpp"
+#include "student/optimizer_shard.hpp"
 #include "student/student_parts.hpp"
 
 namespace wd::student {
@@ -45,9 +46,13 @@ struct TrainStateFiles {
 /// metadata), trainer.json (step, CPU generator state), config.ini (`config_ini` verbatim), and
 /// with `export_student` the student as parts.save() writes it into student/.
 /// The optimizer must have one parameter group over parts.trainable().
+/// `sharded_moments` (student.shard optimizer: OptimizerShard::gather_moments) replaces the
+/// optimizer's own state, which then holds slices: the file is the same either way, so a
+/// checkpoint resumes sharded or not, on any student count.
 void save_train_state(const std::string& dir, const StudentParts& parts,
                       const torch::optim::AdamW& optimizer, const TrainCursor& cursor,
-                      const std::string& config_ini, bool export_student = true);
+                      const std::string& config_ini, bool export_student = true,
+                      const TensorMap* sharded_moments = nullptr);
 
 /// Checks that `file` holds `name` with exactly `like`'s dtype and shape; a wd::DataError naming
 /// the file and tensor otherwise (the check every restore of saved tensors makes first).
@@ -59,6 +64,8 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
 /// missing, extra, or of another shape or dtype is a wd::DataError naming the file and tensor.
 /// The optimizer's lr is restored; other hyper-parameters that differ stay as the caller set
 /// them (logged as a warning: a deliberate change on resume is allowed).
-TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer);
+/// With `shard`, the optimizer steps the shard's views and gets their slices of the moments.
+TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
+                             const OptimizerShard* shard = nullptr);
 
 }  // namespace wd::student

@@ -42,6 +42,7 @@ double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& 
   if (ctx.grad_clip > 0) clip_grad_norm(ctx.objective.parameters(), ctx.grad_clip);
   // CUDA students: LibTorch's fused multi-tensor AdamW; the host keeps the exact per-parameter one.
   if (!compat::fused_adamw_step(ctx.optimizer)) ctx.optimizer.step();
+  if (ctx.shard) ctx.shard->gather(step);
   ctx.objective.after_step();
   if (ctx.after_step) ctx.after_step();
   return mean;

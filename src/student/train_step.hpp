@@ -11,6 +11,7 @@
 
 #include "comm/gradient_reducer.hpp"
 #include "comm/message_spec.hpp"
+#include "student/optimizer_shard.hpp"
 
 namespace wd::student {
 
@@ -64,12 +65,16 @@ struct StepContext {
   double grad_clip = 0;                      ///< largest global gradient 2-norm; 0: no clipping
   int world_rank = 0;                        ///< named when a loss is not finite
   std::function<void()> after_step;          ///< the caller's hook after the update; may be empty
+  /// student.shard optimizer: the optimizer steps this rank's slice (the shard's views), and the
+  /// slices are all-gathered after it; null: the optimizer steps every parameter.
+  OptimizerShard* shard = nullptr;
 };
 
 /// Optimizer step `step` (0-based) at learning rate `lr`: each micro-batch's backward of
 /// loss / count, one host read of the losses (the step's one counted sync), a NumericalError on
-/// NaN/Inf before the gradients leave this rank, the reduce, the clip, AdamW (fused on CUDA),
-/// then the objective's and the caller's after-step hooks. Returns this rank's mean loss.
+/// NaN/Inf before the gradients leave this rank, the reduce, the clip, AdamW (fused on CUDA; with
+/// a shard on this rank's slice, then the all-gather), then the objective's and the caller's
+/// after-step hooks. Returns this rank's mean loss.
 double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& batches);
 
 /// Scales the gradients of `params` so their global 2-norm is at most `max_norm`, exactly as

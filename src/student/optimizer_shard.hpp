@@ -1,0 +1,79 @@
+// OptimizerShard (`student.shard optimizer`, ZeRO-1): each student rank keeps AdamW moments for
+// one contiguous 1/N slice of the trainable parameters and updates only that slice; the updated
+// slices are then all-gathered so every rank holds the whole model again.
+#pragma once
+
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/health_channel.hpp"
+#include "model/safetensors.hpp"
+
+namespace wd::student {
+
+/// `student.shard`: what the student group splits between its ranks.
+enum class ShardMode { kNone, kOptimizer };
+/// "none" | "optimizer"; anything else is a ConfigError naming the key and the values.
+ShardMode parse_shard_mode(const std::string& text);
+
+/// The parameters are laid out in their order as one flat fp32 vector of `total` elements (the
+/// gradient reducer's buffer: bucket after bucket), padded to a multiple of the group size N;
+/// group rank r owns elements [r·S, (r+1)·S), S = padded / N. Its slice crosses parameters:
+/// each piece is a Segment, and the optimizer steps one view per segment (a view of the
+/// parameter, its .grad a view of the parameter's bound .grad), so LibTorch's AdamW does the
+/// arithmetic of the unsharded optimizer on these elements.
+class OptimizerShard {
+ public:
+  struct Segment {
+    std::size_t param;     ///< index into the parameters
+    std::int64_t offset;   ///< first element within the flattened parameter
+    std::int64_t length;   ///< elements
+    std::int64_t global;   ///< first element within the flat layout
+  };
+
+  /// `params` are the trainable tensors, their grads already bound to `whole` (the reducer's
+  /// buffer, padded to a multiple of the group size). Not collective.
+  OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole, double timeout_s,
+                 int world_rank, comm::HealthChannel* health);
+
+  /// The tensors the optimizer steps: this rank's views (an empty slice gives none).
+  const std::vector<torch::Tensor>& views() const { return views_; }
+  const std::vector<Segment>& segments() const { return segments_; }
+  std::int64_t slice_begin() const { return begin_; }
+  std::int64_t slice_size() const { return slice_; }
+  int group_size() const { return group_size_; }
+
+  /// After the optimizer stepped the views: every rank's slice to every rank (MPI all-gather
+  /// through the reducer's buffer, which the step no longer needs; staged through pinned host
+  /// memory for device parameters), copied into the parameters; the buffer (the grads) is left
+  /// zeroed. Collective; waits with deadline, polling `health`.
+  void gather(std::int64_t step);
+
+  /// The whole AdamW state as save_train_state writes it ("<name>.exp_avg", ".exp_avg_sq",
+  /// ".step"), on the group's first rank (host tensors); empty elsewhere and before any step.
+  /// Collective (MPI_Igather with deadline).
+  TensorMap gather_moments(const torch::optim::AdamW& optimizer, const std::vector<std::string>& names,
+                           std::int64_t step);
+
+ private:
+  MPI_Comm comm_;
+  std::vector<torch::Tensor> params_;
+  torch::Tensor whole_;
+  torch::Tensor host_;  ///< pinned twin of whole_ when it is on a device
+  std::vector<std::int64_t> offsets_;  ///< each parameter's first element in the flat layout
+  std::vector<Segment> segments_;
+  std::vector<torch::Tensor> views_;
+  std::int64_t begin_ = 0, slice_ = 0;
+  int group_size_ = 1, group_rank_ = 0;
+  std::vector<int> peers_;
+  std::chrono::duration<double> timeout_;
+  int world_rank_;
+  comm::HealthChannel* health_;
+};
+
+}  // namespace wd::student
