@@ -282,8 +282,11 @@ std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student
                                                         << job.world_rank() << " no slice among "
                                                         << shard->group_size() << " students; use student.shard none");
   if (job.world_rank() == job.layout.student_world_ranks().front()) {
-    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters",
-                 shard->group_size(), shard->slice_size(), reducer.whole_buffer().numel());
+    std::int64_t total = 0;
+    for (const auto& p : parts.trainable()) total += p.numel();
+    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters "
+                 "(the last slice {} padding)",
+                 shard->group_size(), shard->slice_size(), total, reducer.whole_buffer().numel() - total);
   }
   return shard;
 }

@@ -1,0 +1,104 @@
+// student.shard optimizer (ZeRO-1) against plain data-parallel training: the same loss curve on
+// 2, 3 and 4 students (slices that cross parameters, a padded last slice), with the global-norm
+// clip, gradient accumulation and bf16-mixed; checkpoints resumed on the same student count bit
+// for bit and on other counts (2 -> 4 -> 3) exactly as an unsharded resume; refusals.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "launch_util.hpp"
+
+namespace wd {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path& root() {
+  static const fs::path dir = test::fresh_dir("shard");
+  return dir;
+}
+
+// ffn 101, freq 66: 144458 parameters, which 3 and 4 students split with a padded last slice.
+// eval_samples 24: a multiple of the global batch of 2, 3 and 4 students.
+const std::string kBase = " --train.log_every 1 --student.ffn_dim 101 --student.freq_dim 66 --train.eval_samples 24";
+const std::string kJob = kBase + " --train.steps 12";
+
+std::string run_dir(const std::string& name) { return " --run-dir " + (root() / name).string(); }
+
+// Each student count against its unsharded twin: the loss curves agree to 1e-6 relative per step
+// (the same AdamW arithmetic on each element, so on one host they are in fact equal).
+TEST(Shard, OptimizerShardingTrainsLikeDataParallelOnTwoThreeAndFourStudents) {
+  for (const int students : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(students) + " students");
+    const std::string n = std::to_string(students);
+    auto plain = test::launch_train(students + 1, run_dir("plain-" + n) + kJob);
+    ASSERT_EQ(plain.code, 0) << plain.output;
+    auto sharded = test::launch_train(students + 1, run_dir("sharded-" + n) + kJob + " --student.shard optimizer");
+    ASSERT_EQ(sharded.code, 0) << sharded.output;
+    EXPECT_NE(sharded.output.find("student.shard optimizer: each of " + n + " students keeps AdamW moments for "),
+              std::string::npos)
+        << sharded.output;
+    test::expect_close_losses(root() / ("plain-" + n), root() / ("sharded-" + n), 12);
+  }
+  // 144458 = 3 x 48153 - 1 = 4 x 36115 - 2: the last slice padded.
+  for (const auto& [students, line] : {std::pair{3, "for 48153 of 144458 parameters (the last slice 1 padding)"},
+                                       std::pair{4, "for 36115 of 144458 parameters (the last slice 2 padding)"}}) {
+    const auto r = test::launch_train(students + 1, run_dir("sharded-" + std::to_string(students) + "-again") + kBase +
+                                                        " --student.shard optimizer --train.steps 1");
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+}
+
+// Accumulated micro-batches, a tight clip (the global norm over every slice clips each step) and
+// bf16 compute with fp32 masters: still the unsharded curve.
+TEST(Shard, AccumulationClippingAndMixedPrecisionTrainAlike) {
+  const std::string args = kJob + " --train.grad_accum 2 --train.grad_clip 0.05 --student.precision bf16-mixed";
+  auto plain = test::launch_train(4, run_dir("mixed-plain") + args);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  auto sharded = test::launch_train(4, run_dir("mixed-sharded") + args + " --student.shard optimizer");
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  test::expect_close_losses(root() / "mixed-plain", root() / "mixed-sharded", 12);
+}
+
+// The checkpoint holds the whole optimizer (the slices gathered to the writer): resumed on the
+// same count it continues bit for bit; on 4 and then 3 students it re-slices and continues exactly
+// as the unsharded run resumed from the same checkpoint.
+TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
+  const std::string args = kJob + " --student.shard optimizer --checkpoint.every 4 --checkpoint.keep 0";
+  auto straight = test::launch_train(3, run_dir("straight") + args);
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  const auto step4 = root() / "straight" / "checkpoints" / "step-00000004";
+  auto same = test::launch_train(3, run_dir("same") + args + " --resume " + step4.string());
+  ASSERT_EQ(same.code, 0) << same.output;
+  test::expect_resumed_exactly(root() / "straight", root() / "same", 12, 4);
+
+  // 2 -> 4 students at step 4, then 4 -> 3 at step 8; each leg against its unsharded twin.
+  for (const auto& [name, from, ranks] : {std::tuple{std::string("four"), step4, 5},
+                                          std::tuple{std::string("three"),
+                                                     root() / "four-sharded" / "checkpoints" / "step-00000008", 4}}) {
+    SCOPED_TRACE(name);
+    for (const std::string mode : {"sharded", "plain"}) {
+      const auto r = test::launch_train(ranks, run_dir(name + "-" + mode) + kJob + " --checkpoint.every 4 --resume " +
+                                                   from.string() + (mode == "sharded" ? " --student.shard optimizer" : ""));
+      ASSERT_EQ(r.code, 0) << r.output;
+    }
+    const auto a = test::losses(root() / (name + "-sharded")), b = test::losses(root() / (name + "-plain"));
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << "step " << i;
+  }
+}
+
+TEST(Shard, RefusesWhatItDoesNotDo) {
+  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard gradients");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("student.shard(gradients) must be none or optimizer"), std::string::npos) << r.output;
+  // One student: nothing to split, said once, trained as unsharded.
+  r = test::launch_train(2, run_dir("one") + kBase + " --student.shard optimizer --train.steps 2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("student.shard optimizer: one student, nothing to split"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace wd
