@@ -204,6 +204,38 @@ class LocalScore final : public student::RealScore {
   std::int64_t cycle_ = -1;
 };
 
+/// student.shard optimizer over a group of several students: this rank's slice of the optimizer
+/// (null otherwise: one student has nothing to split with).
+std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student::StudentParts& parts,
+                                                    const comm::GradientReducer& reducer, RoleServices& services,
+                                                    const char* what = "the student") {
+  const auto& cfg = job.cfg;
+  const bool leader = job.world_rank() == job.layout.student_world_ranks().front();
+  if (student::parse_shard_mode(cfg.student.shard) == student::ShardMode::kNone) return nullptr;
+  if (!reducer.whole_buffer().defined()) {
+    if (leader) {
+      spdlog::info("student.shard {}: one student, nothing to split ({}'s optimizer stays whole)", cfg.student.shard,
+                   what);
+    }
+    return nullptr;
+  }
+  auto shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                         reducer.whole_buffer(), cfg.comm.timeout_s, job.world_rank(),
+                                                         &services.health);
+  WD_CHECK_AS(ConfigError, !shard->views().empty(),
+              "student.shard optimizer: the student's " << reducer.whole_buffer().numel() << " parameters leave rank "
+                                                        << job.world_rank() << " no slice among "
+                                                        << shard->group_size() << " students; use student.shard none");
+  if (leader) {
+    std::int64_t total = 0;
+    for (const auto& p : parts.trainable()) total += p.numel();
+    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters "
+                 "(the last slice {} padding) of {}",
+                 shard->group_size(), shard->slice_size(), total, reducer.whole_buffer().numel() - total, what);
+  }
+  return shard;
+}
+
 /// train.objective dmd on a student rank: the critic (its parts, AdamW, gradient reducer), the
 /// real score (the channel to the replica's teacher, or the colocated teacher) and the trainer.
 struct DmdSide {
@@ -213,6 +245,7 @@ struct DmdSide {
   std::unique_ptr<student::StudentParts> critic;
   std::unique_ptr<torch::optim::AdamW> optimizer;
   std::unique_ptr<comm::GradientReducer> reducer;
+  std::unique_ptr<student::OptimizerShard> shard;  ///< student.shard optimizer: the critic's slice
   std::unique_ptr<student::DmdTrainer> trainer;
 };
 
@@ -243,13 +276,16 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   side.train = cfg.student_train();
   side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device));
   const auto& train = cfg.train;
-  side.optimizer = std::make_unique<torch::optim::AdamW>(
-      side.critic->trainable(), torch::optim::AdamWOptions(train.critic_lr > 0 ? train.critic_lr : train.lr)
-                                    .betas({train.beta1, train.beta2})
-                                    .weight_decay(train.weight_decay));
   side.reducer = comm::make_gradient_reducer(job.groups->students(), side.critic->trainable(),
                                              cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(), device,
                                              cfg.comm.backend, &services.health);
+  // The critic shards as the student does (the same code: a trainable model and its optimizer).
+  side.shard = make_shard(job, *side.critic, *side.reducer, services, "the dmd critic");
+  side.optimizer = std::make_unique<torch::optim::AdamW>(
+      side.shard ? side.shard->views() : side.critic->trainable(),
+      torch::optim::AdamWOptions(train.critic_lr > 0 ? train.critic_lr : train.lr)
+          .betas({train.beta1, train.beta2})
+          .weight_decay(train.weight_decay));
   if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
     // Every step reduces the critic's gradients (the generator's only at its updates).
     side.reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
@@ -257,38 +293,22 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
     });
   }
   services.memory.model.weights_bytes += memory::tensor_bytes(side.critic->trainable());
-  side.trainer = std::make_unique<student::DmdTrainer>(student::DmdParts{
-      generator, *side.critic, *side.optimizer, side.reducer.get(), *side.score,
-      student::DmdSpec::from(cfg.student_train(), job.plan.latent, group_rank), service_schedule(cfg, job.plan),
-      side.train, student::CheckpointPolicy::parse(cfg.student.checkpointing), job.world_rank(),
-      job.groups->students(), cfg.comm.timeout_s, peers, &services.health});
-}
-
-/// student.shard optimizer over a group of several students: this rank's slice of the optimizer
-/// (null otherwise: one student has nothing to split with).
-std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student::StudentParts& parts,
-                                                    const comm::GradientReducer& reducer, RoleServices& services) {
-  const auto& cfg = job.cfg;
-  if (student::parse_shard_mode(cfg.student.shard) == student::ShardMode::kNone) return nullptr;
-  if (!reducer.whole_buffer().defined()) {
-    spdlog::info("student.shard {}: one student, nothing to split (the optimizer stays whole)", cfg.student.shard);
-    return nullptr;
-  }
-  auto shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
-                                                         reducer.whole_buffer(), cfg.comm.timeout_s, job.world_rank(),
-                                                         &services.health);
-  WD_CHECK_AS(ConfigError, !shard->views().empty(),
-              "student.shard optimizer: the student's " << reducer.whole_buffer().numel() << " parameters leave rank "
-                                                        << job.world_rank() << " no slice among "
-                                                        << shard->group_size() << " students; use student.shard none");
-  if (job.world_rank() == job.layout.student_world_ranks().front()) {
-    std::int64_t total = 0;
-    for (const auto& p : parts.trainable()) total += p.numel();
-    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters "
-                 "(the last slice {} padding)",
-                 shard->group_size(), shard->slice_size(), total, reducer.whole_buffer().numel() - total);
-  }
-  return shard;
+  student::DmdParts parts{generator,
+                          *side.critic,
+                          *side.optimizer,
+                          side.reducer.get(),
+                          *side.score,
+                          student::DmdSpec::from(cfg.student_train(), job.plan.latent, group_rank),
+                          service_schedule(cfg, job.plan),
+                          side.train,
+                          student::CheckpointPolicy::parse(cfg.student.checkpointing),
+                          job.world_rank(),
+                          job.groups->students(),
+                          cfg.comm.timeout_s,
+                          peers,
+                          &services.health,
+                          side.shard.get()};
+  side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
 }
 
 /// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
@@ -314,12 +334,13 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
     // the first one writes.
     const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
     const auto moments = shard ? shard->gather_moments(optimizer, parts.trainable_names(), step) : TensorMap{};
+    const auto critic_moments = dmd ? dmd->gather_critic_moments(step) : TensorMap{};
     if (!job.store) return;
     const auto path = job.store->save(step, [&](const std::string& dir) {
       // With a weight average, checkpoints keep both and student/ holds the average.
       student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr,
                                 shard ? &moments : nullptr);
-      if (dmd) dmd->save(dir, step, job.config_ini, pending);
+      if (dmd) dmd->save(dir, step, job.config_ini, pending, critic_moments);
       if (ema) {
         ema->save(dir, parts);
         ema->with_averaged(parts, [&] { parts.save((fs::path(dir) / student::TrainStateFiles::kStudent).string()); });

@@ -180,7 +180,8 @@ void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
 
 double DmdTrainer::update_critic(std::int64_t step, const comm::TensorDict& batch) {
   CriticObjective objective(p_, step);
-  StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {}};
+  StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {},
+                  p_.critic_shard};
   FixedBatches batches({batch});
   return train_step(ctx, step, p_.train.critic_lr_at(step), batches);
 }
@@ -246,12 +247,17 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
   return out;
 }
 
+TensorMap DmdTrainer::gather_critic_moments(std::int64_t steps_done) const {
+  if (!p_.critic_shard) return {};
+  return p_.critic_shard->gather_moments(p_.critic_optimizer, p_.critic.trainable_names(), steps_done);
+}
+
 void DmdTrainer::save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-                      const TensorMap& pending) const {
+                      const TensorMap& pending, const TensorMap& critic_moments) const {
   const auto critic_dir = fs::path(dir) / kCriticDir;
   fs::create_directories(critic_dir);
   save_train_state(critic_dir.string(), p_.critic, p_.critic_optimizer, {steps_done}, config_ini,
-                   /*export_student=*/false);
+                   /*export_student=*/false, p_.critic_shard ? &critic_moments : nullptr);
   if (pending.empty()) return;
   write_safetensors((fs::path(dir) / kPendingFile).string(), pending,
                     {{"cycle", std::to_string(pending_cycle_)}, {"producer", "wan-distill train (dmd)"}});
@@ -261,7 +267,7 @@ void DmdTrainer::restore(const std::string& dir) {
   const auto critic_dir = (fs::path(dir) / kCriticDir).string();
   WD_CHECK_DATA(fs::is_directory(critic_dir), dir, kCriticDir,
                 "is missing: a train.objective dmd checkpoint holds the critic's training state there");
-  const auto cursor = load_train_state(critic_dir, p_.critic, p_.critic_optimizer);
+  const auto cursor = load_train_state(critic_dir, p_.critic, p_.critic_optimizer, p_.critic_shard);
   const auto first = p_.schedule.first_step;
   WD_CHECK_DATA(cursor.step == first, critic_dir, TrainStateFiles::kTrainer,
                 "step " << cursor.step << " differs from the generator's step " << first);

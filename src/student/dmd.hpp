@@ -25,6 +25,7 @@
 #include "student/checkpointing.hpp"
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
+#include "student/optimizer_shard.hpp"
 #include "student/train_step.hpp"
 
 namespace wd::student {
@@ -109,6 +110,8 @@ struct DmdParts {
   double timeout_s = 120;
   std::vector<int> peers;              ///< world ranks of the other students (named on a timeout)
   comm::HealthChannel* health = nullptr;
+  /// student.shard optimizer: the critic's optimizer steps this rank's slice; null = whole.
+  OptimizerShard* critic_shard = nullptr;
 };
 
 /// Losses of one dmd step (this rank's).
@@ -130,10 +133,13 @@ class DmdTrainer {
   /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
   /// the student group, with the loop's deadline.
   TensorMap gather_pending(std::int64_t steps_done) const;
-  /// Writes the critic's training state into `dir`/critic and, when there is one, `pending`
-  /// (gather_pending) into `dir`/dmd_pending.safetensors.
+  /// student.shard optimizer: the critic's whole AdamW state on group rank 0
+  /// (OptimizerShard::gather_moments); empty when the critic is not sharded. Collective.
+  TensorMap gather_critic_moments(std::int64_t steps_done) const;
+  /// Writes the critic's training state into `dir`/critic (with `critic_moments` when sharded)
+  /// and, when there is one, `pending` (gather_pending) into `dir`/dmd_pending.safetensors.
   void save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-            const TensorMap& pending) const;
+            const TensorMap& pending, const TensorMap& critic_moments = {}) const;
   /// Restores what save() wrote for a run resuming at schedule.first_step: the critic, and this
   /// student's share of the pending request inputs when the run resumes mid-cycle.
   void restore(const std::string& dir);

@@ -1,7 +1,8 @@
 // student.shard optimizer (ZeRO-1) against plain data-parallel training: the same loss curve on
 // 2, 3 and 4 students (slices that cross parameters, a padded last slice), with the global-norm
 // clip, gradient accumulation and bf16-mixed; checkpoints resumed on the same student count bit
-// for bit and on other counts (2 -> 4 -> 3) exactly as an unsharded resume; refusals.
+// for bit and on other counts (2 -> 4 -> 3) exactly as an unsharded resume; the dmd critic;
+// refusals.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -88,6 +89,24 @@ TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
     ASSERT_FALSE(a.empty());
     for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << "step " << i;
   }
+}
+
+// train.objective dmd: the critic shards with the student (the same code), and a run resumed
+// mid-cycle from a sharded checkpoint continues bit for bit.
+TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
+  const std::string args = " --train.objective dmd --train.log_every 1 --train.steps 12 --checkpoint.every 6"
+                           " --checkpoint.keep 0";
+  auto plain = test::launch_train(3, run_dir("dmd-plain") + args);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  auto sharded = test::launch_train(3, run_dir("dmd-sharded") + args + " --student.shard optimizer");
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  EXPECT_NE(sharded.output.find("(the last slice 0 padding) of the dmd critic"), std::string::npos) << sharded.output;
+  test::expect_close_losses(root() / "dmd-plain", root() / "dmd-sharded", 12);
+  const auto step6 = root() / "dmd-sharded" / "checkpoints" / "step-00000006";  // inside the second cycle
+  auto resumed = test::launch_train(3, run_dir("dmd-resumed") + args + " --student.shard optimizer --resume " +
+                                           step6.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  test::expect_resumed_exactly(root() / "dmd-sharded", root() / "dmd-resumed", 12, 6);
 }
 
 TEST(Shard, RefusesWhatItDoesNotDo) {
