@@ -227,8 +227,20 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
         !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
                  : scratch ? "fp32 .grad, views into the all-reduce buckets, + MPI scratch"
                            : "fp32 .grad, views into the all-reduce buckets");
-  place(kOptimizerState, (in.student_ema ? 3 : 2) * W,
-        in.student_ema ? "AdamW exp_avg + exp_avg_sq + the weight average (fp32)" : "AdamW exp_avg + exp_avg_sq (fp32)");
+  const bool sharded = in.shard_optimizer && in.student_ranks > 1;
+  const u64 N = sharded ? n(in.student_ranks) : 1;
+  // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).
+  const u64 moments = 2 * kF32 * ((W / kF32 + N - 1) / N);
+  const u64 optimizer = moments + (in.student_ema ? W : 0);
+  std::string optimizer_note = sharded ? "AdamW exp_avg + exp_avg_sq of 1/" + std::to_string(N) + " of the parameters"
+                                       : "AdamW exp_avg + exp_avg_sq";
+  optimizer_note += in.student_ema ? " + the weight average (fp32)" : " (fp32)";
+  // A device student's slices are all-gathered through a pinned host copy of the whole buffer.
+  if (sharded && cuda) {
+    St.push_back(item(kOptimizerState, optimizer, W, optimizer_note + "; pinned host buffer for the all-gather"));
+  } else {
+    place(kOptimizerState, optimizer, optimizer_note);
+  }
   place(kStudentActivations, s_act);
   St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
 

@@ -37,6 +37,9 @@ struct PlanInput {
   std::int64_t checkpoint_elem_bytes = 2;  ///< as stored; another dtype is converted at load
   bool student_bf16_mixed = false;         ///< student.precision = bf16-mixed
   bool student_ema = false;                ///< train.ema_decay > 0: an fp32 weight average
+  /// student.shard optimizer: each student rank keeps AdamW moments for 1/student_ranks of the
+  /// parameters (the dmd critic's too); the weight average stays whole.
+  bool shard_optimizer = false;
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)

@@ -74,6 +74,24 @@ TEST(Planner, CheckpointingKeepsOnlyBlockInputsPlusOneBlock) {
   EXPECT_LT(all, every2);
 }
 
+// student.shard optimizer: the AdamW moments of 1/N of the parameters (the slice rounded up: the
+// flat layout is padded to N slices); the weight average stays whole; one student shards nothing.
+TEST(Planner, ShardedOptimizerKeepsASliceOfTheMoments) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.student_extra_params = 50;  // 300 params in all: W = 1200 bytes
+  in.shard_optimizer = true;
+  in.student_ranks = 2;
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kOptimizerState).host, 2 * 4 * 150u);
+  in.student_ranks = 7;  // 300 / 7 -> slices of 43
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kOptimizerState).host, 2 * 4 * 43u);
+  in.student_ema = true;
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kOptimizerState).host, 2 * 4 * 43u + 1200u);
+  in.student_ema = false;
+  in.student_ranks = 1;
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kOptimizerState).host, 2 * 1200u);
+}
+
 TEST(Planner, CpuJobStudentCategories) {
   auto in = small_job();
   in.cpu_job = true;
