@@ -31,7 +31,8 @@ const std::map<std::string, FaultSpec::Point>& points() {
                                                              {"allreduce", FaultSpec::Point::kAllreduce},
                                                              {"send", FaultSpec::Point::kSend},
                                                              {"save", FaultSpec::Point::kSave},
-                                                             {"serve", FaultSpec::Point::kServe}};
+                                                             {"serve", FaultSpec::Point::kServe},
+                                                             {"allgather", FaultSpec::Point::kAllgather}};
   return table;
 }
 
@@ -49,8 +50,9 @@ std::string name_in(const std::map<std::string, T>& table, T value) {
                     "sigkill, sigterm, sigusr1, ROLE teacher or student, RANK the index among that role's ranks, "
                     "STEP the 1-based training step and POINT step (its start, the default), allreduce (a "
                     "student, inside the gradient all-reduce), send (a teacher, inside the send of the step's "
-                    "batch), save (student 0, inside the checkpoint save) or serve (a teacher of train.objective dmd, "
-                    "inside a real-score answer), e.g. oom@student:0:3 or "
+                    "batch), save (student 0, inside the checkpoint save), serve (a teacher of train.objective dmd, "
+                    "inside a real-score answer) or allgather (a student of student.shard optimizer, inside the "
+                    "all-gather of the updated parameters), e.g. oom@student:0:3 or "
                     "sigkill@student:1:3:allreduce");
 }
 
@@ -62,7 +64,8 @@ void check_point(const FaultSpec& spec, const std::string& text) {
   if (spec.kind == FaultSpec::Kind::kNan) {
     bad(text, "puts nan at point " + point + ": nan poisons a step's input, so it strikes only at the step's start");
   }
-  if ((spec.point == Point::kAllreduce || spec.point == Point::kSave) && spec.role != Role::kStudent) {
+  if ((spec.point == Point::kAllreduce || spec.point == Point::kSave || spec.point == Point::kAllgather) &&
+      spec.role != Role::kStudent) {
     bad(text, "puts a teacher at point " + point + ", which only students reach");
   }
   if (spec.point == Point::kSend && spec.role != Role::kTeacher) {

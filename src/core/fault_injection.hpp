@@ -23,8 +23,10 @@ struct FaultSpec {
   /// once its sends are started; kSave (student 0, the writer) inside the checkpoint save of
   /// the step, once the files are in the temporary directory and before it is sealed; kServe
   /// (teachers, train.objective dmd) inside the real-score answer due after the step's batch,
-  /// once the students' requests are received and before the answer is sent.
-  enum class Point { kStep, kAllreduce, kSend, kSave, kServe };
+  /// once the students' requests are received and before the answer is sent; kAllgather
+  /// (students, student.shard optimizer) inside the all-gather of the updated parameter slices,
+  /// once this rank's part is posted.
+  enum class Point { kStep, kAllreduce, kSend, kSave, kServe, kAllgather };
   Kind kind = Kind::kThrow;
   Role role = Role::kStudent;
   int role_rank = 0;        ///< index among the ranks of `role` (teacher i, student i)

@@ -44,7 +44,9 @@ struct RunConfig {
            "training step STEP with KIND = oom|oom_huge|nan|throw|hang|sigkill|sigterm|sigusr1, at POINT = "
            "step (the step's start; the default) | allreduce (a student, inside the gradient all-reduce) | "
            "send (a teacher, inside the send of the step's batch) | save (student 0, inside the step's "
-           "checkpoint save) | serve (a teacher of train.objective dmd, inside a real-score answer), e.g. sigkill@student:1:3:allreduce (docs/failures.md)");
+           "checkpoint save) | serve (a teacher of train.objective dmd, inside a real-score answer) | allgather (a student of "
+           "student.shard optimizer, inside the all-gather of the updated parameters), e.g. sigkill@student:1:3:allreduce "
+           "(docs/failures.md)");
     teacher.bind(t);
     student.bind(t);
     train.bind(t);

@@ -283,6 +283,12 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
                 std::to_string(every) + ") steps (0: none mid-run) and the last step, train.steps(" +
                 std::to_string(cfg.train.steps) + ")");
   }
+  if (const auto fault = FaultSpec::parse(cfg.inject_fault); fault && fault->point == FaultSpec::Point::kAllgather) {
+    p.check(cfg.student.shard == "optimizer" && layout.student_ranks > 1,
+            "inject-fault(" + cfg.inject_fault + ") strikes in the all-gather of the updated parameter slices, which "
+            "only student.shard optimizer over more than one student runs (student.shard(" + cfg.student.shard +
+            "), " + std::to_string(layout.student_ranks) + " student(s))");
+  }
   if (const auto fault = FaultSpec::parse(cfg.inject_fault); fault && fault->point == FaultSpec::Point::kServe) {
     p.check(cfg.train.dmd() && layout.teacher_ranks > 0 && !layout.colocated(),
             "inject-fault(" + cfg.inject_fault + ") strikes in a real-score answer, which only teacher ranks of "

@@ -226,6 +226,11 @@ std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student
               "student.shard optimizer: the student's " << reducer.whole_buffer().numel() << " parameters leave rank "
                                                         << job.world_rank() << " no slice among "
                                                         << shard->group_size() << " students; use student.shard none");
+  if (services.faults.planned(FaultSpec::Point::kAllgather)) {
+    shard->set_fault_hook([&faults = services.faults, device = parts.trainable().front().device()](std::int64_t step) {
+      faults.at(FaultSpec::Point::kAllgather, step + 1, device);
+    });
+  }
   if (leader) {
     std::int64_t total = 0;
     for (const auto& p : parts.trainable()) total += p.numel();

@@ -82,6 +82,7 @@ void OptimizerShard::gather(std::int64_t step) {
                               MPI_FLOAT, comm_, &request));
   std::vector<MPI_Request> requests{request};
   try {
+    comm::run_fault_hook(fault_hook_, health_, "allgather parameters", step);
     comm::wait_all_with_deadline(requests,
                                  comm::WaitInfo{"allgather parameters", step,
                                                 static_cast<std::uint64_t>(buffer.numel()) * sizeof(float), peers_},

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/health_channel.hpp"
+#include "comm/wait.hpp"
 #include "model/safetensors.hpp"
 
 namespace wd::student {
@@ -53,6 +54,9 @@ class OptimizerShard {
   /// memory for device parameters), copied into the parameters; the buffer (the grads) is left
   /// zeroed. Collective; waits with deadline, polling `health`.
   void gather(std::int64_t step);
+  /// Testing aid (--inject-fault ...:allgather): runs inside every gather(step), once this rank's
+  /// part of the all-gather is posted and before it waits.
+  void set_fault_hook(comm::FaultHook hook) { fault_hook_ = std::move(hook); }
 
   /// The whole AdamW state as save_train_state writes it ("<name>.exp_avg", ".exp_avg_sq",
   /// ".step"), on the group's first rank (host tensors); empty elsewhere and before any step.
@@ -74,6 +78,7 @@ class OptimizerShard {
   std::chrono::duration<double> timeout_;
   int world_rank_;
   comm::HealthChannel* health_;
+  comm::FaultHook fault_hook_;
 };
 
 }  // namespace wd::student

@@ -29,7 +29,7 @@ struct Case {
   std::string kind;   ///< oom | nan | throw | sigkill | sigterm | hang
   std::string role;   ///< teacher | student
   int step;           ///< 1 (first) or 6 (later) at the step's start; 3 or 4 inside it
-  std::string point;  ///< empty: the step's start; allreduce | send | save | serve: inside the step
+  std::string point;  ///< empty: the step's start; allreduce | send | save | serve | allgather: inside the step
   bool dmd = false;   ///< train.objective dmd (critic_ratio 3): a real-score request is under way
 };
 
@@ -47,7 +47,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 std::string op_of(const std::string& point) {
   static const std::map<std::string, std::string> table{
       {"allreduce", "allreduce grads"}, {"send", "send batch"}, {"save", "save checkpoint"},
-      {"serve", "real-score answer"}};
+      {"serve", "real-score answer"}, {"allgather", "allgather parameters"}};
   return table.at(point);
 }
 
@@ -92,7 +92,8 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
   const std::string args = "--run-dir " + dir.string() + " --train.steps 40 --comm.timeout_s " +
                            std::to_string(kDeadline) + (c.point == "save" ? " --checkpoint.every 2" : "") +
                            " --inject-fault " + c.kind + "@" + c.role + ":" + std::to_string(role_rank) + ":" +
-                           std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point) + (c.dmd ? kDmd : "");
+                           std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point) + (c.dmd ? kDmd : "") +
+                           (c.point == "allgather" ? " --student.shard optimizer" : "");
   // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
   // plus the protocol to explain, so they get a longer grace there.
   const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
@@ -159,6 +160,9 @@ std::vector<Case> matrix() {
   for (const std::string kind : {"sigkill", "hang", "throw"}) cases.push_back({kind, "student", 3, "allreduce"});
   for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "teacher", 3, "send"});
   for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 4, "save"});
+  // student.shard optimizer: a student dies in the all-gather of the updated slices (the other
+  // is inside it too).
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 3, "allgather"});
   // train.objective dmd: the teacher dies answering the students' requests (they wait for the
   // answer or for the stream), a student dies with its request outstanding (the teacher waits
   // in the request stream or the batch stream).
