@@ -108,6 +108,16 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  ctx.batch_size, half, bytes(transient / 2), who, accum),
                      {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
     }
+    // The AdamW moments: with several students, each can keep a 1/N slice of them.
+    const std::uint64_t moments = known ? failed->memory.model.optimizer_state_bytes : 0;
+    if (ctx.student_shard == "none" && ctx.student_ranks > 1 && moments > 0 &&
+        (moments >= peak / 10 || (request && moments - moments / static_cast<std::uint64_t>(ctx.student_ranks) >= *request))) {
+      const auto n = static_cast<std::uint64_t>(ctx.student_ranks);
+      out.push_back({fmt::format("{} holds {} of AdamW moments: --student.shard optimizer keeps 1/{} of them on each "
+                                 "student ({}; the same loss curve, docs/training.md), freeing {}",
+                                 who, bytes(moments), n, bytes(moments / n), bytes(moments - moments / n)),
+                     {{"student.shard", "optimizer"}}});
+    }
     if (ctx.precision == "fp32" && share >= 0.3) {
       out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "
                                  "of activations on {}, at the cost of a bf16 copy of the weights ({})",

@@ -41,6 +41,8 @@ struct RemedyContext {
   int teacher_ranks = 1;
   int teacher_stages = 1;
   int stream_ahead = 2;
+  std::string student_shard = "none";        ///< student.shard
+  int student_ranks = 1;
 };
 
 /// Everything the diagnosis reports.

@@ -546,19 +546,27 @@ torch::nn::Sequential tiny_model() {
   return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
 }
 
+/// The union of every student's batch (kPerStudent samples each) and the reference model's
+/// gradients over it: what one process would compute.
+struct UnionBatch {
+  torch::Tensor x, y;
+  torch::nn::Sequential reference;
+};
+constexpr std::int64_t kPerStudent = 4;
+UnionBatch union_batch(int students) {
+  torch::manual_seed(11);
+  UnionBatch u{torch::randn({students * kPerStudent, 6}), torch::randn({students * kPerStudent, 3}), tiny_model()};
+  torch::mse_loss(u.reference->forward(u.x), u.y).backward();
+  return u;
+}
+
 TEST(GradientReducer, BucketedAverageEqualsOneProcessOverTheUnion) {
   const int rank = world_rank();
-  constexpr std::int64_t kPerStudent = 4;
   for (const auto& l : layouts()) {
     SCOPED_TRACE(describe(l));
     ProcessGroups g(l, rank);
     if (l.role_of(rank) == Role::kTeacher) continue;
-    torch::manual_seed(11);
-    const auto x = torch::randn({l.student_ranks * kPerStudent, 6});
-    const auto y = torch::randn({l.student_ranks * kPerStudent, 3});
-
-    auto reference = tiny_model();
-    torch::mse_loss(reference->forward(x), y).backward();
+    const auto [x, y, reference] = union_batch(l.student_ranks);
 
     auto model = tiny_model();
     auto unused = torch::ones({4}, torch::requires_grad());  // never in the graph: no .grad
@@ -599,12 +607,7 @@ TEST(GradientReducer, GradientsAreViewsIntoTheBucketsAndStayThere) {
   const auto l = Layout::make(test::world_size(), 1);
   ProcessGroups g(l, rank);
   if (l.role_of(rank) == Role::kTeacher) return;
-  constexpr std::int64_t kPerStudent = 4;
-  torch::manual_seed(11);
-  const auto x = torch::randn({l.student_ranks * kPerStudent, 6});
-  const auto y = torch::randn({l.student_ranks * kPerStudent, 3});
-  auto reference = tiny_model();
-  torch::mse_loss(reference->forward(x), y).backward();
+  const auto [x, y, reference] = union_batch(l.student_ranks);
 
   auto model = tiny_model();
   auto params = model->parameters();

@@ -301,6 +301,29 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
   EXPECT_EQ(nan[0].changes.front(), (std::pair<std::string, std::string>{"train.lr", "0.0001"}));
 }
 
+// Several students and AdamW moments worth a tenth of the peak: student.shard optimizer is
+// offered with what it frees; not once it is on, nor for a single student.
+TEST(Diagnosis, OptimizerShardingIsOfferedWhereTheMomentsMatter) {
+  auto in = student_oom();
+  in.context.checkpointing = "all";
+  in.context.batch_size = 1;
+  in.context.precision = "bf16-mixed";
+  in.context.student_ranks = 3;
+  in.ranks[3].memory.model.optimizer_state_bytes = 800 * kMiB;  // 32% of the 2500 MiB peak
+  const auto remedies = memory::compute_remedies(in);
+  ASSERT_EQ(remedies.size(), 1u);
+  EXPECT_TRUE(test::contains(remedies[0].text, "rank 3 (student) holds 800.00 MiB of AdamW moments: --student.shard "
+                                                "optimizer keeps 1/3 of them on each student (266.67 MiB;"))
+      << remedies[0].text;
+  EXPECT_TRUE(test::contains(remedies[0].text, "freeing 533.33 MiB")) << remedies[0].text;
+  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.shard", "optimizer"}}));
+  in.context.student_shard = "optimizer";
+  EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
+  in.context.student_shard = "none";
+  in.context.student_ranks = 1;
+  EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
+}
+
 TEST(Diagnosis, TheRequestSizeIsReadFromLibTorchsMessages) {
   std::exception_ptr failure;
   try {

@@ -101,12 +101,12 @@ TEST(Planner, CpuJobStudentCategories) {
   ASSERT_TRUE(cpu.applicable);
   const auto& s = cpu.student;
   EXPECT_EQ(s.at(kStudentWeights).host, 1200u);
-  EXPECT_EQ(s.at(kGradients).host, 2 * 1200u);  // .grad (= the buckets) + MPI scratch (2 students)
+  EXPECT_EQ(s.at(kGradients).host, 1200u);  // .grad, the buckets' views: once (2 students)
   EXPECT_EQ(s.at(kOptimizerState).host, 2 * 1200u);
   EXPECT_EQ(s.at(kTransportBuffers).host, (2 + 3) * 1000u);  // ring + kept held-out batches
   EXPECT_EQ(s.at(kFrameworkOverhead).host, kHostProcessBytes);
   EXPECT_EQ(s.device_total(), 0u);
-  EXPECT_EQ(s.host_total(), 1200u * 5 + 5000 + student_activation_bytes(in, 0) + kHostProcessBytes);
+  EXPECT_EQ(s.host_total(), 1200u * 4 + 5000 + student_activation_bytes(in, 0) + kHostProcessBytes);
   // One student: nothing to all-reduce with, so no buckets and no MPI scratch (no reducer).
   in.student_ranks = 1;
   EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 1200u);
