@@ -17,10 +17,11 @@
 
 namespace wd::comm {
 
-/// Averages the .grad of a fixed list of parameters over the student group. Gradients are
-/// packed into fp32 buckets of at most bucket_bytes (allocated once), reduced, divided by the
-/// group size and copied back; equal to one process over the union of the batches. A missing
-/// grad counts as zeros (and is created).
+/// Averages the .grad of a fixed list of parameters over the student group. Each fp32 .grad is a
+/// view into a bucket of at most bucket_bytes (all views of one buffer, allocated once: bind_grads),
+/// reduced and divided by the group size in place; a grad of another dtype, device or layout is
+/// packed and copied back. Equal to one process over the union of the batches. A missing grad
+/// counts as zeros (and is created).
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
@@ -51,10 +52,9 @@ class GradientReducer {
   HealthChannel* health_;
 };
 
-/// Over MPI: one MPI_Iallreduce per bucket. Host parameters are packed straight into host
-/// buckets. Device parameters are packed on the device into a flat bucket, copied to a pinned
-/// host twin (one asynchronous copy per bucket, one host wait for all, with deadline), reduced
-/// there, copied back (one copy per bucket) and unpacked on the device.
+/// Over MPI: one MPI_Iallreduce per bucket. Host gradients are reduced in their buckets. Device
+/// buckets are copied to a pinned host twin (one asynchronous copy per bucket, one host wait for
+/// all, with deadline), reduced there and copied back (one copy per bucket).
 class MpiGradientReducer final : public GradientReducer {
  public:
   MpiGradientReducer(MPI_Comm students, std::vector<torch::Tensor> params,

@@ -19,12 +19,6 @@ constexpr u64 kF64 = 8;  // RoPE rotates in float64
 /// blocks add this many times one block's saved activations on top of what is saved (measured
 /// on the CPU build: 1.6 and 1.7 for students of dim 256 and 512, bench/results/planner.md).
 constexpr double kBackwardTransient = 1.65;
-/// Whether the MPI gradient all-reduce of host students holds one more gradient copy at the
-/// peak. It did while the buckets were a packed copy of the .grad tensors (measured: the CPU
-/// students' peaks exceeded the rest of the model by one gradient copy); since the grads are
-/// views into the buckets the measured peaks hold the gradients once (PlanAccuracy.
-/// FormulasOfALargeStudent: 11-13% over with the extra copy counted, both builds).
-constexpr bool kMpiAllreduceScratch = false;
 /// Stream placement: the block in use plus two prefetched ahead.
 constexpr u64 kStreamDeviceBlocks = 3;
 
@@ -211,11 +205,13 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   auto& St = out.student.items;
   const u64 W = student_param_bytes(in);
   const u64 half_copy = in.student_bf16_mixed ? W / 2 : 0;
-  const u64 scratch = !cuda && kMpiAllreduceScratch && in.student_ranks > 1 ? W : 0;
   // The .grad of every parameter is a view into its all-reduce bucket (comm::bind_grads), so
   // the buckets add nothing; a group of one student has no buckets at all.
   const bool buckets = in.student_ranks > 1;
-  const u64 grads = W + scratch + half_copy;  // .grad (= the buckets), MPI scratch, bf16 grads
+  // The MPI reduce of host students once seemed to hold one more copy at the peak: that copy
+  // was the packed buckets; with views the measured peaks hold the gradients once
+  // (PlanAccuracy.FormulasOfALargeStudent: 11-13% over with it counted, both builds).
+  const u64 grads = W + half_copy;  // .grad (= the buckets), bf16 grads
   const u64 s_ring = (n(in.prefetch_depth) + n(in.eval_messages)) * msg;
   const u64 s_act = student_activation_bytes(in, in.checkpointed_blocks);
   out.student_activations_all = student_activation_bytes(in, in.student.num_layers);
@@ -227,8 +223,7 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
   place(kGradients, grads,
         !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
-                 : scratch ? "fp32 .grad, views into the all-reduce buckets, + MPI scratch"
-                           : "fp32 .grad, views into the all-reduce buckets");
+                 : "fp32 .grad, views into the all-reduce buckets");
   const bool sharded = in.shard_optimizer && in.student_ranks > 1;
   const u64 N = sharded ? n(in.student_ranks) : 1;
   // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).

@@ -107,7 +107,7 @@ TEST(Planner, CpuJobStudentCategories) {
   EXPECT_EQ(s.at(kFrameworkOverhead).host, kHostProcessBytes);
   EXPECT_EQ(s.device_total(), 0u);
   EXPECT_EQ(s.host_total(), 1200u * 4 + 5000 + student_activation_bytes(in, 0) + kHostProcessBytes);
-  // One student: nothing to all-reduce with, so no buckets and no MPI scratch (no reducer).
+  // One student: nothing to all-reduce with, so no buckets (no reducer).
   in.student_ranks = 1;
   EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 1200u);
   // bf16-mixed: a bf16 copy of the weights and transient bf16 grads.
