@@ -115,11 +115,12 @@ TEST_F(DataTest, SyntheticRoundTrip) {
 
   // Unit-ish std, and smooth: neighbours differ far less than in white noise of the same std
   // (E|a − b| = 2/√π ≈ 1.13 for independent unit normals).
-  const double std = all.latents.std().item<double>();
-  EXPECT_NEAR(std, 1.0, 0.1);
+  const double sd = all.latents.std().item<double>();
+  EXPECT_NEAR(sd, 1.0, 0.1);
   const double smooth = neighbour_difference(all.latents);
-  const double white = neighbour_difference(torch::randn_like(all.latents) * std);
-  EXPECT_NEAR(white, 1.128, 0.05);
+  // White noise is the formula, not a draw: torch 2.x's randn depends on the thread count, and a
+  // drawn reference once read 1.178 in CI (its std was also left out of the expectation).
+  const double white = 2.0 / std::sqrt(M_PI) * sd;
   EXPECT_LT(smooth, 0.4 * white) << "smooth " << smooth << " vs white " << white;
 
   EXPECT_THROW(reader.read({6}), wd::DataError);
