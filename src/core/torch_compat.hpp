@@ -3,8 +3,13 @@
 
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -379,5 +384,38 @@ bool fused_adamw_step(torch::optim::AdamW& optimizer, bool force = false) {
   return false;
 #endif
 }
+
+/// Calls `ready` each time the autograd engine has accumulated a gradient into `param`'s .grad
+/// (a post hook on its AccumulateGrad node, as LibTorch's own DDP reducer does; the node is kept
+/// alive here, else the engine would make a new one without the hook). The hook is removed when
+/// this owner dies. Move-only.
+class GradReadyHook {
+ public:
+  GradReadyHook(const torch::Tensor& param, std::function<void()> ready)
+      : node_(torch::autograd::impl::grad_accumulator(param)) {
+    TORCH_CHECK(node_ != nullptr, "a gradient hook needs a leaf tensor that requires grad");
+    key_ = node_->add_post_hook(std::make_unique<Post>(std::move(ready)));
+  }
+  GradReadyHook(GradReadyHook&& other) noexcept : node_(std::move(other.node_)), key_(other.key_) {}
+  GradReadyHook(const GradReadyHook&) = delete;
+  GradReadyHook& operator=(const GradReadyHook&) = delete;
+  GradReadyHook& operator=(GradReadyHook&&) = delete;
+  ~GradReadyHook() {
+    if (node_) node_->del_post_hook(key_);
+  }
+
+ private:
+  struct Post final : torch::autograd::FunctionPostHook {
+    explicit Post(std::function<void()> f) : fn(std::move(f)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      fn();
+      return outputs;
+    }
+    std::function<void()> fn;
+  };
+  std::shared_ptr<torch::autograd::Node> node_;
+  std::uintptr_t key_ = 0;
+};
 
 }  // namespace wd::compat

@@ -204,41 +204,75 @@ class LocalScore final : public student::RealScore {
   std::int64_t cycle_ = -1;
 };
 
-/// student.shard optimizer over a group of several students: this rank's slice of the optimizer
-/// (null otherwise: one student has nothing to split with).
-std::unique_ptr<student::OptimizerShard> make_shard(const TrainJob& job, student::StudentParts& parts,
-                                                    const comm::GradientReducer& reducer, RoleServices& services,
-                                                    const char* what = "the student") {
+/// A trainable model's gradient reduction over the student group and, with student.shard, its
+/// slice of the optimizer (optimizer: over the reducer's bound buckets; gradients: the shard owns
+/// the gradient slice and the reducer is its reduce-scatter). Collective over the students.
+struct Reduction {
+  std::unique_ptr<student::OptimizerShard> shard;  ///< null: whole (no sharding, or one student)
+  std::unique_ptr<comm::GradientReducer> reducer;
+};
+
+void log_shard(const TrainJob& job, student::StudentParts& parts, const student::OptimizerShard& shard,
+               std::int64_t padded, const char* what) {
   const auto& cfg = job.cfg;
-  const bool leader = job.world_rank() == job.layout.student_world_ranks().front();
-  if (student::parse_shard_mode(cfg.student.shard) == student::ShardMode::kNone) return nullptr;
-  if (!reducer.whole_buffer().defined()) {
-    if (leader) {
+  WD_CHECK_AS(ConfigError, !shard.views().empty(),
+              "student.shard " << cfg.student.shard << ": the student's " << padded << " parameters leave rank "
+                               << job.world_rank() << " no slice among " << shard.group_size()
+                               << " students; use student.shard none");
+  if (job.world_rank() != job.layout.student_world_ranks().front()) return;
+  std::int64_t total = 0;
+  for (const auto& p : parts.trainable()) total += p.numel();
+  spdlog::info("student.shard {}: each of {} students keeps AdamW moments{} for {} of {} parameters "
+               "(the last slice {} padding) of {}",
+               cfg.student.shard, shard.group_size(), shard.owns_gradients() ? " and gradients" : "",
+               shard.slice_size(), total, padded - total, what);
+}
+
+Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
+                         RoleServices& services, const char* what = "the student") {
+  const auto& cfg = job.cfg;
+  const auto mode = student::parse_shard_mode(cfg.student.shard);
+  int students = 1;
+  WD_CHECK_MPI(MPI_Comm_size(job.groups->students(), &students));
+  Reduction r;
+  if (mode == student::ShardMode::kGradients && students > 1) {
+    r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                        cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(),
+                                                        &services.health);
+    r.reducer = std::make_unique<student::ShardReducer>(*r.shard, &services.health);
+    if (job.world_rank() == job.layout.student_world_ranks().front()) {
+      spdlog::info("gradient reduce-scatter: mpi over {} students in {} buckets, started from the backward's "
+                   "gradient hooks ({})",
+                   students, r.shard->scatter()->bucket_count(), what);
+    }
+    log_shard(job, parts, *r.shard, r.shard->slice_size() * students, what);
+  } else {
+    r.reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
+                                            cfg.comm.timeout_s, job.world_rank(), device, cfg.comm.backend,
+                                            &services.health);
+    if (mode != student::ShardMode::kNone && r.reducer->whole_buffer().defined()) {
+      r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                          r.reducer->whole_buffer(), cfg.comm.timeout_s,
+                                                          job.world_rank(), &services.health);
+      log_shard(job, parts, *r.shard, r.reducer->whole_buffer().numel(), what);
+    } else if (mode != student::ShardMode::kNone && job.world_rank() == job.layout.student_world_ranks().front()) {
       spdlog::info("student.shard {}: one student, nothing to split ({}'s optimizer stays whole)", cfg.student.shard,
                    what);
     }
-    return nullptr;
   }
-  auto shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
-                                                         reducer.whole_buffer(), cfg.comm.timeout_s, job.world_rank(),
-                                                         &services.health);
-  WD_CHECK_AS(ConfigError, !shard->views().empty(),
-              "student.shard optimizer: the student's " << reducer.whole_buffer().numel() << " parameters leave rank "
-                                                        << job.world_rank() << " no slice among "
-                                                        << shard->group_size() << " students; use student.shard none");
-  if (services.faults.planned(FaultSpec::Point::kAllgather)) {
-    shard->set_fault_hook([&faults = services.faults, device = parts.trainable().front().device()](std::int64_t step) {
+  if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
+    // The loop passes average() the 0-based step (dmd: every step reduces the critic's gradients,
+    // the generator's only at its updates).
+    r.reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
+      faults.at(FaultSpec::Point::kAllreduce, step + 1, device);
+    });
+  }
+  if (r.shard && services.faults.planned(FaultSpec::Point::kAllgather)) {
+    r.shard->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
       faults.at(FaultSpec::Point::kAllgather, step + 1, device);
     });
   }
-  if (leader) {
-    std::int64_t total = 0;
-    for (const auto& p : parts.trainable()) total += p.numel();
-    spdlog::info("student.shard optimizer: each of {} students keeps AdamW moments for {} of {} parameters "
-                 "(the last slice {} padding) of {}",
-                 shard->group_size(), shard->slice_size(), total, reducer.whole_buffer().numel() - total, what);
-  }
-  return shard;
+  return r;
 }
 
 /// train.objective dmd on a student rank: the critic (its parts, AdamW, gradient reducer), the
@@ -249,8 +283,7 @@ struct DmdSide {
   std::unique_ptr<student::RealScore> score;
   std::unique_ptr<student::StudentParts> critic;
   std::unique_ptr<torch::optim::AdamW> optimizer;
-  std::unique_ptr<comm::GradientReducer> reducer;
-  std::unique_ptr<student::OptimizerShard> shard;  ///< student.shard optimizer: the critic's slice
+  Reduction reduction;  ///< the critic's reducer and (student.shard) its slice
   std::unique_ptr<student::DmdTrainer> trainer;
 };
 
@@ -281,27 +314,19 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   side.train = cfg.student_train();
   side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device));
   const auto& train = cfg.train;
-  side.reducer = comm::make_gradient_reducer(job.groups->students(), side.critic->trainable(),
-                                             cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(), device,
-                                             cfg.comm.backend, &services.health);
   // The critic shards as the student does (the same code: a trainable model and its optimizer).
-  side.shard = make_shard(job, *side.critic, *side.reducer, services, "the dmd critic");
+  side.reduction = make_reduction(job, *side.critic, device, services, "the dmd critic");
+  auto* shard = side.reduction.shard.get();
   side.optimizer = std::make_unique<torch::optim::AdamW>(
-      side.shard ? side.shard->views() : side.critic->trainable(),
+      shard ? shard->views() : side.critic->trainable(),
       torch::optim::AdamWOptions(train.critic_lr > 0 ? train.critic_lr : train.lr)
           .betas({train.beta1, train.beta2})
           .weight_decay(train.weight_decay));
-  if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
-    // Every step reduces the critic's gradients (the generator's only at its updates).
-    side.reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
-      faults.at(FaultSpec::Point::kAllreduce, step + 1, device);
-    });
-  }
   services.memory.model.weights_bytes += memory::tensor_bytes(side.critic->trainable());
   student::DmdParts parts{generator,
                           *side.critic,
                           *side.optimizer,
-                          side.reducer.get(),
+                          side.reduction.reducer.get(),
                           *side.score,
                           student::DmdSpec::from(cfg.student_train(), job.plan.latent, group_rank),
                           service_schedule(cfg, job.plan),
@@ -312,7 +337,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           cfg.comm.timeout_s,
                           peers,
                           &services.health,
-                          side.shard.get()};
+                          shard};
   side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
 }
 
@@ -398,24 +423,16 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   if (cfg.train.dmd() && stream.own) dmd.score = std::make_unique<LocalScore>(stream.own->stage);
   auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
-  auto reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
-                                             cfg.comm.timeout_s, rank, device, cfg.comm.backend, &services.health);
-  if (services.faults.planned(FaultSpec::Point::kAllreduce)) {
-    // The loop passes average() the 0-based step.
-    reducer->set_fault_hook([&faults = services.faults, device](std::int64_t step) {
-      faults.at(FaultSpec::Point::kAllreduce, step + 1, device);
-    });
-  }
+  auto reduction = make_reduction(job, parts, device, services);
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
-  const auto shard = make_shard(job, parts, *reducer, services);
   std::vector<int> peers;
   for (int r : layout.student_world_ranks()) {
     if (r != rank) peers.push_back(r);
   }
   if (cfg.train.dmd()) make_dmd_trainer(dmd, job, parts, device, group_rank, peers, services);
   const auto train = cfg.student_train();
-  student::StudentJob loop{parts, *stream.transport, *reducer, job.plan, train, job.groups->students(),
+  student::StudentJob loop{parts, *stream.transport, *reduction.reducer, job.plan, train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            student::CheckpointPolicy::parse(cfg.student.checkpointing)};
@@ -427,7 +444,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
   loop.dmd = dmd.trainer.get();
-  loop.shard = shard.get();
+  loop.shard = reduction.shard.get();
   if (dmd.score) loop.extra_wait = [score = dmd.score.get()] { return score->wait_seconds(); };
   attach_checkpoints(loop, job, parts, services, device);
   return finish_student(job, student::run_student(loop), parts, loop.ema, group_rank == 0);

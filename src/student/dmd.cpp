@@ -205,7 +205,9 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
 
 memory::ModelMemory DmdTrainer::critic_memory() const {
   const auto& params = p_.critic.trainable();
-  return {memory::tensor_bytes(params), memory::grad_bytes(params), memory::optimizer_state_bytes(p_.critic_optimizer)};
+  return {memory::tensor_bytes(params),
+          memory::grad_bytes(params) + (p_.critic_shard ? p_.critic_shard->gradient_bytes() : 0),
+          memory::optimizer_state_bytes(p_.critic_optimizer)};
 }
 
 DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {

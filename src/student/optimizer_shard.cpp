@@ -2,6 +2,7 @@
 #include "student/optimizer_shard.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "comm/mpi_check.hpp"
@@ -14,9 +15,10 @@ namespace wd::student {
 ShardMode parse_shard_mode(const std::string& text) {
   if (text == "none") return ShardMode::kNone;
   if (text == "optimizer") return ShardMode::kOptimizer;
+  if (text == "gradients") return ShardMode::kGradients;
   throw ConfigError("student.shard(" + text +
-                    ") must be none or optimizer (ZeRO-1: AdamW moments of 1/N of the parameters per student "
-                    "rank); gradients and parameters sharding are not built yet");
+                    ") must be none, optimizer (ZeRO-1: AdamW moments of 1/N of the parameters per student rank) or "
+                    "gradients (ZeRO-2: the gradients of that 1/N too); parameters sharding is not built yet");
 }
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole,
@@ -27,78 +29,156 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
       timeout_(timeout_s),
       world_rank_(world_rank),
       health_(health) {
-  WD_CHECK(comm_ != MPI_COMM_NULL, "student.shard works in the student group; rank " << world_rank << " is not in it");
-  WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
-  WD_CHECK_MPI(MPI_Comm_rank(comm_, &group_rank_));
+  join_group();
   WD_CHECK(whole_.defined() && whole_.dim() == 1 && whole_.scalar_type() == torch::kFloat,
            "student.shard needs the gradient reducer's flat fp32 buffer (a group of more than one student)");
   WD_CHECK(whole_.numel() % group_size_ == 0,
            "the gradient buffer (" << whole_.numel() << " elements) does not divide into " << group_size_ << " slices");
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    WD_CHECK(params_[i].grad().defined() && params_[i].grad().data_ptr() == whole_[offset].data_ptr(),
+             "parameter " << i << "'s .grad is not its view of the gradient buffer: student.shard needs bound "
+                                 "gradients (a parameter of another dtype, device or layout?)");
+    offset += params_[i].numel();
+  }
+  lay_out(whole_.numel());
+  if (!whole_.is_cpu()) {
+    host_ = torch::empty({whole_.numel()}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  }
+}
+
+OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
+                               double timeout_s, int world_rank, comm::HealthChannel* health)
+    : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
+  join_group();
+  WD_CHECK(!params_.empty(), "student.shard gradients needs trainable parameters");
+  std::int64_t total = 0;
+  for (const auto& p : params_) {
+    WD_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && p.device() == params_.front().device(),
+             "student.shard gradients needs contiguous fp32 trainable tensors on one device; got "
+                 << p.scalar_type() << " on " << p.device());
+    total += p.numel();
+  }
+  const std::int64_t padded = (total + group_size_ - 1) / group_size_ * group_size_;
+  grad_slice_ = torch::zeros({padded / group_size_}, params_.front().options().requires_grad(false));
+  lay_out(padded);
+  if (!params_.front().is_cpu()) {
+    host_ = torch::empty({padded}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  }
+  scatter_ = std::make_unique<GradientScatter>(
+      comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
+      grad_slice_, timeout_, world_rank_, peers_, health_);
+}
+
+void OptimizerShard::join_group() {
+  WD_CHECK(comm_ != MPI_COMM_NULL, "student.shard works in the student group; rank " << world_rank_ << " is not in it");
+  WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
+  WD_CHECK_MPI(MPI_Comm_rank(comm_, &group_rank_));
   peers_ = comm::world_ranks_of(comm_);
-  peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank), peers_.end());
-  slice_ = whole_.numel() / group_size_;
+  peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank_), peers_.end());
+}
+
+void OptimizerShard::lay_out(std::int64_t padded) {
+  slice_ = padded / group_size_;
   begin_ = slice_ * group_rank_;
+  padded_ = padded;
   const std::int64_t end = begin_ + slice_;
   torch::NoGradGuard no_grad;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
-    WD_CHECK(p.grad().defined() && p.grad().data_ptr() == whole_[offset].data_ptr(),
-             "parameter " << i << "'s .grad is not its view of the gradient buffer: student.shard needs bound "
-                                 "gradients (a parameter of another dtype, device or layout?)");
     offsets_.push_back(offset);
     const std::int64_t first = std::max(offset, begin_);
     const std::int64_t last = std::min(offset + p.numel(), end);
     if (first < last) {
       Segment s{i, first - offset, last - first, first};
       // A view of the parameter's storage (detached: the optimizer's in-place update is the
-      // parameter's) whose grad is the matching view of the bound grad.
+      // parameter's) whose grad is the matching view of the bound grad (optimizer) or of this
+      // rank's gradient slice (gradients).
       auto view = p.detach().view({-1}).narrow(0, s.offset, s.length);
       view.set_requires_grad(true);
-      view.mutable_grad() = p.grad().view({-1}).narrow(0, s.offset, s.length);
+      view.mutable_grad() = grad_slice_.defined() ? grad_slice_.narrow(0, first - begin_, s.length)
+                                                  : p.grad().view({-1}).narrow(0, s.offset, s.length);
       segments_.push_back(s);
       views_.push_back(view);
     }
     offset += p.numel();
   }
-  if (!whole_.is_cpu()) {
-    host_ = torch::empty({whole_.numel()}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-  }
   WD_CHECK(slice_ <= std::numeric_limits<int>::max(),
            "a parameter slice of " << slice_ << " elements exceeds MPI's int count");
 }
 
+OptimizerShard::~OptimizerShard() = default;
+
+void OptimizerShard::begin_step() {
+  if (scatter_) scatter_->begin_step();
+}
+
+void OptimizerShard::reduce(std::int64_t step, const std::function<void()>& posted) {
+  WD_CHECK(scatter_, "OptimizerShard::reduce is student.shard gradients' (the optimizer mode's reducer all-reduces)");
+  scatter_->reduce(step, posted);
+}
+
+torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, std::int64_t step) {
+  torch::NoGradGuard no_grad;
+  // The global norm: this rank's sum of squares (its slice; padding is zero), summed over the group.
+  auto squares = grad_slice_.to(torch::kDouble).pow(2).sum().reshape({1}).cpu();
+  MPI_Request request;
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, squares.data_ptr<double>(), 1, MPI_DOUBLE, MPI_SUM, comm_, &request));
+  try {
+    comm::wait_with_deadline(request, {"allreduce grad norm", step, sizeof(double), peers_}, timeout_, world_rank_,
+                             health_);
+  } catch (...) {
+    comm::keep_until_exit(squares);
+    throw;
+  }
+  const double total = std::sqrt(squares.item<double>());
+  // LibTorch's clip_grad_norm_ factor: max_norm / (total + 1e-6), at most 1.
+  const double factor = std::min(1.0, max_norm / (total + 1e-6));
+  if (factor < 1.0) grad_slice_.mul_(factor);
+  return torch::full({}, total, torch::kDouble);
+}
+
+std::uint64_t OptimizerShard::gradient_bytes() const {
+  return grad_slice_.defined() ? static_cast<std::uint64_t>(grad_slice_.nbytes()) : 0;
+}
+
 void OptimizerShard::gather(std::int64_t step) {
   torch::NoGradGuard no_grad;
-  // The grads are spent: the buffer now carries the parameters, this rank's slice first.
-  whole_.narrow(0, begin_, slice_).zero_();
+  // The flat layout to gather in: the reducer's buffer (optimizer: the grads are spent), its
+  // pinned host twin for device parameters, or a buffer of this step (gradients, host).
+  torch::Tensor flat = host_.defined() ? host_ : whole_.defined() ? whole_ : torch::empty({padded_}, torch::kFloat);
+  flat.narrow(0, begin_, slice_).zero_();
   for (std::size_t k = 0; k < segments_.size(); ++k) {
-    whole_.narrow(0, segments_[k].global, segments_[k].length).copy_(views_[k]);
+    flat.narrow(0, segments_[k].global, segments_[k].length).copy_(views_[k]);
   }
-  torch::Tensor& buffer = host_.defined() ? host_ : whole_;
-  if (host_.defined()) host_.narrow(0, begin_, slice_).copy_(whole_.narrow(0, begin_, slice_));
   MPI_Request request;
-  WD_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data_ptr<float>(), static_cast<int>(slice_),
+  WD_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, flat.data_ptr<float>(), static_cast<int>(slice_),
                               MPI_FLOAT, comm_, &request));
   std::vector<MPI_Request> requests{request};
   try {
     comm::run_fault_hook(fault_hook_, health_, "allgather parameters", step);
     comm::wait_all_with_deadline(requests,
                                  comm::WaitInfo{"allgather parameters", step,
-                                                static_cast<std::uint64_t>(buffer.numel()) * sizeof(float), peers_},
+                                                static_cast<std::uint64_t>(flat.numel()) * sizeof(float), peers_},
                                  timeout_, world_rank_, health_);
   } catch (...) {
-    comm::keep_until_exit(buffer);
+    comm::keep_until_exit(flat);
     throw;
   }
-  if (host_.defined()) whole_.copy_(host_);
+  if (whole_.defined() && host_.defined()) whole_.copy_(host_);
+  const auto& source = whole_.defined() ? whole_ : flat;
   std::vector<torch::Tensor> to, from;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     to.push_back(params_[i].detach().view({-1}));
-    from.push_back(whole_.narrow(0, offsets_[i], params_[i].numel()));
+    from.push_back(source.narrow(0, offsets_[i], params_[i].numel()));
   }
-  compat::copy_all(to, from);
-  whole_.zero_();
+  if (source.device() == params_.front().device()) {
+    compat::copy_all(to, from);
+  } else {
+    for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);  // host twin → device, no device-size buffer
+  }
+  if (whole_.defined()) whole_.zero_();
 }
 
 TensorMap OptimizerShard::gather_moments(const torch::optim::AdamW& optimizer, const std::vector<std::string>& names,

@@ -1,6 +1,7 @@
-// OptimizerShard (`student.shard optimizer`, ZeRO-1): each student rank keeps AdamW moments for
-// one contiguous 1/N slice of the trainable parameters and updates only that slice; the updated
-// slices are then all-gathered so every rank holds the whole model again.
+// OptimizerShard (`student.shard optimizer`, ZeRO-1; `gradients`, ZeRO-2): each student rank keeps
+// AdamW moments (and with `gradients` the averaged gradients) for one contiguous 1/N slice of the
+// trainable parameters and updates only that slice; the updated slices are then all-gathered so
+// every rank holds the whole model again.
 #pragma once
 
 #include <mpi.h>
@@ -8,18 +9,22 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/gradient_reducer.hpp"
 #include "comm/health_channel.hpp"
 #include "comm/wait.hpp"
 #include "model/safetensors.hpp"
+#include "student/gradient_scatter.hpp"
 
 namespace wd::student {
 
 /// `student.shard`: what the student group splits between its ranks.
-enum class ShardMode { kNone, kOptimizer };
-/// "none" | "optimizer"; anything else is a ConfigError naming the key and the values.
+enum class ShardMode { kNone, kOptimizer, kGradients };
+/// "none" | "optimizer" | "gradients"; anything else is a ConfigError naming the key and the values.
 ShardMode parse_shard_mode(const std::string& text);
 
 /// The parameters are laid out in their order as one flat fp32 vector of `total` elements (the
@@ -41,6 +46,28 @@ class OptimizerShard {
   /// buffer, padded to a multiple of the group size). Not collective.
   OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole, double timeout_s,
                  int world_rank, comm::HealthChannel* health);
+  /// student.shard gradients: no reducer buffer; the shard owns this rank's gradient slice, which
+  /// its GradientScatter (buckets of `bucket_bytes`) fills. `params`: contiguous fp32 on one
+  /// device. Not collective.
+  OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes, double timeout_s,
+                 int world_rank, comm::HealthChannel* health);
+  ~OptimizerShard();
+  OptimizerShard(const OptimizerShard&) = delete;
+  OptimizerShard& operator=(const OptimizerShard&) = delete;
+
+  /// student.shard gradients: the gradients are this rank's slice (reduce(), clip_grad_norm()).
+  bool owns_gradients() const { return scatter_ != nullptr; }
+  /// Before the step's backward (gradients: drops the grads and arms the scatter; else nothing).
+  void begin_step();
+  /// gradients: the step's reduce-scatter (GradientScatter::reduce). Collective.
+  void reduce(std::int64_t step, const std::function<void()>& posted);
+  /// gradients: scales the slice so the global norm (over every rank's slice) is at most
+  /// `max_norm`, LibTorch's clip_grad_norm_ factor; returns that norm. Collective.
+  torch::Tensor clip_grad_norm(double max_norm, std::int64_t step);
+  /// Bytes of gradients this rank keeps between steps (gradients: its slice; else 0: the
+  /// parameters' own .grad).
+  std::uint64_t gradient_bytes() const;
+  const GradientScatter* scatter() const { return scatter_.get(); }
 
   /// The tensors the optimizer steps: this rank's views (an empty slice gives none).
   const std::vector<torch::Tensor>& views() const { return views_; }
@@ -50,9 +77,9 @@ class OptimizerShard {
   int group_size() const { return group_size_; }
 
   /// After the optimizer stepped the views: every rank's slice to every rank (MPI all-gather
-  /// through the reducer's buffer, which the step no longer needs; staged through pinned host
-  /// memory for device parameters), copied into the parameters; the buffer (the grads) is left
-  /// zeroed. Collective; waits with deadline, polling `health`.
+  /// through the reducer's buffer, which the step no longer needs, or with `gradients` a buffer of
+  /// the step; staged through pinned host memory for device parameters), copied into the
+  /// parameters; the reducer's buffer (the grads) is left zeroed. Collective; waits with deadline, polling `health`.
   void gather(std::int64_t step);
   /// Testing aid (--inject-fault ...:allgather): runs inside every gather(step), once this rank's
   /// part of the all-gather is posted and before it waits.
@@ -65,6 +92,10 @@ class OptimizerShard {
                            std::int64_t step);
 
  private:
+  void join_group();
+  /// Offsets, this rank's slice of `padded` elements, its segments and views.
+  void lay_out(std::int64_t padded);
+
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
   torch::Tensor whole_;
@@ -72,13 +103,31 @@ class OptimizerShard {
   std::vector<std::int64_t> offsets_;  ///< each parameter's first element in the flat layout
   std::vector<Segment> segments_;
   std::vector<torch::Tensor> views_;
-  std::int64_t begin_ = 0, slice_ = 0;
+  std::int64_t begin_ = 0, slice_ = 0, padded_ = 0;
+  torch::Tensor grad_slice_;  ///< gradients: this rank's averaged gradients
+  std::unique_ptr<GradientScatter> scatter_;
   int group_size_ = 1, group_rank_ = 0;
   std::vector<int> peers_;
   std::chrono::duration<double> timeout_;
   int world_rank_;
   comm::HealthChannel* health_;
   comm::FaultHook fault_hook_;
+};
+
+/// student.shard gradients in the reducer's place: average(step) is the shard's reduce-scatter,
+/// so the step and the fault wiring (`allreduce`) stay those of every reducer.
+class ShardReducer final : public comm::GradientReducer {
+ public:
+  ShardReducer(OptimizerShard& shard, comm::HealthChannel* health) : GradientReducer(health), shard_(shard) {}
+  void average(std::int64_t step) override {
+    shard_.reduce(step, [this, step] { fault_point(step); });
+  }
+  std::size_t bucket_count() const override { return shard_.scatter()->bucket_count(); }
+  double wait_seconds() const override { return shard_.scatter()->wait_seconds(); }
+  const char* backend() const override { return "mpi reduce-scatter"; }
+
+ private:
+  OptimizerShard& shard_;
 };
 
 }  // namespace wd::student

@@ -14,6 +14,7 @@ double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& 
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
   ctx.objective.zero_grad();
+  if (ctx.shard) ctx.shard->begin_step();  // student.shard gradients: the scatter's hooks listen
   const auto count = batches.count();
   const double micro_scale = 1.0 / static_cast<double>(count);
   std::vector<torch::Tensor> micro_losses;  // on the device until the step reads them once
@@ -39,7 +40,14 @@ double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& 
     mean += micro_scale * loss;
   }
   if (ctx.reducer) ctx.reducer->average(step);
-  if (ctx.grad_clip > 0) clip_grad_norm(ctx.objective.parameters(), ctx.grad_clip);
+  if (ctx.grad_clip > 0) {
+    // With sharded gradients the norm is the global one, over every rank's slice.
+    if (ctx.shard && ctx.shard->owns_gradients()) {
+      ctx.shard->clip_grad_norm(ctx.grad_clip, step);
+    } else {
+      clip_grad_norm(ctx.objective.parameters(), ctx.grad_clip);
+    }
+  }
   // CUDA students: LibTorch's fused multi-tensor AdamW; the host keeps the exact per-parameter one.
   if (!compat::fused_adamw_step(ctx.optimizer)) ctx.optimizer.step();
   if (ctx.shard) ctx.shard->gather(step);

@@ -65,8 +65,9 @@ struct StepContext {
   double grad_clip = 0;                      ///< largest global gradient 2-norm; 0: no clipping
   int world_rank = 0;                        ///< named when a loss is not finite
   std::function<void()> after_step;          ///< the caller's hook after the update; may be empty
-  /// student.shard optimizer: the optimizer steps this rank's slice (the shard's views), and the
-  /// slices are all-gathered after it; null: the optimizer steps every parameter.
+  /// student.shard optimizer|gradients: the optimizer steps this rank's slice (the shard's views),
+  /// and the slices are all-gathered after it (gradients: the reducer is the shard's reduce-scatter
+  /// and the clip takes the global norm of the slices); null: the optimizer steps every parameter.
   OptimizerShard* shard = nullptr;
 };
 

@@ -31,6 +31,7 @@ struct Case {
   int step;           ///< 1 (first) or 6 (later) at the step's start; 3 or 4 inside it
   std::string point;  ///< empty: the step's start; allreduce | send | save | serve | allgather: inside the step
   bool dmd = false;   ///< train.objective dmd (critic_ratio 3): a real-score request is under way
+  std::string shard;  ///< student.shard (allgather: optimizer); empty: none
 };
 
 /// The dmd job of the matrix's dmd cases: cycles of 3 steps, the request of a cycle goes out at
@@ -40,7 +41,7 @@ const std::string kDmd = " --train.objective dmd --train.critic_ratio 3 --studen
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return c.kind + "_" + c.role + "_" + (!c.point.empty() ? c.point : c.step == 1 ? "first" : "later") +
-         (c.dmd ? "_dmd" : "");
+         (c.dmd ? "_dmd" : "") + (c.shard.empty() ? "" : "_" + c.shard);
 }
 
 /// Where the failing rank was, as the diagnosis says it ("in allreduce grads").
@@ -93,7 +94,8 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
                            std::to_string(kDeadline) + (c.point == "save" ? " --checkpoint.every 2" : "") +
                            " --inject-fault " + c.kind + "@" + c.role + ":" + std::to_string(role_rank) + ":" +
                            std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point) + (c.dmd ? kDmd : "") +
-                           (c.point == "allgather" ? " --student.shard optimizer" : "");
+                           (c.point == "allgather" ? " --student.shard optimizer" : "") +
+                           (c.shard.empty() ? "" : " --student.shard " + c.shard);
   // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
   // plus the protocol to explain, so they get a longer grace there.
   const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
@@ -163,6 +165,11 @@ std::vector<Case> matrix() {
   // student.shard optimizer: a student dies in the all-gather of the updated slices (the other
   // is inside it too).
   for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 3, "allgather"});
+  // student.shard gradients: a student dies once its reduce-scatters are posted (the other is
+  // inside them, some begun in the backward).
+  for (const std::string kind : {"sigkill", "throw"}) {
+    cases.push_back({kind, "student", 3, "allreduce", false, "gradients"});
+  }
   // train.objective dmd: the teacher dies answering the students' requests (they wait for the
   // answer or for the stream), a student dies with its request outstanding (the teacher waits
   // in the request stream or the batch stream).

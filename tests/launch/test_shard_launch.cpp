@@ -1,8 +1,8 @@
-// student.shard optimizer (ZeRO-1) against plain data-parallel training: the same loss curve on
-// 2, 3 and 4 students (slices that cross parameters, a padded last slice), with the global-norm
-// clip, gradient accumulation and bf16-mixed; checkpoints resumed on the same student count bit
-// for bit and on other counts (2 -> 4 -> 3) exactly as an unsharded resume; the dmd critic;
-// refusals.
+// student.shard optimizer (ZeRO-1) and gradients (ZeRO-2) against plain data-parallel training:
+// the same loss curve on 2, 3 and 4 students (slices that cross parameters, a padded last slice,
+// several buckets reduce-scattered from the backward), with the global-norm clip, gradient
+// accumulation and bf16-mixed; checkpoints resumed on the same student count bit for bit and on
+// other counts (2 -> 4 -> 3) exactly as an unsharded resume; the dmd critic; refusals.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -27,12 +27,15 @@ const fs::path& root() {
 const std::string kBase = " --train.log_every 1 --student.ffn_dim 101 --student.freq_dim 66 --train.eval_samples 24"
                           " --teacher.compute fp32";
 const std::string kJob = kBase + " --train.steps 12";
+// student.shard gradients with buckets of 0.1 MB: the student's 0.58 MB of fp32 gradients in 6
+// buckets, so reduce-scatters start inside the backward.
+const std::string kGradients = " --student.shard gradients --comm.bucket_mb 0.1";
 
 std::string run_dir(const std::string& name) { return " --run-dir " + (root() / name).string(); }
 
 // Each student count against its unsharded twin: the loss curves agree to 1e-6 relative per step
 // (the same AdamW arithmetic on each element, so on one host they are in fact equal).
-TEST(Shard, OptimizerShardingTrainsLikeDataParallelOnTwoThreeAndFourStudents) {
+TEST(Shard, OptimizerAndGradientShardingTrainLikeDataParallelOnTwoThreeAndFourStudents) {
   for (const int students : {2, 3, 4}) {
     SCOPED_TRACE(std::to_string(students) + " students");
     const std::string n = std::to_string(students);
@@ -44,6 +47,17 @@ TEST(Shard, OptimizerShardingTrainsLikeDataParallelOnTwoThreeAndFourStudents) {
               std::string::npos)
         << sharded.output;
     test::expect_close_losses(root() / ("plain-" + n), root() / ("sharded-" + n), 12);
+    auto scattered = test::launch_train(students + 1, run_dir("scattered-" + n) + kJob + kGradients);
+    ASSERT_EQ(scattered.code, 0) << scattered.output;
+    EXPECT_NE(scattered.output.find("student.shard gradients: each of " + n +
+                                    " students keeps AdamW moments and gradients for "),
+              std::string::npos)
+        << scattered.output;
+    // Every bucket left from the backward's hooks; nothing was left to send after it.
+    EXPECT_NE(scattered.output.find("6 bucket send(s) from the backward's hooks, 0 after it (6 buckets)"),
+              std::string::npos)
+        << scattered.output;
+    test::expect_close_losses(root() / ("plain-" + n), root() / ("scattered-" + n), 12);
   }
   // 144458 = 3 x 48153 - 1 = 4 x 36115 - 2: the last slice padded.
   for (const auto& [students, line] : {std::pair{3, "for 48153 of 144458 parameters (the last slice 1 padding)"},
@@ -55,14 +69,31 @@ TEST(Shard, OptimizerShardingTrainsLikeDataParallelOnTwoThreeAndFourStudents) {
 }
 
 // Accumulated micro-batches, a tight clip (the global norm over every slice clips each step) and
-// bf16 compute with fp32 masters: still the unsharded curve.
+// bf16 compute with fp32 masters: still the unsharded curve. With sharded gradients each
+// micro-batch's backward sends every bucket (12 sends in 6 buckets); bf16-mixed folds into the
+// fp32 master grads after the backward, so its buckets all leave after it.
 TEST(Shard, AccumulationClippingAndMixedPrecisionTrainAlike) {
-  const std::string args = kJob + " --train.grad_accum 2 --train.grad_clip 0.05 --student.precision bf16-mixed";
-  auto plain = test::launch_train(4, run_dir("mixed-plain") + args);
+  const std::string accum = kJob + " --train.grad_accum 2 --train.grad_clip 0.05";
+  const std::string mixed = accum + " --student.precision bf16-mixed";
+  auto plain = test::launch_train(4, run_dir("mixed-plain") + mixed);
   ASSERT_EQ(plain.code, 0) << plain.output;
-  auto sharded = test::launch_train(4, run_dir("mixed-sharded") + args + " --student.shard optimizer");
+  auto sharded = test::launch_train(4, run_dir("mixed-sharded") + mixed + " --student.shard optimizer");
   ASSERT_EQ(sharded.code, 0) << sharded.output;
   test::expect_close_losses(root() / "mixed-plain", root() / "mixed-sharded", 12);
+  auto scattered = test::launch_train(4, run_dir("mixed-scattered") + mixed + kGradients);
+  ASSERT_EQ(scattered.code, 0) << scattered.output;
+  EXPECT_NE(scattered.output.find("0 bucket send(s) from the backward's hooks, 6 after it"), std::string::npos)
+      << scattered.output;
+  test::expect_close_losses(root() / "mixed-plain", root() / "mixed-scattered", 12);
+
+  auto accum_plain = test::launch_train(4, run_dir("accum-plain") + accum);
+  ASSERT_EQ(accum_plain.code, 0) << accum_plain.output;
+  auto accum_scattered = test::launch_train(4, run_dir("accum-scattered") + accum + kGradients);
+  ASSERT_EQ(accum_scattered.code, 0) << accum_scattered.output;
+  EXPECT_NE(accum_scattered.output.find("12 bucket send(s) from the backward's hooks, 0 after it (6 buckets)"),
+            std::string::npos)
+      << accum_scattered.output;
+  test::expect_close_losses(root() / "accum-plain", root() / "accum-scattered", 12);
 }
 
 // The checkpoint holds the whole optimizer (the slices gathered to the writer): resumed on the
@@ -82,16 +113,29 @@ TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
                                           std::tuple{std::string("three"),
                                                      root() / "four-sharded" / "checkpoints" / "step-00000008", 4}}) {
     SCOPED_TRACE(name);
-    for (const std::string mode : {"sharded", "plain"}) {
+    // The checkpoint is the same whatever the sharding: a gradients run resumes it too.
+    for (const std::string mode : {"sharded", "plain", "scattered"}) {
+      const std::string shard = mode == "sharded" ? " --student.shard optimizer" : mode == "scattered" ? kGradients : "";
       const auto r = test::launch_train(ranks, run_dir(name + "-" + mode) + kJob + " --checkpoint.every 4 --resume " +
-                                                   from.string() + (mode == "sharded" ? " --student.shard optimizer" : ""));
+                                                   from.string() + shard);
       ASSERT_EQ(r.code, 0) << r.output;
     }
-    const auto a = test::losses(root() / (name + "-sharded")), b = test::losses(root() / (name + "-plain"));
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_FALSE(a.empty());
-    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << "step " << i;
+    const auto b = test::losses(root() / (name + "-plain"));
+    ASSERT_FALSE(b.empty());
+    for (const std::string mode : {"sharded", "scattered"}) {
+      const auto a = test::losses(root() / (name + "-" + mode));
+      ASSERT_EQ(a.size(), b.size()) << mode;
+      for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << mode << " step " << i;
+    }
   }
+  // student.shard gradients resumed on its own count: bit for bit.
+  const std::string scatter_args = kJob + kGradients + " --checkpoint.every 4 --checkpoint.keep 0";
+  auto scattered = test::launch_train(3, run_dir("scattered-straight") + scatter_args);
+  ASSERT_EQ(scattered.code, 0) << scattered.output;
+  auto again = test::launch_train(3, run_dir("scattered-same") + scatter_args + " --resume " +
+                                         (root() / "scattered-straight" / "checkpoints" / "step-00000004").string());
+  ASSERT_EQ(again.code, 0) << again.output;
+  test::expect_resumed_exactly(root() / "scattered-straight", root() / "scattered-same", 12, 4);
 }
 
 // train.objective dmd: the critic shards with the student (the same code), and a run resumed
@@ -110,16 +154,25 @@ TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
                                            step6.string());
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   test::expect_resumed_exactly(root() / "dmd-sharded", root() / "dmd-resumed", 12, 6);
+  // Sharded gradients: the critic's reduce-scatter runs while the generator's hooks stay quiet
+  // (the generator's loss runs through the critic, whose grads then are not the critic's step's).
+  auto scattered = test::launch_train(3, run_dir("dmd-scattered") + args + kGradients);
+  ASSERT_EQ(scattered.code, 0) << scattered.output;
+  test::expect_close_losses(root() / "dmd-plain", root() / "dmd-scattered", 12);
 }
 
 TEST(Shard, RefusesWhatItDoesNotDo) {
-  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard gradients");
+  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard parameters");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("student.shard(gradients) must be none or optimizer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("student.shard(parameters) must be none, optimizer (ZeRO-1"), std::string::npos)
+      << r.output;
   // One student: nothing to split, said once, trained as unsharded.
   r = test::launch_train(2, run_dir("one") + kBase + " --student.shard optimizer --train.steps 2");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("student.shard optimizer: one student, nothing to split"), std::string::npos) << r.output;
+  r = test::launch_train(2, run_dir("one-gradients") + kBase + kGradients + " --train.steps 2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("student.shard gradients: one student, nothing to split"), std::string::npos) << r.output;
 }
 
 }  // namespace
