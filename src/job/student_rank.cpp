@@ -238,7 +238,7 @@ Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, cons
   if (mode == student::ShardMode::kGradients && students > 1) {
     r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
                                                         cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(),
-                                                        &services.health);
+                                                        &services.health, parts.grad_sources());
     r.reducer = std::make_unique<student::ShardReducer>(*r.shard, &services.health);
     if (job.world_rank() == job.layout.student_world_ranks().front()) {
       spdlog::info("gradient reduce-scatter: mpi over {} students in {} buckets, started from the backward's "

@@ -108,15 +108,21 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  ctx.batch_size, half, bytes(transient / 2), who, accum),
                      {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
     }
-    // The AdamW moments: with several students, each can keep a 1/N slice of them.
+    // The AdamW moments and gradients: with several students, each can keep a 1/N slice of both
+    // (student.shard gradients; optimizer already splits the moments).
     const std::uint64_t moments = known ? failed->memory.model.optimizer_state_bytes : 0;
-    if (ctx.student_shard == "none" && ctx.student_ranks > 1 && moments > 0 &&
-        (moments >= peak / 10 || (request && moments - moments / static_cast<std::uint64_t>(ctx.student_ranks) >= *request))) {
-      const auto n = static_cast<std::uint64_t>(ctx.student_ranks);
-      out.push_back({fmt::format("{} holds {} of AdamW moments: --student.shard optimizer keeps 1/{} of them on each "
-                                 "student ({}; the same loss curve, docs/training.md), freeing {}",
-                                 who, bytes(moments), n, bytes(moments / n), bytes(moments - moments / n)),
-                     {{"student.shard", "optimizer"}}});
+    const std::uint64_t grads = known ? failed->memory.model.grads_bytes : 0;
+    const bool whole_moments = ctx.student_shard == "none";
+    const std::uint64_t held = (whole_moments ? moments : 0) + grads;
+    const auto n = static_cast<std::uint64_t>(std::max(1, ctx.student_ranks));
+    if (ctx.student_shard != "gradients" && n > 1 && held > 0 &&
+        (held >= peak / 10 || (request && held - held / n >= *request))) {
+      const auto what = whole_moments ? fmt::format("{} of AdamW moments and {} of gradients", bytes(moments), bytes(grads))
+                                      : fmt::format("{} of gradients", bytes(grads));
+      out.push_back({fmt::format("{} holds {}: --student.shard gradients keeps 1/{} of {} on each student ({}; the "
+                                 "same loss curve, docs/training.md), freeing {}",
+                                 who, what, n, whole_moments ? "both" : "them", bytes(held / n), bytes(held - held / n)),
+                     {{"student.shard", "gradients"}}});
     }
     if (ctx.precision == "fp32" && share >= 0.3) {
       out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "

@@ -221,13 +221,29 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   };
   place(kTransportBuffers, s_ring, "receive ring + kept held-out batches");
   place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
-  place(kGradients, grads,
-        !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
-                 : "fp32 .grad, views into the all-reduce buckets");
   const bool sharded = in.shard_optimizer && in.student_ranks > 1;
   const u64 N = sharded ? n(in.student_ranks) : 1;
   // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).
-  const u64 moments = 2 * kF32 * ((W / kF32 + N - 1) / N);
+  const u64 slice = kF32 * ((W / kF32 + N - 1) / N);
+  const bool scattered = sharded && in.shard_gradients;
+  if (scattered) {
+    // The averaged slice, and in the backward the grads of the buckets not yet complete (two
+    // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
+    // host and send after the backward: the host holds every bucket once, with the all-gather's
+    // pinned copy beside it.
+    const u64 in_flight = 2 * std::min<u64>(in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
+    if (cuda) {
+      St.push_back(item(kGradients, slice + in_flight, W,
+                        "fp32 slice of 1/" + std::to_string(N) + " + two buckets in the backward; host: packed buckets"));
+    } else {
+      place(kGradients, slice + in_flight, "fp32 slice of 1/" + std::to_string(N) + " + two buckets in flight");
+    }
+  } else {
+    place(kGradients, grads,
+          !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
+                   : "fp32 .grad, views into the all-reduce buckets");
+  }
+  const u64 moments = 2 * slice;
   const u64 optimizer = moments + (in.student_ema ? W : 0);
   std::string optimizer_note = sharded ? "AdamW exp_avg + exp_avg_sq of 1/" + std::to_string(N) + " of the parameters"
                                        : "AdamW exp_avg + exp_avg_sq";
@@ -238,7 +254,13 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   } else {
     place(kOptimizerState, optimizer, optimizer_note);
   }
-  place(kStudentActivations, s_act);
+  // A host student with sharded gradients all-gathers through a buffer of the whole model after
+  // the step, when the activations are gone: the larger of the two is the peak's.
+  if (scattered && !cuda && W > s_act) {
+    place(kStudentActivations, W, "the all-gather's step buffer (larger than the activations, not held with them)");
+  } else {
+    place(kStudentActivations, s_act);
+  }
   St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
 
   // Budgets: every rank's device, and the fullest node's host memory. Where every node holds

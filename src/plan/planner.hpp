@@ -40,6 +40,10 @@ struct PlanInput {
   /// student.shard optimizer: each student rank keeps AdamW moments for 1/student_ranks of the
   /// parameters (the dmd critic's too); the weight average stays whole.
   bool shard_optimizer = false;
+  /// student.shard gradients (with shard_optimizer): each student rank keeps the averaged
+  /// gradients of its slice only; the full gradients exist a bucket at a time in the backward.
+  bool shard_gradients = false;
+  std::uint64_t bucket_bytes = 25ULL << 20;  ///< comm.bucket_mb: a gradient bucket
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)

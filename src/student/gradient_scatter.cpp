@@ -19,9 +19,11 @@ const auto kHostFloat = torch::TensorOptions().dtype(torch::kFloat);
 
 GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> params, Layout layout,
                                  std::uint64_t bucket_bytes, torch::Tensor slice, std::chrono::duration<double> timeout,
-                                 int world_rank, std::vector<int> peers, comm::HealthChannel* health)
+                                 int world_rank, std::vector<int> peers, comm::HealthChannel* health,
+                                 std::vector<torch::Tensor> sources)
     : comm_(students),
       params_(std::move(params)),
+      sources_(sources.empty() ? params_ : std::move(sources)),
       layout_(std::move(layout)),
       slice_(std::move(slice)),
       main_thread_(std::this_thread::get_id()),
@@ -29,6 +31,8 @@ GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> p
       world_rank_(world_rank),
       peers_(std::move(peers)),
       health_(health) {
+  WD_CHECK(sources_.size() == params_.size(),
+           "gradient scatter: " << sources_.size() << " gradient sources for " << params_.size() << " parameters");
   WD_CHECK(layout_.offsets.size() == params_.size(), "gradient scatter: " << layout_.offsets.size()
                                                                           << " offsets for " << params_.size()
                                                                           << " parameters");
@@ -67,7 +71,7 @@ GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> p
     bucket.seen.assign(bucket.params.size(), 0);
     for (const auto i : bucket.params) bucket_of_[i] = b;
   }
-  for (std::size_t i = 0; i < params_.size(); ++i) hooks_.emplace_back(params_[i], [this, i] { on_ready(i); });
+  for (std::size_t i = 0; i < params_.size(); ++i) hooks_.emplace_back(sources_[i], [this, i] { on_ready(i); });
 }
 
 GradientScatter::~GradientScatter() {
@@ -79,6 +83,7 @@ GradientScatter::~GradientScatter() {
 
 void GradientScatter::begin_step() {
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  for (auto& p : sources_) p.mutable_grad() = torch::Tensor();
   slice_.zero_();
   for (auto& bucket : buckets_) {
     std::fill(bucket.seen.begin(), bucket.seen.end(), 0);
@@ -87,6 +92,19 @@ void GradientScatter::begin_step() {
   }
   sent_in_backward_ = sent_after_backward_ = 0;
   armed_ = true;
+}
+
+void GradientScatter::fold(std::size_t param) {
+  torch::Tensor& from = sources_[param].mutable_grad();
+  if (!from.defined() || sources_[param].unsafeGetTensorImpl() == params_[param].unsafeGetTensorImpl()) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor& grad = params_[param].mutable_grad();
+  if (grad.defined()) {
+    grad.add_(from);
+  } else {
+    grad = from.to(torch::kFloat);
+  }
+  from = torch::Tensor();
 }
 
 void GradientScatter::on_ready(std::size_t param) {
@@ -116,6 +134,9 @@ torch::Tensor GradientScatter::pack(Bucket& bucket) {
   torch::NoGradGuard no_grad;
   auto send = torch::empty({bucket.end - bucket.begin}, kHostFloat);
   for (const auto i : bucket.params) {
+    // bf16-mixed: folded as StudentParts::backward folds, once per send (the uses of one backward
+    // summed in bf16 first, as without sharding).
+    fold(i);
     auto part = send.narrow(0, layout_.offsets[i] - bucket.begin, params_[i].numel());
     torch::Tensor& grad = params_[i].mutable_grad();
     if (grad.defined()) {
@@ -178,7 +199,7 @@ std::vector<int> GradientScatter::agree(std::int64_t step) {
   auto* f = flags.data_ptr<int>();
   for (std::int64_t b = 0; b < n; ++b) {
     const auto& bucket = buckets_[static_cast<std::size_t>(b)];
-    for (const auto i : bucket.params) f[b] |= params_[i].grad().defined() ? 1 : 0;
+    for (const auto i : bucket.params) f[b] |= params_[i].grad().defined() || sources_[i].grad().defined() ? 1 : 0;
     f[n + b] = bucket.sends;
     f[2 * n + b] = -bucket.sends;
   }

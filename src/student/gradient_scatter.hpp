@@ -38,9 +38,12 @@ class GradientScatter {
 
   /// Not collective. `slice` (slice_size elements on the parameters' device) receives the
   /// averaged gradients; `peers` are the other students' world ranks (for timeout messages).
+  /// `sources[i]` is the tensor the backward gives parameter i's gradient to (bf16-mixed: its
+  /// bf16 compute copy, whose grad the send folds into the fp32 .grad and drops); empty: the
+  /// parameters themselves.
   GradientScatter(MPI_Comm students, std::vector<torch::Tensor> params, Layout layout, std::uint64_t bucket_bytes,
                   torch::Tensor slice, std::chrono::duration<double> timeout, int world_rank, std::vector<int> peers,
-                  comm::HealthChannel* health);
+                  comm::HealthChannel* health, std::vector<torch::Tensor> sources = {});
   /// Buffers of sends still in flight (an abandoned step) stay until the process exits.
   ~GradientScatter();
   GradientScatter(const GradientScatter&) = delete;
@@ -76,6 +79,8 @@ class GradientScatter {
   };
 
   void on_ready(std::size_t param);
+  /// bf16-mixed: the compute copy's grad added into the master's .grad, then dropped (pack()).
+  void fold(std::size_t param);
   /// Packs the bucket's grads into a host buffer (zeros for a missing one) and drops them.
   torch::Tensor pack(Bucket& bucket);
   void post(std::size_t b, torch::Tensor send);
@@ -86,6 +91,7 @@ class GradientScatter {
 
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> sources_;
   Layout layout_;
   torch::Tensor slice_;
   std::vector<Bucket> buckets_;

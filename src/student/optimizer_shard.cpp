@@ -48,7 +48,8 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
 }
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
-                               double timeout_s, int world_rank, comm::HealthChannel* health)
+                               double timeout_s, int world_rank, comm::HealthChannel* health,
+                               std::vector<torch::Tensor> sources)
     : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
   join_group();
   WD_CHECK(!params_.empty(), "student.shard gradients needs trainable parameters");
@@ -67,7 +68,7 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
   }
   scatter_ = std::make_unique<GradientScatter>(
       comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
-      grad_slice_, timeout_, world_rank_, peers_, health_);
+      grad_slice_, timeout_, world_rank_, peers_, health_, std::move(sources));
 }
 
 void OptimizerShard::join_group() {

@@ -48,9 +48,10 @@ class OptimizerShard {
                  int world_rank, comm::HealthChannel* health);
   /// student.shard gradients: no reducer buffer; the shard owns this rank's gradient slice, which
   /// its GradientScatter (buckets of `bucket_bytes`) fills. `params`: contiguous fp32 on one
-  /// device. Not collective.
+  /// device; `sources`: where the backward puts their gradients (StudentParts::grad_sources;
+  /// empty: the parameters). Not collective.
   OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes, double timeout_s,
-                 int world_rank, comm::HealthChannel* health);
+                 int world_rank, comm::HealthChannel* health, std::vector<torch::Tensor> sources = {});
   ~OptimizerShard();
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;

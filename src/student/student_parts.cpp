@@ -186,6 +186,16 @@ torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {
   return forward(compute_, batch, CheckpointPolicy::parse("off"), nullptr);
 }
 
+std::vector<torch::Tensor> StudentParts::grad_sources() const {
+  std::vector<torch::Tensor> out = trainable_;
+  for (auto& t : out) {
+    for (const auto& [master, compute] : master_compute_) {
+      if (master.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) t = compute;
+    }
+  }
+  return out;
+}
+
 void StudentParts::zero_grad() {
   std::vector<torch::Tensor> grads;
   for (auto& p : trainable_) {

@@ -77,6 +77,9 @@ class StudentParts {
   /// A stable name for each trainable() tensor, same order: the DiT's own parameter names and
   /// "distill_heads.<head>.<weight|bias>" for projections and feature heads.
   const std::vector<std::string>& trainable_names() const { return trainable_names_; }
+  /// For each trainable() tensor, the tensor the backward gives its gradient to: the bf16 compute
+  /// copy under bf16-mixed (folded into the master's .grad by backward()), else itself.
+  std::vector<torch::Tensor> grad_sources() const;
   /// Zeroes every trainable gradient that exists (one multi-tensor kernel where LibTorch has it).
   void zero_grad();
   /// Where every part lives and trains (student.device).

@@ -147,14 +147,15 @@ inline std::vector<double> losses(const std::filesystem::path& run_dir) {
   return out;
 }
 
-/// The loss curves of runs `a` and `b` both have `steps` steps and agree to 1e-6 relative at
+/// The loss curves of runs `a` and `b` both have `steps` steps and agree to `relative` (1e-6) at
 /// every one (two layouts whose BLAS may sum in another order).
-inline void expect_close_losses(const std::filesystem::path& a, const std::filesystem::path& b, std::size_t steps) {
+inline void expect_close_losses(const std::filesystem::path& a, const std::filesystem::path& b, std::size_t steps,
+                                double relative = 1e-6) {
   const auto la = losses(a), lb = losses(b);
   ASSERT_EQ(la.size(), steps);
   ASSERT_EQ(lb.size(), la.size());
   for (std::size_t i = 0; i < la.size(); ++i) {
-    EXPECT_NEAR(lb[i], la[i], 1e-6 * std::abs(la[i])) << "step " << i + 1;
+    EXPECT_NEAR(lb[i], la[i], relative * std::abs(la[i])) << "step " << i + 1;
   }
 }
 

@@ -70,8 +70,12 @@ TEST(Shard, OptimizerAndGradientShardingTrainLikeDataParallelOnTwoThreeAndFourSt
 
 // Accumulated micro-batches, a tight clip (the global norm over every slice clips each step) and
 // bf16 compute with fp32 masters: still the unsharded curve. With sharded gradients each
-// micro-batch's backward sends every bucket (12 sends in 6 buckets); bf16-mixed folds into the
-// fp32 master grads after the backward, so its buckets all leave after it.
+// micro-batch's backward sends every bucket (12 sends in 6 buckets), bf16-mixed too (the hook
+// sits on the bf16 compute copy; the send folds its grad into the fp32 master's). fp32: within
+// 1e-6. bf16-mixed with sharded gradients: within 1e-4, not 1e-6. A reduce-scatter sums the 3
+// ranks in another order than the all-reduce, and the clip's norm is summed from slices: the fp32
+// gradients differ in their last bit (fp32 curves agree to 1e-8), and bf16 rounds the refreshed
+// compute copy apart where a weight sits on a rounding edge (measured: 3e-5 by step 12).
 TEST(Shard, AccumulationClippingAndMixedPrecisionTrainAlike) {
   const std::string accum = kJob + " --train.grad_accum 2 --train.grad_clip 0.05";
   const std::string mixed = accum + " --student.precision bf16-mixed";
@@ -82,9 +86,10 @@ TEST(Shard, AccumulationClippingAndMixedPrecisionTrainAlike) {
   test::expect_close_losses(root() / "mixed-plain", root() / "mixed-sharded", 12);
   auto scattered = test::launch_train(4, run_dir("mixed-scattered") + mixed + kGradients);
   ASSERT_EQ(scattered.code, 0) << scattered.output;
-  EXPECT_NE(scattered.output.find("0 bucket send(s) from the backward's hooks, 6 after it"), std::string::npos)
+  EXPECT_NE(scattered.output.find("12 bucket send(s) from the backward's hooks, 0 after it (6 buckets)"),
+            std::string::npos)
       << scattered.output;
-  test::expect_close_losses(root() / "mixed-plain", root() / "mixed-scattered", 12);
+  test::expect_close_losses(root() / "mixed-plain", root() / "mixed-scattered", 12, 1e-4);
 
   auto accum_plain = test::launch_train(4, run_dir("accum-plain") + accum);
   ASSERT_EQ(accum_plain.code, 0) << accum_plain.output;

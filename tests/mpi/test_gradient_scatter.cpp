@@ -92,8 +92,8 @@ TEST(GradientScatter, EveryBucketLeavesFromTheBackwardAndEachRankGetsItsSliceOfT
   EXPECT_EQ(shard.gradient_bytes(), static_cast<std::uint64_t>(shard.slice_size()) * sizeof(float));
 }
 
-// Parameter 1 gets a second gradient after its bucket left (a second backward, as a checkpointed
-// block's recomputation or bf16-mixed's fold into the masters gives), parameter 3 none (its
+// Parameter 1 gets a second gradient after its bucket left (a second backward: an objective that
+// runs one, or gradients given past the hooks), parameter 3 none (its
 // bucket never completes, nobody sends it, its slice stays zero): what is left goes after the
 // backward, alike on every rank.
 TEST(GradientScatter, LateGradientsUnusedParametersAndMicroBatches) {

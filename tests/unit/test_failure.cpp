@@ -303,21 +303,31 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
 
 // Several students and AdamW moments worth a tenth of the peak: student.shard optimizer is
 // offered with what it frees; not once it is on, nor for a single student.
-TEST(Diagnosis, OptimizerShardingIsOfferedWhereTheMomentsMatter) {
+TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   auto in = student_oom();
   in.context.checkpointing = "all";
   in.context.batch_size = 1;
   in.context.precision = "bf16-mixed";
   in.context.student_ranks = 3;
   in.ranks[3].memory.model.optimizer_state_bytes = 800 * kMiB;  // 32% of the 2500 MiB peak
+  in.ranks[3].memory.model.grads_bytes = 400 * kMiB;
   const auto remedies = memory::compute_remedies(in);
   ASSERT_EQ(remedies.size(), 1u);
-  EXPECT_TRUE(test::contains(remedies[0].text, "rank 3 (student) holds 800.00 MiB of AdamW moments: --student.shard "
-                                                "optimizer keeps 1/3 of them on each student (266.67 MiB;"))
+  EXPECT_TRUE(test::contains(remedies[0].text, "rank 3 (student) holds 800.00 MiB of AdamW moments and 400.00 MiB of "
+                                                "gradients: --student.shard gradients keeps 1/3 of both on each "
+                                                "student (400.00 MiB;"))
       << remedies[0].text;
-  EXPECT_TRUE(test::contains(remedies[0].text, "freeing 533.33 MiB")) << remedies[0].text;
-  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.shard", "optimizer"}}));
+  EXPECT_TRUE(test::contains(remedies[0].text, "freeing 800.00 MiB")) << remedies[0].text;
+  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.shard", "gradients"}}));
+  // Moments already split: the gradients are what is left to offer.
   in.context.student_shard = "optimizer";
+  in.ranks[3].memory.model.optimizer_state_bytes = 800 * kMiB / 3;
+  const auto left = memory::compute_remedies(in);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_TRUE(test::contains(left[0].text, "holds 400.00 MiB of gradients: --student.shard gradients keeps 1/3 of "
+                                           "them on each student (133.33 MiB;"))
+      << left[0].text;
+  in.context.student_shard = "gradients";
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
   in.context.student_shard = "none";
   in.context.student_ranks = 1;
