@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# student.shard optimizer (ZeRO-1) against plain data-parallel on the CPU `small` job (the
-# bench_throughput.sh config: a dim-512, 8-block teacher, a dim-256, 4-block student) with 2 and
-# 4 students and one teacher rank: per-rank weights, gradients and AdamW bytes from the memory
-# report (metrics.jsonl), bytes per parameter against the formulas (16 unsharded, 8 + 8/N
-# sharded, fp32), `plan`'s figures for the same job, samples/s, and whether the loss curves agree.
-#   bench/bench_sharding.sh            (WD_BIN, WORK_DIR, STEPS override; ~5 min on 2 cores)
+# student.shard optimizer (ZeRO-1) and gradients (ZeRO-2) against plain data-parallel on the CPU
+# `small` job (the bench_throughput.sh config: a dim-512, 8-block teacher, a dim-256, 4-block
+# student) with 2 and 4 students and one teacher rank, gradient buckets of 1 MB (the student's
+# 14.5 MiB of gradients in 15): per-rank weights, gradients and AdamW bytes from the memory
+# report (metrics.jsonl), bytes per parameter against the formulas (16 unsharded, 8 + 8/N with
+# optimizer, 4 + 12/N with gradients, fp32), `plan`'s sum of the three for the same job,
+# samples/s, and whether the loss curves agree.
+#   bench/bench_sharding.sh            (WD_BIN, WORK_DIR, STEPS override; ~7 min on 2 cores)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,10 +23,11 @@ mkdir -p "$work"
     --output "$work/data.h5" --log.level warn
 common=(--teacher.checkpoint "$work/teacher" --data.path "$work/data.h5" --teacher.placement cpu --teacher.ranks 1
         --student.dim 256 --student.ffn_dim 512 --student.num_heads 4 --student.num_layers 4
-        --train.batch_size 2 --train.eval_samples 16 --train.log_every 1 --memory.report_every 10)
+        --train.batch_size 2 --train.eval_samples 16 --train.log_every 1 --memory.report_every 10
+        --comm.bucket_mb 1)
 
 for students in 2 4; do
-  for shard in none optimizer; do
+  for shard in none optimizer gradients; do
     dir=$work/s$students-$shard
     rm -rf "$dir"
     cmd=(bash "$repo/launch/mpirun.sh" -np $((students + 1)) "$bin" train --run-dir "$dir" "${common[@]}"
@@ -47,24 +50,25 @@ def plan_bytes(d, name):
     lines = open(f"{work}/{d}/plan.txt").read().split("placement cpu")[1].splitlines()
     words = next(l for l in lines if l.strip().startswith(name)).split()
     return float(words[-2]) * UNITS[words[-1]]
-print("| students | shard | weights | grads | AdamW | bytes/param | formula | plan AdamW | samples/s | max loss diff |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| students | shard | weights | grads | AdamW | bytes/param | formula | plan W+G+O | plan/measured | samples/s | max loss diff |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in (2, 4):
     base = [m["loss"] for m in metrics(f"s{n}-none") if "loss" in m]
-    for shard in ("none", "optimizer"):
+    for shard in ("none", "optimizer", "gradients"):
         d = f"s{n}-{shard}"
         ms = metrics(d)
         mem = [m for m in ms if "memory_step" in m][-1]
         st = next(r for r in mem["ranks"] if r["role"] == "student")
         w, g, o = st["weights_bytes"], st["grads_bytes"], st["optimizer_state_bytes"]
         params = w / 4
-        formula = 16 if shard == "none" else 8 + 8 / n
+        formula = {"none": 16, "optimizer": 8 + 8 / n, "gradients": 4 + 12 / n}[shard]
+        planned = sum(plan_bytes(d, row) for row in ("student weights", "gradients", "optimizer state"))
         # samples/s over the second half of the run (start-up excluded)
         rates = [m["samples_per_s"] for m in ms if "samples_per_s" in m]
         rate = sum(rates[len(rates) // 2:]) / len(rates[len(rates) // 2:])
         losses = [m["loss"] for m in ms if "loss" in m]
         diff = max(abs(a - b) / abs(a) for a, b in zip(base, losses))
         print(f"| {n} | {shard} | {w/2**20:.2f} MiB | {g/2**20:.2f} MiB | {o/2**20:.2f} MiB | "
-              f"{(w+g+o)/params:.3f} | {formula:.3f} | {plan_bytes(d, 'optimizer state')/2**20:.2f} MiB | "
+              f"{(w+g+o)/params:.3f} | {formula:.3f} | {planned/2**20:.2f} MiB | {planned/(w+g+o):.3f} | "
               f"{rate:.1f} | {diff:.1e} |")
 EOF

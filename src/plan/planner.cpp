@@ -231,7 +231,7 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
     // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
     // host and send after the backward: the host holds every bucket once, with the all-gather's
     // pinned copy beside it.
-    const u64 in_flight = 2 * std::min<u64>(in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
+    const u64 in_flight = std::min<u64>(2 * in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
     if (cuda) {
       St.push_back(item(kGradients, slice + in_flight, W,
                         "fp32 slice of 1/" + std::to_string(N) + " + two buckets in the backward; host: packed buckets"));

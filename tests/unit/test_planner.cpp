@@ -92,6 +92,33 @@ TEST(Planner, ShardedOptimizerKeepsASliceOfTheMoments) {
   EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kOptimizerState).host, 2 * 1200u);
 }
 
+// student.shard gradients: the averaged slice, plus the grads of at most two buckets in the
+// backward (all of them when the model is smaller); the moments as with optimizer.
+TEST(Planner, ShardedGradientsKeepASliceAndTwoBuckets) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.student_extra_params = 50;  // 300 params in all: W = 1200 bytes
+  in.shard_optimizer = in.shard_gradients = true;
+  in.student_ranks = 7;  // slices of 43
+  in.bucket_bytes = 100;
+  const auto cpu = placement(make_plan(in), Placement::kCpu).student;
+  EXPECT_EQ(cpu.at(kGradients).host, 4 * 43u + 200u);
+  EXPECT_EQ(cpu.at(kOptimizerState).host, 2 * 4 * 43u);
+  in.bucket_bytes = 1000;  // two buckets would be more than the model: the model's grads
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kGradients).host, 4 * 43u + 1200u);
+  // On a GPU: the host holds the packed buckets of the backward (sent after it) and the
+  // all-gather's pinned buffer.
+  in.cpu_job = false;
+  in.bucket_bytes = 100;
+  const auto gpu = placement(make_plan(in), Placement::kGpu).student;
+  EXPECT_EQ(gpu.at(kGradients).device, 4 * 43u + 200u);
+  EXPECT_EQ(gpu.at(kGradients).host, 1200u);
+  EXPECT_EQ(gpu.at(kOptimizerState).host, 1200u);
+  // One student: nothing to split.
+  in.student_ranks = 1;
+  EXPECT_EQ(placement(make_plan(in), Placement::kGpu).student.at(kGradients).device, 1200u);
+}
+
 TEST(Planner, CpuJobStudentCategories) {
   auto in = small_job();
   in.cpu_job = true;
