@@ -2,11 +2,15 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "job/train_job.hpp"
 #include "comm/gradient_reducer.hpp"
+#include "comm/mpi_check.hpp"
+#include "comm/mpi_runtime.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/score_channel.hpp"
@@ -341,10 +345,43 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
 }
 
+/// student.shard: every student writes its own moment slices into the checkpoint the first one
+/// is writing. That one's temporary directory goes to every student (`dir`: the first student's;
+/// ignored elsewhere), each writes its slices there (`write`), and all agree they have before
+/// the first seals it. Collective over the students; waits with the deadline, polling health.
+void write_slices_together(const TrainJob& job, const std::string& dir, std::int64_t step,
+                           comm::HealthChannel* health, const std::function<void(const std::string&)>& write) {
+  constexpr std::int64_t kMax = 4096;
+  WD_CHECK(static_cast<std::int64_t>(dir.size()) < kMax, "checkpoint directory name longer than " << kMax << ": " << dir);
+  auto buffer = torch::zeros({kMax}, torch::kChar);
+  std::memcpy(buffer.data_ptr(), dir.data(), dir.size());
+  std::vector<int> peers;
+  for (int r : job.layout.student_world_ranks()) {
+    if (r != job.world_rank()) peers.push_back(r);
+  }
+  const auto wait = [&](MPI_Request& request, const char* op) {
+    try {
+      comm::wait_with_deadline(request, {op, step, static_cast<std::uint64_t>(kMax), peers},
+                               std::chrono::duration<double>(job.cfg.comm.timeout_s), job.world_rank(), health);
+    } catch (...) {
+      comm::keep_until_exit(buffer);
+      throw;
+    }
+  };
+  MPI_Request request;
+  WD_CHECK_MPI(MPI_Ibcast(buffer.data_ptr(), static_cast<int>(kMax), MPI_CHAR, 0, job.groups->students(), &request));
+  wait(request, "share checkpoint directory");
+  const std::string shared(static_cast<const char*>(buffer.data_ptr()));
+  if (dir.empty()) write(shared);  // the first student wrote its slices with its files
+  WD_CHECK_MPI(MPI_Ibarrier(job.groups->students(), &request));
+  wait(request, "write moment slices");
+}
+
 /// The loop's checkpoint hooks: restore from job.resume_path, and save (the first student writes
-/// through the store; every replica holds the same state).
+/// through the store; every replica holds the same state, except that with student.shard each
+/// student writes its own slices of the AdamW moments into the same checkpoint).
 void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::StudentParts& parts,
-                        const RoleServices& services, const c10::Device& device) {
+                        RoleServices& services, const c10::Device& device) {
   loop.checkpoint_every = job.cfg.checkpoint.every;
   student::EmaWeights* ema = loop.ema;
   student::DmdTrainer* dmd = loop.dmd;
@@ -358,25 +395,33 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
       if (dmd) dmd->restore(job.resume_path);
     };
   }
-  loop.save = [&job, &parts, ema, dmd, shard, &faults = services.faults, device](std::int64_t step,
-                                                                                  torch::optim::AdamW& optimizer) {
-    // Every student joins the gathers (the dmd cycle's request inputs, the optimizer's slices);
-    // the first one writes.
+  loop.save = [&job, &parts, ema, dmd, shard, &services, device](std::int64_t step, torch::optim::AdamW& optimizer) {
+    // Every student joins the gathers (the dmd cycle's request inputs) and the slices' step
+    // counts; the first one writes, the others add their moment slices.
     const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
-    const auto moments = shard ? shard->gather_moments(optimizer, parts.trainable_names(), step) : TensorMap{};
-    const auto critic_moments = dmd ? dmd->gather_critic_moments(step) : TensorMap{};
-    if (!job.store) return;
+    const auto slice = shard ? std::optional(shard->moment_slice(optimizer, step)) : std::nullopt;
+    const auto critic_slice = dmd ? dmd->critic_moment_slice(step) : std::nullopt;
+    const bool sliced = slice || critic_slice;
+    const auto write_slices = [&](const std::string& dir) {
+      if (slice) student::write_moment_slice(dir, *slice);
+      if (critic_slice) student::write_moment_slice(student::DmdTrainer::critic_dir(dir), *critic_slice);
+    };
+    if (!job.store) {
+      if (sliced) write_slices_together(job, "", step, &services.health, write_slices);
+      return;
+    }
     const auto path = job.store->save(step, [&](const std::string& dir) {
       // With a weight average, checkpoints keep both and student/ holds the average.
       student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr,
-                                shard ? &moments : nullptr);
-      if (dmd) dmd->save(dir, step, job.config_ini, pending, critic_moments);
+                                slice ? &*slice : nullptr);
+      if (dmd) dmd->save(dir, step, job.config_ini, pending, critic_slice ? &*critic_slice : nullptr);
       if (ema) {
         ema->save(dir, parts);
         ema->with_averaged(parts, [&] { parts.save((fs::path(dir) / student::TrainStateFiles::kStudent).string()); });
       }
+      if (sliced) write_slices_together(job, dir, step, &services.health, write_slices);
       // Mid-save: the files are written, the checkpoint is neither sealed nor renamed.
-      faults.at(FaultSpec::Point::kSave, step, device);
+      services.faults.at(FaultSpec::Point::kSave, step, device);
     });
     spdlog::info("checkpoint of step {} written to {}", step, path);
   };

@@ -249,17 +249,19 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
   return out;
 }
 
-TensorMap DmdTrainer::gather_critic_moments(std::int64_t steps_done) const {
-  if (!p_.critic_shard) return {};
-  return p_.critic_shard->gather_moments(p_.critic_optimizer, p_.critic.trainable_names(), steps_done);
+std::optional<MomentSlice> DmdTrainer::critic_moment_slice(std::int64_t steps_done) const {
+  if (!p_.critic_shard) return std::nullopt;
+  return p_.critic_shard->moment_slice(p_.critic_optimizer, steps_done);
 }
 
+std::string DmdTrainer::critic_dir(const std::string& dir) { return (fs::path(dir) / kCriticDir).string(); }
+
 void DmdTrainer::save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-                      const TensorMap& pending, const TensorMap& critic_moments) const {
+                      const TensorMap& pending, const MomentSlice* critic_slice) const {
   const auto critic_dir = fs::path(dir) / kCriticDir;
   fs::create_directories(critic_dir);
   save_train_state(critic_dir.string(), p_.critic, p_.critic_optimizer, {steps_done}, config_ini,
-                   /*export_student=*/false, p_.critic_shard ? &critic_moments : nullptr);
+                   /*export_student=*/false, critic_slice);
   if (pending.empty()) return;
   write_safetensors((fs::path(dir) / kPendingFile).string(), pending,
                     {{"cycle", std::to_string(pending_cycle_)}, {"producer", "wan-distill train (dmd)"}});

@@ -133,13 +133,16 @@ class DmdTrainer {
   /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
   /// the student group, with the loop's deadline.
   TensorMap gather_pending(std::int64_t steps_done) const;
-  /// student.shard optimizer: the critic's whole AdamW state on group rank 0
-  /// (OptimizerShard::gather_moments); empty when the critic is not sharded. Collective.
-  TensorMap gather_critic_moments(std::int64_t steps_done) const;
-  /// Writes the critic's training state into `dir`/critic (with `critic_moments` when sharded)
-  /// and, when there is one, `pending` (gather_pending) into `dir`/dmd_pending.safetensors.
+  /// student.shard: this rank's slice of the critic's AdamW moments (OptimizerShard::
+  /// moment_slice); nullopt when the critic is not sharded. Collective.
+  std::optional<MomentSlice> critic_moment_slice(std::int64_t steps_done) const;
+  /// The directory under a checkpoint that holds the critic's training state.
+  static std::string critic_dir(const std::string& dir);
+  /// Writes the critic's training state into critic_dir(dir) (with this rank's `critic_slice`
+  /// when sharded) and, when there is one, `pending` (gather_pending) into
+  /// `dir`/dmd_pending.safetensors.
   void save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-            const TensorMap& pending, const TensorMap& critic_moments = {}) const;
+            const TensorMap& pending, const MomentSlice* critic_slice = nullptr) const;
   /// Restores what save() wrote for a run resuming at schedule.first_step: the critic, and this
   /// student's share of the pending request inputs when the run resumes mid-cycle.
   void restore(const std::string& dir);

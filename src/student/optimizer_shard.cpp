@@ -182,51 +182,38 @@ void OptimizerShard::gather(std::int64_t step) {
   if (whole_.defined()) whole_.zero_();
 }
 
-TensorMap OptimizerShard::gather_moments(const torch::optim::AdamW& optimizer, const std::vector<std::string>& names,
-                                         std::int64_t step) {
-  // This rank's slice of each moment (zeros where it has no state yet) and its step count.
-  const auto host = torch::TensorOptions().dtype(torch::kFloat);
-  auto mine = torch::zeros({2, slice_}, host);
-  std::int64_t steps = 0;
+MomentSlice OptimizerShard::moment_slice(const torch::optim::AdamW& optimizer, std::int64_t step) const {
+  // This rank's slice of each moment (zeros where it has no state yet, and in the padding).
+  MomentSlice out;
+  out.index = group_rank_;
+  out.count = group_size_;
+  out.begin = begin_;
+  out.size = slice_;
+  out.padded = padded_;
+  out.exp_avg = torch::zeros({slice_}, torch::kFloat);
+  out.exp_avg_sq = torch::zeros({slice_}, torch::kFloat);
+  auto steps = torch::zeros({1}, torch::kLong);
   for (std::size_t k = 0; k < views_.size(); ++k) {
     const auto it = optimizer.state().find(compat::optimizer_state_key(views_[k]));
     if (it == optimizer.state().end()) continue;
     const auto* state = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
-    WD_CHECK(state != nullptr, "optimizer state of a slice of " << names[segments_[k].param] << " is not AdamW state");
+    WD_CHECK(state != nullptr, "optimizer state of slice " << k << " of rank " << world_rank_ << " is not AdamW state");
     const auto at = segments_[k].global - begin_;
-    mine[0].narrow(0, at, segments_[k].length).copy_(state->exp_avg());
-    mine[1].narrow(0, at, segments_[k].length).copy_(state->exp_avg_sq());
-    steps = std::max<std::int64_t>(steps, state->step());
+    out.exp_avg.narrow(0, at, segments_[k].length).copy_(state->exp_avg());
+    out.exp_avg_sq.narrow(0, at, segments_[k].length).copy_(state->exp_avg_sq());
+    steps[0] = std::max<std::int64_t>(steps[0].item<std::int64_t>(), state->step());
   }
-  auto packed = torch::cat({mine.view({-1}), torch::full({1}, static_cast<float>(steps), host)});
-  auto all = torch::empty({group_size_, packed.numel()}, host);
-  const int count = static_cast<int>(packed.numel());
+  // A rank whose views have no state yet (none stepped) still writes the group's count.
   MPI_Request request;
-  WD_CHECK_MPI(MPI_Igather(packed.data_ptr<float>(), count, MPI_FLOAT, all.data_ptr<float>(), count, MPI_FLOAT, 0,
-                           comm_, &request));
+  WD_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, steps.data_ptr<std::int64_t>(), 1, MPI_INT64_T, MPI_MAX, comm_, &request));
   try {
-    comm::wait_with_deadline(request,
-                             {"gather optimizer slices", step, static_cast<std::uint64_t>(packed.nbytes()), peers_},
-                             timeout_, world_rank_, health_);
+    comm::wait_with_deadline(request, {"agree optimizer steps", step, sizeof(std::int64_t), peers_}, timeout_,
+                             world_rank_, health_);
   } catch (...) {
-    comm::keep_until_exit(all);
-    comm::keep_until_exit(packed);
+    comm::keep_until_exit(steps);
     throw;
   }
-  TensorMap out;
-  if (group_rank_ != 0) return out;
-  // Rank r's row: [exp_avg slice, exp_avg_sq slice, steps]; the slices in order are the flat layout.
-  const auto rows = all.narrow(1, 0, 2 * slice_).view({group_size_, 2, slice_});
-  const auto exp_avg = rows.select(1, 0).reshape({-1});
-  const auto exp_avg_sq = rows.select(1, 1).reshape({-1});
-  const auto max_steps = all.select(1, 2 * slice_).max().item<float>();
-  if (max_steps <= 0) return out;  // no step yet: nothing to resume (as the unsharded optimizer)
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const auto n = params_[i].numel();
-    out[names[i] + ".exp_avg"] = exp_avg.narrow(0, offsets_[i], n).view(params_[i].sizes()).clone();
-    out[names[i] + ".exp_avg_sq"] = exp_avg_sq.narrow(0, offsets_[i], n).view(params_[i].sizes()).clone();
-    out[names[i] + ".step"] = torch::full({1}, static_cast<std::int64_t>(max_steps), torch::kLong);
-  }
+  out.steps = steps[0].item<std::int64_t>();
   return out;
 }
 

@@ -22,6 +22,15 @@
 
 namespace wd::student {
 
+/// One student rank's part of the AdamW moments, as a checkpoint keeps it: elements
+/// [begin, begin + size) of the flat layout (the parameters in order, padded to `padded`).
+struct MomentSlice {
+  int index = 0, count = 1;  ///< group rank and group size
+  std::int64_t begin = 0, size = 0, padded = 0;
+  std::int64_t steps = 0;                 ///< the group's AdamW step count (0: none yet)
+  torch::Tensor exp_avg, exp_avg_sq;      ///< [size] fp32 on the host (zeros without state)
+};
+
 /// `student.shard`: what the student group splits between its ranks.
 enum class ShardMode { kNone, kOptimizer, kGradients };
 /// "none" | "optimizer" | "gradients"; anything else is a ConfigError naming the key and the values.
@@ -86,11 +95,9 @@ class OptimizerShard {
   /// part of the all-gather is posted and before it waits.
   void set_fault_hook(comm::FaultHook hook) { fault_hook_ = std::move(hook); }
 
-  /// The whole AdamW state as save_train_state writes it ("<name>.exp_avg", ".exp_avg_sq",
-  /// ".step"), on the group's first rank (host tensors); empty elsewhere and before any step.
-  /// Collective (MPI_Igather with deadline).
-  TensorMap gather_moments(const torch::optim::AdamW& optimizer, const std::vector<std::string>& names,
-                           std::int64_t step);
+  /// This rank's slice of the AdamW moments for a checkpoint, with the group's step count.
+  /// Collective (one small all-reduce with deadline).
+  MomentSlice moment_slice(const torch::optim::AdamW& optimizer, std::int64_t step) const;
 
  private:
   void join_group();

@@ -90,11 +90,99 @@ torch::Tensor like_param(const torch::Tensor& param, const torch::Tensor& src) {
   return torch::empty_like(param, torch::MemoryFormat::Preserve).copy_(src);
 }
 
-/// student.shard optimizer: each of the shard's views gets its slice of the saved moments.
-void restore_shard_moments(const OptimizerShard& shard, const SafetensorsFile& moments,
+/// A positive integer of `file`'s metadata, or a DataError naming the key.
+std::int64_t meta_int(const SafetensorsFile& file, const std::string& key) {
+  const auto it = file.metadata().find(key);
+  WD_CHECK_DATA(it != file.metadata().end(), file.path(), "__metadata__." + key, "missing");
+  std::size_t used = 0;
+  std::int64_t v = -1;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  WD_CHECK_DATA(used == it->second.size() && v >= 0, file.path(), "__metadata__." + key,
+                "expected a non-negative integer, found \"" << it->second << "\"");
+  return v;
+}
+
+/// The AdamW moments of a checkpoint, saved whole in optimizer.safetensors or in slices of the
+/// flat layout (student.shard), read by range of the flat layout either way.
+class SavedMoments {
+ public:
+  SavedMoments(const std::string& dir, const SafetensorsFile& index, const std::vector<std::string>& names,
+               const std::vector<torch::Tensor>& params)
+      : index_(index), names_(names) {
+    std::int64_t offset = 0;
+    for (const auto& p : params) {
+      offsets_.push_back(offset);
+      offset += p.numel();
+    }
+    if (!index.metadata().count("slices")) return;
+    const auto count = meta_int(index, "slices");
+    slice_ = meta_int(index, "slice_size");
+    const auto padded = meta_int(index, "padded");
+    WD_CHECK_DATA(count >= 1 && count <= 1 << 20 && padded == count * slice_ && padded >= offset, index.path(),
+                  "__metadata__.padded", "expected " << count << " slices of " << slice_ << " elements covering the "
+                                                     << offset << " of the student, found " << padded);
+    nlohmann::json order;
+    try {
+      order = nlohmann::json::parse(index.metadata().at("flat_order"));
+    } catch (const std::exception& e) {
+      throw DataError(index.path(), "__metadata__.flat_order", std::string("not a JSON list of names: ") + e.what());
+    }
+    WD_CHECK_DATA(order == nlohmann::json(names), index.path(), "__metadata__.flat_order",
+                  "expected the current student's " << names.size() << " trainable tensors in order, found another "
+                                                                          "list ("
+                                                    << (order.is_array() ? order.size() : 0) << " names)");
+    for (int r = 0; r < count; ++r) {
+      const auto path = (std::filesystem::path(dir) / moment_slice_file(r, static_cast<int>(count))).string();
+      WD_CHECK_DATA(std::filesystem::exists(path), path, "", "is missing: the checkpoint's moments are in " << count
+                                                                 << " slices (" << TrainStateFiles::kOptimizer << ")");
+      auto file = SafetensorsFile::open(path);
+      const std::pair<const char*, std::int64_t> expected[] = {
+          {"slice", r}, {"slices", count}, {"begin", r * slice_}, {"size", slice_}, {"padded", padded}};
+      for (const auto& [key, value] : expected) {
+        WD_CHECK_DATA(meta_int(file, key) == value, path, std::string("__metadata__.") + key,
+                      "expected " << value << ", found " << meta_int(file, key));
+      }
+      for (const char* name : {"exp_avg", "exp_avg_sq"}) expect_saved_tensor(file, name, torch::zeros({slice_}));
+      files_.push_back(std::move(file));
+    }
+  }
+
+  bool sliced() const { return !files_.empty(); }
+
+  /// Whether tensor i was stepped (its ".step" is saved) and its step count.
+  bool has(std::size_t i) const { return index_.contains(names_[i] + ".step"); }
+
+  /// `which` ("exp_avg", "exp_avg_sq") of tensor i, elements [offset, offset + length) of it flattened.
+  torch::Tensor read(const std::string& which, std::size_t i, std::int64_t offset, std::int64_t length) const {
+    if (!sliced()) return index_.tensor(names_[i] + "." + which).reshape({-1}).narrow(0, offset, length);
+    const std::int64_t begin = offsets_[i] + offset;
+    std::vector<torch::Tensor> pieces;
+    for (std::int64_t at = begin; at < begin + length;) {
+      const auto r = static_cast<std::size_t>(at / slice_);
+      const auto take = std::min(begin + length, static_cast<std::int64_t>(r + 1) * slice_) - at;
+      pieces.push_back(files_[r].tensor(which).narrow(0, at - static_cast<std::int64_t>(r) * slice_, take));
+      at += take;
+    }
+    return pieces.size() == 1 ? pieces.front() : torch::cat(pieces);
+  }
+
+ private:
+  const SafetensorsFile& index_;
+  const std::vector<std::string>& names_;
+  std::vector<std::int64_t> offsets_;
+  std::vector<SafetensorsFile> files_;
+  std::int64_t slice_ = 0;
+};
+
+/// student.shard: each of the shard's views gets its slice of the saved moments.
+void restore_shard_moments(const OptimizerShard& shard, const SafetensorsFile& index, const SavedMoments& saved,
                            const std::vector<std::string>& names, const std::vector<bool>& has_state, bool amsgrad,
                            torch::optim::AdamW& optimizer) {
-  WD_CHECK_DATA(!amsgrad, moments.path(), "__metadata__.amsgrad", "student.shard optimizer does not support amsgrad");
+  WD_CHECK_DATA(!amsgrad, index.path(), "__metadata__.amsgrad", "student.shard does not support amsgrad");
   torch::NoGradGuard no_grad;
   const auto& views = shard.views();
   for (std::size_t k = 0; k < views.size(); ++k) {
@@ -104,14 +192,10 @@ void restore_shard_moments(const OptimizerShard& shard, const SafetensorsFile& m
       optimizer.state().erase(key);
       continue;
     }
-    const auto& name = names[seg.param];
-    const auto part = [&](const char* suffix) {
-      return like_param(views[k], moments.tensor(name + suffix).reshape({-1}).narrow(0, seg.offset, seg.length));
-    };
     auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(moments.tensor(name + ".step").item<std::int64_t>());
-    state->exp_avg(part(".exp_avg"));
-    state->exp_avg_sq(part(".exp_avg_sq"));
+    state->step(index.tensor(names[seg.param] + ".step").item<std::int64_t>());
+    state->exp_avg(like_param(views[k], saved.read("exp_avg", seg.param, seg.offset, seg.length)));
+    state->exp_avg_sq(like_param(views[k], saved.read("exp_avg_sq", seg.param, seg.offset, seg.length)));
     optimizer.state()[key] = std::move(state);
   }
 }
@@ -128,9 +212,28 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
                 "shape mismatch: expected " << shape_text(like.sizes()) << ", found " << shape_text(info.shape));
 }
 
+std::string moment_slice_file(int index, int count) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "optimizer-slice-%05d-of-%05d.safetensors", index, count);
+  return name;
+}
+
+void write_moment_slice(const std::string& dir, const MomentSlice& slice) {
+  write_safetensors((std::filesystem::path(dir) / moment_slice_file(slice.index, slice.count)).string(),
+                    TensorMap{{"exp_avg", slice.exp_avg}, {"exp_avg_sq", slice.exp_avg_sq}},
+                    {{"format", kFormat},
+                     {"version", std::to_string(kVersion)},
+                     {"slice", std::to_string(slice.index)},
+                     {"slices", std::to_string(slice.count)},
+                     {"begin", std::to_string(slice.begin)},
+                     {"size", std::to_string(slice.size)},
+                     {"padded", std::to_string(slice.padded)},
+                     {"steps", std::to_string(slice.steps)}});
+}
+
 void save_train_state(const std::string& dir, const StudentParts& parts, const torch::optim::AdamW& optimizer,
                       const TrainCursor& cursor, const std::string& config_ini, bool export_student,
-                      const TensorMap* sharded_moments) {
+                      const MomentSlice* slice) {
   const auto& params = parts.trainable();
   const auto& names = parts.trainable_names();
   const auto& options = adamw_options(optimizer);
@@ -139,7 +242,11 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
   TensorMap moments;
   for (std::size_t i = 0; i < params.size(); ++i) {
     weights[names[i]] = params[i].detach();
-    if (sharded_moments) continue;
+    if (slice) {
+      // The moments are in the slice files; each tensor's step count stays here.
+      if (slice->steps > 0) moments[names[i] + ".step"] = torch::full({1}, slice->steps, torch::kLong);
+      continue;
+    }
     const auto it = optimizer.state().find(compat::optimizer_state_key(params[i]));
     if (it == optimizer.state().end()) continue;  // not stepped yet (no gradient so far)
     const auto* state = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
@@ -149,7 +256,6 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
     if (state->max_exp_avg_sq().defined()) moments[names[i] + ".max_exp_avg_sq"] = state->max_exp_avg_sq();
     moments[names[i] + ".step"] = torch::full({1}, state->step(), torch::kLong);
   }
-  if (sharded_moments) moments = *sharded_moments;
   const std::map<std::string, std::string> common = {
       {"format", kFormat}, {"version", std::to_string(kVersion)}, {"step", std::to_string(cursor.step)}};
   write_safetensors(join(dir, TrainStateFiles::kTrainable), weights, common);
@@ -161,6 +267,14 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
                          {"eps", exact(options.eps())},
                          {"weight_decay", exact(options.weight_decay())},
                          {"amsgrad", options.amsgrad() ? "true" : "false"}});
+  if (slice) {
+    // The flat layout the slices cut: the tensors in this order, padded to `padded` elements.
+    optimizer_meta.insert({{"slices", std::to_string(slice->count)},
+                           {"slice_size", std::to_string(slice->size)},
+                           {"padded", std::to_string(slice->padded)},
+                           {"flat_order", nlohmann::json(names).dump()}});
+    write_moment_slice(dir, *slice);
+  }
   write_safetensors(join(dir, TrainStateFiles::kOptimizer), moments, optimizer_meta);
 
   const auto rng = compat::rng_snapshot(params.empty() ? torch::Device(torch::kCPU) : params.front().device());
@@ -207,14 +321,18 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
   if (saved_amsgrad && !options.amsgrad()) {
     spdlog::warn("resuming without amsgrad; the checkpoint's max_exp_avg_sq is dropped");
   }
+  const SavedMoments saved(dir, moments, names, params);
+  WD_CHECK_DATA(!saved.sliced() || !options.amsgrad(), moments.path(), "__metadata__.slices",
+                "moments saved in slices (student.shard) have no max_exp_avg_sq for amsgrad");
   std::vector<bool> has_state(params.size(), false);
   const auto step_like = torch::zeros({1}, torch::kLong);
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (!moments.contains(names[i] + ".exp_avg")) continue;
+    if (!saved.has(i)) continue;
     has_state[i] = true;
+    expect_saved_tensor(moments, names[i] + ".step", step_like);
+    if (saved.sliced()) continue;  // the slice files were checked whole
     expect_saved_tensor(moments, names[i] + ".exp_avg", params[i]);
     expect_saved_tensor(moments, names[i] + ".exp_avg_sq", params[i]);
-    expect_saved_tensor(moments, names[i] + ".step", step_like);
     if (options.amsgrad()) expect_saved_tensor(moments, names[i] + ".max_exp_avg_sq", params[i]);
   }
   const std::pair<const char*, double> current[] = {{"beta1", std::get<0>(options.betas())},
@@ -277,13 +395,13 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
       }
       auto state = std::make_unique<torch::optim::AdamWParamState>();
       state->step(moments.tensor(names[i] + ".step").item<std::int64_t>());
-      state->exp_avg(like_param(param, moments.tensor(names[i] + ".exp_avg")));
-      state->exp_avg_sq(like_param(param, moments.tensor(names[i] + ".exp_avg_sq")));
+      state->exp_avg(like_param(param, saved.read("exp_avg", i, 0, param.numel()).view(param.sizes())));
+      state->exp_avg_sq(like_param(param, saved.read("exp_avg_sq", i, 0, param.numel()).view(param.sizes())));
       if (options.amsgrad()) state->max_exp_avg_sq(like_param(param, moments.tensor(names[i] + ".max_exp_avg_sq")));
       optimizer.state()[key] = std::move(state);
     }
   }
-  if (shard) restore_shard_moments(*shard, moments, names, has_state, options.amsgrad(), optimizer);
+  if (shard) restore_shard_moments(*shard, moments, saved, names, has_state, options.amsgrad(), optimizer);
   options.lr(saved_lr);
   compat::rng_restore(rng);
   parts.after_optimizer_step();

@@ -40,19 +40,29 @@ struct TrainStateFiles {
   static constexpr const char* kStudent = "student";  ///< directory: what users load
 };
 
+/// The file of student rank `index`'s moment slice among `count`:
+/// "optimizer-slice-00001-of-00004.safetensors".
+std::string moment_slice_file(int index, int count);
+
+/// Writes `slice` (OptimizerShard::moment_slice) into `dir` as moment_slice_file(): tensors
+/// "exp_avg" and "exp_avg_sq" of slice.size elements, its place in the flat layout as metadata.
+void write_moment_slice(const std::string& dir, const MomentSlice& slice);
+
 /// Writes the training state into the existing directory `dir`: trainable.safetensors (fp32
 /// master weights under trainable_names()), optimizer.safetensors (per tensor
 /// "<name>.exp_avg", ".exp_avg_sq", ".max_exp_avg_sq" with amsgrad, ".step"; options as
 /// metadata), trainer.json (step, CPU generator state), config.ini (`config_ini` verbatim), and
 /// with `export_student` the student as parts.save() writes it into student/.
 /// The optimizer must have one parameter group over parts.trainable().
-/// `sharded_moments` (student.shard optimizer: OptimizerShard::gather_moments) replaces the
-/// optimizer's own state, which then holds slices: the file is the same either way, so a
-/// checkpoint resumes sharded or not, on any student count.
+/// `slice` (student.shard: this rank's OptimizerShard::moment_slice): optimizer.safetensors then
+/// holds the ".step" counts and the flat layout (parameter order, slice count and size), and the
+/// moments are in one moment_slice_file() per student rank, this one written here, the others
+/// by their ranks into the same directory. Either way a checkpoint resumes sharded or not, on
+/// any student count.
 void save_train_state(const std::string& dir, const StudentParts& parts,
                       const torch::optim::AdamW& optimizer, const TrainCursor& cursor,
                       const std::string& config_ini, bool export_student = true,
-                      const TensorMap* sharded_moments = nullptr);
+                      const MomentSlice* slice = nullptr);
 
 /// Checks that `file` holds `name` with exactly `like`'s dtype and shape; a wd::DataError naming
 /// the file and tensor otherwise (the check every restore of saved tensors makes first).
@@ -65,6 +75,8 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
 /// The optimizer's lr is restored; other hyper-parameters that differ stay as the caller set
 /// them (logged as a warning: a deliberate change on resume is allowed).
 /// With `shard`, the optimizer steps the shard's views and gets their slices of the moments.
+/// Moments saved in slices are read from the slice files that overlap what each tensor (or view)
+/// needs, whatever the number of slices then and now.
 TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
                              const OptimizerShard* shard = nullptr);
 

@@ -101,17 +101,31 @@ TEST(Shard, AccumulationClippingAndMixedPrecisionTrainAlike) {
   test::expect_close_losses(root() / "accum-plain", root() / "accum-scattered", 12);
 }
 
-// The checkpoint holds the whole optimizer (the slices gathered to the writer): resumed on the
-// same count it continues bit for bit; on 4 and then 3 students it re-slices and continues exactly
-// as the unsharded run resumed from the same checkpoint.
+// Each student writes its slice of the AdamW moments into the checkpoint (optimizer.safetensors
+// keeps the step counts and the flat layout): resumed on the same count it continues bit for bit;
+// on 4 and then 3 students it re-slices and continues exactly as the unsharded run resumed from
+// the same checkpoint (which reads the slices whole). A missing slice is refused by name.
 TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
   const std::string args = kJob + " --student.shard optimizer --checkpoint.every 4 --checkpoint.keep 0";
   auto straight = test::launch_train(3, run_dir("straight") + args);
   ASSERT_EQ(straight.code, 0) << straight.output;
   const auto step4 = root() / "straight" / "checkpoints" / "step-00000004";
+  for (const char* slice : {"optimizer-slice-00000-of-00002.safetensors", "optimizer-slice-00001-of-00002.safetensors"}) {
+    EXPECT_TRUE(fs::exists(step4 / slice)) << slice;
+  }
   auto same = test::launch_train(3, run_dir("same") + args + " --resume " + step4.string());
   ASSERT_EQ(same.code, 0) << same.output;
   test::expect_resumed_exactly(root() / "straight", root() / "same", 12, 4);
+
+  // A slice gone: the resume stops before training and names the file.
+  const auto broken = root() / "broken";
+  fs::create_directories(broken);
+  fs::copy(step4, broken / "step-00000004", fs::copy_options::recursive);
+  fs::remove(broken / "step-00000004" / "optimizer-slice-00001-of-00002.safetensors");
+  auto refused = test::launch_train(3, run_dir("refused-resume") + args + " --resume " +
+                                           (broken / "step-00000004").string());
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("optimizer-slice-00001-of-00002.safetensors"), std::string::npos) << refused.output;
 
   // 2 -> 4 students at step 4, then 4 -> 3 at step 8; each leg against its unsharded twin.
   for (const auto& [name, from, ranks] : {std::tuple{std::string("four"), step4, 5},
@@ -155,6 +169,7 @@ TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
   EXPECT_NE(sharded.output.find("(the last slice 0 padding) of the dmd critic"), std::string::npos) << sharded.output;
   test::expect_close_losses(root() / "dmd-plain", root() / "dmd-sharded", 12);
   const auto step6 = root() / "dmd-sharded" / "checkpoints" / "step-00000006";  // inside the second cycle
+  EXPECT_TRUE(fs::exists(step6 / "critic" / "optimizer-slice-00001-of-00002.safetensors"));
   auto resumed = test::launch_train(3, run_dir("dmd-resumed") + args + " --student.shard optimizer --resume " +
                                            step6.string());
   ASSERT_EQ(resumed.code, 0) << resumed.output;
