@@ -32,8 +32,10 @@ void StudentConfig::bind(OptionTable& t) {
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
       .bind("student.shard", shard,
-            "none | optimizer (ZeRO-1: each of N student ranks keeps the AdamW moments of 1/N of the "
-            "parameters, updates that slice and all-gathers the result; checkpoints stay whole)")
+            "none | optimizer | gradients (ZeRO-1: each of N student ranks keeps the AdamW moments of 1/N "
+            "of the parameters, updates that slice and all-gathers the result; ZeRO-2: the gradients of "
+            "that slice too, reduce-scattered bucket by bucket from the backward; checkpoints hold each "
+            "rank's slice and resume on any student count)")
       .bind("student.tf32", tf32,
             "on a CUDA student, fp32 matmuls may use TF32 tensor cores (about 8x the fp32 rate "
             "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
