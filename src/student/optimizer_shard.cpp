@@ -184,14 +184,8 @@ void OptimizerShard::gather(std::int64_t step) {
 
 MomentSlice OptimizerShard::moment_slice(const torch::optim::AdamW& optimizer, std::int64_t step) const {
   // This rank's slice of each moment (zeros where it has no state yet, and in the padding).
-  MomentSlice out;
-  out.index = group_rank_;
-  out.count = group_size_;
-  out.begin = begin_;
-  out.size = slice_;
-  out.padded = padded_;
-  out.exp_avg = torch::zeros({slice_}, torch::kFloat);
-  out.exp_avg_sq = torch::zeros({slice_}, torch::kFloat);
+  MomentSlice out{group_rank_, group_size_, begin_, slice_, padded_, 0, torch::zeros({slice_}, torch::kFloat),
+                  torch::zeros({slice_}, torch::kFloat)};
   auto steps = torch::zeros({1}, torch::kLong);
   for (std::size_t k = 0; k < views_.size(); ++k) {
     const auto it = optimizer.state().find(compat::optimizer_state_key(views_[k]));
