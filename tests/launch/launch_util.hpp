@@ -117,10 +117,35 @@ inline LaunchResult launch_train(int ranks, const std::string& args, int timeout
   return run_captured(cmd);
 }
 
-/// A fresh directory under the system temp dir, unique to this process and `name`.
+/// The directories fresh_dir() made in this process, removed when it ends with every test passed
+/// (a failure keeps them to look at, as does WD_KEEP_TEST_DIRS=1): a run of the launch tests
+/// writes gigabytes of checkpoints and logs, and CI runs on the same machine each time.
+class FreshDirs {
+ public:
+  FreshDirs() = default;
+  FreshDirs(const FreshDirs&) = delete;
+  FreshDirs& operator=(const FreshDirs&) = delete;
+  ~FreshDirs() {
+    const char* keep = std::getenv("WD_KEEP_TEST_DIRS");
+    if ((keep != nullptr && std::string(keep) == "1") || !::testing::UnitTest::GetInstance()->Passed()) return;
+    for (const auto& d : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+  void add(const std::filesystem::path& d) { dirs_.push_back(d); }
+
+ private:
+  std::vector<std::filesystem::path> dirs_;
+};
+
+/// A fresh directory under the system temp dir, unique to this process and `name`; removed at
+/// exit when every test passed (FreshDirs).
 inline std::filesystem::path fresh_dir(const std::string& name) {
+  static FreshDirs made;  // after GoogleTest's UnitTest, so destroyed before it
   auto d = std::filesystem::temp_directory_path() / ("wd-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
+  made.add(d);
   return d;
 }
 
