@@ -31,11 +31,7 @@ test::LaunchResult train(int ranks, const std::string& args) { return test::laun
 
 /// One run dir shared by the tests (the builtin teacher and data are generated once).
 const fs::path& run_dir() {
-  static const fs::path dir = [] {
-    auto d = fs::temp_directory_path() / ("wd-train-" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    return d;
-  }();
+  static const fs::path dir = test::fresh_dir("train");
   return dir;
 }
 
