@@ -23,7 +23,9 @@
 # Not in the default list: train2 (1 teacher + 2 students on the GPU, 3 ranks), trajectory (the
 # teacher's sampler on the GPU, the trajectory objective), dmd (the dmd objective: the critic on
 # the GPU, the teacher rank answering real-score requests), dmd_colocated (dmd with the teacher on
-# the student's rank) and ctest (the whole suite; many tests assume a CPU-only host).
+# the student's rank), shard_none_bf16, shard_optimizer, shard_gradients, shard_gradients_bf16 (train2
+# with student.shard; the two students share the GPU, so over MPI) and ctest (the whole suite; many
+# tests assume a CPU-only host).
 #
 # Environment:
 #   OUT            the folder that comes back (the device tool sets it): summary.md, logs.tar.gz
@@ -59,7 +61,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps train2 trajectory dmd dmd_colocated ctest"
+known_steps="$all_steps train2 shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -520,6 +522,16 @@ for s in $steps; do
     train2)
       train_step train2 3 150 "1 teacher + 2 students on one GPU" --student.device cuda --teacher.placement gpu \
         --train.steps "$train_steps"
+      ;;
+    shard_none_bf16 | shard_optimizer | shard_gradients | shard_gradients_bf16)
+      # 1 teacher + 2 students, student.shard over MPI (the students share the one GPU, so the
+      # backend choice is MPI through pinned host memory); compare the loss with train2's.
+      mode=${s#shard_}
+      precision=fp32
+      [[ $mode == *_bf16 ]] && precision=bf16-mixed && mode=${mode%_bf16}
+      train_step "$s" 3 150 "1 teacher + 2 students, student.shard $mode, $precision" --student.device cuda \
+        --teacher.placement gpu --student.shard "$mode" --student.precision "$precision" --comm.backend mpi \
+        --memory.report_every 100 --train.steps "$train_steps"
       ;;
     trajectory)
       train_step trajectory 2 150 "the teacher's 40-step guided sampler on the GPU, 4-step student" \
