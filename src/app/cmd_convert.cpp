@@ -5,6 +5,11 @@
 #include "app/commands.hpp"
 #include "core/logging.hpp"
 #include "model/wan_convert.hpp"
+#include "model/wan_lora.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
 
 namespace wd::app {
 
@@ -30,7 +35,9 @@ struct ConvertConfig {
         .bind("dtype", dtype, "dtype to write: bf16 | fp16 | fp32")
         .bind("layout", layout,
               "key names and config.json to write: native (official Wan) | diffusers "
-              "(WanTransformer3DModel.from_pretrained(DIR) loads it)")
+              "(WanTransformer3DModel.from_pretrained(DIR) loads it) | lora (the input a LoRA student "
+              "folder: DIR/" + std::string(kDiffusersLoraFile) + " for diffusers' load_lora_weights and DIR/" +
+                  kComfyLoraFile + " for ComfyUI's LoRA loader; any other layout writes the merged model)")
         .bind("shard-size", shard_size, "largest shard file, e.g. 5GB, 512MB, 2GiB")
         .bind("keep-fp32", keep_fp32,
               "keep fp32 the tensors the model only uses in fp32 (time MLP, time projection, "
@@ -51,9 +58,9 @@ struct ConvertConfig {
       problems.check(false, e.what());
     }
     try {
-      options.layout = parse_layout(layout);
+      if (layout != "lora") options.layout = parse_layout(layout);
     } catch (const ConfigError& e) {
-      problems.check(false, e.what());
+      problems.check(false, std::string(e.what()) + " (or lora)");
     }
     try {
       options.shard_bytes = parse_size(shard_size, "shard-size");
@@ -67,6 +74,28 @@ struct ConvertConfig {
   }
 };
 
+/// --layout lora: the adapters of a LoRA student folder in the ecosystem's two layouts, written
+/// into a temporary directory renamed to `output` when complete.
+void export_lora(const ConvertConfig& cfg, c10::ScalarType dtype) {
+  WD_CHECK_AS(ConfigError, is_lora_folder(cfg.input),
+              "convert --layout lora reads a LoRA student folder (RUN_DIR/student of a run with student.lora_rank > 0); "
+                  << cfg.input << " has no " << kLoraJson);
+  namespace fs = std::filesystem;
+  WD_CHECK_AS(ConfigError, cfg.force || !fs::exists(cfg.output),
+              "--output " << cfg.output << " exists; pass --force to replace it");
+  const auto lora = read_lora_folder(cfg.input);
+  const auto tmp = cfg.output + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_lora_exports(lora, tmp, dtype);
+  if (fs::exists(cfg.output)) fs::remove_all(cfg.output);
+  fs::rename(tmp, cfg.output);
+  spdlog::info("convert: LoRA of {} (rank {}, alpha {}, {} linears, base {}) -> {}/{} (diffusers) and {}/{} "
+               "(ComfyUI), {}, the scale alpha/rank folded into the up matrices",
+               cfg.input, lora.spec.rank, lora.spec.alpha, lora.adapters.size(), lora.base, cfg.output,
+               kDiffusersLoraFile, cfg.output, kComfyLoraFile, dtype_name(dtype));
+}
+
 }  // namespace
 
 int run_convert(const std::vector<std::string>& args) {
@@ -76,7 +105,7 @@ int run_convert(const std::vector<std::string>& args) {
   if (parse_options(args, table).help) {
     print_help(
         "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers] "
-        "[--shard-size 5GB] [--force]",
+        "[--shard-size 5GB] [--force]\n       wan-distill convert --input RUN_DIR/student --output DIR --layout lora [--dtype fp32]",
         "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one, or a trained student's\n"
         "RUN_DIR/student) in another dtype and key layout, once: bf16 so that teachers map\n"
         "weights straight from the file; --layout diffusers for diffusers, whose\n"
@@ -84,14 +113,24 @@ int run_convert(const std::vector<std::string>& args) {
         "names, its key names). Writes config.json, safetensors shards and, when sharded, their\n"
         "index, one shard at a time (memory stays about one shard), into a temporary directory\n"
         "renamed to DIR when complete. By default the tensors the model uses only in fp32 stay\n"
-        "fp32 (spec section 6; docs/placement.md). Exit codes: 2 bad options, existing output or\n"
+        "fp32 (spec section 6; docs/placement.md). A LoRA student folder (student.lora_rank) is\n"
+        "written merged (base + adapters), or with --layout lora as the LoRA files diffusers and\n"
+        "ComfyUI load on top of the base (docs/lora.md). Exit codes: 2 bad options, existing output or\n"
         "a model the layout cannot express, 3 bad input checkpoint.",
         table);
     return kExitOk;
   }
   const auto options = cfg.validate();
   init_logging(Topology::single_process(), cfg.log.level);
+  if (cfg.layout == "lora") {
+    export_lora(cfg, options.dtype);
+    return kExitOk;
+  }
   const auto input = WanCheckpoint::open(cfg.input, cfg.model_config);
+  if (input.lora()) {
+    spdlog::info("convert: {} is a LoRA student folder: writing its base {} with the adapters merged", cfg.input,
+                 input.lora()->base);
+  }
   const auto result = convert_wan_checkpoint(input, cfg.output, options);
   if (result.kept_fp32 > 0) {
     spdlog::info("convert: {} of {} tensors kept in fp32 ({} of input); the rest are {}",

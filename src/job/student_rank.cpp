@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "job/train_job.hpp"
+#include "model/wan_lora.hpp"
 #include "comm/gradient_reducer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_runtime.hpp"
@@ -139,13 +140,44 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
   setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
   setup.seed = cfg.train.seed;
   setup.device = device;
+  if (cfg.student.lora_rank > 0) setup.lora_base = cfg.teacher_path();
   return setup;
+}
+
+/// student.lora_rank: the teacher checkpoint's tensors as the frozen base (zero-copy views of the
+/// mapping where the dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16),
+/// with fp32 adapters, loaded from student.lora_init when given.
+WanDiT make_lora_student(const TrainJob& job) {
+  const auto& cfg = job.cfg;
+  WD_CHECK_AS(ConfigError, job.experts && job.experts->size() == 1,
+              "student.lora_rank needs a one-expert teacher.checkpoint as its base"
+                  << (job.experts ? " (two-expert LoRA students, one adapter set per expert, are not built yet)"
+                                  : " (train.objective flow without a teacher has none)"));
+  const auto dtype = cfg.student.precision == "bf16-mixed" ? std::optional<c10::ScalarType>(torch::kBFloat16)
+                                                            : std::nullopt;
+  auto model = load_wan_dit(job.teacher(), dtype);
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  model->add_lora(cfg.student.lora_spec(model->config().num_layers), cfg.train.seed);
+  if (!cfg.student.lora_init.empty()) {
+    load_lora_into(*model, read_lora_file(cfg.student.lora_init, model->config()), cfg.student.lora_init);
+  }
+  if (job.world_rank() == job.layout.student_world_ranks().front()) {
+    std::int64_t trainable = 0;
+    for (const auto& [name, t] : model->lora_parameters()) trainable += t.numel();
+    spdlog::info("LoRA student: rank {} alpha {} on {} linears ({} trainable parameters) over the frozen {} base of {}"
+                 "{}",
+                 model->lora().rank, model->lora().alpha, model->lora().targets.size(), trainable,
+                 dtype_name(model->dtype()), job.teacher().path(),
+                 cfg.student.lora_init.empty() ? "" : ", adapters from " + cfg.student.lora_init);
+  }
+  return model;
 }
 
 student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
   const auto& tc = job.model;
   const auto setup = parts_setup(job, device);
+  if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job), setup);
   const auto sc = cfg.student.model_config(tc);
   // Without a teacher (flow) the student starts from random weights (student.init random).
   return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)

@@ -54,6 +54,30 @@ const char* dtype_name(c10::ScalarType dtype) {
 }
 
 WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& config_path) {
+  if (is_lora_folder(path)) {
+    auto folder = std::make_shared<LoraFolder>(read_lora_folder(path));
+    WanCheckpoint ck;
+    try {
+      ck = open(folder->base, config_path);
+    } catch (const DataError& e) {
+      throw DataError((fs::path(path) / kLoraJson).string(), "base",
+                      std::string("names a base checkpoint that does not open: ") + e.what());
+    }
+    for (const auto& linear : folder->spec.targets) {
+      const auto key = linear + ".weight";
+      WD_CHECK_DATA(ck.contains(key), (fs::path(path) / kLoraJson).string(), "targets",
+                    "adapts " << linear << ", which the base " << folder->base << " does not have");
+      const auto& shape = ck.info(key).shape;
+      const auto& [down, up] = folder->adapters.at(linear);
+      WD_CHECK_DATA(shape.size() == 2 && up.size(0) == shape[0] && down.size(1) == shape[1],
+                    (fs::path(path) / kLoraAdapters).string(), linear,
+                    "adapters of " << up.size(0) << "x" << down.size(1) << " for a base weight of shape "
+                                   << c10::IntArrayRef(shape));
+      ck.merged_[key] = linear;
+    }
+    ck.lora_ = std::move(folder);
+    return ck;
+  }
   WanCheckpoint ck;
   ck.path_ = path;
   const fs::path p(path);
@@ -264,6 +288,11 @@ torch::Tensor WanCheckpoint::tensor(const std::string& native_key,
   auto it = entries_.find(native_key);
   if (it == entries_.end()) throw DataError(path_, native_key, "not in the checkpoint");
   const auto& file = files_[it->second.file];
+  if (const auto m = merged_.find(native_key); m != merged_.end()) {
+    // LoRA folder: the base weight with its adapters merged, in the stored (or asked) dtype.
+    const auto base = file.tensor(it->second.stored_name);
+    return lora_->merged(m->second, base).to(dtype ? *dtype : base.scalar_type()).to(device);
+  }
   if (!dtype) return file.tensor(it->second.stored_name).to(device);
   return file.tensor(it->second.stored_name, *dtype, device);
 }

@@ -14,6 +14,7 @@
 #include "model/wan_config.hpp"
 #include "model/wan_dit.hpp"
 #include "model/wan_keys.hpp"
+#include "model/wan_lora.hpp"
 
 namespace wd {
 
@@ -27,6 +28,8 @@ class WanCheckpoint {
   /// a diffusers pipeline folder with one DiT (its transformer/; a two-expert one is refused).
   /// The config is `config_path` when given, else config.json in the directory (or beside the
   /// file). Every file is mapped and validated; no tensor data is read.
+  /// A LoRA student folder (lora.json, model/wan_lora.hpp) opens as its base with the adapters
+  /// merged: every target weight reads as W + scale · up · down, everything else as the base's.
   static WanCheckpoint open(const std::string& path, const std::string& config_path = "");
 
   const std::string& path() const { return path_; }
@@ -60,6 +63,8 @@ class WanCheckpoint {
   /// Drops a tensor's mapped pages from the resident set (streaming readers, see
   /// SafetensorsFile::release).
   void release(const std::string& native_key) const;
+  /// The adapters merged into this checkpoint's tensors (a LoRA student folder), else null.
+  const LoraFolder* lora() const { return lora_.get(); }
 
  private:
   struct Entry {
@@ -77,6 +82,8 @@ class WanCheckpoint {
   std::vector<SafetensorsFile> files_;
   std::map<std::string, Entry> entries_;        ///< native name -> where it is stored
   std::vector<std::string> unmapped_;           ///< stored names that are no DiT key
+  std::shared_ptr<const LoraFolder> lora_;     ///< adapters merged on read (LoRA folder)
+  std::map<std::string, std::string> merged_;  ///< weight key -> its linear, for lora_
 };
 
 /// Builds a frozen WanDiT over the checkpoint's tensors: weights kept as stored are zero-copy

@@ -2,7 +2,9 @@
 // parameter list of the official state_dict.
 #include "model/wan_config.hpp"
 
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -283,6 +285,49 @@ std::int64_t wan_param_count(const WanConfig& config) {
   std::int64_t n = 0;
   for (const auto& p : wan_param_specs(config)) n += p.numel();
   return n;
+}
+
+std::vector<std::string> lora_target_linears(const std::string& list, std::int64_t num_layers, const std::string& key) {
+  static const std::vector<std::string> kAll = {"self_attn.q",  "self_attn.k",  "self_attn.v",  "self_attn.o",
+                                                "cross_attn.q", "cross_attn.k", "cross_attn.v", "cross_attn.o",
+                                                "ffn.0",        "ffn.2"};
+  std::vector<bool> chosen(kAll.size(), false);
+  const auto pick = [&](const std::function<bool(const std::string&)>& take) {
+    for (std::size_t j = 0; j < kAll.size(); ++j) chosen[j] = chosen[j] || take(kAll[j]);
+  };
+  std::stringstream in(list);
+  std::string word;
+  bool any = false;
+  while (std::getline(in, word, ',')) {
+    word.erase(0, word.find_first_not_of(" \t"));
+    word.erase(word.find_last_not_of(" \t") + 1);
+    if (word.empty()) continue;
+    any = true;
+    const auto starts = [](const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; };
+    if (word == "all") {
+      pick([](const std::string&) { return true; });
+    } else if (word == "attn") {
+      pick([&](const std::string& n) { return starts(n, "self_attn.") || starts(n, "cross_attn."); });
+    } else if (word == "self_attn" || word == "cross_attn" || word == "ffn") {
+      pick([&](const std::string& n) { return starts(n, word + "."); });
+    } else if (word == "q" || word == "k" || word == "v" || word == "o") {
+      pick([&](const std::string& n) { return n == "self_attn." + word || n == "cross_attn." + word; });
+    } else if (std::find(kAll.begin(), kAll.end(), word) != kAll.end()) {
+      pick([&](const std::string& n) { return n == word; });
+    } else {
+      throw ConfigError(key + "(" + list + "): unknown target '" + word +
+                        "'; expected a comma list of all, attn, self_attn, cross_attn, ffn, q, k, v, o or an in-block "
+                        "linear name (self_attn.q, cross_attn.o, ffn.0, ffn.2, ...)");
+    }
+  }
+  WD_CHECK_AS(ConfigError, any, key << " is empty; expected e.g. attn,ffn");
+  std::vector<std::string> out;
+  for (std::int64_t i = 0; i < num_layers; ++i) {
+    for (std::size_t j = 0; j < kAll.size(); ++j) {
+      if (chosen[j]) out.push_back("blocks." + std::to_string(i) + "." + kAll[j]);
+    }
+  }
+  return out;
 }
 
 }  // namespace wd

@@ -67,6 +67,23 @@ struct WanConfig {
 /// What the random initialiser draws for a parameter (the scheme of the golden vectors).
 enum class ParamKind { kWeight, kBias, kModulation, kNormGain };
 
+/// Low-rank adapters on a DiT's block linears (LoRA): for each target linear with weight W
+/// [out, in], W' = W + (alpha / rank) · up · down, down [rank, in], up [out, rank]. Targets are
+/// native linear names, `blocks.<i>.<self_attn|cross_attn>.<q|k|v|o>` and `blocks.<i>.ffn.<0|2>`.
+struct LoraSpec {
+  std::int64_t rank = 0;  ///< 0: no adapters
+  double alpha = 0;       ///< the scale is alpha / rank
+  std::vector<std::string> targets;
+  double scale() const { return rank > 0 ? alpha / static_cast<double>(rank) : 0.0; }
+};
+
+/// The block linears `student.lora_targets` names: a comma list of `q`, `k`, `v`, `o` (both
+/// attentions), `self_attn`, `cross_attn`, `attn` (both), `ffn`, `all`, or exact in-block names
+/// (`self_attn.q`, `ffn.0`, ...); expanded over every block. Throws ConfigError naming `key`,
+/// the word and the accepted words.
+std::vector<std::string> lora_target_linears(const std::string& list, std::int64_t num_layers,
+                                             const std::string& key = "student.lora_targets");
+
 /// One parameter of the DiT under its native name.
 struct ParamSpec {
   std::string name;

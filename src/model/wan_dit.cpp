@@ -1,7 +1,12 @@
 // The Wan 2.2 DiT forward pass (spec §3-§6), staged as embed → blocks → unembed.
 #include "model/wan_dit.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <sstream>
 #include <tuple>
 
 #include "core/errors.hpp"
@@ -266,6 +271,78 @@ void WanDiTImpl::bind_parameter(const std::string& name, const torch::Tensor& va
   it->second.set_data(value);
 }
 
+WanDiTImpl::Linear& WanDiTImpl::block_linear(const std::string& name) {
+  const auto fail = [&] {
+    return std::string("'") + name + "' is not a block linear (blocks.<i>.<self_attn|cross_attn>.<q|k|v|o> or "
+           "blocks.<i>.ffn.<0|2>, i < " + std::to_string(config_.num_layers) + ")";
+  };
+  WD_CHECK_AS(ConfigError, name.rfind("blocks.", 0) == 0, fail());
+  const auto dot = name.find('.', 7);
+  WD_CHECK_AS(ConfigError, dot != std::string::npos, fail());
+  std::int64_t i = -1;
+  try {
+    i = std::stoll(name.substr(7, dot - 7));
+  } catch (const std::exception&) {
+    throw ConfigError(fail());
+  }
+  WD_CHECK_AS(ConfigError, i >= 0 && i < static_cast<std::int64_t>(blocks_.size()), fail());
+  auto& b = blocks_[static_cast<std::size_t>(i)];
+  const auto rest = name.substr(dot + 1);
+  for (auto* a : {&b.self_attn, &b.cross_attn}) {
+    const std::string prefix = a == &b.self_attn ? "self_attn." : "cross_attn.";
+    if (rest == prefix + "q") return a->q;
+    if (rest == prefix + "k") return a->k;
+    if (rest == prefix + "v") return a->v;
+    if (rest == prefix + "o") return a->o;
+  }
+  if (rest == "ffn.0") return b.ffn0;
+  if (rest == "ffn.2") return b.ffn2;
+  throw ConfigError(fail());
+}
+
+void WanDiTImpl::add_lora(const LoraSpec& spec, std::uint64_t seed) {
+  WD_CHECK(lora_.rank == 0, "add_lora: this DiT already has adapters");
+  WD_CHECK_AS(ConfigError, spec.rank > 0, "a LoRA needs a rank > 0, got " << spec.rank);
+  WD_CHECK_AS(ConfigError, spec.alpha > 0, "a LoRA needs alpha > 0, got " << spec.alpha);
+  WD_CHECK_AS(ConfigError, !spec.targets.empty(), "a LoRA needs at least one target linear");
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < spec.targets.size(); ++k) {
+    auto& l = block_linear(spec.targets[k]);
+    WD_CHECK_AS(ConfigError, !l.down.defined(), "LoRA target '" << spec.targets[k] << "' is listed twice");
+    WD_CHECK(l.weight.numel() > 0, "LoRA target '" << spec.targets[k] << "' has no weight loaded");
+    const auto out = l.weight.size(0), in = l.weight.size(1);
+    WD_CHECK_AS(ConfigError, spec.rank <= std::min(in, out),
+                "LoRA rank " << spec.rank << " exceeds " << spec.targets[k] << "'s " << out << "x" << in);
+    // A generator per adapter: the draw depends only on (seed, position in the target list).
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + k);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    auto down = torch::empty({spec.rank, in}, torch::kFloat).uniform_(-bound, bound, gen);
+    const auto device = l.weight.device();
+    register_native(spec.targets[k] + ".lora_down", down.to(device));
+    register_native(spec.targets[k] + ".lora_up", torch::zeros({out, spec.rank}, torch::TensorOptions().device(device)));
+    l.down = params_.at(spec.targets[k] + ".lora_down");
+    l.up = params_.at(spec.targets[k] + ".lora_up");
+    l.scale = spec.scale();
+  }
+  lora_ = spec;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> WanDiTImpl::lora_parameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& t : lora_.targets) {
+    out.emplace_back(t + ".lora_down", params_.at(t + ".lora_down"));
+    out.emplace_back(t + ".lora_up", params_.at(t + ".lora_up"));
+  }
+  return out;
+}
+
+bool WanDiTImpl::is_lora_name(const std::string& name) {
+  const auto ends = [&](const std::string& tail) {
+    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends(".lora_down") || ends(".lora_up");
+}
+
 c10::ScalarType WanDiTImpl::dtype() const { return patch_weight_.scalar_type(); }
 
 c10::ScalarType WanDiTImpl::compute_dtype() const {
@@ -278,8 +355,12 @@ torch::Tensor WanDiTImpl::linear(const torch::Tensor& x, const Linear& l) const 
   const auto c = compute_dtype();
   // Weights are converted only on the fallback path (fp16 weights without fp16 kernels) or
   // under a compute override.
-  if (l.weight.scalar_type() == c) return at::linear(x.to(c), l.weight, l.bias);
-  return at::linear(x.to(c), l.weight.to(c), l.bias.to(c));
+  const auto xc = x.to(c);
+  auto y = l.weight.scalar_type() == c ? at::linear(xc, l.weight, l.bias)
+                                       : at::linear(xc, l.weight.to(c), l.bias.to(c));
+  if (!l.down.defined()) return y;
+  // LoRA: the adapters (fp32 masters) in the compute dtype; their casts carry the gradient.
+  return y + at::linear(at::linear(xc, l.down.to(c)), l.up.to(c)) * l.scale;
 }
 
 torch::Tensor WanDiTImpl::linear_f32(const torch::Tensor& x, const Linear& l) const {
@@ -533,6 +614,8 @@ std::vector<torch::Tensor> WanDiTImpl::block_parameters(std::int64_t index) cons
     for (const auto* l : {&a.q, &a.k, &a.v, &a.o}) {
       add(l->weight);
       add(l->bias);
+      add(l->down);
+      add(l->up);
     }
     add(a.norm_q);
     add(a.norm_k);
@@ -545,6 +628,8 @@ std::vector<torch::Tensor> WanDiTImpl::block_parameters(std::int64_t index) cons
   for (const auto* l : {&blk.ffn0, &blk.ffn2}) {
     add(l->weight);
     add(l->bias);
+    add(l->down);
+    add(l->up);
   }
   return out;
 }

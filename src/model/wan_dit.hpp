@@ -109,9 +109,22 @@ class WanDiTImpl : public torch::nn::Module {
   /// shape must equal the config's. Used to bind memory-mapped checkpoint tensors.
   void bind_parameter(const std::string& name, const torch::Tensor& value);
 
+  /// Adds fp32 adapters on spec.targets (on the weights' device): down drawn as LoRA's usual
+  /// init (uniform ±1/sqrt(in), seeded per adapter), up zeros, so the model's output is unchanged
+  /// until up trains. Registered as parameters `<linear>.lora_down` and `<linear>.lora_up`; the
+  /// forward adds scale · up(down(x)) in the compute dtype. Once per module.
+  void add_lora(const LoraSpec& spec, std::uint64_t seed);
+  const LoraSpec& lora() const { return lora_; }
+  /// The adapters as (name, tensor) in spec.targets order, down before up.
+  std::vector<std::pair<std::string, torch::Tensor>> lora_parameters() const;
+  /// True for an adapter's parameter name (`*.lora_down`, `*.lora_up`).
+  static bool is_lora_name(const std::string& name);
+
  private:
   struct Linear {
     torch::Tensor weight, bias;
+    torch::Tensor down, up;  ///< LoRA adapters (undefined without)
+    double scale = 0;
   };
   struct Attention {
     Linear q, k, v, o;
@@ -158,6 +171,9 @@ class WanDiTImpl : public torch::nn::Module {
   torch::Tensor patch_weight_, patch_bias_, head_modulation_;
   Linear text0_, text2_, time0_, time2_, time_proj_, head_;
   std::vector<Block> blocks_;
+  LoraSpec lora_;
+  /// The block linear a native linear name (`blocks.3.self_attn.q`) names; throws for others.
+  Linear& block_linear(const std::string& name);
 };
 TORCH_MODULE(WanDiT);
 

@@ -51,7 +51,29 @@ void StudentConfig::bind(OptionTable& t) {
             "feature distillation pairs s:t,s:t (student block : teacher block); empty = off")
       .bind("student.feature_weight", feature_weight, "weight of the feature loss")
       .bind("student.steps", steps,
-            "train.objective trajectory: the student's sampling steps k (Euler, teacher.shift's schedule)");
+            "train.objective trajectory: the student's sampling steps k (Euler, teacher.shift's schedule)")
+      .bind("student.lora_rank", lora_rank,
+            "r > 0: a LoRA student: the teacher's architecture with its frozen base read from "
+            "teacher.checkpoint (student.dim/ffn_dim/num_heads/num_layers/in_dim/out_dim are not used) and "
+            "trainable rank-r adapters on student.lora_targets; RUN/student is then a LoRA folder "
+            "(convert --layout lora exports it for diffusers and ComfyUI). 0 = a full student")
+      .bind("student.lora_alpha", lora_alpha, "LoRA scale alpha / rank (0 = the rank: scale 1)")
+      .bind("student.lora_targets", lora_targets,
+            "the block linears that get adapters: a comma list of all, attn (both attentions' q,k,v,o), "
+            "self_attn, cross_attn, ffn, q, k, v, o or in-block names (self_attn.q, ffn.0, ...)")
+      .bind("student.lora_init", lora_init,
+            "a LoRA to start the adapters from: a LoRA student folder, or a .safetensors in the diffusers "
+            "(lora_A/lora_B), ComfyUI (lora_down/lora_up/alpha) or wan-distill layout, of rank "
+            "student.lora_rank; empty = up matrices zero (the student starts as the teacher)");
+}
+
+LoraSpec StudentConfig::lora_spec(std::int64_t num_layers) const {
+  LoraSpec spec;
+  if (lora_rank <= 0) return spec;
+  spec.rank = lora_rank;
+  spec.alpha = lora_alpha > 0 ? lora_alpha : static_cast<double>(lora_rank);
+  spec.targets = lora_target_linears(lora_targets, num_layers);
+  return spec;
 }
 
 void StudentConfig::validate(ConfigProblems& p) const {
@@ -96,6 +118,18 @@ void StudentConfig::validate(ConfigProblems& p) const {
   }
   p.check(features_ok, "student.features(" + features + ") must be pairs s:t,s:t of block indices");
   p.check(feature_weight >= 0, "student.feature_weight" + v(feature_weight) + " must be >= 0");
+  p.check(lora_rank >= 0, "student.lora_rank" + v(lora_rank) + " must be >= 0 (0 = a full student)");
+  p.check(lora_alpha >= 0, "student.lora_alpha" + v(lora_alpha) + " must be >= 0 (0 = the rank)");
+  try {
+    lora_target_linears(lora_targets, 1);
+  } catch (const ConfigError& e) {
+    p.check(false, e.what());
+  }
+  p.check(lora_rank > 0 || lora_init.empty(),
+          "student.lora_init(" + lora_init + ") needs student.lora_rank > 0 (adapters to load it into)");
+  p.check(lora_rank == 0 || init == "random",
+          "student.init(" + init + ") and student.lora_rank(" + std::to_string(lora_rank) +
+              ") exclude each other: a LoRA student is the teacher itself plus adapters");
 }
 
 std::vector<std::int64_t> StudentConfig::teacher_blocks() const {
@@ -121,6 +155,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> StudentConfig::feature_pairs(
 
 WanConfig StudentConfig::model_config(const WanConfig& teacher) const {
   WanConfig c = teacher;
+  if (lora_rank > 0) return c;  // a LoRA student is the teacher's architecture
   c.dim = dim;
   c.ffn_dim = ffn_dim;
   c.num_heads = num_heads;

@@ -39,11 +39,19 @@ struct StudentConfig {
   double feature_weight = 0.1;  ///< weight of the feature loss next to the output loss
   /// train.objective trajectory: the student's sampling steps k (its schedule: teacher.shift)
   std::int64_t steps = 4;
+  /// LoRA student (> 0): the teacher's architecture, its frozen base read from the teacher
+  /// checkpoint, and trainable rank-r adapters on lora_targets; 0 = a full student
+  std::int64_t lora_rank = 0;
+  double lora_alpha = 0;  ///< adapter scale alpha / rank (0 = rank: scale 1)
+  std::string lora_targets = "attn,ffn";  ///< model/wan_dit.hpp lora_target_linears
+  std::string lora_init;  ///< a LoRA file or folder the adapters start from (empty: up = 0)
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;
   /// The student's WanConfig: the teacher's with this struct's fields applied.
   WanConfig model_config(const WanConfig& teacher) const;
+  /// The adapters of a LoRA student over a base of `num_layers` blocks (rank 0: none).
+  LoraSpec lora_spec(std::int64_t num_layers) const;
   /// Teacher block indices of `teacher-blocks:...` (empty for random).
   std::vector<std::int64_t> teacher_blocks() const;
   /// The (student block, teacher block) pairs of `features`.

@@ -9,6 +9,7 @@
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
+#include "model/wan_lora.hpp"
 #include "student/student_model.hpp"
 
 namespace wd::student {
@@ -90,6 +91,7 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
   model_->to(setup_.device);
   heads_->to(setup_.device);
   for (const auto& p : model_->named_parameters()) {
+    if (!p.value().requires_grad()) continue;  // a LoRA student's frozen base
     trainable_.push_back(p.value());
     trainable_names_.push_back(p.key());
   }
@@ -102,7 +104,9 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
     trainable_.push_back(item.value());
     trainable_names_.push_back("distill_heads." + item.key());
   }
-  if (setup_.mixed_bf16) {
+  // A LoRA student computes in its base's dtype (bf16 under bf16-mixed) with fp32 adapters cast
+  // per use: no copy.
+  if (setup_.mixed_bf16 && model_->lora().rank == 0) {
     // The bf16 copy is made once; after each optimizer step it is refreshed in place.
     compute_ = WanDiT(c, WanInit::kEmpty, torch::kBFloat16);
     for (const auto& p : model_->named_parameters()) {
@@ -216,17 +220,21 @@ void StudentParts::after_optimizer_step() {
 
 std::size_t StudentParts::module_count() const {
   return model_->modules().size() + heads_->modules().size() +
-         (setup_.mixed_bf16 ? compute_->modules().size() : 0);
+         (compute_.get() != model_.get() ? compute_->modules().size() : 0);
 }
 
 std::size_t StudentParts::parameter_count() const {
   return model_->parameters().size() + heads_->parameters().size() +
-         (setup_.mixed_bf16 ? compute_->parameters().size() : 0);
+         (compute_.get() != model_.get() ? compute_->parameters().size() : 0);
 }
 
 void StudentParts::save(const std::string& dir) const {
-  WanDiT model = model_;  // a second holder of the same module: save_student takes a mutable one
-  save_student(model, dir);
+  if (model_->lora().rank > 0) {
+    write_lora_folder(*model_, dir, setup_.lora_base);
+  } else {
+    WanDiT model = model_;  // a second holder of the same module: save_student takes a mutable one
+    save_student(model, dir);
+  }
   if (heads_->parameters().empty()) return;
   TensorMap tensors;
   for (const auto& p : heads_->named_parameters()) tensors[p.key()] = p.value().detach();

@@ -28,6 +28,8 @@ struct PartsSetup {
   bool mixed_bf16 = false;        ///< student.precision = bf16-mixed
   std::uint64_t seed = 0;
   c10::Device device = torch::kCPU;  ///< where every part lives and trains (student.device)
+  /// LoRA student (a DiT with adapters, its base frozen): the base checkpoint its folder names.
+  std::string lora_base;
 };
 
 /// Losses of one micro-batch (unscaled), as read on the host.
@@ -92,7 +94,8 @@ class StudentParts {
   std::size_t parameter_count() const;
 
   WanDiT& model() { return model_; }
-  /// Writes the DiT as a Wan checkpoint into `dir`, plus `distill_heads/heads.safetensors`
+  /// Writes the DiT as a Wan checkpoint into `dir` (a LoRA student: a LoRA folder, lora.json and
+  /// adapters.safetensors over setup.lora_base), plus `distill_heads/heads.safetensors`
   /// holding the projections and feature heads when there are any.
   void save(const std::string& dir) const;
 
