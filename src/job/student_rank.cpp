@@ -324,10 +324,42 @@ struct DmdSide {
 };
 
 /// The critic DiT: the student's dims; critic.init student starts it as the generator starts.
-student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& device) {
+/// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's
+/// base (one copy for both) or read from the teacher checkpoint as a LoRA student's is.
+WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
+  const auto& cfg = job.cfg;
+  LoraSpec spec;
+  spec.rank = cfg.train.critic_lora_rank > 0 ? cfg.train.critic_lora_rank : cfg.student.lora_rank;
+  spec.alpha = cfg.student.lora_alpha > 0 ? cfg.student.lora_alpha : static_cast<double>(spec.rank);
+  spec.targets = lora_target_linears(cfg.student.lora_targets, job.model.num_layers);
+  WanDiT critic = nullptr;
+  if (generator.model()->lora().rank > 0) {
+    const auto& base = generator.model();
+    critic = WanDiT(base->config(), WanInit::kEmpty, base->dtype());
+    for (const auto& p : base->named_parameters()) {
+      if (!WanDiTImpl::is_lora_name(p.key())) critic->bind_parameter(p.key(), p.value());
+    }
+  } else {
+    WD_CHECK_AS(ConfigError, job.experts && job.experts->size() == 1,
+                "critic.lora_rank needs a one-expert teacher.checkpoint as its base");
+    critic = load_wan_dit(job.teacher(), cfg.student.precision == "bf16-mixed"
+                                             ? std::optional<c10::ScalarType>(torch::kBFloat16)
+                                             : std::nullopt);
+  }
+  for (auto& p : critic->parameters()) p.set_requires_grad(false);
+  critic->add_lora(spec, cfg.train.seed ^ 0xC817ULL);
+  return critic;
+}
+
+student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& device,
+                                        student::StudentParts& generator) {
   const auto& cfg = job.cfg;
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
+  if (cfg.train.critic_lora_rank > 0 || cfg.student.lora_rank > 0) {
+    setup.lora_base = cfg.teacher_path();
+    return student::StudentParts(make_lora_critic(job, generator), setup);
+  }
   const auto sc = cfg.student.model_config(job.model);
   return student::StudentParts(cfg.train.critic_init == "student"
                                    ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
@@ -348,7 +380,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                       int group_rank, const std::vector<int>& peers, RoleServices& services) {
   const auto& cfg = job.cfg;
   side.train = cfg.student_train();
-  side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device));
+  side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device, generator));
   const auto& train = cfg.train;
   // The critic shards as the student does (the same code: a trainable model and its optimizer).
   side.reduction = make_reduction(job, *side.critic, device, services, "the dmd critic");

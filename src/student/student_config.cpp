@@ -225,7 +225,11 @@ void TrainConfig::bind(OptionTable& t) {
             "with teacher.steps); 0 = pure distribution matching")
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
-            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random");
+            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random")
+      .bind("critic.lora_rank", critic_lora_rank,
+            "dmd: r > 0: the critic is rank-r adapters (student.lora_alpha, student.lora_targets) over the "
+            "teacher's frozen base, shared with a LoRA student's, starting as the teacher (the real score); "
+            "0 = a LoRA student's rank, else a full DiT of the student's dims");
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
@@ -272,6 +276,7 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
   p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
   p.check(critic_init == "student" || critic_init == "random",
           "critic.init(" + critic_init + ") must be student or random");
+  p.check(critic_lora_rank >= 0, "critic.lora_rank" + v(static_cast<double>(critic_lora_rank)) + " must be >= 0");
   p.check(dmd_regression_weight >= 0, "train.dmd_regression_weight" + v(dmd_regression_weight) + " must be >= 0");
   p.check(dmd_regression_weight == 0 || dmd(), "train.dmd_regression_weight" + v(dmd_regression_weight) +
                                                    " weighs a term of the dmd generator loss: it needs train.objective "

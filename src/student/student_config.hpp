@@ -99,6 +99,9 @@ struct TrainConfig {
   double critic_lr = 0.0;
   /// dmd: student (the critic starts as a copy of the generator's initial weights) | random
   std::string critic_init = "student";
+  /// dmd: r > 0 makes the critic rank-r adapters over the teacher's frozen base (shared with a
+  /// LoRA student's); 0 = the student's kind (a LoRA student's rank, else a full DiT)
+  std::int64_t critic_lora_rank = 0;
   /// dmd: weight of a regression to the teacher's trajectories (the `trajectory` target of the
   /// stream's batch) added to the generator's loss; > 0 makes the stream the trajectory stream
   double dmd_regression_weight = 0.0;

@@ -1,0 +1,243 @@
+// LoRA adapters on the DiT (model/wan_dit, model/wan_lora): the adapted forward equals the merged
+// model's, only adapters get gradients and checkpointed blocks give the same ones, the target
+// list's words, LoRA folders round-trip and open merged, and LoRA files of every layout import
+// with their scale (or are refused naming the file and key).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/errors.hpp"
+#include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
+#include "model/wan_lora.hpp"
+#include "student/checkpointing.hpp"
+#include "test_util.hpp"
+
+namespace wd {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// `run` throws an E whose message contains `part`.
+template <typename E, typename F>
+void expect_throw_contains(F run, const std::string& part) {
+  try {
+    run();
+    ADD_FAILURE() << "nothing thrown; expected: " << part;
+  } catch (const E& e) {
+    EXPECT_TRUE(test::contains(e.what(), part)) << e.what() << "\n  expected: " << part;
+  }
+}
+
+WanConfig small_config() {
+  auto c = WanConfig::preset("tiny");
+  c.dim = 64;
+  c.ffn_dim = 96;
+  c.num_heads = 4;
+  c.num_layers = 2;
+  c.freq_dim = 32;
+  c.text_dim = 32;
+  c.text_len = 8;
+  return c;
+}
+
+WanInputs make_inputs(const WanConfig& c, std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  WanInputs in;
+  in.x = {torch::randn({c.in_dim, 2, 4, 4}, gen), torch::randn({c.in_dim, 1, 4, 4}, gen)};
+  in.t = torch::tensor({250.f, 700.f});
+  in.context = {torch::randn({c.text_len, c.text_dim}, gen), torch::randn({5, c.text_dim}, gen)};
+  return in;
+}
+
+/// A random DiT with frozen weights and rank-4 adapters (alpha 8: scale 2) on `targets`, their up
+/// matrices random too (trained adapters are not zero).
+WanDiT adapted(const WanConfig& c, const std::string& targets = "attn,ffn") {
+  WanDiT m(c, WanInit::kRandom, torch::kFloat, 3);
+  for (auto& p : m->parameters()) p.set_requires_grad(false);
+  m->add_lora(LoraSpec{4, 8.0, lora_target_linears(targets, c.num_layers)}, 11);
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(5);
+  for (auto& [name, t] : m->lora_parameters()) {
+    if (name.find("lora_up") != std::string::npos) t.copy_(0.05 * torch::randn(t.sizes(), gen));
+  }
+  return m;
+}
+
+/// The same DiT with W + scale · up · down in place of every adapted weight, no adapters.
+WanDiT merged(const WanDiT& a) {
+  WanDiT m(a->config(), WanInit::kRandom, torch::kFloat, 3);
+  torch::NoGradGuard no_grad;
+  auto params = m->named_parameters();
+  for (const auto& linear : a->lora().targets) {
+    const auto down = a->named_parameters()[linear + ".lora_down"];
+    const auto up = a->named_parameters()[linear + ".lora_up"];
+    params[linear + ".weight"].add_(a->lora().scale() * torch::mm(up, down));
+  }
+  return m;
+}
+
+TEST(Lora, AdaptersStartAsTheBaseAndForwardAsTheMergedModel) {
+  const auto c = small_config();
+  WanDiT plain(c, WanInit::kRandom, torch::kFloat, 3);
+  WanDiT fresh(c, WanInit::kRandom, torch::kFloat, 3);
+  fresh->add_lora(LoraSpec{4, 8.0, lora_target_linears("all", c.num_layers)}, 11);
+  EXPECT_EQ(fresh->lora_parameters().size(), 2u * 10 * 2);  // down + up, 10 linears, 2 blocks
+  const auto in = make_inputs(c, 1);
+  torch::NoGradGuard no_grad;
+  // up = 0 at the start: exactly the base.
+  const auto a = fresh->forward(in), b = plain->forward(in);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  auto lora = adapted(c);
+  auto m = merged(lora);
+  const auto x = lora->forward(in), y = m->forward(in);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    EXPECT_LT((x[i] - y[i]).abs().max().item<double>(), 1e-5);
+    EXPECT_GT((x[i] - b[i]).abs().max().item<double>(), 1e-2);  // the adapters do something
+  }
+}
+
+TEST(Lora, OnlyAdaptersLearnAndCheckpointedBlocksGiveTheSameGradients) {
+  const auto c = small_config();
+  auto model = adapted(c, "q,v,ffn");
+  const auto in = make_inputs(c, 2);
+  std::map<std::string, torch::Tensor> grads[2];
+  int k = 0;
+  for (const char* policy : {"off", "all"}) {
+    model->zero_grad();
+    auto out = student::student_forward(model, in, student::CheckpointPolicy::parse(policy), nullptr);
+    auto loss = torch::zeros({});
+    for (const auto& o : out) loss = loss + o.pow(2).mean();
+    loss.backward();
+    for (const auto& p : model->named_parameters()) {
+      if (WanDiTImpl::is_lora_name(p.key())) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        grads[k][p.key()] = p.value().grad().clone();
+      } else {
+        EXPECT_FALSE(p.value().grad().defined()) << p.key() << " is frozen";
+      }
+    }
+    ++k;
+  }
+  // q, v of both attentions + ffn.0, ffn.2: 6 linears a block, 2 blocks, down and up.
+  ASSERT_EQ(grads[0].size(), 24u);
+  for (const auto& [name, g] : grads[0]) {
+    EXPECT_LT((g - grads[1][name]).abs().max().item<double>(), 1e-6 * (1 + g.abs().max().item<double>())) << name;
+  }
+}
+
+TEST(Lora, TargetWordsExpandOverBlocksAndUnknownOnesAreRefused) {
+  EXPECT_EQ(lora_target_linears("ffn", 2), (std::vector<std::string>{"blocks.0.ffn.0", "blocks.0.ffn.2",
+                                                                      "blocks.1.ffn.0", "blocks.1.ffn.2"}));
+  EXPECT_EQ(lora_target_linears("o, self_attn.q", 1),
+            (std::vector<std::string>{"blocks.0.self_attn.q", "blocks.0.self_attn.o", "blocks.0.cross_attn.o"}));
+  EXPECT_EQ(lora_target_linears("attn,ffn", 3).size(), 30u);
+  EXPECT_EQ(lora_target_linears("all", 3), lora_target_linears("attn,ffn", 3));
+  expect_throw_contains<ConfigError>([] { lora_target_linears("attn,mlp", 2); },
+                                           "student.lora_targets(attn,mlp): unknown target 'mlp'");
+  expect_throw_contains<ConfigError>([] { lora_target_linears(" , ", 2); }, "student.lora_targets is empty");
+}
+
+/// A base checkpoint on disk (native layout, fp32) and a LoRA folder over it.
+struct OnDisk {
+  test::TempDir tmp{"lora"};
+  fs::path dir = tmp.path();
+  WanConfig config = small_config();
+  WanDiT lora = adapted(config);
+  OnDisk() {
+    write_random_wan_checkpoint((dir / "base").string(), config, torch::kFloat, 1ULL << 30, 3);
+    write_lora_folder(*lora, (dir / "student").string(), (dir / "base").string());
+  }
+};
+
+TEST(Lora, AFolderRoundTripsAndOpensAsTheMergedModel) {
+  OnDisk d;
+  const auto folder = read_lora_folder((d.dir / "student").string());
+  EXPECT_EQ(folder.spec.rank, 4);
+  EXPECT_EQ(folder.spec.alpha, 8.0);
+  EXPECT_EQ(folder.spec.targets, d.lora->lora().targets);
+  const auto ck = WanCheckpoint::open((d.dir / "student").string());
+  ASSERT_NE(ck.lora(), nullptr);
+  auto m = merged(d.lora);
+  const auto want = m->named_parameters();
+  for (const auto& p : want) {
+    EXPECT_TRUE(torch::allclose(ck.tensor(p.key()), p.value(), 0, 1e-6)) << p.key();
+  }
+  // A base that is gone: named with the field that points at it.
+  fs::rename(d.dir / "base", d.dir / "moved");
+  expect_throw_contains<DataError>([&] { WanCheckpoint::open((d.dir / "student").string()); },
+                                         "lora.json: base: names a base checkpoint that does not open");
+}
+
+TEST(Lora, FilesOfEveryLayoutImportWithTheirScale) {
+  OnDisk d;
+  const auto folder = read_lora_folder((d.dir / "student").string());
+  const auto exported = d.dir / "exported";
+  fs::create_directories(exported);
+  write_lora_exports(folder, exported.string(), torch::kFloat);
+  // The delta up · down each import yields, against the folder's scale · up · down.
+  const auto expect_same_delta = [&](const ImportedLora& got, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(got.rank, 4);
+    ASSERT_EQ(got.adapters.size(), folder.adapters.size());
+    for (const auto& [linear, pair] : folder.adapters) {
+      const auto want = folder.spec.scale() * torch::mm(pair.second, pair.first);
+      const auto& g = got.adapters.at(linear);
+      EXPECT_TRUE(torch::allclose(torch::mm(g.second, g.first), want, 0, 1e-6)) << linear;
+    }
+  };
+  expect_same_delta(read_lora_file((d.dir / "student").string(), d.config), "LoRA folder");
+  expect_same_delta(read_lora_file((exported / kDiffusersLoraFile).string(), d.config), "diffusers");
+  expect_same_delta(read_lora_file((exported / kComfyLoraFile).string(), d.config), "ComfyUI");
+  // diffusers' peft metadata (r, lora_alpha) is honoured when the file carries no alpha tensors.
+  TensorMap raw;
+  for (const auto& [linear, pair] : folder.adapters) {
+    auto name = native_to_diffusers(linear + ".weight");
+    name = "transformer." + name.substr(0, name.size() - 7);
+    raw[name + ".lora_A.weight"] = pair.first;
+    raw[name + ".lora_B.weight"] = pair.second;
+  }
+  const auto with_meta = (d.dir / "meta.safetensors").string();
+  write_safetensors(with_meta, raw, {{"lora_adapter_metadata", R"({"transformer.r": 4, "transformer.lora_alpha": 8})"}});
+  expect_same_delta(read_lora_file(with_meta, d.config), "diffusers with metadata");
+  // Loaded into a model of another alpha: the same delta.
+  WanDiT target(d.config, WanInit::kRandom, torch::kFloat, 3);
+  for (auto& p : target->parameters()) p.set_requires_grad(false);
+  target->add_lora(LoraSpec{4, 2.0, d.lora->lora().targets}, 1);
+  load_lora_into(*target, read_lora_file(with_meta, d.config), with_meta);
+  const auto params = target->named_parameters();
+  for (const auto& [linear, pair] : folder.adapters) {
+    const auto delta = target->lora().scale() * torch::mm(params[linear + ".lora_up"], params[linear + ".lora_down"]);
+    EXPECT_TRUE(torch::allclose(delta, folder.spec.scale() * torch::mm(pair.second, pair.first), 0, 1e-6)) << linear;
+  }
+}
+
+TEST(Lora, BadFilesAreRefusedNamingTheKey) {
+  OnDisk d;
+  const auto c = d.config;
+  const auto path = (d.dir / "bad.safetensors").string();
+  const auto down = torch::zeros({4, c.dim}), up = torch::zeros({c.dim, 4});
+  write_safetensors(path, {{"transformer.blocks.0.attn1.to_q.lora_A.weight", down},
+                           {"transformer.blocks.0.norm2.lora_A.weight", down}});
+  expect_throw_contains<DataError>([&] { read_lora_file(path, c); },
+                                         "transformer.blocks.0.norm2.lora_A.weight: is not a LoRA adapter");
+  write_safetensors(path, {{"transformer.blocks.0.attn1.to_q.lora_A.weight", down}});
+  expect_throw_contains<DataError>([&] { read_lora_file(path, c); }, "no up (B) matrix for blocks.0.self_attn.q");
+  write_safetensors(path, {{"diffusion_model.blocks.0.ffn.0.lora_down.weight", down},
+                           {"diffusion_model.blocks.0.ffn.0.lora_up.weight", up}});
+  expect_throw_contains<DataError>([&] { read_lora_file(path, c); }, "do not fit blocks.0.ffn.0");
+  // Rank 4 into a rank-8 student, and a linear the student does not adapt.
+  write_safetensors(path, {{"diffusion_model.blocks.0.ffn.2.lora_down.weight", torch::zeros({4, c.ffn_dim})},
+                           {"diffusion_model.blocks.0.ffn.2.lora_up.weight", up}});
+  WanDiT m(c, WanInit::kRandom, torch::kFloat, 3);
+  m->add_lora(LoraSpec{8, 8.0, lora_target_linears("attn", c.num_layers)}, 1);
+  expect_throw_contains<ConfigError>([&] { load_lora_into(*m, read_lora_file(path, c), path); },
+                                           "holds rank-4 adapters; student.lora_rank is 8");
+  WanDiT n(c, WanInit::kRandom, torch::kFloat, 3);
+  n->add_lora(LoraSpec{4, 8.0, lora_target_linears("attn", c.num_layers)}, 1);
+  expect_throw_contains<ConfigError>([&] { load_lora_into(*n, read_lora_file(path, c), path); },
+                                           "adapts blocks.0.ffn.2, which student.lora_targets does not include");
+}
+
+}  // namespace
+}  // namespace wd
