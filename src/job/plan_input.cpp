@@ -155,8 +155,25 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   if (sc.in_dim != lat[0]) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
   if (sc.out_dim != tc.out_dim) in.student_extra_params += sc.out_dim * tc.out_dim + tc.out_dim;
   in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
-  // dmd: the critic, a second student (its weights, gradients and AdamW moments).
-  if (cfg.train.dmd()) in.student_extra_params += wan_param_count(sc);
+  // dmd: the critic, a second student (its weights, gradients and AdamW moments), or adapters over
+  // the base a LoRA student holds anyway (critic.lora_rank).
+  const bool critic_lora = cfg.train.dmd() && (cfg.train.critic_lora_rank > 0 || cfg.student.lora_rank > 0);
+  if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(sc);
+  if (cfg.student.lora_rank > 0 || critic_lora) {
+    // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed).
+    const auto base_elem = cfg.student.precision == "bf16-mixed" ? 2 : ctx.stored_elem_bytes;
+    in.lora_base_bytes = static_cast<std::uint64_t>(wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
+    in.student_lora = cfg.student.lora_rank > 0;
+    // A LoRA student computes in its base's dtype: a bf16 base's activations are bf16.
+    if (in.student_lora && base_elem == 2) in.student_bf16_mixed = true;
+    if (in.student_lora) in.lora_params += lora_param_count(tc, cfg.student.lora_spec(tc.num_layers));
+    if (critic_lora) {
+      LoraSpec critic;
+      critic.rank = cfg.train.critic_lora_rank > 0 ? cfg.train.critic_lora_rank : cfg.student.lora_rank;
+      critic.targets = lora_target_linears(cfg.student.lora_targets, tc.num_layers);
+      in.lora_params += lora_param_count(tc, critic);
+    }
+  }
   in.batch = cfg.train.batch_size;
   in.tokens = stream.tokens;
   in.context_len = tc.text_len;  // the model pads every context to text_len

@@ -532,6 +532,14 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   if (cfg.train.dmd() && stream.own) dmd.score = std::make_unique<LocalScore>(stream.own->stage);
   auto parts = make_student_parts(job, device);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
+  if (parts.model()->lora().rank > 0) {
+    // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds.
+    std::vector<torch::Tensor> base;
+    for (const auto& p : parts.model()->parameters()) {
+      if (!p.requires_grad()) base.push_back(p);
+    }
+    services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
+  }
   auto reduction = make_reduction(job, parts, device, services);
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -328,6 +329,20 @@ std::vector<std::string> lora_target_linears(const std::string& list, std::int64
     }
   }
   return out;
+}
+
+std::int64_t lora_param_count(const WanConfig& config, const LoraSpec& spec) {
+  std::map<std::string, std::int64_t> fan;  // weight name -> in + out
+  for (const auto& p : wan_param_specs(config)) {
+    if (p.shape.size() == 2) fan[p.name] = p.shape[0] + p.shape[1];
+  }
+  std::int64_t total = 0;
+  for (const auto& t : spec.targets) {
+    const auto it = fan.find(t + ".weight");
+    WD_CHECK_AS(ConfigError, it != fan.end(), "LoRA target " << t << " is no block linear of this model");
+    total += spec.rank * it->second;
+  }
+  return total;
 }
 
 }  // namespace wd

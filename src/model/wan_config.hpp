@@ -96,5 +96,7 @@ struct ParamSpec {
 std::vector<ParamSpec> wan_param_specs(const WanConfig& config);
 /// Total parameter count.
 std::int64_t wan_param_count(const WanConfig& config);
+/// Adapter parameters of `spec` on a DiT of `config`: rank · (in + out) per target linear.
+std::int64_t lora_param_count(const WanConfig& config, const LoraSpec& spec);
 
 }  // namespace wd

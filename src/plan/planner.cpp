@@ -25,7 +25,7 @@ constexpr u64 kStreamDeviceBlocks = 3;
 u64 n(std::int64_t v) { return static_cast<u64>(std::max<std::int64_t>(v, 0)); }
 
 u64 student_param_bytes(const PlanInput& in) {
-  return kF32 * (n(in.student.params()) + n(in.student_extra_params));
+  return kF32 * ((in.student_lora ? 0 : n(in.student.params())) + n(in.student_extra_params) + n(in.lora_params));
 }
 
 /// The per-replica batch a teacher forward runs.
@@ -204,7 +204,8 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   // Student rank (on a GPU in a GPU job, on the host in a CPU job).
   auto& St = out.student.items;
   const u64 W = student_param_bytes(in);
-  const u64 half_copy = in.student_bf16_mixed ? W / 2 : 0;
+  // A LoRA student computes in its base's dtype: its fp32 adapters have no bf16 copy.
+  const u64 half_copy = in.student_bf16_mixed && !in.student_lora ? W / 2 : 0;
   // The .grad of every parameter is a view into its all-reduce bucket (comm::bind_grads), so
   // the buckets add nothing; a group of one student has no buckets at all.
   const bool buckets = in.student_ranks > 1;
@@ -220,7 +221,15 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
     St.push_back(cuda ? item(name, bytes, 0, std::move(note)) : item(name, 0, bytes, std::move(note)));
   };
   place(kTransportBuffers, s_ring, "receive ring + kept held-out batches");
-  place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
+  if (in.lora_base_bytes > 0) {
+    place(kStudentWeights, W + half_copy + in.lora_base_bytes,
+          std::string(in.student_lora ? "fp32 adapters" : (in.student_bf16_mixed ? "fp32 master + bf16 copy, fp32 "
+                                                                                   "critic adapters"
+                                                                                 : "fp32, fp32 critic adapters")) +
+              " + the frozen base (" + format_bytes(static_cast<double>(in.lora_base_bytes)) + ")");
+  } else {
+    place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
+  }
   const bool sharded = in.shard_optimizer && in.student_ranks > 1;
   const u64 N = sharded ? n(in.student_ranks) : 1;
   // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).

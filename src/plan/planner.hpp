@@ -46,6 +46,11 @@ struct PlanInput {
   std::uint64_t bucket_bytes = 25ULL << 20;  ///< comm.bucket_mb: a gradient bucket
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)
+  /// student.lora_rank: the student is adapters over the teacher's frozen base; `student` keeps the
+  /// teacher's shape (for activations) and its parameters are not trained.
+  bool student_lora = false;
+  std::int64_t lora_params = 0;            ///< trained adapters: the student's and a LoRA critic's (fp32)
+  std::uint64_t lora_base_bytes = 0;       ///< the frozen base those adapters sit on (held once a rank)
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)
   std::int64_t tokens = 0;                 ///< tokens per sample: F/pt * H/ph * W/pw
   std::int64_t context_len = 0;            ///< text rows after padding (the teacher's text_len)

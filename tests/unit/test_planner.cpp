@@ -119,6 +119,28 @@ TEST(Planner, ShardedGradientsKeepASliceAndTwoBuckets) {
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).student.at(kGradients).device, 1200u);
 }
 
+// student.lora_rank: the base is held frozen (no gradient, no moments); only the adapters train.
+TEST(Planner, LoraStudentsHoldTheBaseAndTrainTheAdapters) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.student_extra_params = 0;
+  in.student_lora = true;
+  in.lora_params = 30;        // W = 120 bytes of fp32 adapters
+  in.lora_base_bytes = 5000;  // the frozen base
+  in.student_bf16_mixed = true;  // a bf16 base computes in bf16: no master copy is added
+  const auto s = placement(make_plan(in), Placement::kCpu).student;
+  EXPECT_EQ(s.at(kStudentWeights).host, 120u + 5000u);
+  EXPECT_EQ(s.at(kGradients).host, 120u);
+  EXPECT_EQ(s.at(kOptimizerState).host, 2 * 120u);
+  // A LoRA critic beside a full student: its adapters train with the student, over a base.
+  in.student_lora = false;
+  in.student_bf16_mixed = false;
+  const auto full = placement(make_plan(in), Placement::kCpu).student;
+  const std::uint64_t W = 4 * static_cast<std::uint64_t>(in.student.params()) + 120u;
+  EXPECT_EQ(full.at(kStudentWeights).host, W + 5000u);
+  EXPECT_EQ(full.at(kOptimizerState).host, 2 * W);
+}
+
 TEST(Planner, CpuJobStudentCategories) {
   auto in = small_job();
   in.cpu_job = true;
