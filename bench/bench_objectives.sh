@@ -11,7 +11,8 @@
 #        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
 #        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
-#        for a half-depth one); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
+#        for a half-depth one), TRAJ_LORA=0 (r > 0: a LoRA student instead, rank r and alpha r over the
+#        teacher's frozen weights; TRAJ_BLOCKS is then not used); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0;
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
@@ -93,6 +94,8 @@ traj_steps=${TRAJ_STEPS:-1500}
 traj_every=${TRAJ_EVERY:-250}
 traj_blocks=${TRAJ_BLOCKS:-$blocks}
 traj_dims="--student.dim ${DIM:-128} --student.ffn_dim ${FFN:-512} --student.num_heads 4 --student.num_layers $(tr ',' '\n' <<<"$traj_blocks" | wc -l)"
+traj_student="$traj_dims --student.init teacher-blocks:$traj_blocks"
+if ((${TRAJ_LORA:-0} > 0)); then traj_student="--student.lora_rank $TRAJ_LORA --student.lora_alpha $TRAJ_LORA"; fi
 if ((traj_steps > 0)); then
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
@@ -100,7 +103,7 @@ if ((traj_steps > 0)); then
       --run-dir traj-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
       --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
       --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
-      $traj_dims --student.init "teacher-blocks:$traj_blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
+      $traj_student --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
       --train.trajectory_rollout "${TRAJ_ROLLOUT:-0}" \
       --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1

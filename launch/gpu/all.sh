@@ -24,7 +24,8 @@
 # teacher's sampler on the GPU, the trajectory objective), dmd (the dmd objective: the critic on
 # the GPU, the teacher rank answering real-score requests), dmd_colocated (dmd with the teacher on
 # the student's rank), shard_none_bf16, shard_optimizer, shard_gradients, shard_gradients_bf16 (train2
-# with student.shard; the two students share the GPU, so over MPI) and ctest (the whole suite; many
+# with student.shard; the two students share the GPU, so over MPI), lora and lora_dmd (LoRA students
+# on the GPU: guided, and dmd with a LoRA critic) and ctest (the whole suite; many
 # tests assume a CPU-only host).
 #
 # Environment:
@@ -61,7 +62,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps train2 shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated ctest"
+known_steps="$all_steps train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -280,7 +281,8 @@ figures() {
       echo "${line:-no CTest summary}; $skipped skipped"
       ;;
     nccl) table_rows "$log" | awk -F'|' '{ for (i = 2; i <= 5; i++) gsub(/^ +| +$/, "", $i); r = $0; s = $2; m = $3; n = $4; p = $5 } END { if (s != "") printf "%s: cudaMemcpy D2D %s GB/s, NCCL to self %s GB/s, rank 0 -> 1 %s", s, m, n, p }' ;;
-    train | train_mpi | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated | oom)
+    train | train_mpi | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated | oom | \
+      lora | lora_dmd | shard_*)
       local last eval ranks
       last=$(grep -oE 'step [0-9]+/[0-9]+ loss [0-9.e+-]+.*samples/s' "$log" | tail -1 | sed -E 's/ lr [^ ]+//')
       eval=$(grep -oE 'eval after training: relative MSE [0-9.e+-]+' "$log" | tail -1 | sed 's/eval after training: //')
@@ -532,6 +534,16 @@ for s in $steps; do
       train_step "$s" 3 150 "1 teacher + 2 students, student.shard $mode, $precision" --student.device cuda \
         --teacher.placement gpu --student.shard "$mode" --student.precision "$precision" --comm.backend mpi \
         --memory.report_every 100 --train.steps "$train_steps"
+      ;;
+    lora)
+      train_step lora 2 150 "a LoRA student (rank 8 over the teacher's bf16 base on the GPU), guided" \
+        --student.device cuda --teacher.placement gpu --student.lora_rank 8 --train.objective guided \
+        --train.lr 2e-3 --train.steps "$train_steps"
+      ;;
+    lora_dmd)
+      train_step lora_dmd 2 150 "dmd with a LoRA generator and critic over one base on the GPU" \
+        --student.device cuda --teacher.placement gpu --student.lora_rank 8 --train.objective dmd \
+        --student.checkpointing all --train.steps "$dmd_steps"
       ;;
     trajectory)
       train_step trajectory 2 150 "the teacher's 40-step guided sampler on the GPU, 4-step student" \

@@ -19,6 +19,13 @@ namespace {
 std::size_t print_checkpoint(const WanCheckpoint& ck, const std::string& indent) {
   std::ostringstream os;
   const auto& c = ck.config();
+  if (const auto* lora = ck.lora()) {
+    std::int64_t adapters = 0;
+    for (const auto& [linear, pair] : lora->adapters) adapters += pair.first.numel() + pair.second.numel();
+    os << "lora:        " << lora->dir << ": rank " << lora->spec.rank << ", alpha " << lora->spec.alpha << ", "
+       << lora->spec.targets.size() << " linears, " << adapters
+       << " adapter parameters; the tensors below are its base's, read with the adapters merged\n";
+  }
   os << "path:        " << ck.path() << "\n"
      << "format:      " << layout_name(ck.layout())
      << (ck.prefixed() ? " (keys prefixed with model.diffusion_model.)" : "") << "\n"
