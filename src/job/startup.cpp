@@ -322,6 +322,10 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
           "train.objective dmd's generator samples the teacher's latents from noise: it needs a t2v teacher whose "
           "in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
               std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
+  p.check(cfg.student.lora_rank == 0 || cfg.train.objective != "velocity",
+          "student.lora_rank(" + std::to_string(cfg.student.lora_rank) +
+              ") with train.objective velocity: a LoRA student starts as the teacher, whose velocity is the target, "
+              "so there is nothing to learn; use guided, trajectory or dmd (docs/lora.md)");
   p.throw_if_any("train config");
   // The negative context's file, read where it will be used: a bad one stops the job here.
   if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {

@@ -146,10 +146,12 @@ TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
   };
   const Case cases[] = {
       {2, " --student.lora_rank 4 --student.init teacher-blocks:0,1", "exclude each other"},
-      {2, " --student.lora_rank 4 --student.lora_targets attn,mlp", "unknown target 'mlp'"},
+      {2, " --student.lora_rank 4 --student.lora_targets attn,mlp --train.objective guided", "unknown target 'mlp'"},
       {2, " --student.lora_init " + rank4, "needs student.lora_rank > 0"},
       {1, " --student.lora_rank 4 --train.objective flow --teacher.ranks 0", "needs a one-expert teacher.checkpoint"},
-      {2, " --student.lora_rank 8 --student.lora_init " + rank4, "holds rank-4 adapters; student.lora_rank is 8"},
+      {2, " --student.lora_rank 8 --train.objective guided --student.lora_init " + rank4,
+       "holds rank-4 adapters; student.lora_rank is 8"},
+      {2, " --student.lora_rank 4", "with train.objective velocity: a LoRA student starts as the teacher"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);

@@ -2,7 +2,7 @@
 """LoRA students out to diffusers and ComfyUI, and a diffusers LoRA in, checked by diffusers itself.
 
 A tiny fp32 teacher (`init-teacher --preset tiny --dtype fp32`) and a LoRA student trained on it
-for 5 steps (launch/mpirun.sh -np 2 ... train --student.lora_rank 4 --student.lora_alpha 8, so
+for 5 steps (launch/mpirun.sh -np 2 ... train --train.objective guided --student.lora_rank 4 --student.lora_alpha 8, so
 that the scale alpha / rank = 2 is exercised) are exported by `wan-distill convert`: the teacher
 (BASE) and the merged student W' = W + (alpha / rank) up @ down in diffusers layout, fp32, and the
 LoRA alone (--layout lora): DIR/pytorch_lora_weights.safetensors (diffusers / peft names, the scale
@@ -168,8 +168,8 @@ def make_runs(cli, work):
     quiet = ("--log.level", "warn")
     cli.run("init-teacher", "--preset", "tiny", "--dtype", "fp32", "--output", teacher, *quiet)
     cli.run("convert", "--input", teacher, "--output", base, "--layout", "diffusers", "--dtype", "fp32", *quiet)
-    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--student.lora_rank", RANK,
-            "--student.lora_alpha", ALPHA, "--train.steps", 5, "--train.lr", TRAIN_LR, "--train.warmup_steps", 0,
+    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--train.objective", "guided",
+            "--student.lora_rank", RANK, "--student.lora_alpha", ALPHA, "--train.steps", 5, "--train.lr", TRAIN_LR, "--train.warmup_steps", 0,
             *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 2))
     cli.run("convert", "--input", run / "student", "--output", lora, "--layout", "lora", "--dtype", "fp32", *quiet)
     cli.run("convert", "--input", run / "student", "--output", merged, "--layout", "diffusers", "--dtype", "fp32",
@@ -280,7 +280,8 @@ def check_import(cli, checks, work, teacher, base, targets):
     folder, run, exported = work / "diffusers-lora", work / "run-import", work / "imported-merged"
     layers = get_peft_model_state_dict(model, adapter_name="diffusers")
     WanPipeline.save_lora_weights(folder, transformer_lora_layers=layers)
-    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--student.lora_init", folder / DIFFUSERS_FILE,
+    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--train.objective", "guided",
+            "--student.lora_init", folder / DIFFUSERS_FILE,
             "--student.lora_rank", RANK, "--student.lora_alpha", RANK, "--train.steps", 1, "--train.lr", IMPORT_LR,
             "--train.min_lr", 0, "--train.warmup_steps", 0, *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 2))
     cli.run("convert", "--input", run / "student", "--output", exported, "--layout", "diffusers", "--dtype", "fp32",
