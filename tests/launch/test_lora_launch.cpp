@@ -72,6 +72,11 @@ TEST(Lora, AGuidedLoraStudentLearnsSavesAFolderAndResumesExactly) {
                                             " --output " + (root() / "merged").string() + " --dtype fp32 2>&1");
   ASSERT_EQ(converted.code, 0) << converted.output;
   EXPECT_NE(converted.output.find("is a LoRA student folder: writing its base"), std::string::npos) << converted.output;
+  // `sample` reads the folder the same way: teacher and LoRA student from one noise.
+  const auto sampled = test::run_captured(std::string(WD_CLI) + " sample --teacher.checkpoint " + merged.lora()->base +
+                                          " --student " + student.string() + " --steps 4 --runtime.threads 1 2>&1");
+  ASSERT_EQ(sampled.code, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("relative MSE"), std::string::npos) << sampled.output;
   const auto exported = test::run_captured(std::string(WD_CLI) + " convert --input " + student.string() +
                                            " --output " + (root() / "exported").string() + " --layout lora 2>&1");
   ASSERT_EQ(exported.code, 0) << exported.output;
