@@ -116,6 +116,12 @@ TEST(Lora, ShardingCheckpointingAndAccumulationTrainAlike) {
   EXPECT_NE(sharded.output.find("keeps AdamW moments and gradients for 22528 of 45056 parameters"), std::string::npos)
       << sharded.output;
   test::expect_close_losses(root() / "plain", root() / "sharded", 12, 1e-4);
+  // bf16-mixed: the base is bf16 (the tiny teacher's file already is), the adapters fp32; the
+  // same curve as the fp32 setting, whose base also computes in bf16.
+  auto mixed = test::launch_train(3, run_dir("mixed") + kJob + " --student.precision bf16-mixed");
+  ASSERT_EQ(mixed.code, 0) << mixed.output;
+  EXPECT_NE(mixed.output.find("over the frozen bf16 base"), std::string::npos) << mixed.output;
+  test::expect_close_losses(root() / "plain", root() / "mixed", 12);
   auto accumulated = test::launch_train(2, run_dir("accumulated") + kLora +
                                                " --train.steps 6 --train.batch_size 1 --train.grad_accum 2");
   ASSERT_EQ(accumulated.code, 0) << accumulated.output;
