@@ -157,7 +157,8 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
   // dmd: the critic, a second student (its weights, gradients and AdamW moments), or adapters over
   // the base a LoRA student holds anyway (critic.lora_rank).
-  const bool critic_lora = cfg.train.dmd() && (cfg.train.critic_lora_rank > 0 || cfg.student.lora_rank > 0);
+  const auto critic = cfg.critic_lora(tc.num_layers);
+  const bool critic_lora = critic.rank > 0;
   if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(sc);
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed).
@@ -167,12 +168,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
     // A LoRA student computes in its base's dtype: a bf16 base's activations are bf16.
     if (in.student_lora && base_elem == 2) in.student_bf16_mixed = true;
     if (in.student_lora) in.lora_params += lora_param_count(tc, cfg.student.lora_spec(tc.num_layers));
-    if (critic_lora) {
-      LoraSpec critic;
-      critic.rank = cfg.train.critic_lora_rank > 0 ? cfg.train.critic_lora_rank : cfg.student.lora_rank;
-      critic.targets = lora_target_linears(cfg.student.lora_targets, tc.num_layers);
-      in.lora_params += lora_param_count(tc, critic);
-    }
+    if (critic_lora) in.lora_params += lora_param_count(tc, critic);
   }
   in.batch = cfg.train.batch_size;
   in.tokens = stream.tokens;

@@ -124,6 +124,12 @@ struct RunConfig {
   /// Whether the teacher must be whole on one rank (no shard stages): guidance, trajectories
   /// and the dmd real-score service need every block in one forward.
   bool whole_teacher() const { return train.guided() || train.trajectory() || train.dmd(); }
+  /// train.objective dmd's critic as adapters over the teacher's base: critic.lora_rank, else a
+  /// LoRA student's rank (student.lora_alpha and lora_targets); rank 0 when the critic is a full DiT.
+  LoraSpec critic_lora(std::int64_t num_layers) const {
+    if (!train.dmd() || (train.critic_lora_rank <= 0 && student.lora_rank <= 0)) return {};
+    return student.lora_spec(num_layers, train.critic_lora_rank);
+  }
   /// Teacher forwards (in samples) per trained sample: 1, doubled when guided; a trajectory's
   /// teacher.steps forwards serve its student.steps intervals (also dmd's with a regression
   /// term); dmd adds its real-score requests, one sample every train.critic_ratio steps.

@@ -144,19 +144,25 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
   return setup;
 }
 
-/// student.lora_rank: the teacher checkpoint's tensors as the frozen base (zero-copy views of the
-/// mapping where the dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16),
-/// with fp32 adapters, loaded from student.lora_init when given.
-WanDiT make_lora_student(const TrainJob& job) {
-  const auto& cfg = job.cfg;
+/// The teacher checkpoint's tensors as a frozen LoRA base (zero-copy views of the mapping where the
+/// dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16). `key` names the
+/// setting that asked for it in the error for a teacher that has no one-expert base.
+WanDiT load_frozen_base(const TrainJob& job, const char* key) {
   WD_CHECK_AS(ConfigError, job.experts && job.experts->size() == 1,
-              "student.lora_rank needs a one-expert teacher.checkpoint as its base"
+              key << " needs a one-expert teacher.checkpoint as its base"
                   << (job.experts ? " (two-expert LoRA students, one adapter set per expert, are not built yet)"
                                   : " (train.objective flow without a teacher has none)"));
-  const auto dtype = cfg.student.precision == "bf16-mixed" ? std::optional<c10::ScalarType>(torch::kBFloat16)
-                                                            : std::nullopt;
+  const auto dtype = job.cfg.student.precision == "bf16-mixed" ? std::optional<c10::ScalarType>(torch::kBFloat16)
+                                                                : std::nullopt;
   auto model = load_wan_dit(job.teacher(), dtype);
   for (auto& p : model->parameters()) p.set_requires_grad(false);
+  return model;
+}
+
+/// student.lora_rank: the frozen base with fp32 adapters, loaded from student.lora_init when given.
+WanDiT make_lora_student(const TrainJob& job) {
+  const auto& cfg = job.cfg;
+  auto model = load_frozen_base(job, "student.lora_rank");
   model->add_lora(cfg.student.lora_spec(model->config().num_layers), cfg.train.seed);
   if (!cfg.student.lora_init.empty()) {
     load_lora_into(*model, read_lora_file(cfg.student.lora_init, model->config()), cfg.student.lora_init);
@@ -327,11 +333,6 @@ struct DmdSide {
 /// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's
 /// base (one copy for both) or read from the teacher checkpoint as a LoRA student's is.
 WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
-  const auto& cfg = job.cfg;
-  LoraSpec spec;
-  spec.rank = cfg.train.critic_lora_rank > 0 ? cfg.train.critic_lora_rank : cfg.student.lora_rank;
-  spec.alpha = cfg.student.lora_alpha > 0 ? cfg.student.lora_alpha : static_cast<double>(spec.rank);
-  spec.targets = lora_target_linears(cfg.student.lora_targets, job.model.num_layers);
   WanDiT critic = nullptr;
   if (generator.model()->lora().rank > 0) {
     const auto& base = generator.model();
@@ -339,15 +340,11 @@ WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
     for (const auto& p : base->named_parameters()) {
       if (!WanDiTImpl::is_lora_name(p.key())) critic->bind_parameter(p.key(), p.value());
     }
+    for (auto& p : critic->parameters()) p.set_requires_grad(false);
   } else {
-    WD_CHECK_AS(ConfigError, job.experts && job.experts->size() == 1,
-                "critic.lora_rank needs a one-expert teacher.checkpoint as its base");
-    critic = load_wan_dit(job.teacher(), cfg.student.precision == "bf16-mixed"
-                                             ? std::optional<c10::ScalarType>(torch::kBFloat16)
-                                             : std::nullopt);
+    critic = load_frozen_base(job, "critic.lora_rank");
   }
-  for (auto& p : critic->parameters()) p.set_requires_grad(false);
-  critic->add_lora(spec, cfg.train.seed ^ 0xC817ULL);
+  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), job.cfg.train.seed ^ 0xC817ULL);
   return critic;
 }
 
@@ -356,7 +353,7 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   const auto& cfg = job.cfg;
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
-  if (cfg.train.critic_lora_rank > 0 || cfg.student.lora_rank > 0) {
+  if (cfg.critic_lora(job.model.num_layers).rank > 0) {
     setup.lora_base = cfg.teacher_path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
   }

@@ -331,16 +331,26 @@ std::vector<std::string> lora_target_linears(const std::string& list, std::int64
   return out;
 }
 
-std::int64_t lora_param_count(const WanConfig& config, const LoraSpec& spec) {
-  std::map<std::string, std::int64_t> fan;  // weight name -> in + out
+std::map<std::string, std::pair<std::int64_t, std::int64_t>> block_linear_shapes(const WanConfig& config) {
+  std::map<std::string, std::pair<std::int64_t, std::int64_t>> out;
+  const std::string weight = ".weight";
   for (const auto& p : wan_param_specs(config)) {
-    if (p.shape.size() == 2) fan[p.name] = p.shape[0] + p.shape[1];
+    if (p.name.rfind("blocks.", 0) != 0 || p.shape.size() != 2 || p.name.size() <= weight.size() ||
+        p.name.compare(p.name.size() - weight.size(), weight.size(), weight) != 0) {
+      continue;
+    }
+    out[p.name.substr(0, p.name.size() - weight.size())] = {p.shape[0], p.shape[1]};
   }
+  return out;
+}
+
+std::int64_t lora_param_count(const WanConfig& config, const LoraSpec& spec) {
+  const auto shapes = block_linear_shapes(config);
   std::int64_t total = 0;
   for (const auto& t : spec.targets) {
-    const auto it = fan.find(t + ".weight");
-    WD_CHECK_AS(ConfigError, it != fan.end(), "LoRA target " << t << " is no block linear of this model");
-    total += spec.rank * it->second;
+    const auto it = shapes.find(t);
+    WD_CHECK_AS(ConfigError, it != shapes.end(), "LoRA target " << t << " is no block linear of this model");
+    total += spec.rank * (it->second.first + it->second.second);
   }
   return total;
 }

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wd {
@@ -96,6 +98,9 @@ struct ParamSpec {
 std::vector<ParamSpec> wan_param_specs(const WanConfig& config);
 /// Total parameter count.
 std::int64_t wan_param_count(const WanConfig& config);
+/// Every block linear of `config` (`blocks.<i>.self_attn.q`, ..., `blocks.<i>.ffn.2`) with its
+/// weight's (out, in): what a LoRA may adapt.
+std::map<std::string, std::pair<std::int64_t, std::int64_t>> block_linear_shapes(const WanConfig& config);
 /// Adapter parameters of `spec` on a DiT of `config`: rank · (in + out) per target linear.
 std::int64_t lora_param_count(const WanConfig& config, const LoraSpec& spec);
 

@@ -23,16 +23,6 @@ bool lora_ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-/// The (out, in) of a block linear of `config`, or nullopt when `linear` names none.
-std::optional<std::pair<std::int64_t, std::int64_t>> linear_shape(const WanConfig& config, const std::string& linear) {
-  for (const auto& spec : wan_param_specs(config)) {
-    if (spec.name == linear + ".weight" && spec.name.rfind("blocks.", 0) == 0 && spec.shape.size() == 2) {
-      return std::make_pair(spec.shape[0], spec.shape[1]);
-    }
-  }
-  return std::nullopt;
-}
-
 /// A key of a LoRA file split into the native linear and which half: "down", "up" or "alpha".
 struct KeyParts {
   std::string linear, half;
@@ -168,11 +158,12 @@ ImportedLora read_lora_file(const std::string& path, const WanConfig& config) {
     return out;
   }
   const auto file = SafetensorsFile::open(path);
+  const auto shapes = block_linear_shapes(config);
   std::map<std::string, torch::Tensor> downs, ups, alphas;
   std::map<std::string, std::string> names;  // linear -> a key of it (messages)
   for (const auto& info : file.tensors()) {
     const auto parts = split_lora_key(info.name);
-    WD_CHECK_DATA(parts && linear_shape(config, parts->linear), path, info.name,
+    WD_CHECK_DATA(parts && shapes.count(parts->linear), path, info.name,
                   "is not a LoRA adapter of one of the model's block linears (expected e.g. "
                   "transformer.blocks.0.attn1.to_q.lora_A.weight, diffusion_model.blocks.0.self_attn.q.lora_down.weight)");
     auto t = file.tensor(info.name, torch::kFloat, torch::kCPU);
@@ -200,7 +191,7 @@ ImportedLora read_lora_file(const std::string& path, const WanConfig& config) {
     }
   }
   for (const auto& [linear, down] : downs) {
-    const auto [o, i] = *linear_shape(config, linear);
+    const auto [o, i] = shapes.at(linear);
     const auto up_it = ups.find(linear);
     WD_CHECK_DATA(up_it != ups.end(), path, names[linear], "has a down (A) matrix and no up (B) matrix for " << linear);
     const auto& up = up_it->second;

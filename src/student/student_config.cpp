@@ -67,11 +67,12 @@ void StudentConfig::bind(OptionTable& t) {
             "student.lora_rank; empty = up matrices zero (the student starts as the teacher)");
 }
 
-LoraSpec StudentConfig::lora_spec(std::int64_t num_layers) const {
+LoraSpec StudentConfig::lora_spec(std::int64_t num_layers, std::int64_t rank) const {
   LoraSpec spec;
-  if (lora_rank <= 0) return spec;
-  spec.rank = lora_rank;
-  spec.alpha = lora_alpha > 0 ? lora_alpha : static_cast<double>(lora_rank);
+  if (rank <= 0) rank = lora_rank;
+  if (rank <= 0) return spec;
+  spec.rank = rank;
+  spec.alpha = lora_alpha > 0 ? lora_alpha : static_cast<double>(rank);
   spec.targets = lora_target_linears(lora_targets, num_layers);
   return spec;
 }

@@ -50,8 +50,9 @@ struct StudentConfig {
   void validate(ConfigProblems& p) const;
   /// The student's WanConfig: the teacher's with this struct's fields applied.
   WanConfig model_config(const WanConfig& teacher) const;
-  /// The adapters of a LoRA student over a base of `num_layers` blocks (rank 0: none).
-  LoraSpec lora_spec(std::int64_t num_layers) const;
+  /// The adapters of a LoRA student over a base of `num_layers` blocks (rank 0: none), or with
+  /// `rank` > 0 adapters of that rank on the same targets (alpha: lora_alpha, else the rank).
+  LoraSpec lora_spec(std::int64_t num_layers, std::int64_t rank = 0) const;
   /// Teacher block indices of `teacher-blocks:...` (empty for random).
   std::vector<std::int64_t> teacher_blocks() const;
   /// The (student block, teacher block) pairs of `features`.
