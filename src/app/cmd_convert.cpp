@@ -5,6 +5,7 @@
 #include "app/commands.hpp"
 #include "core/logging.hpp"
 #include "model/wan_convert.hpp"
+#include "model/wan_experts.hpp"
 #include "model/wan_lora.hpp"
 
 #include <unistd.h>
@@ -75,25 +76,42 @@ struct ConvertConfig {
 };
 
 /// --layout lora: the adapters of a LoRA student folder in the ecosystem's two layouts, written
-/// into a temporary directory renamed to `output` when complete.
+/// into a temporary directory renamed to `output` when complete. A two-expert LoRA pair (the
+/// folders of a student.expert high and a low run, as high_noise_model/ and low_noise_model/)
+/// gives the pair: the same two files in OUTPUT/high_noise_model/ and OUTPUT/low_noise_model/.
 void export_lora(const ConvertConfig& cfg, c10::ScalarType dtype) {
-  WD_CHECK_AS(ConfigError, is_lora_folder(cfg.input),
-              "convert --layout lora reads a LoRA student folder (RUN_DIR/student of a run with student.lora_rank > 0); "
-                  << cfg.input << " has no " << kLoraJson);
+  const bool pair = is_lora_pair(cfg.input);
+  WD_CHECK_AS(ConfigError, pair || is_lora_folder(cfg.input),
+              "convert --layout lora reads a LoRA student folder (RUN_DIR/student of a run with student.lora_rank > 0) "
+              "or a two-expert LoRA pair (" << WanExperts::kHighDir << "/ and " << WanExperts::kLowDir
+                                            << "/ LoRA folders); " << cfg.input << " has no " << kLoraJson);
   namespace fs = std::filesystem;
   WD_CHECK_AS(ConfigError, cfg.force || !fs::exists(cfg.output),
               "--output " << cfg.output << " exists; pass --force to replace it");
-  const auto lora = read_lora_folder(cfg.input);
+  std::vector<std::pair<std::string, LoraFolder>> parts;  // (subfolder of the output, LoRA)
+  if (pair) {
+    auto both = read_lora_pair(cfg.input);
+    parts.emplace_back(WanExperts::kHighDir, std::move(both[1]));
+    parts.emplace_back(WanExperts::kLowDir, std::move(both[0]));
+  } else {
+    parts.emplace_back("", read_lora_folder(cfg.input));
+  }
   const auto tmp = cfg.output + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  write_lora_exports(lora, tmp, dtype);
+  for (const auto& [sub, lora] : parts) {
+    const auto dir = (fs::path(tmp) / sub).string();
+    fs::create_directories(dir);
+    write_lora_exports(lora, dir, dtype);
+  }
   if (fs::exists(cfg.output)) fs::remove_all(cfg.output);
   fs::rename(tmp, cfg.output);
-  spdlog::info("convert: LoRA of {} (rank {}, alpha {}, {} linears, base {}) -> {}/{} (diffusers) and {}/{} "
-               "(ComfyUI), {}, the scale alpha/rank folded into the up matrices",
-               cfg.input, lora.spec.rank, lora.spec.alpha, lora.adapters.size(), lora.base, cfg.output,
-               kDiffusersLoraFile, cfg.output, kComfyLoraFile, dtype_name(dtype));
+  for (const auto& [sub, lora] : parts) {
+    const auto dir = (fs::path(cfg.output) / sub).string();
+    spdlog::info("convert: LoRA of {} (rank {}, alpha {}, {} linears, base {}) -> {}/{} (diffusers) and {}/{} "
+                 "(ComfyUI), {}, the scale alpha/rank folded into the up matrices",
+                 lora.dir, lora.spec.rank, lora.spec.alpha, lora.adapters.size(), lora.base, dir, kDiffusersLoraFile,
+                 dir, kComfyLoraFile, dtype_name(dtype));
+  }
 }
 
 }  // namespace
@@ -105,7 +123,7 @@ int run_convert(const std::vector<std::string>& args) {
   if (parse_options(args, table).help) {
     print_help(
         "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers] "
-        "[--shard-size 5GB] [--force]\n       wan-distill convert --input RUN_DIR/student --output DIR --layout lora [--dtype fp32]",
+        "[--shard-size 5GB] [--force]\n       wan-distill convert --input RUN_DIR/student|LORA_PAIR --output DIR --layout lora [--dtype fp32]",
         "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one, or a trained student's\n"
         "RUN_DIR/student) in another dtype and key layout, once: bf16 so that teachers map\n"
         "weights straight from the file; --layout diffusers for diffusers, whose\n"
@@ -115,7 +133,8 @@ int run_convert(const std::vector<std::string>& args) {
         "renamed to DIR when complete. By default the tensors the model uses only in fp32 stay\n"
         "fp32 (spec section 6; docs/placement.md). A LoRA student folder (student.lora_rank) is\n"
         "written merged (base + adapters), or with --layout lora as the LoRA files diffusers and\n"
-        "ComfyUI load on top of the base (docs/lora.md). Exit codes: 2 bad options, existing output or\n"
+        "ComfyUI load on top of the base (docs/lora.md); a two-expert LoRA pair (high_noise_model/ and\n"
+        "low_noise_model/ LoRA folders of student.expert runs) as one such folder per expert. Exit codes: 2 bad options, existing output or\n"
         "a model the layout cannot express, 3 bad input checkpoint.",
         table);
     return kExitOk;

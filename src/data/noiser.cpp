@@ -66,15 +66,37 @@ void NoiseConfig::validate(ConfigProblems& problems) const {
                  "noise.first_frame_clean(" + show(first_frame_clean) + ") must be in [0, 1]");
 }
 
-FlowMatchingNoiser::FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed)
-    : config_(std::move(config)), seed_(seed) {
+bool TimestepRange::contains(double t) const {
+  if (side == kAll) return true;
+  return (std::trunc(t) >= boundary_timestep) == (side == kHigh);
+}
+
+std::string TimestepRange::describe() const {
+  if (side == kAll) return "every t";
+  return std::string(side == kHigh ? "t >= " : "t < ") + show(boundary_timestep);
+}
+
+FlowMatchingNoiser::FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed, TimestepRange range)
+    : config_(std::move(config)), seed_(seed), range_(range) {
   ConfigProblems problems;
   config_.validate(problems);
   problems.throw_if_any("noise config");
+  if (range_.side == TimestepRange::kAll) return;
+  // A range the sampler (after shift and clamp) almost never reaches would spin: refuse it here,
+  // with the keys that make it so, rather than in the middle of a run.
+  std::int64_t hits = 0;
+  for (std::int64_t sample = 0; sample < 256; ++sample) {
+    SplitMix64 rng(key(seed_, kSigmaStream, 0, sample));
+    hits += range_.contains(1000.0f * static_cast<float>(draw(rng))) ? 1 : 0;
+  }
+  WD_CHECK_AS(ConfigError, hits >= 3,
+              "the σ distribution (noise.sampler " << config_.sampler << ", shift " << show(config_.shift)
+                  << ", σ in [" << show(config_.sigma_min) << ", " << show(config_.sigma_max) << "]) puts only "
+                  << hits << " of 256 draws in " << range_.describe()
+                  << ", the range of student.expert: move noise.shift, noise.logit_mean or the σ clamp toward it");
 }
 
-double FlowMatchingNoiser::sigma(std::int64_t step, std::int64_t sample) const {
-  SplitMix64 rng(key(seed_, kSigmaStream, step, sample));
+double FlowMatchingNoiser::draw(SplitMix64& rng) const {
   double s = 0;
   if (config_.sampler == "uniform") {
     s = rng.uniform();
@@ -84,6 +106,16 @@ double FlowMatchingNoiser::sigma(std::int64_t step, std::int64_t sample) const {
   }
   s = config_.shift * s / (1.0 + (config_.shift - 1.0) * s);
   return std::clamp(s, config_.sigma_min, config_.sigma_max);
+}
+
+double FlowMatchingNoiser::sigma(std::int64_t step, std::int64_t sample) const {
+  SplitMix64 rng(key(seed_, kSigmaStream, step, sample));
+  for (std::int64_t attempt = 0;; ++attempt) {
+    const double s = draw(rng);  // the first draw is the σ of an unrestricted noiser
+    // t as apply computes it: fp32 σ times 1000 in fp32.
+    if (range_.contains(1000.0f * static_cast<float>(s))) return s;
+    WD_CHECK(attempt < 100000, "noiser: no σ in " << range_.describe() << " after " << attempt << " draws");
+  }
 }
 
 NoisyBatch FlowMatchingNoiser::apply(const torch::Tensor& x0,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "data/splitmix64.hpp"
 
 namespace wd::data {
 
@@ -34,11 +35,25 @@ struct NoisyBatch {
   torch::Tensor noise;  ///< [B,C,F,H,W] float32 ε
 };
 
+/// The model timesteps one expert of a two-expert (A14B) teacher serves, by WanExperts'
+/// routing rule: trunc(t) >= boundary_timestep is the high-noise expert's, below it the
+/// low-noise expert's. `side` 0 is every t.
+struct TimestepRange {
+  enum Side { kAll = 0, kHigh = 1, kLow = -1 };
+  Side side = kAll;
+  double boundary_timestep = 0;  ///< boundary · 1000
+  bool contains(double t) const;
+  std::string describe() const;  ///< "t >= 875", "t < 875" or "every t"
+};
+
 /// Deterministic from (seed, step, sample index): a rerun or a resumed run sees identical
 /// inputs, and the same sample gets different noise at different steps.
 class FlowMatchingNoiser {
  public:
-  FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed);
+  /// `range`: only σ whose t = 1000·σ (as fp32, as apply computes it) lies in it are drawn; a
+  /// draw outside is redrawn from the next draw of the same (step, sample) stream, so the σ of
+  /// a (step, sample) pair stays one deterministic value (a student of one expert, student.expert).
+  FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed, TimestepRange range = {});
   /// `x0` [B,C,F,H,W] float32, `indices` the B sample indices. When `per_token_seq_len` > 0 the
   /// timesteps are per token ([B,S], tokens of the first frame possibly clean), with
   /// `patch` giving the token grid; otherwise per sample ([B]).
@@ -49,8 +64,11 @@ class FlowMatchingNoiser {
   double sigma(std::int64_t step, std::int64_t sample) const;
 
  private:
+  double draw(SplitMix64& rng) const;  ///< one σ of the sampler, shifted and clamped
+
   NoiseConfig config_;
   std::uint64_t seed_;
+  TimestepRange range_;
 };
 
 }  // namespace wd::data

@@ -172,6 +172,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
       job.model = model_for_data(data::validate_dataset(cfg.data_path(), {}));
     }
     check_job(cfg, job.model, job.layout);
+    check_student_expert(cfg, job.experts ? &*job.experts : nullptr);
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(rank_device(cfg, job.placement, Role::kStudent, job.topo.local_rank));
     if (job.topo.role == Role::kTeacher || job.layout.colocated()) job.info = check_data(cfg, job.model);

@@ -15,6 +15,7 @@
 #include "comm/score_channel.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
+#include "data/noiser.hpp"
 #include "data/synthetic_dataset.hpp"
 #include "job/calibrate.hpp"
 #include "job/plan_input.hpp"
@@ -330,6 +331,37 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
   // The negative context's file, read where it will be used: a bad one stops the job here.
   if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {
     static_cast<void>(load_negative_context(cfg.teacher.negative, teacher.text_dim));
+  }
+}
+
+void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
+  const auto& expert = cfg.student.expert;
+  const bool two = experts && experts->two_experts();
+  WD_CHECK_AS(ConfigError, expert.empty() || two,
+              "student.expert(" << expert << ") needs a two-expert (A14B) teacher.checkpoint; "
+                                << (experts ? experts->path() + " is one model" : std::string("train.objective flow has none")));
+  WD_CHECK_AS(ConfigError, !two || cfg.student.lora_rank == 0 || !expert.empty(),
+              "student.lora_rank(" << cfg.student.lora_rank << ") over the two-expert teacher " << experts->path()
+                                   << ": set student.expert high or low, one job per expert's adapters, each on its "
+                                      "own t range (docs/lora.md#two-expert-teachers)");
+  if (expert.empty()) return;
+  ConfigProblems p;
+  p.check(!cfg.train.dmd(), "student.expert(" + expert + ") with train.objective dmd: the generator samples across "
+                            "both experts' t ranges, so one job would need both experts' students; not built yet");
+  p.check(cfg.train.trajectory_rollout == 0,
+          "student.expert(" + expert + ") with train.trajectory_rollout > 0: a rollout runs the student from noise "
+          "through every interval, the other expert's too");
+  p.check(cfg.train.sample_every == 0, "student.expert(" + expert + ") with train.sample_every > 0: a sampling probe "
+                                       "runs the student from noise through every t, the other expert's too");
+  p.throw_if_any("train config");
+  data::TimestepRange range;
+  range.side = expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
+  range.boundary_timestep = experts->boundary_timestep();
+  // Ranges nothing reaches stop the job here: the student's steps, or the noise's σ distribution.
+  if (cfg.train.trajectory_stream()) {
+    static_cast<void>(cfg.trajectory_spec().intervals_in(range));
+  } else {
+    static_cast<void>(data::FlowMatchingNoiser(cfg.noise, cfg.train.seed, range));
   }
 }
 

@@ -61,8 +61,8 @@ struct LocalData {
   explicit LocalData(const TrainJob& job)
       : reader(*job.info),
         schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
-        noiser(job.cfg.noise, job.cfg.train.seed),
-        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL) {}
+        noiser(job.cfg.noise, job.cfg.train.seed, job.student_range()),
+        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL, job.student_range()) {}
 };
 
 /// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
@@ -79,7 +79,7 @@ struct OwnTeacher {
         data(job),
         trajectory(job.cfg.train.trajectory_stream() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
                                                     stage, data.reader, data.schedule, job.plan,
-                                                    job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),
+                                                    job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
                                                     job.layout.replicas, job.per_replica, job.train_samples,
                                                     job.cfg.train.seed})
                                               : nullptr),
@@ -140,7 +140,7 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
   setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
   setup.seed = cfg.train.seed;
   setup.device = device;
-  if (cfg.student.lora_rank > 0) setup.lora_base = cfg.teacher_path();
+  if (cfg.student.lora_rank > 0) setup.lora_base = job.student_base().path();
   return setup;
 }
 
@@ -148,13 +148,11 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
 /// dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16). `key` names the
 /// setting that asked for it in the error for a teacher that has no one-expert base.
 WanDiT load_frozen_base(const TrainJob& job, const char* key) {
-  WD_CHECK_AS(ConfigError, job.experts && job.experts->size() == 1,
-              key << " needs a one-expert teacher.checkpoint as its base"
-                  << (job.experts ? " (two-expert LoRA students, one adapter set per expert, are not built yet)"
-                                  : " (train.objective flow without a teacher has none)"));
+  WD_CHECK_AS(ConfigError, job.experts,
+              key << " needs a teacher.checkpoint as its base (train.objective flow without a teacher has none)");
   const auto dtype = job.cfg.student.precision == "bf16-mixed" ? std::optional<c10::ScalarType>(torch::kBFloat16)
                                                                 : std::nullopt;
-  auto model = load_wan_dit(job.teacher(), dtype);
+  auto model = load_wan_dit(job.student_base(), dtype);  // student.expert's expert of a two-expert teacher
   for (auto& p : model->parameters()) p.set_requires_grad(false);
   return model;
 }
@@ -173,7 +171,7 @@ WanDiT make_lora_student(const TrainJob& job) {
     spdlog::info("LoRA student: rank {} alpha {} on {} linears ({} trainable parameters) over the frozen {} base of {}"
                  "{}",
                  model->lora().rank, model->lora().alpha, model->lora().targets.size(), trainable,
-                 dtype_name(model->dtype()), job.teacher().path(),
+                 dtype_name(model->dtype()), job.student_base().path(),
                  cfg.student.lora_init.empty() ? "" : ", adapters from " + cfg.student.lora_init);
   }
   return model;
@@ -186,7 +184,7 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
   if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job), setup);
   const auto sc = cfg.student.model_config(tc);
   // Without a teacher (flow) the student starts from random weights (student.init random).
-  return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
+  return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
                                            : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed),
                                setup);
 }
@@ -354,12 +352,12 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
   if (cfg.critic_lora(job.model.num_layers).rank > 0) {
-    setup.lora_base = cfg.teacher_path();
+    setup.lora_base = job.student_base().path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
   }
   const auto sc = cfg.student.model_config(job.model);
   return student::StudentParts(cfg.train.critic_init == "student"
-                                   ? student::build_student(sc, cfg.student, job.teacher(), cfg.train.seed)
+                                   ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
                                    : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed ^ 0xC817ULL),
                                setup);
 }

@@ -44,10 +44,17 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     }
   }
   if (job.cfg.train.trajectory_stream() && job.world_rank() == 0) {
-    const auto spec = job.cfg.trajectory_spec();
+    const auto spec = job.trajectory_spec();
     spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the "
                  "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
                  job.cfg.train.objective, spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
+    if (!spec.intervals.empty()) {
+      std::string list;
+      for (const auto i : spec.intervals) list += (list.empty() ? "" : ", ") + std::to_string(i);
+      spdlog::info("student.expert {}: the student learns intervals {} of {} (those starting at {}); the teacher "
+                   "samples as far as the last one's end",
+                   job.cfg.student.expert, list, spec.student_steps, job.student_range().describe());
+    }
     const auto& train = job.cfg.train;
     if (train.trajectory_rollout > 0) {
       spdlog::info("train.trajectory_rollout {}: the first {} of each student's {} samples start from the state the "
@@ -86,7 +93,7 @@ std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job
   if (!job.cfg.train.trajectory_stream()) return nullptr;
   WD_CHECK(reader, "train.objective trajectory: the teacher rank has no data reader");
   return std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
-      stage, *reader, schedule, job.plan, job.cfg.trajectory_spec(), job.layout.replica_of(job.world_rank()),
+      stage, *reader, schedule, job.plan, job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
       job.layout.replicas, job.per_replica, job.train_samples, job.cfg.train.seed});
 }
 
@@ -160,8 +167,8 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   std::optional<data::DatasetReader> reader;
   if (stage == 0) reader.emplace(*job.info);
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
-  data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed);
-  data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL);
+  data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed, job.student_range());
+  data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL, job.student_range());
   const auto trajectory = trajectory_rounds(job, stage_model, reader ? &*reader : nullptr, schedule);
   teacher::TeacherJob loop{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
                            transport.get(), job.plan, layout.replica_of(rank), layout.replicas,

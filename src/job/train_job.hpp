@@ -18,11 +18,13 @@
 #include "core/fault_injection.hpp"
 #include "core/topology.hpp"
 #include "data/dataset_info.hpp"
+#include "data/noiser.hpp"
 #include "memory/memory_monitor.hpp"
 #include "memory/memory_report.hpp"
 #include "model/wan_experts.hpp"
 #include "plan/planner.hpp"
 #include "teacher/teacher_stage.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -50,6 +52,27 @@ struct TrainJob {
   std::optional<CheckpointStore> store;  ///< the first student rank only (it writes)
 
   const WanCheckpoint& teacher() const { return experts->expert(0); }
+  /// The checkpoint a student's weights come from (LoRA base, student.init teacher): the expert
+  /// of student.expert on a two-expert teacher, else the teacher's only model.
+  const WanCheckpoint& student_base() const {
+    if (cfg.student.expert.empty()) return teacher();
+    return experts->expert(cfg.student.expert == "high" ? WanExperts::kHigh : WanExperts::kLow);
+  }
+  /// The model timesteps the student learns: student.expert's side of the teacher's boundary,
+  /// else every t.
+  data::TimestepRange student_range() const {
+    data::TimestepRange range;
+    if (cfg.student.expert.empty() || !experts) return range;
+    range.side = cfg.student.expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
+    range.boundary_timestep = experts->boundary_timestep();
+    return range;
+  }
+  /// train.objective trajectory's spec, its intervals cut to those starting in student_range().
+  teacher::TrajectorySpec trajectory_spec() const {
+    auto spec = cfg.trajectory_spec();
+    spec.intervals = spec.intervals_in(student_range());
+    return spec;
+  }
   int world_rank() const { return topo.rank; }
 };
 

@@ -2,6 +2,8 @@
 // MoE forward, and writing random two-expert checkpoints.
 #include "model/wan_experts.hpp"
 
+#include "model/wan_lora.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -119,6 +121,8 @@ WanExperts WanExperts::open(const std::string& path, std::optional<double> bound
   std::vector<WanCheckpoint> both;
   both.push_back(WanCheckpoint::open((p / low).string()));
   both.push_back(WanCheckpoint::open((p / high).string()));
+  // A LoRA pair (one student.expert run per expert): each must adapt the expert whose place it takes.
+  if (both[0].lora() && both[1].lora()) check_lora_pair(*both[0].lora(), *both[1].lora(), path);
   auto out = from_checkpoints(std::move(both), boundary ? boundary : sub->boundary, path);
   out.names_ = sub->names;
   return out;

@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
+#include "model/diffusers_pipeline.hpp"
 #include "model/safetensors.hpp"
+#include "model/wan_experts.hpp"
 #include "model/wan_keys.hpp"
 
 namespace wd {
@@ -78,6 +80,50 @@ void write_lora_folder(const WanDiTImpl& model, const std::string& dir, const st
                {"rank", spec.rank},        {"alpha", spec.alpha},   {"targets", spec.targets},
                {"adapters", kLoraAdapters}, {"model", json::parse(model.config().to_json())}};
   write_file_atomically((fs::path(dir) / kLoraJson).string(), meta.dump(2) + "\n");
+}
+
+bool is_lora_pair(const std::string& dir) {
+  const auto sub = WanExperts::folders(dir);
+  if (!sub) return false;
+  const fs::path p(dir);
+  return is_lora_folder((p / sub->names[0]).string()) && is_lora_folder((p / sub->names[1]).string());
+}
+
+void check_lora_pair(const LoraFolder& low, const LoraFolder& high, const std::string& dir) {
+  const auto clean = [](const std::string& path) {
+    auto p = fs::path(path).lexically_normal();
+    return p.has_filename() ? p : p.parent_path();
+  };
+  const auto bl = clean(low.base), bh = clean(high.base);
+  const auto json = [](const LoraFolder& f) { return (fs::path(f.dir) / kLoraJson).string(); };
+  if (bl.parent_path() != bh.parent_path()) {
+    throw DataError(json(high), "base",
+                    "is " + bh.string() + " and " + json(low) + "'s is " + bl.string() + ": the LoRA pair " + dir +
+                        " must adapt the two experts of one two-expert teacher folder");
+  }
+  const auto is = [](const fs::path& p, const char* a, const char* b) { return p.filename() == a || p.filename() == b; };
+  if (!is(bh, WanExperts::kHighDir, DiffusersPipeline::kTransformer)) {
+    throw DataError(json(high), "base",
+                    "is " + bh.string() + ", not the high-noise expert (" + WanExperts::kHighDir + "/ or " +
+                        DiffusersPipeline::kTransformer + "/) that the pair's high-noise subfolder of " + dir + " adapts");
+  }
+  if (!is(bl, WanExperts::kLowDir, DiffusersPipeline::kTransformer2)) {
+    throw DataError(json(low), "base",
+                    "is " + bl.string() + ", not the low-noise expert (" + WanExperts::kLowDir + "/ or " +
+                        DiffusersPipeline::kTransformer2 + "/) that the pair's low-noise subfolder of " + dir + " adapts");
+  }
+}
+
+std::array<LoraFolder, 2> read_lora_pair(const std::string& dir) {
+  const auto sub = WanExperts::folders(dir);
+  WD_CHECK_AS(ConfigError, sub && is_lora_pair(dir),
+              dir << " is no LoRA pair: it needs two LoRA folders as " << WanExperts::kHighDir << "/ and "
+                  << WanExperts::kLowDir << "/ (docs/lora.md#two-expert-teachers)");
+  const fs::path p(dir);
+  std::array<LoraFolder, 2> out{read_lora_folder((p / sub->names[0]).string()),
+                                read_lora_folder((p / sub->names[1]).string())};
+  check_lora_pair(out[0], out[1], dir);
+  return out;
 }
 
 LoraFolder read_lora_folder(const std::string& dir) {

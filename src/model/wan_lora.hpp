@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,6 +41,18 @@ bool is_lora_folder(const std::string& path);
 void write_lora_folder(const WanDiTImpl& model, const std::string& dir, const std::string& base);
 /// Reads and validates a LoRA student folder; throws DataError naming the file and the field.
 LoraFolder read_lora_folder(const std::string& dir);
+
+/// A two-expert (A14B) LoRA pair: a folder whose two-expert subfolders (WanExperts::folders:
+/// high_noise_model/ and low_noise_model/, or a diffusers pipeline's transformer/ and
+/// transformer_2/) are LoRA folders, one per expert (student.expert high and low runs).
+bool is_lora_pair(const std::string& dir);
+/// Checks that `low` and `high` (the pair `dir`'s subfolders) adapt the low- and high-noise
+/// experts of one two-expert teacher: their bases are that folder's two expert subfolders, the
+/// high one's high_noise_model/ or transformer/, the low one's low_noise_model/ or transformer_2/.
+/// DataError naming the lora.json and its base field otherwise.
+void check_lora_pair(const LoraFolder& low, const LoraFolder& high, const std::string& dir);
+/// Reads the pair `dir`, {low, high}, checked by check_lora_pair.
+std::array<LoraFolder, 2> read_lora_pair(const std::string& dir);
 
 /// Writes DIR/pytorch_lora_weights.safetensors (diffusers / peft: `transformer.<diffusers
 /// linear>.lora_A.weight` = down, `.lora_B.weight` = scale · up, so it loads right with

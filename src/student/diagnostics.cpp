@@ -71,13 +71,17 @@ double Diagnostics::report_eval(std::int64_t step, const std::string& when, cons
   const double rel = evaluate(step);
   std::string intervals;
   for (std::size_t i = 0; i < interval_rel_mse_.size(); ++i) {
-    intervals += (i ? ", " : " (per interval: ") + fmt::format("{:.5f}", interval_rel_mse_[i]);
+    // -1: no held-out sample in the interval (student.expert trains some of them only).
+    const auto value = interval_rel_mse_[i] < 0 ? std::string("-") : fmt::format("{:.5f}", interval_rel_mse_[i]);
+    intervals += (i ? ", " : " (per interval: ") + value;
   }
   if (!intervals.empty()) intervals += ")";
   if (job_.leader) spdlog::info("eval {}: relative MSE {:.5f}{}{}", when, rel, note, intervals);
   nlohmann::json line{{"eval_step", step}, {"rel_mse", rel}};
   // An object keyed by interval (TensorBoard: eval/rel_mse_interval/<i>).
-  for (std::size_t i = 0; i < interval_rel_mse_.size(); ++i) line["rel_mse_interval"][std::to_string(i)] = interval_rel_mse_[i];
+  for (std::size_t i = 0; i < interval_rel_mse_.size(); ++i) {
+    if (interval_rel_mse_[i] >= 0) line["rel_mse_interval"][std::to_string(i)] = interval_rel_mse_[i];
+  }
   for (const auto& [key, value] : extra.items()) line[key] = value;
   metrics_.append(line);
   return rel;

@@ -64,7 +64,12 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.lora_init", lora_init,
             "a LoRA to start the adapters from: a LoRA student folder, or a .safetensors in the diffusers "
             "(lora_A/lora_B), ComfyUI (lora_down/lora_up/alpha) or wan-distill layout, of rank "
-            "student.lora_rank; empty = up matrices zero (the student starts as the teacher)");
+            "student.lora_rank; empty = up matrices zero (the student starts as the teacher)")
+      .bind("student.expert", expert,
+            "two-expert (A14B) teacher: high | low: the student learns that expert alone, on the timesteps the "
+            "teacher routes to it (t >= teacher.boundary*1000 or below), from that expert's weights (the LoRA "
+            "base, or student.init teacher); one job per expert, RUN/student holds that expert (docs/lora.md). "
+            "Empty: one student for every t");
 }
 
 LoraSpec StudentConfig::lora_spec(std::int64_t num_layers, std::int64_t rank) const {
@@ -126,6 +131,8 @@ void StudentConfig::validate(ConfigProblems& p) const {
   } catch (const ConfigError& e) {
     p.check(false, e.what());
   }
+  p.check(expert.empty() || expert == "high" || expert == "low",
+          "student.expert(" + expert + ") must be high, low or empty");
   p.check(lora_rank > 0 || lora_init.empty(),
           "student.lora_init(" + lora_init + ") needs student.lora_rank > 0 (adapters to load it into)");
   p.check(lora_rank == 0 || init == "random",

@@ -45,6 +45,10 @@ struct StudentConfig {
   double lora_alpha = 0;  ///< adapter scale alpha / rank (0 = rank: scale 1)
   std::string lora_targets = "attn,ffn";  ///< model/wan_dit.hpp lora_target_linears
   std::string lora_init;  ///< a LoRA file or folder the adapters start from (empty: up = 0)
+  /// Two-expert (A14B) teacher: "high" or "low" trains a student of that expert alone, on the
+  /// timesteps the teacher routes to it, from that expert's weights (LoRA base, student.init
+  /// teacher); empty = one student for every t (a LoRA student then needs a one-expert teacher)
+  std::string expert;
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;

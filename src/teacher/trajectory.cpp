@@ -44,6 +44,30 @@ std::vector<double> TrajectorySpec::student_sigmas() const {
   return grid;
 }
 
+std::vector<std::int64_t> TrajectorySpec::intervals_in(const data::TimestepRange& range) const {
+  const auto sigmas = student_sigmas();
+  std::vector<std::int64_t> out;
+  std::string starts;
+  for (std::int64_t i = 0; i < student_steps; ++i) {
+    const float t = static_cast<float>(sigmas[static_cast<std::size_t>(i)] * 1000.0);
+    if (range.contains(t)) out.push_back(i);
+    starts += (i ? ", " : "") + std::to_string(t);
+  }
+  WD_CHECK_AS(ConfigError, !out.empty(),
+              "none of the student's student.steps(" << student_steps << ") intervals (teacher.shift " << shift
+                                                     << ": they start at t = " << starts << ") starts in "
+                                                     << range.describe()
+                                                     << ", the range of student.expert: raise student.steps");
+  return out;
+}
+
+std::vector<std::int64_t> TrajectorySpec::trained() const {
+  if (!intervals.empty()) return intervals;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(std::max<std::int64_t>(student_steps, 0)));
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
 TrajectoryRounds::TrajectoryRounds(TrajectorySource source) : src_(source) {
   ConfigProblems p;
   src_.spec.validate(p);
@@ -54,6 +78,10 @@ TrajectoryRounds::TrajectoryRounds(TrajectorySource source) : src_(source) {
   WD_CHECK(src_.per_replica >= 1, "trajectory rounds of " << src_.per_replica << " trajectories");
   teacher_sigmas_ = src_.spec.teacher_sigmas();
   student_sigmas_ = src_.spec.student_sigmas();
+  intervals_ = src_.spec.trained();
+  for (const auto i : intervals_) {
+    WD_CHECK(i >= 0 && i < src_.spec.student_steps, "trajectory interval " << i << " of " << src_.spec.student_steps);
+  }
 }
 
 torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) const {
@@ -64,7 +92,7 @@ torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) cons
 }
 
 std::vector<std::int64_t> TrajectoryRounds::deal(std::int64_t round, bool eval) const {
-  const auto n = src_.per_replica * src_.spec.student_steps;
+  const auto n = src_.per_replica * static_cast<std::int64_t>(intervals_.size());
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   data::SplitMix64 rng(round_key(src_.seed, kDealStream, eval, round, src_.replica));
@@ -76,15 +104,15 @@ std::vector<std::int64_t> TrajectoryRounds::deal(std::int64_t round, bool eval) 
 }
 
 std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t round, bool eval, std::int64_t j) const {
-  const auto k = src_.spec.student_steps;
+  const auto m = static_cast<std::int64_t>(intervals_.size());
   const auto pair = deal(round, eval).at(static_cast<std::size_t>(j));
-  return {pair / k, pair % k};
+  return {pair / m, intervals_[static_cast<std::size_t>(pair % m)]};
 }
 
 void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto B = src_.per_replica;
-  const auto k = src_.spec.student_steps;
+  const auto last = intervals_.back() + 1;  // the teacher samples as far as the last trained interval's end
   const auto idx = eval ? eval_indices(round, src_.replica, B, src_.replicas, src_.train_samples)
                         : src_.schedule.indices(round, src_.replica);
   auto clean = src_.reader.read(idx);
@@ -106,7 +134,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   r.states.push_back(x);
   data::FlowSampler sampler(src_.spec.solver, teacher_sigmas_);
   const auto stride = src_.spec.stride();
-  for (std::int64_t j = 0; j < sampler.steps(); ++j) {
+  for (std::int64_t j = 0; j < last * stride; ++j) {
     StageBatch step;
     step.x_t = x;
     step.t = timesteps(sampler.sigma(j), B);
@@ -121,23 +149,23 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
     x = sampler.step(j, x, step.out).to(torch::kFloat);
     if ((j + 1) % stride == 0) r.states.push_back(x);
   }
-  WD_CHECK(static_cast<std::int64_t>(r.states.size()) == k + 1, "trajectory round kept " << r.states.size()
-                                                                                          << " states for " << k << " intervals");
+  WD_CHECK(static_cast<std::int64_t>(r.states.size()) == last + 1,
+           "trajectory round kept " << r.states.size() << " states for " << last << " intervals");
   r.order = deal(round, eval);
   round_ = std::move(r);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
-  const auto k = src_.spec.student_steps;
-  const auto round = position / k, slot = position % k;
+  const auto m = static_cast<std::int64_t>(intervals_.size());
+  const auto round = position / m, slot = position % m;
   if (round_.index != round || round_.eval != eval) sample_round(round, eval);
   const auto B = src_.per_replica;
   std::vector<std::int64_t> traj, interval;
   for (std::int64_t j = slot * B; j < (slot + 1) * B; ++j) {
     const auto pair = round_.order[static_cast<std::size_t>(j)];
-    traj.push_back(pair / k);
-    interval.push_back(pair % k);
+    traj.push_back(pair / m);
+    interval.push_back(intervals_[static_cast<std::size_t>(pair % m)]);
   }
   const auto traj_idx = torch::tensor(traj, torch::kLong);
   std::vector<torch::Tensor> x, target, t, start;

@@ -14,6 +14,7 @@
 #include "comm/stream_plan.hpp"
 #include "core/config.hpp"
 #include "data/dataset_reader.hpp"
+#include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "teacher/teacher_stage.hpp"
 
@@ -28,11 +29,19 @@ struct TrajectorySpec {
   std::int64_t teacher_steps = 40;  ///< teacher.steps
   std::int64_t student_steps = 4;   ///< student.steps (k)
   double shift = 5.0;               ///< teacher.shift (the student samples with the same)
+  /// The student intervals that are trained, ascending (student.expert: those that start in the
+  /// expert's t range); empty = all k.
+  std::vector<std::int64_t> intervals;
 
   /// Problems of the spec, named by their keys.
   void validate(ConfigProblems& p) const;
   std::vector<double> teacher_sigmas() const;
   std::vector<double> student_sigmas() const;
+  /// The intervals of `range`: i such that the model timestep of σ_i (fp32 1000·σ_i, as the
+  /// batches carry it) lies in it; throws ConfigError when none does.
+  std::vector<std::int64_t> intervals_in(const data::TimestepRange& range) const;
+  /// `intervals`, or 0..k-1 when empty.
+  std::vector<std::int64_t> trained() const;
   /// Teacher steps per student interval.
   std::int64_t stride() const { return teacher_steps / student_steps; }
 };
@@ -51,12 +60,14 @@ struct TrajectorySource {
   std::uint64_t seed = 0;           ///< train.seed: the noises and the order of the pairs
 };
 
-/// The batches of one replica's trajectory stream. Positions are grouped in rounds of k: round r
-/// samples B = per_replica trajectories, from noise seeded by (seed, round, replica, b) and the
-/// contexts of batch r of the sample schedule (held-out rounds: of eval_indices(r)), which gives
-/// B·k (trajectory, interval) pairs; a seeded permutation of them deals B pairs to each of the
-/// round's k positions, so every batch mixes intervals and trajectories. A batch depends on its
-/// position only: a resumed run recomputes its round and gets the same batches.
+/// The batches of one replica's trajectory stream. Positions are grouped in rounds of m (the m
+/// trained intervals, spec.trained(); k unless student.expert cuts them): round r samples B =
+/// per_replica trajectories, from noise seeded by (seed, round, replica, b) and the contexts of
+/// batch r of the sample schedule (held-out rounds: of eval_indices(r)), as far as the last
+/// trained interval's end, which gives B·m (trajectory, interval) pairs; a seeded permutation of
+/// them deals B pairs to each of the round's m positions, so every batch mixes intervals and
+/// trajectories. A batch depends on its position only: a resumed run recomputes its round and
+/// gets the same batches.
 class TrajectoryRounds {
  public:
   explicit TrajectoryRounds(TrajectorySource source);
@@ -67,7 +78,7 @@ class TrajectoryRounds {
   StageBatch batch(std::int64_t position, bool eval);
   /// Seconds spent sampling trajectories.
   double sampling_seconds() const { return seconds_; }
-  /// Round `round`'s deal: place j -> pair b·k + i (trajectory b, interval i); places
+  /// Round `round`'s deal: place j -> pair b·m + n (trajectory b, trained interval n); places
   /// [s·B, (s+1)·B) are the batch of the round's position s.
   std::vector<std::int64_t> deal(std::int64_t round, bool eval) const;
   /// Which (trajectory, interval) pair sits at place `j` of round `round`'s deal (for tests: it
@@ -78,16 +89,18 @@ class TrajectoryRounds {
   struct Round {
     bool eval = false;
     std::int64_t index = -1;
-    std::vector<torch::Tensor> states;  ///< k + 1 of [B,C,F,H,W]: noise, then the state at each σ_i
-    std::vector<std::map<std::int64_t, torch::Tensor>> features;  ///< k: features at (x_i, σ_i)
+    /// noise, then the state at each σ_i up to the last trained interval's end ([B,C,F,H,W])
+    std::vector<torch::Tensor> states;
+    std::vector<std::map<std::int64_t, torch::Tensor>> features;  ///< features at (x_i, σ_i)
     torch::Tensor context, context_lens;
-    std::vector<std::int64_t> order;  ///< the deal: place j -> pair b·k + i
+    std::vector<std::int64_t> order;  ///< the deal: place j -> pair b·m + n
   };
   void sample_round(std::int64_t round, bool eval);
   torch::Tensor timesteps(double sigma, std::int64_t batch) const;
 
   TrajectorySource src_;
   std::vector<double> teacher_sigmas_, student_sigmas_;
+  std::vector<std::int64_t> intervals_;  ///< spec.trained()
   Round round_;
   double seconds_ = 0;
 };

@@ -869,6 +869,45 @@ TEST(Noiser, ShiftAndClamp) {
   }
 }
 
+TEST(Noiser, ExpertRangeDrawsOnlyItsSideOfTheBoundaryAndKeepsTheFirstDrawInside) {
+  // student.expert: the two sides of the A14B boundary (t 875), each a deterministic redraw of
+  // the unrestricted stream; a σ the unrestricted noiser draws inside the range is kept as is.
+  NoiseConfig c = uniform_config();
+  c.shift = 5.0;  // Wan 2.2's training shift: about 42% of the σ land at t >= 875
+  TimestepRange high{TimestepRange::kHigh, 875.0}, low{TimestepRange::kLow, 875.0};
+  const FlowMatchingNoiser all(c, 3), hi(c, 3, high), lo(c, 3, low), hi_again(c, 3, high);
+  int kept = 0, hits = 0;
+  for (std::int64_t i = 0; i < 2000; ++i) {
+    const double s = all.sigma(i / 50, i % 50), h = hi.sigma(i / 50, i % 50), l = lo.sigma(i / 50, i % 50);
+    const float th = 1000.0f * static_cast<float>(h), tl = 1000.0f * static_cast<float>(l);
+    EXPECT_GE(std::trunc(th), 875.0) << "draw " << i;
+    EXPECT_LT(std::trunc(tl), 875.0) << "draw " << i;
+    EXPECT_EQ(h, hi_again.sigma(i / 50, i % 50));
+    const bool inside = std::trunc(1000.0f * static_cast<float>(s)) >= 875.0;
+    hits += inside ? 1 : 0;
+    if (inside) kept += h == s ? 1 : 0;
+    if (!inside) EXPECT_EQ(l, s) << "draw " << i;
+  }
+  EXPECT_EQ(kept, hits);
+  EXPECT_NEAR(hits / 2000.0, 1.0 - 0.875 / (5.0 - 4.0 * 0.875), 0.03);  // P(σ' >= 0.875)
+  // apply's t (fp32 σ·1000) is the routed one.
+  const auto batch = hi.apply(clean_latents(4), {0, 1, 2, 3}, 7);
+  for (std::int64_t b = 0; b < 4; ++b) EXPECT_GE(std::trunc(batch.t[b].item<float>()), 875.0);
+  EXPECT_EQ(high.describe(), "t >= 875");
+  EXPECT_EQ(low.describe(), "t < 875");
+  EXPECT_TRUE(TimestepRange{}.contains(999.0));
+  // A range the σ distribution does not reach is refused with the keys that move it.
+  NoiseConfig capped = c;
+  capped.sigma_max = 0.5;
+  try {
+    FlowMatchingNoiser never(capped, 3, high);
+    FAIL() << "no ConfigError";
+  } catch (const wd::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("student.expert"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0 of 256"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Noiser, PerTokenFirstFrameClean) {
   const auto x0 = clean_latents(3);  // F=3, H=W=4, patch 1×2×2 → 3 frames × 4 tokens
   const std::vector<std::int64_t> idx{1, 2, 3};

@@ -194,6 +194,40 @@ TEST(Trajectory, HeldOutRoundsUseTheHeldOutContexts) {
   EXPECT_FALSE(torch::equal(rounds.batch(0, true).x_t, rounds.batch(0, false).x_t));
 }
 
+TEST(Trajectory, AnExpertsStudentGetsTheIntervalsStartingInItsRangeCutFromTheSameTrajectories) {
+  Fixture f;
+  auto stage = f.stage();
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 2, 1, 9);
+  const std::int64_t B = 2, k = 4;
+  auto s = spec(8, k, "euler", 1.0);  // intervals start at t = 999, 749.25, 499.5, 249.75 (as above)
+  const data::TimestepRange high{data::TimestepRange::kHigh, 500.0}, low{data::TimestepRange::kLow, 500.0};
+  EXPECT_EQ(s.intervals_in(high), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(s.intervals_in(low), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(s.intervals_in({}), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_THROW(static_cast<void>(s.intervals_in({data::TimestepRange::kHigh, 999.9})), ConfigError);
+
+  TrajectoryRounds all({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  const auto every = round_pairs(all, B, k);
+  for (const auto& range : {high, low}) {
+    auto cut = s;
+    cut.intervals = s.intervals_in(range);
+    TrajectoryRounds rounds({stage, reader, schedule, f.plan, cut, 0, 1, B, kTrain, 9});
+    const auto m = static_cast<std::int64_t>(cut.intervals.size());
+    const auto pairs = round_pairs(rounds, B, m);
+    EXPECT_EQ(static_cast<std::int64_t>(pairs.size()), B * m);  // every (trajectory, trained interval) once
+    for (const auto& [key, pair] : pairs) {
+      EXPECT_TRUE(range.contains(pair.t.item<float>())) << "interval " << key.second;
+      // The same trajectories as the uncut stream's (same noise, same teacher), cut.
+      EXPECT_TRUE(torch::equal(pair.x, every.at(key).x)) << "pair " << key.first << "," << key.second;
+      EXPECT_TRUE(torch::allclose(pair.v, every.at(key).v, 1e-6, 1e-6));
+    }
+    // Round 1 follows m positions later.
+    const auto next = rounds.batch(m, false);
+    EXPECT_FALSE(torch::equal(next.x_t, rounds.batch(0, false).x_t));
+  }
+}
+
 TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
   Fixture f;
   write_random_wan_checkpoint(f.dir.str("high"), f.config, torch::kFloat, 1ull << 20, 99);
