@@ -117,7 +117,10 @@ std::pair<SamplingModel, std::optional<SamplingModel>> load_models(const SampleC
   auto teacher = teacher::load_sampling_teacher(
       {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   if (cfg.student.empty()) return {std::move(teacher), std::nullopt};
-  return {std::move(teacher), load_sampling_student(cfg.student, dtype, device)};
+  // A two-expert student (a LoRA pair) routes at the teacher's boundary.
+  const auto boundary = teacher.experts->two_experts() ? std::optional<double>(teacher.experts->boundary()) : std::nullopt;
+  auto student = load_sampling_student(cfg.student, dtype, device, boundary);
+  return {std::move(teacher), std::move(student)};
 }
 
 /// Compares the student's final latents with the teacher's, logs the statistics and the

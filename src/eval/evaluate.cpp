@@ -212,7 +212,9 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   auto teacher = teacher::load_sampling_teacher(
       {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   std::optional<SamplingModel> student;
-  if (!cfg.student.empty()) student = load_sampling_student(cfg.student, dtype, device);
+  // A two-expert student (a LoRA pair) routes at the teacher's boundary.
+  const auto boundary = teacher.experts->two_experts() ? std::optional<double>(teacher.experts->boundary()) : std::nullopt;
+  if (!cfg.student.empty()) student = load_sampling_student(cfg.student, dtype, device, boundary);
   const auto& tc = teacher.experts->config();
   auto samples = cfg.samples;
   if (samples.empty()) {

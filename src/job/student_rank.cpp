@@ -140,7 +140,7 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
   setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
   setup.seed = cfg.train.seed;
   setup.device = device;
-  if (cfg.student.lora_rank > 0) setup.lora_base = job.student_base().path();
+  if (cfg.student.lora_rank > 0 && job.experts) setup.lora_base = job.student_base().path();  // flow: refused below
   return setup;
 }
 
@@ -181,6 +181,10 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
   const auto& cfg = job.cfg;
   const auto& tc = job.model;
   const auto setup = parts_setup(job, device);
+  if (!cfg.student.expert.empty() && job.world_rank() == job.layout.student_world_ranks().front()) {
+    spdlog::info("student.expert {}: a student of the teacher's {} expert ({}), trained on {} only", cfg.student.expert,
+                 cfg.student.expert, job.student_base().path(), job.student_range().describe());
+  }
   if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job), setup);
   const auto sc = cfg.student.model_config(tc);
   // Without a teacher (flow) the student starts from random weights (student.init random).

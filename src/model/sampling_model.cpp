@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <memory>
 
 #include "core/errors.hpp"
 #include "model/safetensors.hpp"
@@ -34,8 +35,21 @@ torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const 
 }
 
 SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
-                                    const c10::Device& device) {
+                                    const c10::Device& device, std::optional<double> boundary) {
   SamplingModel student;
+  if (WanExperts::is_two_expert_dir(path)) {
+    auto experts = std::make_shared<WanExperts>(WanExperts::open(path, boundary));
+    auto models = std::make_shared<std::vector<WanDiT>>(load_wan_experts(*experts, dtype, device));
+    student.forward = [experts, models](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,
+                                        const torch::Tensor& lens) {
+      return torch::stack(experts_forward(*models, *experts, WanInputs::batched(x, t, context, lens))).to(torch::kFloat);
+    };
+    spdlog::info("student: two experts, {}/ for t >= {} and {}/ below{}; {}", experts->expert_name(WanExperts::kHigh),
+                 experts->boundary_timestep(), experts->expert_name(WanExperts::kLow),
+                 experts->expert(WanExperts::kHigh).lora() ? " (a LoRA pair, each merged over its base)" : "",
+                 experts->config().summary());
+    return student;
+  }
   const auto ck = WanCheckpoint::open(path);
   auto model = load_wan_dit(ck, dtype, device);
   student.forward = [model](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,

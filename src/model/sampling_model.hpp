@@ -39,8 +39,10 @@ struct SamplingModel {
   torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const;
 };
 
-/// A student folder (RUN_DIR/student) with its projections.
+/// A student folder (RUN_DIR/student) with its projections, or a two-expert student folder (a
+/// LoRA pair of student.expert runs, or any two-expert checkpoint folder): its experts routed by
+/// t as the teacher's, at `boundary` (the teacher's; nullopt: the folder's or its type's default).
 SamplingModel load_sampling_student(const std::string& path, std::optional<c10::ScalarType> dtype,
-                                    const c10::Device& device);
+                                    const c10::Device& device, std::optional<double> boundary = std::nullopt);
 
 }  // namespace wd

@@ -145,6 +145,96 @@ TEST(Lora, DmdTrainsLoraGeneratorAndCriticOverOneBase) {
   test::expect_resumed_exactly(root() / "dmd", root() / "dmd-resumed", 10, 3);
 }
 
+// A two-expert (A14B-like) teacher: one LoRA run per expert (student.expert), each over its own
+// expert's base and on its own side of the boundary (t 875 for t2v): the high run's trajectory
+// intervals are the two that start at t >= 875 (t = 1000, 937.5 of the 4-step shift-5 grid),
+// held-out intervals outside it unscored; the low run (guided) learns below it. The two folders
+// as a pair sample with the teacher's routing, and export as the A14B pair of files; a pair put
+// together the wrong way round is refused, as are the combinations not built.
+TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
+  const auto a14b = (root() / "a14b").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --dtype bf16 "
+                                       "--seed 3 --output " + a14b + " 2>&1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const std::string common = " --teacher.checkpoint " + a14b + " --student.lora_rank 4 --student.lora_alpha 8"
+                             " --train.lr 2e-3 --train.log_every 1 --train.eval_samples 8";
+  auto high = test::launch_train(3, run_dir("high") + common + " --student.expert high --train.objective trajectory"
+                                                               " --teacher.steps 8 --train.steps 8");
+  ASSERT_EQ(high.code, 0) << high.output;
+  EXPECT_NE(high.output.find("over the frozen bf16 base of " + a14b + "/high_noise_model"), std::string::npos)
+      << high.output;
+  EXPECT_NE(high.output.find("the student learns intervals 0, 1 of 4 (those starting at t >= 875)"), std::string::npos)
+      << high.output;
+  EXPECT_NE(high.output.find(", -, -)"), std::string::npos) << high.output;  // intervals 2 and 3: no held-out sample
+  auto low = test::launch_train(3, run_dir("low") + common + " --student.expert low --train.objective guided"
+                                                             " --train.steps 8");
+  ASSERT_EQ(low.code, 0) << low.output;
+  EXPECT_NE(low.output.find("over the frozen bf16 base of " + a14b + "/low_noise_model"), std::string::npos)
+      << low.output;
+  EXPECT_NE(low.output.find("trained on t < 875 only"), std::string::npos) << low.output;
+  const auto low_losses = test::losses(root() / "low");
+  ASSERT_EQ(low_losses.size(), 8u);
+  EXPECT_LT(low_losses.back(), low_losses.front());
+
+  // The pair: the two RUN/student folders as high_noise_model/ and low_noise_model/.
+  const auto pair = root() / "pair", swapped = root() / "swapped";
+  fs::create_directories(pair);
+  fs::create_directories(swapped);
+  fs::create_directory_symlink(root() / "high" / "student", pair / "high_noise_model");
+  fs::create_directory_symlink(root() / "low" / "student", pair / "low_noise_model");
+  fs::create_directory_symlink(root() / "low" / "student", swapped / "high_noise_model");
+  fs::create_directory_symlink(root() / "high" / "student", swapped / "low_noise_model");
+  const auto sampled = test::run_captured(std::string(WD_CLI) + " sample --teacher.checkpoint " + a14b + " --student " +
+                                          pair.string() + " --steps 4 --runtime.threads 1 2>&1");
+  ASSERT_EQ(sampled.code, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("student: two experts, high_noise_model/ for t >= 875 and low_noise_model/ below (a "
+                                "LoRA pair"),
+            std::string::npos)
+      << sampled.output;
+  const auto exported = test::run_captured(std::string(WD_CLI) + " convert --input " + pair.string() + " --output " +
+                                           (root() / "pair-export").string() + " --layout lora 2>&1");
+  ASSERT_EQ(exported.code, 0) << exported.output;
+  for (const auto* expert : {"high_noise_model", "low_noise_model"}) {
+    for (const auto* file : {"pytorch_lora_weights.safetensors", "wan_lora_comfyui.safetensors"}) {
+      EXPECT_TRUE(fs::exists(root() / "pair-export" / expert / file)) << expert << "/" << file;
+    }
+  }
+  // Each expert's file holds its own run's adapters (the high run's moved only where it trained).
+  const auto high_file = SafetensorsFile::open((root() / "pair-export" / "high_noise_model" / "wan_lora_comfyui.safetensors").string());
+  const auto high_adapters = SafetensorsFile::open((root() / "high" / "student" / "adapters.safetensors").string());
+  EXPECT_TRUE(torch::equal(high_file.tensor("diffusion_model.blocks.0.self_attn.q.lora_down.weight", torch::kFloat),
+                           high_adapters.tensor("blocks.0.self_attn.q.lora_down", torch::kFloat).to(torch::kBFloat16).to(torch::kFloat)));
+  // Put together the wrong way round: refused, naming the lora.json and its base.
+  const auto swapped_export = test::run_captured(std::string(WD_CLI) + " convert --layout lora --input " +
+                                                 swapped.string() + " --output " + (root() / "swapped-export").string() +
+                                                 " 2>&1");
+  EXPECT_NE(swapped_export.code, 0) << swapped_export.output;
+  EXPECT_NE(swapped_export.output.find("not the high-noise expert"), std::string::npos) << swapped_export.output;
+  EXPECT_FALSE(fs::exists(root() / "swapped-export"));
+  const auto swapped_sample = test::run_captured(std::string(WD_CLI) + " sample --teacher.checkpoint " + a14b +
+                                                 " --student " + swapped.string() + " --steps 2 2>&1");
+  EXPECT_NE(swapped_sample.code, 0) << swapped_sample.output;
+  EXPECT_NE(swapped_sample.output.find("lora.json: base"), std::string::npos) << swapped_sample.output;
+
+  struct Case {
+    std::string args, message;
+  };
+  const Case refused[] = {
+      {" --train.objective guided", "set student.expert high or low"},
+      {" --student.expert high --train.objective dmd", "with train.objective dmd: the generator samples across"},
+      {" --student.expert high --train.objective guided --train.sample_every 2", "with train.sample_every > 0"},
+      {" --student.expert low --train.objective trajectory --student.steps 1 --teacher.steps 8",
+       "none of the student's student.steps(1) intervals"},
+      {" --student.expert high --train.objective guided --noise.sigma_max 0.5", "puts only 0 of 256 draws in t >= 875"},
+  };
+  for (const auto& c : refused) {
+    SCOPED_TRACE(c.args);
+    auto r = test::launch_train(3, run_dir("refused-expert") + common + " --train.steps 2" + c.args);
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+  }
+}
+
 TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
   // A rank-4 ComfyUI-layout LoRA of the tiny teacher's first query (128 x 128).
   fs::create_directories(root());
@@ -159,7 +249,8 @@ TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
       {2, " --student.lora_rank 4 --student.init teacher-blocks:0,1", "exclude each other"},
       {2, " --student.lora_rank 4 --student.lora_targets attn,mlp --train.objective guided", "unknown target 'mlp'"},
       {2, " --student.lora_init " + rank4, "needs student.lora_rank > 0"},
-      {1, " --student.lora_rank 4 --train.objective flow --teacher.ranks 0", "needs a one-expert teacher.checkpoint"},
+      {1, " --student.lora_rank 4 --train.objective flow --teacher.ranks 0", "needs a teacher.checkpoint as its base"},
+      {2, " --student.lora_rank 4 --train.objective guided --student.expert high", "needs a two-expert (A14B) teacher"},
       {2, " --student.lora_rank 8 --train.objective guided --student.lora_init " + rank4,
        "holds rank-4 adapters; student.lora_rank is 8"},
       {2, " --student.lora_rank 4", "with train.objective velocity: a LoRA student starts as the teacher"},
