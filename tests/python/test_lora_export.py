@@ -28,6 +28,15 @@ d. diffusers' own saver writes a LoRA (peft adapter r = lora_alpha = 4 on the ba
    train.lr), so the step runs at lr 1e-30 with min_lr 0: an AdamW update of at most 1e-30 per
    element leaves every factor unchanged in fp32.
 
+e. The A14B pair: a two-expert tiny teacher (init-teacher --experts 2), one LoRA run per expert
+   (--student.expert high, then low: each over its own expert, on its own side of t 875), the two
+   RUN/student folders as a pair (high_noise_model/, low_noise_model/), `convert --layout lora` of
+   the pair: one folder of files per expert. A WanPipeline holding the two experts (transformer =
+   high, transformer_2 = low, boundary_ratio 0.875) loads them as its users do,
+   load_lora_weights(high) and load_lora_weights(low, load_into_transformer_2=True), with no
+   warning; each transformer's forward equals its expert's merged export, and the two LoRAs differ
+   (each went to its own expert).
+
 Tolerances (max |ours - diffusers| or |ours - ComfyUI's formula|, fp32 throughout):
   forward outputs                1e-5 absolute, as test_diffusers_interop.py.
   weights of a merged model      1e-6 absolute: both sides add the same rank-4 product to the
@@ -294,6 +303,52 @@ def check_import(cli, checks, work, teacher, base, targets):
                          load_diffusers(exported)[0].state_dict(), want, WEIGHT_TOLERANCE)
 
 
+def check_pair(cli, checks, work, inputs, text_len):
+    print("\ne. the A14B pair: one LoRA run per expert -> convert --layout lora of the pair -> WanPipeline:")
+    a14b, pair, exported = work / "a14b", work / "pair", work / "pair-lora"
+    quiet = ("--log.level", "warn")
+    cli.run("init-teacher", "--preset", "tiny", "--experts", 2, "--dtype", "fp32", "--seed", 5, "--output", a14b, *quiet)
+    pair.mkdir()
+    bases, merged = {}, {}
+    for expert, folder in (("high", "high_noise_model"), ("low", "low_noise_model")):
+        run = work / f"run-{expert}"
+        cli.run("train", "--run-dir", run, "--teacher.checkpoint", a14b, "--student.expert", expert,
+                "--train.objective", "guided", "--noise.shift", 5, "--student.lora_rank", RANK, "--student.lora_alpha",
+                ALPHA, "--train.steps", 5, "--train.lr", TRAIN_LR, "--train.warmup_steps", 0, *CPU_JOB,
+                launcher=("bash", cli.mpirun, "-np", 2))
+        (pair / folder).symlink_to(run / "student", target_is_directory=True)
+        bases[expert], merged[expert] = work / f"base-{expert}", work / f"merged-{expert}"
+        cli.run("convert", "--input", a14b / folder, "--output", bases[expert], "--layout", "diffusers", "--dtype",
+                "fp32", *quiet)
+        cli.run("convert", "--input", run / "student", "--output", merged[expert], "--layout", "diffusers", "--dtype",
+                "fp32", *quiet)
+    cli.run("convert", "--input", pair, "--output", exported, "--layout", "lora", "--dtype", "fp32", *quiet)
+    files = sorted(str(p.relative_to(exported)) for p in exported.rglob("*.safetensors"))
+    checks.expect(files == sorted(f"{d}/{f}" for d in ("high_noise_model", "low_noise_model") for f in (COMFY_FILE, DIFFUSERS_FILE)),
+                  f"one folder of files per expert: {files}")
+    from diffusers import FlowMatchEulerDiscreteScheduler  # noqa: PLC0415  (only this check builds a pipeline)
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=load_diffusers(bases["high"])[0], transformer_2=load_diffusers(bases["low"])[0],
+                       boundary_ratio=0.875)
+    with Warnings() as log:
+        pipe.load_lora_weights(str(exported / "high_noise_model"), adapter_name="high", low_cpu_mem_usage=True)
+        pipe.load_lora_weights(str(exported / "low_noise_model"), adapter_name="low", load_into_transformer_2=True,
+                               low_cpu_mem_usage=True)
+    checks.expect(not log.messages, f"load_lora_weights of both, the low one with load_into_transformer_2, log no "
+                  f"warning {log.messages[:2] or ''}")
+    measured = {}
+    for expert, model in (("high", pipe.transformer), ("low", pipe.transformer_2)):
+        want = diffusers_forward(load_diffusers(merged[expert])[0], inputs, text_len)
+        measured[f"e forward, pipeline {expert} expert + its LoRA vs merged"] = checks.close(
+            f"forward, the pipeline's {expert}-noise transformer with its LoRA vs that expert's merged export",
+            diffusers_forward(model, inputs, text_len), want, FORWARD_TOLERANCE)
+    high_file, low_file = (load_file(str(exported / d / DIFFUSERS_FILE)) for d in ("high_noise_model", "low_noise_model"))
+    apart = max((high_file[k] - low_file[k]).abs().max().item() for k in high_file if "lora_B" in k)
+    checks.expect(apart > NOT_A_NO_OP * WEIGHT_TOLERANCE, f"the two experts' LoRAs differ (max|d| of lora_B {apart:.2e}): "
+                  "each run trained its own")
+    return measured
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: test_lora_export.py WAN_DISTILL MPIRUN_SH WORK_DIR")
@@ -317,6 +372,7 @@ def main():
     measured.update(check_comfy_file(checks, base, lora, merged, teacher_state, targets, inputs, text_len, want))
     measured["d weights, imported student vs diffusers' fuse_lora"] = check_import(cli, checks, work, teacher, base,
                                                                                    targets)
+    measured.update(check_pair(cli, checks, work, inputs, text_len))
     print(f"\nmeasured ({time.time() - start:.1f} s):")
     for name, value in measured.items():
         print(f"  {name:55s} {value:.2e}")
