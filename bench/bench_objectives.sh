@@ -12,7 +12,10 @@
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
 #        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
 #        for a half-depth one), TRAJ_LORA=0 (r > 0: a LoRA student instead, rank r and alpha r over the
-#        teacher's frozen weights; TRAJ_BLOCKS is then not used); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
+#        teacher's frozen weights; TRAJ_BLOCKS is then not used), TRAJ_EXPERTS=0 (1, with TRAJ_LORA: the
+#        teacher as a two-expert folder of two copies of itself (boundary 875), one LoRA run per expert
+#        (student.expert high, low: traj-run-high, traj-run-low, TRAJ_STEPS each), each checkpoint's
+#        pair sampled as the student); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0;
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
@@ -96,7 +99,39 @@ traj_blocks=${TRAJ_BLOCKS:-$blocks}
 traj_dims="--student.dim ${DIM:-128} --student.ffn_dim ${FFN:-512} --student.num_heads 4 --student.num_layers $(tr ',' '\n' <<<"$traj_blocks" | wc -l)"
 traj_student="$traj_dims --student.init teacher-blocks:$traj_blocks"
 if ((${TRAJ_LORA:-0} > 0)); then traj_student="--student.lora_rank $TRAJ_LORA --student.lora_alpha $TRAJ_LORA"; fi
-if ((traj_steps > 0)); then
+train_trajectory() {  # RUN_DIR LOG [options]
+  local dir=$1 log=$2
+  shift 2
+  mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
+    --run-dir "$dir" --data.path classes.h5 \
+    --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
+    --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
+    --train.batch_size "$batch" --train.eval_samples "$held_out" \
+    --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
+    --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu "$@" > "$log" 2>&1
+}
+if ((traj_steps > 0)) && ((${TRAJ_EXPERTS:-0} > 0)); then
+  # The pair: both experts are the teacher (the trajectories are the single teacher's), each run
+  # learns the intervals that start on its side of t 875 over its own expert's (frozen) weights.
+  mkdir -p teacher-pair
+  for e in high low; do [[ -e teacher-pair/${e}_noise_model ]] || ln -s "$PWD/teacher-run/student" "teacher-pair/${e}_noise_model"; done
+  if [[ -z ${SKIP_TRAJ:-} ]]; then
+    start=$SECONDS
+    for e in high low; do
+      train_trajectory "traj-run-$e" "traj-$e.log" --teacher.checkpoint teacher-pair --student.expert "$e" $traj_student &
+    done
+    wait
+    echo "the two experts' LoRA students trained in $((SECONDS - start)) s ($traj_steps steps each, side by side)"
+  fi
+  for ck in traj-run-high/checkpoints/step-*; do
+    n=$((10#${ck##*step-}))
+    mkdir -p "pairs/$n"
+    for e in high low; do
+      ln -sfn "$PWD/traj-run-$e/checkpoints/${ck##*/}/student" "pairs/$n/${e}_noise_model"
+    done
+    evaluate "eval/trajectory-$n" "$k" --reuse eval/teacher --student "pairs/$n"
+  done
+elif ((traj_steps > 0)); then
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
