@@ -5,7 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "job/train_job.hpp"
 #include "model/wan_lora.hpp"
@@ -157,10 +159,38 @@ WanDiT load_frozen_base(const TrainJob& job, const char* key) {
   return model;
 }
 
-/// student.lora_rank: the frozen base with fp32 adapters, loaded from student.lora_init when given.
-WanDiT make_lora_student(const TrainJob& job) {
+/// teacher.placement colocated: each base tensor that this rank's own teacher holds in the same
+/// dtype and shape (the student's expert's) is bound to the teacher's, so teacher, student and a
+/// LoRA critic (bound to the student's) hold one copy on the device. Returns how many were bound.
+std::size_t share_with_teacher(const TrainJob& job, WanDiTImpl& base, const teacher::TeacherStage& stage) {
+  const auto expert = job.experts->two_experts() && !job.cfg.student.expert.empty()
+                          ? (job.cfg.student.expert == "high" ? WanExperts::kHigh : WanExperts::kLow)
+                          : std::size_t{0};
+  const auto& teacher = stage.experts().at(expert);
+  if (teacher.streamer) return 0;  // its blocks are copied in per use: nothing resident to share
+  std::map<std::string, torch::Tensor> held;
+  for (const auto& p : teacher.model->named_parameters()) held[p.key()] = p.value();
+  std::size_t bound = 0;
+  for (const auto& p : base.named_parameters()) {
+    const auto it = held.find(p.key());
+    if (it == held.end() || it->second.scalar_type() != p.value().scalar_type() ||
+        !it->second.sizes().equals(p.value().sizes())) {
+      continue;
+    }
+    base.bind_parameter(p.key(), it->second);
+    ++bound;
+  }
+  for (auto& p : base.parameters()) p.set_requires_grad(false);
+  return bound;
+}
+
+/// student.lora_rank: the frozen base with fp32 adapters, loaded from student.lora_init when given;
+/// with a colocated teacher (`own`), over the teacher's own tensors where they match.
+WanDiT make_lora_student(const TrainJob& job, const teacher::TeacherStage* own) {
   const auto& cfg = job.cfg;
   auto model = load_frozen_base(job, "student.lora_rank");
+  const auto base_tensors = model->parameters().size();
+  const auto shared = own ? share_with_teacher(job, *model, *own) : 0;
   model->add_lora(cfg.student.lora_spec(model->config().num_layers), cfg.train.seed);
   if (!cfg.student.lora_init.empty()) {
     load_lora_into(*model, read_lora_file(cfg.student.lora_init, model->config()), cfg.student.lora_init);
@@ -169,15 +199,19 @@ WanDiT make_lora_student(const TrainJob& job) {
     std::int64_t trainable = 0;
     for (const auto& [name, t] : model->lora_parameters()) trainable += t.numel();
     spdlog::info("LoRA student: rank {} alpha {} on {} linears ({} trainable parameters) over the frozen {} base of {}"
-                 "{}",
+                 "{}{}",
                  model->lora().rank, model->lora().alpha, model->lora().targets.size(), trainable,
                  dtype_name(model->dtype()), job.student_base().path(),
-                 cfg.student.lora_init.empty() ? "" : ", adapters from " + cfg.student.lora_init);
+                 cfg.student.lora_init.empty() ? "" : ", adapters from " + cfg.student.lora_init,
+                 own ? fmt::format("; {} of its {} tensors are the colocated teacher's own (one copy)", shared,
+                                   base_tensors)
+                     : "");
   }
   return model;
 }
 
-student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device) {
+student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device,
+                                        const teacher::TeacherStage* own) {
   const auto& cfg = job.cfg;
   const auto& tc = job.model;
   const auto setup = parts_setup(job, device);
@@ -185,7 +219,7 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
     spdlog::info("student.expert {}: a student of the teacher's {} expert ({}), trained on {} only", cfg.student.expert,
                  cfg.student.expert, job.student_base().path(), job.student_range().describe());
   }
-  if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job), setup);
+  if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job, own), setup);
   const auto sc = cfg.student.model_config(tc);
   // Without a teacher (flow) the student starts from random weights (student.init random).
   return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
@@ -529,13 +563,20 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   DmdSide dmd;
   if (cfg.train.dmd() && stream.link) open_service(dmd, job, device, services);
   if (cfg.train.dmd() && stream.own) dmd.score = std::make_unique<LocalScore>(stream.own->stage);
-  auto parts = make_student_parts(job, device);
+  auto parts = make_student_parts(job, device, stream.own ? &stream.own->stage : nullptr);
   services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   if (parts.model()->lora().rank > 0) {
-    // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds.
+    // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds (the
+    // tensors a colocated teacher already counted once: not again).
+    std::set<const void*> counted;
+    if (stream.own) {
+      for (const auto& m : stream.own->stage.experts()) {
+        for (const auto& p : m.model->parameters()) counted.insert(p.data_ptr());
+      }
+    }
     std::vector<torch::Tensor> base;
     for (const auto& p : parts.model()->parameters()) {
-      if (!p.requires_grad()) base.push_back(p);
+      if (!p.requires_grad() && !counted.count(p.data_ptr())) base.push_back(p);
     }
     services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
   }

@@ -235,6 +235,40 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
   }
 }
 
+// teacher.placement colocated: the student's frozen base is the colocated teacher's own tensors
+// (bound, not loaded again: one copy for teacher and student, and a LoRA critic binds the
+// student's). Sharing changes nothing: a colocated teacher converted to fp32 (teacher.dtype fp32:
+// no tensor in the bf16 base's dtype, nothing shared) gives the same curve to the last bit, its
+// fp32 weights being the bf16 ones widened and the teacher computing in fp32 either way. A
+// dedicated teacher rank gives the same curve within 1e-4: its micro-batches differ, so the
+// target differs in the last bits (1e-6, as the objectives' colocated tests), and the bf16 base
+// carries that into the adapters' updates (measured up to 2.5e-5 relative in 12 steps).
+TEST(Lora, AColocatedTeacherLendsTheStudentItsTensorsAndTrainsAsWithoutSharing) {
+  const std::string colocated = kJob + " --teacher.compute fp32 --teacher.placement colocated";
+  auto shared = test::launch_train(2, run_dir("colocated") + colocated);
+  ASSERT_EQ(shared.code, 0) << shared.output;
+  const std::string tail = " tensors are the colocated teacher's own (one copy)";
+  const auto at = shared.output.find(tail);
+  ASSERT_NE(at, std::string::npos) << shared.output;
+  // "...; N of its M tensors are ...": every tensor (N = M).
+  const auto head = shared.output.rfind("; ", at);
+  const auto counts = shared.output.substr(head + 2, at - head - 2);
+  const auto of = counts.find(" of its ");
+  ASSERT_NE(of, std::string::npos) << counts;
+  EXPECT_EQ(counts.substr(0, of), counts.substr(of + 8)) << counts;
+  EXPECT_NE(counts.substr(0, of), "0") << counts;
+  auto apart = test::launch_train(2, run_dir("colocated-fp32") + colocated + " --teacher.dtype fp32");
+  ASSERT_EQ(apart.code, 0) << apart.output;
+  EXPECT_NE(apart.output.find("; 0 of its"), std::string::npos) << apart.output;
+  const auto a = test::losses(root() / "colocated"), b = test::losses(root() / "colocated-fp32");
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(a, b);
+  auto dedicated = test::launch_train(3, run_dir("dedicated") + kJob + " --teacher.compute fp32");
+  ASSERT_EQ(dedicated.code, 0) << dedicated.output;
+  EXPECT_EQ(dedicated.output.find("colocated teacher's own"), std::string::npos) << dedicated.output;
+  test::expect_close_losses(root() / "dedicated", root() / "colocated", 12, 1e-4);
+}
+
 TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
   // A rank-4 ComfyUI-layout LoRA of the tiny teacher's first query (128 x 128).
   fs::create_directories(root());
