@@ -164,6 +164,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed).
     const auto base_elem = cfg.student.precision == "bf16-mixed" ? 2 : ctx.stored_elem_bytes;
     in.lora_base_bytes = static_cast<std::uint64_t>(wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
+    in.lora_base_shareable = static_cast<std::int64_t>(base_elem) == static_cast<std::int64_t>(in.teacher_elem_bytes);
     in.student_lora = cfg.student.lora_rank > 0;
     // A LoRA student computes in its base's dtype: a bf16 base's activations are bf16.
     if (in.student_lora && base_elem == 2) in.student_bf16_mixed = true;

@@ -83,7 +83,9 @@ std::string colocated_misfit(const plan::PlanInput& in, const PlanContext& ctx) 
   if (ctx.cpu_job) return "";
   for (const auto& p : plan::make_plan(in).placements) {
     if (p.placement != plan::Placement::kGpu) continue;
-    const auto need = p.teacher.device_total() + p.student.device_total();
+    // A LoRA base in the teacher's dtype is the colocated teacher's own tensors: counted once.
+    const auto need = p.teacher.device_total() + p.student.device_total() -
+                      (in.lora_base_shareable ? in.lora_base_bytes : 0);
     if (need > ctx.gpu_bytes) {
       return "the teacher and a student need " + format_bytes(static_cast<double>(need)) + " on one GPU of " +
              format_bytes(static_cast<double>(ctx.gpu_bytes));

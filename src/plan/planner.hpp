@@ -51,6 +51,9 @@ struct PlanInput {
   bool student_lora = false;
   std::int64_t lora_params = 0;            ///< trained adapters: the student's and a LoRA critic's (fp32)
   std::uint64_t lora_base_bytes = 0;       ///< the frozen base those adapters sit on (held once a rank)
+  /// The base is in the teacher's weight dtype: a colocated teacher on the student's GPU lends
+  /// the student its own tensors (one copy for both; job/student_rank.cpp share_with_teacher).
+  bool lora_base_shareable = false;
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)
   std::int64_t tokens = 0;                 ///< tokens per sample: F/pt * H/ph * W/pw
   std::int64_t context_len = 0;            ///< text rows after padding (the teacher's text_len)
