@@ -189,8 +189,10 @@ runs = sorted(glob.glob("eval/trajectory-*/report.json"), key=lambda p: int(re.s
 for path in runs:
     step = int(re.search(r"trajectory-(\d+)", path)[1])
     r = json.load(open(path))["rows"]["student"]
-    # 2 ranks x batch trained samples a step, each trajectory giving k of them.
-    summary["trajectory_curve"].append({"step": step, "trajectories": step * 2 * batch // k, **r})
+    # 2 ranks x batch trained samples a step, each trajectory giving k of them; a pair of
+    # expert runs (TRAJ_EXPERTS) trains twice that at each step, one run per expert.
+    runs_per_step = 2 if glob.glob("traj-run-high") else 1
+    summary["trajectory_curve"].append({"step": step, "trajectories": runs_per_step * step * 2 * batch // k, **r})
 if runs:
     rows[f"trajectory_student ({k} Euler steps, g 1)"] = summary["trajectory_curve"][-1]
 summary["dmd_curve"] = []
