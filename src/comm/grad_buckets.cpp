@@ -5,33 +5,38 @@
 
 namespace wd::comm {
 
+std::vector<std::vector<std::size_t>> bucket_groups(const std::vector<torch::Tensor>& params,
+                                                    std::uint64_t bucket_bytes) {
+  std::vector<std::vector<std::size_t>> groups;
+  std::vector<std::size_t> current;
+  std::uint64_t current_bytes = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    WD_CHECK(params[i].defined(), "parameter " << i << " given to the gradient reducer is undefined");
+    const std::uint64_t bytes = static_cast<std::uint64_t>(params[i].numel()) * sizeof(float);
+    if (!current.empty() && current_bytes + bytes > bucket_bytes) {
+      groups.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(i);
+    current_bytes += bytes;
+  }
+  if (!current.empty()) groups.push_back(std::move(current));
+  return groups;
+}
+
 std::vector<GradBucket> make_grad_buckets(const std::vector<torch::Tensor>& params,
                                           std::uint64_t bucket_bytes, const torch::TensorOptions& options,
                                           std::int64_t pad_to, torch::Tensor* whole) {
   WD_CHECK(pad_to >= 1, "gradient buffer padding must be >= 1, got " << pad_to);
   std::vector<GradBucket> buckets;
   std::vector<std::int64_t> sizes;
-  GradBucket current;
-  std::uint64_t current_bytes = 0;
-  std::int64_t current_numel = 0;
-  const auto close = [&] {
-    if (current.params.empty()) return;
-    sizes.push_back(current_numel);
-    buckets.push_back(std::move(current));
-    current = GradBucket{};
-    current_bytes = 0;
-    current_numel = 0;
-  };
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    WD_CHECK(params[i].defined(), "parameter " << i << " given to the gradient reducer is undefined");
-    const std::int64_t numel = params[i].numel();
-    const std::uint64_t bytes = static_cast<std::uint64_t>(numel) * sizeof(float);
-    if (!current.params.empty() && current_bytes + bytes > bucket_bytes) close();
-    current.params.push_back(i);
-    current_bytes += bytes;
-    current_numel += numel;
+  for (auto& group : bucket_groups(params, bucket_bytes)) {
+    std::int64_t numel = 0;
+    for (const auto i : group) numel += params[i].numel();
+    sizes.push_back(numel);
+    buckets.push_back(GradBucket{std::move(group), {}, {}});
   }
-  close();
   std::int64_t total = 0;
   for (const auto size : sizes) total += size;
   const auto buffer = torch::zeros({(total + pad_to - 1) / pad_to * pad_to}, options);

@@ -18,6 +18,12 @@ struct GradBucket {
   torch::Tensor host;
 };
 
+/// The parameter indices of each bucket: `params` in order, cut where the next parameter would
+/// take the bucket past `bucket_bytes` of fp32 (a larger parameter gets a bucket of its own).
+/// make_grad_buckets and the sharded reduce-scatter (student::GradientScatter) cut alike.
+std::vector<std::vector<std::size_t>> bucket_groups(const std::vector<torch::Tensor>& params,
+                                                    std::uint64_t bucket_bytes);
+
 /// Splits `params` in order into buckets of at most `bucket_bytes` of fp32 (a larger parameter
 /// gets a bucket of its own). Parameter order is the same on every student, so bucket b holds
 /// the same parameters everywhere and one all-reduce per bucket lines up across ranks. All

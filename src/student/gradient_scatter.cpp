@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <limits>
 
+#include "comm/grad_buckets.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "student/mixed_grads.hpp"
 
 namespace wd::student {
 
@@ -36,26 +38,15 @@ GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> p
   WD_CHECK(layout_.offsets.size() == params_.size(), "gradient scatter: " << layout_.offsets.size()
                                                                           << " offsets for " << params_.size()
                                                                           << " parameters");
-  // Buckets as the all-reduce makes them: consecutive parameters, at most bucket_bytes of fp32
-  // (a larger parameter alone).
-  Bucket current;
-  std::uint64_t bytes = 0;
-  const auto close = [&] {
-    if (current.params.empty()) return;
-    current.begin = layout_.offsets[current.params.front()];
-    const auto last = current.params.back();
-    current.end = layout_.offsets[last] + params_[last].numel();
-    buckets_.push_back(std::move(current));
-    current = Bucket{};
-    bytes = 0;
-  };
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::uint64_t b = static_cast<std::uint64_t>(params_[i].numel()) * sizeof(float);
-    if (!current.params.empty() && bytes + b > bucket_bytes) close();
-    current.params.push_back(i);
-    bytes += b;
+  // Buckets as the all-reduce makes them (comm::bucket_groups), each a range of the flat layout.
+  for (auto& group : comm::bucket_groups(params_, bucket_bytes)) {
+    Bucket bucket;
+    bucket.params = std::move(group);
+    bucket.begin = layout_.offsets[bucket.params.front()];
+    const auto last = bucket.params.back();
+    bucket.end = layout_.offsets[last] + params_[last].numel();
+    buckets_.push_back(std::move(bucket));
   }
-  close();
   bucket_of_.resize(params_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
@@ -95,16 +86,8 @@ void GradientScatter::begin_step() {
 }
 
 void GradientScatter::fold(std::size_t param) {
-  torch::Tensor& from = sources_[param].mutable_grad();
-  if (!from.defined() || sources_[param].unsafeGetTensorImpl() == params_[param].unsafeGetTensorImpl()) return;
-  torch::NoGradGuard no_grad;
-  torch::Tensor& grad = params_[param].mutable_grad();
-  if (grad.defined()) {
-    grad.add_(from);
-  } else {
-    grad = from.to(torch::kFloat);
-  }
-  from = torch::Tensor();
+  if (sources_[param].unsafeGetTensorImpl() == params_[param].unsafeGetTensorImpl()) return;
+  fold_compute_grad(params_[param], sources_[param]);
 }
 
 void GradientScatter::on_ready(std::size_t param) {

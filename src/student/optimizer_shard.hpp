@@ -17,7 +17,6 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/health_channel.hpp"
 #include "comm/wait.hpp"
-#include "model/safetensors.hpp"
 #include "student/gradient_scatter.hpp"
 
 namespace wd::student {

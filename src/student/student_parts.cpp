@@ -1,6 +1,8 @@
 // StudentParts: projections, feature heads, mixed precision, and the micro-step.
 #include "student/student_parts.hpp"
 
+#include "student/mixed_grads.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -174,15 +176,7 @@ torch::Tensor StudentParts::forward_train(const comm::TensorDict& batch, const C
 void StudentParts::backward(const torch::Tensor& loss) {
   loss.backward();
   // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
-  for (auto& [master, compute] : master_compute_) {
-    if (!compute.grad().defined()) continue;
-    if (master.grad().defined()) {
-      master.mutable_grad().add_(compute.grad());
-    } else {
-      master.mutable_grad() = compute.grad().to(torch::kFloat);
-    }
-    compute.mutable_grad() = torch::Tensor();
-  }
+  for (auto& [master, compute] : master_compute_) fold_compute_grad(master, compute);
 }
 
 torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {
