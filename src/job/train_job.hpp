@@ -52,7 +52,7 @@ struct TrainJob {
   std::optional<CheckpointStore> store;  ///< the first student rank only (it writes)
 
   const WanCheckpoint& teacher() const { return experts->expert(0); }
-  /// The checkpoint a student's weights come from (LoRA base, student.init teacher): the expert
+  /// The checkpoint a student's weights come from (LoRA base, student.init teacher-blocks): the expert
   /// of student.expert on a two-expert teacher, else the teacher's only model.
   const WanCheckpoint& student_base() const {
     if (cfg.student.expert.empty()) return teacher();

@@ -68,7 +68,7 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.expert", expert,
             "two-expert (A14B) teacher: high | low: the student learns that expert alone, on the timesteps the "
             "teacher routes to it (t >= teacher.boundary*1000 or below), from that expert's weights (the LoRA "
-            "base, or student.init teacher); one job per expert, RUN/student holds that expert (docs/lora.md). "
+            "base, or student.init teacher-blocks); one job per expert, RUN/student holds that expert (docs/lora.md). "
             "Empty: one student for every t");
 }
 

@@ -233,6 +233,17 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }
+  // A full (not LoRA) student of one expert: its copied blocks are that expert's.
+  auto full = test::launch_train(3, run_dir("full-high") + " --teacher.checkpoint " + a14b +
+                                        " --student.expert high --train.objective guided --noise.shift 5"
+                                        " --student.dim 128 --student.ffn_dim 256 --student.num_heads 4"
+                                        " --student.num_layers 2 --student.init teacher-blocks:0,3 --train.steps 3"
+                                        " --train.eval_samples 8");
+  ASSERT_EQ(full.code, 0) << full.output;
+  EXPECT_NE(full.output.find("a student of the teacher's high expert (" + a14b + "/high_noise_model), trained on "
+                             "t >= 875 only"),
+            std::string::npos)
+      << full.output;
 }
 
 // teacher.placement colocated: the student's frozen base is the colocated teacher's own tensors
