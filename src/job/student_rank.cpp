@@ -163,7 +163,8 @@ WanDiT load_frozen_base(const TrainJob& job, const char* key) {
 /// dtype and shape (the student's expert's) is bound to the teacher's, so teacher, student and a
 /// LoRA critic (bound to the student's) hold one copy on the device. Returns how many were bound.
 std::size_t share_with_teacher(const TrainJob& job, WanDiTImpl& base, const teacher::TeacherStage& stage) {
-  const auto expert = job.experts->two_experts() && !job.cfg.student.expert.empty()
+  // The student's expert: its index among the teacher's experts, or the only one it loaded.
+  const auto expert = stage.experts().size() == 2 && !job.cfg.student.expert.empty()
                           ? (job.cfg.student.expert == "high" ? WanExperts::kHigh : WanExperts::kLow)
                           : std::size_t{0};
   const auto& teacher = stage.experts().at(expert);

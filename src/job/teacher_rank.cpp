@@ -20,16 +20,27 @@ namespace wd::job {
 
 teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::StageLoad& how, RankMemory& memory) {
   std::vector<teacher::StageModel> models;
-  for (const auto& e : job.experts->experts()) {
-    models.push_back(teacher::load_stage_model(e, how));
+  // student.expert without trajectories (dmd is refused with it): every t the teacher sees is on
+  // that expert's side (the noisers redraw the rest), so the other expert never runs: not loaded.
+  const bool one_expert = job.experts->two_experts() && !job.cfg.student.expert.empty() &&
+                          !job.cfg.train.trajectory_stream() && !job.cfg.train.dmd();
+  std::vector<const WanCheckpoint*> load;
+  for (const auto& e : job.experts->experts()) load.push_back(&e);
+  if (one_expert) load = {&job.student_base()};
+  for (const auto* e : load) {
+    models.push_back(teacher::load_stage_model(*e, how));
     memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
+  }
+  if (one_expert && job.world_rank() == 0) {
+    spdlog::info("student.expert {}: the teacher loads its {} expert alone ({}), the only one {} reaches", job.cfg.student.expert,
+                 job.cfg.student.expert, job.student_base().path(), job.student_range().describe());
   }
   for (auto& m : models) m.model->set_compute_dtype(job.compute);
   if (job.world_rank() == 0 && job.micro_batch > 0) {
     spdlog::info("teacher forwards of {} sample(s) at a time (teacher.micro_batch)", job.micro_batch);
   }
   teacher::Router router;
-  if (job.experts->two_experts()) {
+  if (models.size() == 2) {
     router = [&job](const torch::Tensor& t) { return job.experts->route(t); };
   }
   teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);

@@ -172,6 +172,11 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
   EXPECT_NE(low.output.find("over the frozen bf16 base of " + a14b + "/low_noise_model"), std::string::npos)
       << low.output;
   EXPECT_NE(low.output.find("trained on t < 875 only"), std::string::npos) << low.output;
+  // guided never reaches the high expert: the teacher rank loads the low one alone; a trajectory
+  // run samples across the boundary and loads both.
+  EXPECT_NE(low.output.find("the teacher loads its low expert alone (" + a14b + "/low_noise_model)"), std::string::npos)
+      << low.output;
+  EXPECT_EQ(high.output.find("expert alone"), std::string::npos) << high.output;
   const auto low_losses = test::losses(root() / "low");
   ASSERT_EQ(low_losses.size(), 8u);
   EXPECT_LT(low_losses.back(), low_losses.front());
@@ -233,6 +238,14 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }
+  // A colocated teacher of one expert lends the LoRA student that expert's tensors.
+  auto colocated = test::launch_train(2, run_dir("colocated-low") + common + " --student.expert low"
+                                                                          " --train.objective guided --train.steps 2"
+                                                                          " --teacher.placement colocated");
+  ASSERT_EQ(colocated.code, 0) << colocated.output;
+  EXPECT_NE(colocated.output.find("the teacher loads its low expert alone"), std::string::npos) << colocated.output;
+  EXPECT_NE(colocated.output.find("tensors are the colocated teacher's own"), std::string::npos) << colocated.output;
+  EXPECT_EQ(colocated.output.find("; 0 of its"), std::string::npos) << colocated.output;
   // A full (not LoRA) student of one expert: its copied blocks are that expert's.
   auto full = test::launch_train(3, run_dir("full-high") + " --teacher.checkpoint " + a14b +
                                         " --student.expert high --train.objective guided --noise.shift 5"
@@ -240,6 +253,7 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
                                         " --student.num_layers 2 --student.init teacher-blocks:0,3 --train.steps 3"
                                         " --train.eval_samples 8");
   ASSERT_EQ(full.code, 0) << full.output;
+  EXPECT_NE(full.output.find("the teacher loads its high expert alone"), std::string::npos) << full.output;
   EXPECT_NE(full.output.find("a student of the teacher's high expert (" + a14b + "/high_noise_model), trained on "
                              "t >= 875 only"),
             std::string::npos)
