@@ -67,10 +67,12 @@ struct TrainJob {
     range.boundary_timestep = experts->boundary_timestep();
     return range;
   }
-  /// train.objective trajectory's spec, its intervals cut to those starting in student_range().
+  /// train.objective trajectory's spec; with student.expert its intervals cut to those starting
+  /// in student_range() (otherwise empty: all of them).
   teacher::TrajectorySpec trajectory_spec() const {
     auto spec = cfg.trajectory_spec();
-    spec.intervals = spec.intervals_in(student_range());
+    const auto range = student_range();
+    if (range.side != data::TimestepRange::kAll) spec.intervals = spec.intervals_in(range);
     return spec;
   }
   int world_rank() const { return topo.rank; }

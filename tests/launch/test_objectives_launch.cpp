@@ -160,6 +160,8 @@ TEST(Trajectory, AResumedRunIsBitIdenticalToAStraightOneFromMidRound) {
                           "the student learns the jumps between its 3 σ, 4 teacher forwards a trained sample"),
             std::string::npos)
       << r.output;
+  // Without student.expert every interval is trained and no run of one expert is announced.
+  EXPECT_EQ(r.output.find("student.expert"), std::string::npos) << r.output;
   // The held-out error per student interval, in the log and in metrics.jsonl.
   EXPECT_NE(r.output.find("eval after training: relative MSE "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(per interval: "), std::string::npos) << r.output;
