@@ -161,15 +161,17 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const bool critic_lora = critic.rank > 0;
   if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(sc);
   if (cfg.student.lora_rank > 0 || critic_lora) {
-    // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed).
+    // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
+    // pair (a two-expert teacher without student.expert) holds both experts and two adapter sets.
+    const std::int64_t pair = cfg.student.lora_rank > 0 && ctx.experts == 2 && cfg.student.expert.empty() ? 2 : 1;
     const auto base_elem = cfg.student.precision == "bf16-mixed" ? 2 : ctx.stored_elem_bytes;
-    in.lora_base_bytes = static_cast<std::uint64_t>(wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
+    in.lora_base_bytes = static_cast<std::uint64_t>(pair * wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
     in.lora_base_shareable = static_cast<std::int64_t>(base_elem) == static_cast<std::int64_t>(in.teacher_elem_bytes);
     in.student_lora = cfg.student.lora_rank > 0;
     // A LoRA student computes in its base's dtype: a bf16 base's activations are bf16.
     if (in.student_lora && base_elem == 2) in.student_bf16_mixed = true;
-    if (in.student_lora) in.lora_params += lora_param_count(tc, cfg.student.lora_spec(tc.num_layers));
-    if (critic_lora) in.lora_params += lora_param_count(tc, critic);
+    if (in.student_lora) in.lora_params += pair * lora_param_count(tc, cfg.student.lora_spec(tc.num_layers));
+    if (critic_lora) in.lora_params += pair * lora_param_count(tc, critic);
   }
   in.batch = cfg.train.batch_size;
   in.tokens = stream.tokens;

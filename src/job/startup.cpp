@@ -342,23 +342,25 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
   WD_CHECK_AS(ConfigError, expert.empty() || two,
               "student.expert(" << expert << ") needs a two-expert (A14B) teacher.checkpoint; "
                                 << (experts ? experts->path() + " is one model" : std::string("train.objective flow has none")));
-  WD_CHECK_AS(ConfigError, !two || cfg.student.lora_rank == 0 || !expert.empty(),
-              "student.lora_rank(" << cfg.student.lora_rank << ") over the two-expert teacher " << experts->path()
-                                   << ": set student.expert high or low, one job per expert's adapters, each on its "
-                                      "own t range (docs/lora.md#two-expert-teachers)");
-  if (expert.empty()) return;
+  if (expert.empty()) {
+    // A LoRA pair: the feature heads would see each expert's hidden states apart.
+    WD_CHECK_AS(ConfigError, !two || cfg.student.lora_rank == 0 || cfg.student.feature_pairs().empty(),
+                "student.features with a LoRA student of the two-expert teacher "
+                    << experts->path() << " (a LoRA pair, one adapter set per expert) is not built; "
+                       "set student.expert high or low to train one expert's adapters with feature matching");
+    return;
+  }
   ConfigProblems p;
   p.check(!cfg.train.dmd(), "student.expert(" + expert + ") with train.objective dmd: the generator samples across "
-                            "both experts' t ranges, so one job would need both experts' students; not built yet");
+                            "both experts' t ranges; train both experts' adapters in one job (a LoRA student "
+                            "without student.expert, docs/lora.md#two-expert-teachers)");
   p.check(cfg.train.trajectory_rollout == 0,
           "student.expert(" + expert + ") with train.trajectory_rollout > 0: a rollout runs the student from noise "
           "through every interval, the other expert's too");
   p.check(cfg.train.sample_every == 0, "student.expert(" + expert + ") with train.sample_every > 0: a sampling probe "
                                        "runs the student from noise through every t, the other expert's too");
   p.throw_if_any("train config");
-  data::TimestepRange range;
-  range.side = expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
-  range.boundary_timestep = experts->boundary_timestep();
+  const auto range = expert_range(expert, experts);
   // Ranges nothing reaches stop the job here: the student's steps, or the noise's σ distribution.
   if (cfg.train.trajectory_stream()) {
     static_cast<void>(cfg.trajectory_spec().intervals_in(range));

@@ -100,8 +100,9 @@ std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout);
 /// against the global batch, --inject-fault's rank and step, the resume path.
 void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layout& layout);
 /// student.expert against the teacher (`experts`: null without one): it needs a two-expert
-/// teacher, a LoRA student of a two-expert teacher needs it, and what it cannot do yet (dmd,
-/// rollouts, sampling probes) and ranges the noise or the student's steps never reach are refused.
+/// teacher; what it cannot do (dmd, rollouts, sampling probes: they cross both experts) and ranges
+/// the noise or the student's steps never reach are refused. Without it a LoRA student of a
+/// two-expert teacher is a LoRA pair, refused with feature matching.
 void check_student_expert(const RunConfig& cfg, const WanExperts* experts);
 
 /// The data set checked for `teacher` (readable HDF5, its shapes, more samples than the

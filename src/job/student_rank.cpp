@@ -143,31 +143,37 @@ student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) 
   setup.seed = cfg.train.seed;
   setup.device = device;
   if (cfg.student.lora_rank > 0 && job.experts) setup.lora_base = job.student_base().path();  // flow: refused below
+  if (job.lora_pair()) {
+    setup.lora_base = job.experts->expert(WanExperts::kHigh).path();
+    setup.lora_base_low = job.experts->expert(WanExperts::kLow).path();
+    setup.router = [experts = &*job.experts](const torch::Tensor& t) { return experts->route(t); };
+  }
   return setup;
 }
 
-/// The teacher checkpoint's tensors as a frozen LoRA base (zero-copy views of the mapping where the
-/// dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16). `key` names the
-/// setting that asked for it in the error for a teacher that has no one-expert base.
-WanDiT load_frozen_base(const TrainJob& job, const char* key) {
+/// A teacher checkpoint's tensors as a frozen LoRA base (zero-copy views of the mapping where the
+/// dtype is kept: the ranks of a node share its pages; bf16-mixed asks bf16): `expert` of a
+/// two-expert teacher (a LoRA pair's), else student_base(). `key` names the setting that asked
+/// for it in the error for a job without a teacher.
+WanDiT load_frozen_base(const TrainJob& job, const char* key, std::optional<std::size_t> expert = std::nullopt) {
   WD_CHECK_AS(ConfigError, job.experts,
               key << " needs a teacher.checkpoint as its base (train.objective flow without a teacher has none)");
   const auto dtype = job.cfg.student.precision == "bf16-mixed" ? std::optional<c10::ScalarType>(torch::kBFloat16)
                                                                 : std::nullopt;
-  auto model = load_wan_dit(job.student_base(), dtype);  // student.expert's expert of a two-expert teacher
+  auto model = load_wan_dit(expert ? job.experts->expert(*expert) : job.student_base(), dtype);
   for (auto& p : model->parameters()) p.set_requires_grad(false);
   return model;
 }
 
 /// teacher.placement colocated: each base tensor that this rank's own teacher holds in the same
-/// dtype and shape (the student's expert's) is bound to the teacher's, so teacher, student and a
-/// LoRA critic (bound to the student's) hold one copy on the device. Returns how many were bound.
-std::size_t share_with_teacher(const TrainJob& job, WanDiTImpl& base, const teacher::TeacherStage& stage) {
-  // The student's expert: its index among the teacher's experts, or the only one it loaded.
-  const auto expert = stage.experts().size() == 2 && !job.cfg.student.expert.empty()
-                          ? (job.cfg.student.expert == "high" ? WanExperts::kHigh : WanExperts::kLow)
-                          : std::size_t{0};
-  const auto& teacher = stage.experts().at(expert);
+/// dtype and shape (the base's expert's: `expert`, a pair's, or student.expert's) is bound to the
+/// teacher's, so teacher, student and a LoRA critic (bound to the student's) hold one copy on the
+/// device. Returns how many were bound.
+std::size_t share_with_teacher(const TrainJob& job, WanDiTImpl& base, const teacher::TeacherStage& stage,
+                               std::optional<std::size_t> expert) {
+  // Its index among the teacher's experts, or the only one the teacher loaded.
+  if (!expert && !job.cfg.student.expert.empty()) expert = expert_index(job.cfg.student.expert);
+  const auto& teacher = stage.experts().at(stage.experts().size() == 2 && expert ? *expert : 0);
   if (teacher.streamer) return 0;  // its blocks are copied in per use: nothing resident to share
   std::map<std::string, torch::Tensor> held;
   for (const auto& p : teacher.model->named_parameters()) held[p.key()] = p.value();
@@ -186,24 +192,32 @@ std::size_t share_with_teacher(const TrainJob& job, WanDiTImpl& base, const teac
 }
 
 /// student.lora_rank: the frozen base with fp32 adapters, loaded from student.lora_init when given;
-/// with a colocated teacher (`own`), over the teacher's own tensors where they match.
-WanDiT make_lora_student(const TrainJob& job, const teacher::TeacherStage* own) {
+/// with a colocated teacher (`own`), over the teacher's own tensors where they match. `expert`: a
+/// LoRA pair's expert (its base, its own adapter seed, its half of a pair's student.lora_init).
+WanDiT make_lora_student(const TrainJob& job, const teacher::TeacherStage* own,
+                         std::optional<std::size_t> expert = std::nullopt) {
   const auto& cfg = job.cfg;
-  auto model = load_frozen_base(job, "student.lora_rank");
+  auto model = load_frozen_base(job, "student.lora_rank", expert);
   const auto base_tensors = model->parameters().size();
-  const auto shared = own ? share_with_teacher(job, *model, *own) : 0;
-  model->add_lora(cfg.student.lora_spec(model->config().num_layers), cfg.train.seed);
-  if (!cfg.student.lora_init.empty()) {
-    load_lora_into(*model, read_lora_file(cfg.student.lora_init, model->config()), cfg.student.lora_init);
+  const auto shared = own ? share_with_teacher(job, *model, *own, expert) : 0;
+  // The high expert's adapters draw as a single student's do; the low one's from another seed.
+  const auto seed = expert == WanExperts::kLow ? cfg.train.seed ^ 0x10E5ULL : cfg.train.seed;
+  model->add_lora(cfg.student.lora_spec(model->config().num_layers), seed);
+  const auto base = expert ? job.experts->expert(*expert).path() : job.student_base().path();
+  std::string init = cfg.student.lora_init;
+  if (!init.empty() && expert) {
+    // A pair's adapters start from a pair (student.expert runs' folders, or an exported pair).
+    init = read_lora_pair(init).at(*expert).dir;  // {low, high}: WanExperts' order
   }
+  if (!init.empty()) load_lora_into(*model, read_lora_file(init, model->config()), init);
   if (job.world_rank() == job.layout.student_world_ranks().front()) {
     std::int64_t trainable = 0;
     for (const auto& [name, t] : model->lora_parameters()) trainable += t.numel();
-    spdlog::info("LoRA student: rank {} alpha {} on {} linears ({} trainable parameters) over the frozen {} base of {}"
+    spdlog::info("LoRA student{}: rank {} alpha {} on {} linears ({} trainable parameters) over the frozen {} base of {}"
                  "{}{}",
+                 expert ? fmt::format(" ({} expert of the pair)", *expert == WanExperts::kHigh ? "high" : "low") : "",
                  model->lora().rank, model->lora().alpha, model->lora().targets.size(), trainable,
-                 dtype_name(model->dtype()), job.student_base().path(),
-                 cfg.student.lora_init.empty() ? "" : ", adapters from " + cfg.student.lora_init,
+                 dtype_name(model->dtype()), base, init.empty() ? "" : ", adapters from " + init,
                  own ? fmt::format("; {} of its {} tensors are the colocated teacher's own (one copy)", shared,
                                    base_tensors)
                      : "");
@@ -219,6 +233,15 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
   if (!cfg.student.expert.empty() && job.world_rank() == job.layout.student_world_ranks().front()) {
     spdlog::info("student.expert {}: a student of the teacher's {} expert ({}), trained on {} only", cfg.student.expert,
                  cfg.student.expert, job.student_base().path(), job.student_range().describe());
+  }
+  if (job.lora_pair()) {
+    if (job.world_rank() == job.layout.student_world_ranks().front()) {
+      spdlog::info("LoRA pair: one adapter set per expert of {}, each trained on the samples the teacher routes to it "
+                   "(t >= {:g}: high_noise_model, below: low_noise_model)",
+                   job.experts->path(), job.experts->boundary_timestep());
+    }
+    auto high = make_lora_student(job, own, WanExperts::kHigh);
+    return student::StudentParts::pair(std::move(high), make_lora_student(job, own, WanExperts::kLow), setup);
   }
   if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job, own), setup);
   const auto sc = cfg.student.model_config(tc);
@@ -366,22 +389,25 @@ struct DmdSide {
   std::unique_ptr<student::DmdTrainer> trainer;
 };
 
+/// A LoRA critic over `base`'s frozen tensors (bound: one copy for both), with its own adapters.
+WanDiT lora_over(const TrainJob& job, const WanDiT& base, std::uint64_t seed) {
+  WanDiT critic(base->config(), WanInit::kEmpty, base->dtype());
+  for (const auto& p : base->named_parameters()) {
+    if (!WanDiTImpl::is_lora_name(p.key())) critic->bind_parameter(p.key(), p.value());
+  }
+  for (auto& p : critic->parameters()) p.set_requires_grad(false);
+  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), seed);
+  return critic;
+}
+
 /// The critic DiT: the student's dims; critic.init student starts it as the generator starts.
 /// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's
 /// base (one copy for both) or read from the teacher checkpoint as a LoRA student's is.
 WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
-  WanDiT critic = nullptr;
-  if (generator.model()->lora().rank > 0) {
-    const auto& base = generator.model();
-    critic = WanDiT(base->config(), WanInit::kEmpty, base->dtype());
-    for (const auto& p : base->named_parameters()) {
-      if (!WanDiTImpl::is_lora_name(p.key())) critic->bind_parameter(p.key(), p.value());
-    }
-    for (auto& p : critic->parameters()) p.set_requires_grad(false);
-  } else {
-    critic = load_frozen_base(job, "critic.lora_rank");
-  }
-  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), job.cfg.train.seed ^ 0xC817ULL);
+  const auto seed = job.cfg.train.seed ^ 0xC817ULL;
+  if (generator.model()->lora().rank > 0) return lora_over(job, generator.model(), seed);
+  auto critic = load_frozen_base(job, "critic.lora_rank");
+  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), seed);
   return critic;
 }
 
@@ -390,6 +416,12 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   const auto& cfg = job.cfg;
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
+  if (cfg.critic_lora(job.model.num_layers).rank > 0 && generator.is_pair()) {
+    // A pair's critic is a pair too: adapters over each expert's base, routed as the generator.
+    const auto models = generator.models();  // {high, low}
+    return student::StudentParts::pair(lora_over(job, models[0], cfg.train.seed ^ 0xC817ULL),
+                                       lora_over(job, models[1], cfg.train.seed ^ 0xC817ULL ^ 0x10E5ULL), setup);
+  }
   if (cfg.critic_lora(job.model.num_layers).rank > 0) {
     setup.lora_base = job.student_base().path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
@@ -544,7 +576,8 @@ RoleResult finish_student(const TrainJob& job, const student::StudentStats& stat
     }
     spdlog::info("student{} saved to {} ({} params); held-out relative MSE {:.5f} -> {:.5f}; "
                  "{:.1f} s, waiting for batches {:.0f}%",
-                 ema ? " (its weight average, train.ema_decay)" : "", dir, wan_param_count(parts.model()->config()),
+                 ema ? " (its weight average, train.ema_decay)" : "", dir,
+                 static_cast<std::int64_t>(parts.models().size()) * wan_param_count(parts.model()->config()),
                  stats.first_eval_rel_mse,
                  stats.final_eval_rel_mse, stats.seconds, 100 * stats.wait_seconds / stats.seconds);
   }
@@ -576,8 +609,10 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
       }
     }
     std::vector<torch::Tensor> base;
-    for (const auto& p : parts.model()->parameters()) {
-      if (!p.requires_grad() && !counted.count(p.data_ptr())) base.push_back(p);
+    for (const auto& model : parts.models()) {
+      for (const auto& p : model->parameters()) {
+        if (!p.requires_grad() && !counted.count(p.data_ptr())) base.push_back(p);
+      }
     }
     services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
   }

@@ -28,6 +28,22 @@
 
 namespace wd::job {
 
+/// student.expert's index among a two-expert teacher's experts: WanExperts::kHigh for "high",
+/// else kLow (the config allows nothing else).
+inline std::size_t expert_index(const std::string& expert) {
+  return expert == "high" ? WanExperts::kHigh : WanExperts::kLow;
+}
+
+/// The model timesteps student.expert `expert` learns: its side of `experts`' boundary (the rule
+/// of WanExperts::expert_for); every t when `expert` is empty or there is no teacher.
+inline data::TimestepRange expert_range(const std::string& expert, const WanExperts* experts) {
+  data::TimestepRange range;
+  if (expert.empty() || !experts) return range;
+  range.side = expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
+  range.boundary_timestep = experts->boundary_timestep();
+  return range;
+}
+
 /// What every rank knows once start-up is agreed. The same on every rank except where noted.
 struct TrainJob {
   RunConfig cfg;
@@ -53,19 +69,19 @@ struct TrainJob {
 
   const WanCheckpoint& teacher() const { return experts->expert(0); }
   /// The checkpoint a student's weights come from (LoRA base, student.init teacher-blocks): the expert
-  /// of student.expert on a two-expert teacher, else the teacher's only model.
+  /// of student.expert on a two-expert teacher, else the teacher's only (or first) model. A LoRA pair
+  /// (lora_pair()) takes each expert's own.
   const WanCheckpoint& student_base() const {
     if (cfg.student.expert.empty()) return teacher();
-    return experts->expert(cfg.student.expert == "high" ? WanExperts::kHigh : WanExperts::kLow);
+    return experts->expert(expert_index(cfg.student.expert));
   }
   /// The model timesteps the student learns: student.expert's side of the teacher's boundary,
   /// else every t.
-  data::TimestepRange student_range() const {
-    data::TimestepRange range;
-    if (cfg.student.expert.empty() || !experts) return range;
-    range.side = cfg.student.expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
-    range.boundary_timestep = experts->boundary_timestep();
-    return range;
+  data::TimestepRange student_range() const { return expert_range(cfg.student.expert, experts ? &*experts : nullptr); }
+  /// A LoRA student of a two-expert teacher without student.expert: one adapter set per expert,
+  /// each over its own expert's base and trained on the samples the teacher routes to it.
+  bool lora_pair() const {
+    return cfg.student.lora_rank > 0 && experts && experts->two_experts() && cfg.student.expert.empty();
   }
   /// train.objective trajectory's spec; with student.expert its intervals cut to those starting
   /// in student_range() (otherwise empty: all of them).

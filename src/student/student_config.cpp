@@ -56,7 +56,9 @@ void StudentConfig::bind(OptionTable& t) {
             "r > 0: a LoRA student: the teacher's architecture with its frozen base read from "
             "teacher.checkpoint (student.dim/ffn_dim/num_heads/num_layers/in_dim/out_dim are not used) and "
             "trainable rank-r adapters on student.lora_targets; RUN/student is then a LoRA folder "
-            "(convert --layout lora exports it for diffusers and ComfyUI). 0 = a full student")
+            "(convert --layout lora exports it for diffusers and ComfyUI); over a two-expert (A14B) teacher "
+            "without student.expert, a LoRA pair: one adapter set per expert, each trained on the samples "
+            "routed to it, RUN/student/high_noise_model/ and low_noise_model/. 0 = a full student")
       .bind("student.lora_alpha", lora_alpha, "LoRA scale alpha / rank (0 = the rank: scale 1)")
       .bind("student.lora_targets", lora_targets,
             "the block linears that get adapters: a comma list of all, attn (both attentions' q,k,v,o), "
@@ -64,12 +66,13 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.lora_init", lora_init,
             "a LoRA to start the adapters from: a LoRA student folder, or a .safetensors in the diffusers "
             "(lora_A/lora_B), ComfyUI (lora_down/lora_up/alpha) or wan-distill layout, of rank "
-            "student.lora_rank; empty = up matrices zero (the student starts as the teacher)")
+            "student.lora_rank (a LoRA pair: a folder of two, high_noise_model/ and low_noise_model/); "
+            "empty = up matrices zero (the student starts as the teacher)")
       .bind("student.expert", expert,
             "two-expert (A14B) teacher: high | low: the student learns that expert alone, on the timesteps the "
             "teacher routes to it (t >= teacher.boundary*1000 or below), from that expert's weights (the LoRA "
             "base, or student.init teacher-blocks); one job per expert, RUN/student holds that expert (docs/lora.md). "
-            "Empty: one student for every t");
+            "Empty: one student for every t (a LoRA student: a pair, both experts' adapters in one job)");
 }
 
 LoraSpec StudentConfig::lora_spec(std::int64_t num_layers, std::int64_t rank) const {

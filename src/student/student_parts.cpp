@@ -5,12 +5,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
+#include "model/wan_experts.hpp"
 #include "model/wan_lora.hpp"
 #include "student/student_model.hpp"
 
@@ -73,9 +75,24 @@ MicroLossValues MicroLosses::read() const {
   return {v[0], v[1], v[2]};
 }
 
-StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
-    : setup_(setup), model_(std::move(model)), compute_(model_) {
+StudentParts::StudentParts(WanDiT model, const PartsSetup& setup) : StudentParts(std::move(model), nullptr, setup) {}
+
+StudentParts StudentParts::pair(WanDiT high, WanDiT low, const PartsSetup& setup) {
+  WD_CHECK(!high.is_empty() && !low.is_empty() && high->lora().rank > 0 && low->lora().rank > 0,
+           "a LoRA pair needs two LoRA DiTs (add_lora done on both)");
+  WD_CHECK(static_cast<bool>(setup.router), "a LoRA pair needs the router that sends each sample to its expert");
+  return StudentParts(std::move(high), std::move(low), setup);
+}
+
+StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
+    : setup_(setup), model_(std::move(model)), compute_(model_), low_(std::move(low)) {
   const auto& c = model_->config();
+  if (is_pair()) {
+    WD_CHECK_AS(ConfigError, setup_.feature_pairs.empty(),
+                "student.features with a LoRA pair (one adapter set per expert) is not built");
+    WD_CHECK(c.in_dim == setup_.teacher_in_channels && c.out_dim == setup_.teacher_out_channels,
+             "a LoRA pair has the teacher's channels: no projections");
+  }
   if (c.in_dim != setup_.teacher_in_channels) {
     heads_->update({{"in_proj", semi_orthogonal(setup_.teacher_in_channels, c.in_dim, setup_.seed + 1).ptr()}});
   }
@@ -90,12 +107,12 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
   }
   // Initialised on the host (a seeded CPU generator gives every device the same start), moved
   // once; parameters keep their identity, so nothing below sees a host tensor.
-  model_->to(setup_.device);
   heads_->to(setup_.device);
-  for (const auto& p : model_->named_parameters()) {
-    if (!p.value().requires_grad()) continue;  // a LoRA student's frozen base
-    trainable_.push_back(p.value());
-    trainable_names_.push_back(p.key());
+  if (is_pair()) {
+    add_trainable(model_, std::string(WanExperts::kHighDir) + ".");
+    add_trainable(low_, std::string(WanExperts::kLowDir) + ".");
+  } else {
+    add_trainable(model_, "");
   }
   for (const auto& item : heads_->named_parameters()) {
     const bool projection = item.key().rfind("in_proj", 0) == 0 || item.key().rfind("out_proj", 0) == 0;
@@ -124,6 +141,36 @@ StudentParts::StudentParts(WanDiT model, const PartsSetup& setup)
                 parameter_count(), trainable_.size());
 }
 
+void StudentParts::add_trainable(WanDiT& dit, const std::string& prefix) {
+  dit->to(setup_.device);
+  for (const auto& p : dit->named_parameters()) {
+    if (!p.value().requires_grad()) continue;  // a LoRA student's frozen base
+    trainable_.push_back(p.value());
+    trainable_names_.push_back(prefix + p.key());
+  }
+}
+
+std::vector<WanDiT> StudentParts::models() const {
+  if (is_pair()) return {model_, low_};
+  return {model_};
+}
+
+torch::Tensor StudentParts::forward_pair(const WanInputs& in, const CheckpointPolicy& policy) {
+  // The router's order is WanExperts' own: {kLow, kHigh}.
+  const auto routes = setup_.router(in.t);
+  WD_CHECK(routes.size() == 2, "the router of a LoRA pair gave " << routes.size() << " routes, not 2");
+  std::array<WanDiT*, 2> experts{};
+  experts[WanExperts::kLow] = &low_;
+  experts[WanExperts::kHigh] = &model_;
+  std::vector<std::vector<torch::Tensor>> outputs(2);
+  for (std::size_t e = 0; e < 2; ++e) {
+    if (routes[e].empty()) continue;
+    auto& dit = *experts[e];
+    outputs[e] = student_forward(dit, select_samples(in, routes[e], dit->config().patch_size), policy, nullptr);
+  }
+  return torch::stack(merge_expert_outputs(routes, outputs, static_cast<std::int64_t>(in.x.size())));
+}
+
 torch::Tensor StudentParts::project_in(const torch::Tensor& x_t) {
   return heads_->contains("in_proj") ? over_channels(*heads_["in_proj"]->as<torch::nn::Linear>(), x_t) : x_t;
 }
@@ -143,6 +190,7 @@ torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, cons
                                                                     << it->second.device());
   }
   const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
+  if (is_pair()) return forward_pair(in, policy);  // a pair: no projections, no feature heads
   return project_out(torch::stack(student_forward(dit, in, policy, hidden)));
 }
 
@@ -213,17 +261,21 @@ void StudentParts::after_optimizer_step() {
 }
 
 std::size_t StudentParts::module_count() const {
-  return model_->modules().size() + heads_->modules().size() +
+  return model_->modules().size() + heads_->modules().size() + (is_pair() ? low_->modules().size() : 0) +
          (compute_.get() != model_.get() ? compute_->modules().size() : 0);
 }
 
 std::size_t StudentParts::parameter_count() const {
-  return model_->parameters().size() + heads_->parameters().size() +
+  return model_->parameters().size() + heads_->parameters().size() + (is_pair() ? low_->parameters().size() : 0) +
          (compute_.get() != model_.get() ? compute_->parameters().size() : 0);
 }
 
 void StudentParts::save(const std::string& dir) const {
-  if (model_->lora().rank > 0) {
+  if (is_pair()) {
+    // The pair's folders, as a student.expert run of each expert writes its RUN/student.
+    write_lora_folder(*model_, (std::filesystem::path(dir) / WanExperts::kHighDir).string(), setup_.lora_base);
+    write_lora_folder(*low_, (std::filesystem::path(dir) / WanExperts::kLowDir).string(), setup_.lora_base_low);
+  } else if (model_->lora().rank > 0) {
     write_lora_folder(*model_, dir, setup_.lora_base);
   } else {
     WanDiT model = model_;  // a second holder of the same module: save_student takes a mutable one

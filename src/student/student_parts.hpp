@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -28,8 +29,13 @@ struct PartsSetup {
   bool mixed_bf16 = false;        ///< student.precision = bf16-mixed
   std::uint64_t seed = 0;
   c10::Device device = torch::kCPU;  ///< where every part lives and trains (student.device)
-  /// LoRA student (a DiT with adapters, its base frozen): the base checkpoint its folder names.
+  /// LoRA student (a DiT with adapters, its base frozen): the base checkpoint its folder names
+  /// (a LoRA pair: the high-noise expert's).
   std::string lora_base;
+  /// A LoRA pair (StudentParts::pair): the low-noise expert's base, and the router that sends
+  /// each sample to its expert by t, as the teacher routes it ({low, high}: WanExperts::route).
+  std::string lora_base_low;
+  std::function<std::vector<std::vector<std::int64_t>>(const torch::Tensor& t)> router;
 };
 
 /// Losses of one micro-batch (unscaled), as read on the host.
@@ -62,6 +68,12 @@ class StudentParts {
   /// Everything is initialised on the host (the same values on every device) and then moved
   /// to setup.device once; batches must arrive on that device.
   StudentParts(WanDiT model, const PartsSetup& setup);
+  /// A LoRA pair: the adapters of a two-expert (A14B) teacher's two experts, `high` and `low` each
+  /// over its own frozen base, trained together; every forward sends each sample to its expert
+  /// by t (setup.router) and puts the outputs back in batch order. Trainable names are prefixed
+  /// with the expert's folder ("high_noise_model.", "low_noise_model."); save() writes the
+  /// pair's two LoRA folders. No projections or feature heads (ConfigError otherwise).
+  static StudentParts pair(WanDiT high, WanDiT low, const PartsSetup& setup);
 
   /// Forward + loss + backward of `scale`·loss for one received batch; gradients accumulate
   /// into the fp32 master parameters (call zero_grad() before the first micro-batch).
@@ -93,13 +105,24 @@ class StudentParts {
   std::size_t module_count() const;
   std::size_t parameter_count() const;
 
+  /// The DiT (a LoRA pair: the high-noise expert's).
   WanDiT& model() { return model_; }
+  /// A LoRA pair (StudentParts::pair): two experts, both trained.
+  bool is_pair() const { return !low_.is_empty(); }
+  /// Every DiT the parts hold: the model, and a pair's low-noise expert.
+  std::vector<WanDiT> models() const;
   /// Writes the DiT as a Wan checkpoint into `dir` (a LoRA student: a LoRA folder, lora.json and
-  /// adapters.safetensors over setup.lora_base), plus `distill_heads/heads.safetensors`
+  /// adapters.safetensors over setup.lora_base; a pair: its high_noise_model/ and low_noise_model/
+  /// LoRA folders, what sample, evaluate and convert read as a pair), plus `distill_heads/heads.safetensors`
   /// holding the projections and feature heads when there are any.
   void save(const std::string& dir) const;
 
  private:
+  StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup);
+  /// Registers `dit`'s trainable parameters under `prefix` + their names.
+  void add_trainable(WanDiT& dit, const std::string& prefix);
+  /// A pair's forward: each expert on its own samples, the outputs merged in batch order.
+  torch::Tensor forward_pair(const WanInputs& in, const CheckpointPolicy& policy);
   /// Student forward with hidden states captured after the blocks named by feature pairs.
   torch::Tensor forward(WanDiT& dit, const comm::TensorDict& batch, const CheckpointPolicy& policy,
                         std::map<std::int64_t, torch::Tensor>* hidden);
@@ -109,6 +132,7 @@ class StudentParts {
   PartsSetup setup_;
   WanDiT model_;    ///< fp32 master
   WanDiT compute_;  ///< bf16 copy (mixed precision) or the same module as model_
+  WanDiT low_{nullptr};  ///< a LoRA pair's low-noise expert (model_ is the high one)
   torch::nn::ModuleDict heads_;  ///< in_proj / out_proj / feature heads
   std::vector<torch::Tensor> trainable_;
   std::vector<std::string> trainable_names_;

@@ -1,7 +1,8 @@
 // LoRA adapters on the DiT (model/wan_dit, model/wan_lora): the adapted forward equals the merged
 // model's, only adapters get gradients and checkpointed blocks give the same ones, the target
 // list's words, LoRA folders round-trip and open merged, and LoRA files of every layout import
-// with their scale (or are refused naming the file and key).
+// with their scale (or are refused naming the file and key); a LoRA pair routes each sample to
+// its expert and trains only that expert's adapters on it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_lora.hpp"
 #include "student/checkpointing.hpp"
+#include "student/student_parts.hpp"
 #include "test_util.hpp"
 
 namespace wd {
@@ -52,8 +54,8 @@ WanInputs make_inputs(const WanConfig& c, std::uint64_t seed) {
 
 /// A random DiT with frozen weights and rank-4 adapters (alpha 8: scale 2) on `targets`, their up
 /// matrices random too (trained adapters are not zero).
-WanDiT adapted(const WanConfig& c, const std::string& targets = "attn,ffn") {
-  WanDiT m(c, WanInit::kRandom, torch::kFloat, 3);
+WanDiT adapted(const WanConfig& c, const std::string& targets = "attn,ffn", std::uint64_t base_seed = 3) {
+  WanDiT m(c, WanInit::kRandom, torch::kFloat, base_seed);
   for (auto& p : m->parameters()) p.set_requires_grad(false);
   m->add_lora(LoraSpec{4, 8.0, lora_target_linears(targets, c.num_layers)}, 11);
   torch::NoGradGuard no_grad;
@@ -136,6 +138,72 @@ TEST(Lora, TargetWordsExpandOverBlocksAndUnknownOnesAreRefused) {
   expect_throw_contains<ConfigError>([] { lora_target_linears("attn,mlp", 2); },
                                            "student.lora_targets(attn,mlp): unknown target 'mlp'");
   expect_throw_contains<ConfigError>([] { lora_target_linears(" , ", 2); }, "student.lora_targets is empty");
+}
+
+// A LoRA pair (two experts' adapters, StudentParts::pair): each sample of a mixed batch goes to
+// the expert its t picks, and gives gradients to that expert's adapters alone; trainable names
+// carry the expert's folder; the pair saves as the two folders a LoRA pair is read from.
+TEST(Lora, APairSendsEachSampleToItsExpertAndTrainsOnlyThatExpertsAdapters) {
+  const auto c = small_config();
+  auto high = adapted(c, "attn,ffn", 3), low = adapted(c, "attn,ffn", 4);  // two different bases
+  test::TempDir tmp("lora-pair");
+  student::PartsSetup setup;
+  setup.teacher_in_channels = c.in_dim;
+  setup.teacher_out_channels = c.out_dim;
+  setup.teacher_dim = c.dim;
+  setup.lora_base = (tmp.path() / "teacher" / "high_noise_model").string();
+  setup.lora_base_low = (tmp.path() / "teacher" / "low_noise_model").string();
+  // WanExperts::route's rule at boundary 0.875: {low, high}, high when trunc(t) >= 875.
+  setup.router = [](const torch::Tensor& t) {
+    std::vector<std::vector<std::int64_t>> routes(2);
+    for (std::int64_t b = 0; b < t.size(0); ++b) routes[std::trunc(t[b].item<double>()) >= 875 ? 1 : 0].push_back(b);
+    return routes;
+  };
+  auto parts = student::StudentParts::pair(high, low, setup);
+  EXPECT_TRUE(parts.is_pair());
+  const auto per_model = high->lora_parameters().size();
+  ASSERT_EQ(parts.trainable().size(), 2 * per_model);
+  EXPECT_EQ(parts.trainable_names().front().rfind("high_noise_model.blocks.", 0), 0u) << parts.trainable_names().front();
+  EXPECT_EQ(parts.trainable_names().back().rfind("low_noise_model.blocks.", 0), 0u) << parts.trainable_names().back();
+
+  auto gen = at::detail::createCPUGenerator(7);
+  comm::TensorDict batch{{"x_t", torch::randn({3, c.in_dim, 1, 4, 4}, gen)},
+                         {"t", torch::tensor({900.f, 874.9f, 875.f})},
+                         {"context", torch::randn({3, c.text_len, c.text_dim}, gen)},
+                         {"context_lens", torch::tensor({8, 5, 3}, torch::kLong)}};
+  const auto out = parts.predict(batch);
+  ASSERT_EQ(out.size(0), 3);
+  const std::array<WanDiT*, 3> expert_of{&high, &low, &high};  // 874.9 truncates to 874: low
+  for (std::int64_t b = 0; b < 3; ++b) {
+    torch::NoGradGuard no_grad;
+    const auto one = WanInputs::batched(batch["x_t"].narrow(0, b, 1), batch["t"].narrow(0, b, 1),
+                                        batch["context"].narrow(0, b, 1), batch["context_lens"].narrow(0, b, 1));
+    const auto want = (*expert_of[b])->forward(one).front();
+    EXPECT_LT((out[b] - want).abs().max().item<double>(), 1e-5) << "sample " << b;
+    const auto other = (expert_of[b] == &high ? low : high)->forward(one).front();
+    EXPECT_GT((out[b] - other).abs().max().item<double>(), 1e-2) << "sample " << b << " is not the other expert's";
+  }
+
+  // A batch of high-noise samples: gradients reach the high expert's adapters, none the low one's.
+  comm::TensorDict noisy = batch;
+  noisy["t"] = torch::tensor({990.f, 900.f, 875.f});
+  noisy["teacher_out"] = torch::randn({3, c.out_dim, 1, 4, 4}, gen);
+  parts.zero_grad();
+  parts.micro_step(noisy, 1.0, student::CheckpointPolicy::parse("all"));
+  for (std::size_t i = 0; i < parts.trainable().size(); ++i) {
+    const auto& g = parts.trainable()[i].grad();
+    if (i < per_model) {
+      EXPECT_TRUE(g.defined() && g.abs().sum().item<double>() > 0) << parts.trainable_names()[i];
+    } else {
+      EXPECT_FALSE(g.defined()) << parts.trainable_names()[i] << " (the low expert saw no sample)";
+    }
+  }
+
+  parts.save((tmp.path() / "student").string());
+  const auto pair = read_lora_pair((tmp.path() / "student").string());  // {low, high}
+  EXPECT_EQ(fs::path(pair[1].base).filename(), "high_noise_model");
+  EXPECT_EQ(fs::path(pair[0].base).filename(), "low_noise_model");
+  EXPECT_EQ(pair[0].spec.rank, 4);
 }
 
 /// A base checkpoint on disk (native layout, fp32) and a LoRA folder over it.
