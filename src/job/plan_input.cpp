@@ -168,6 +168,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
     in.lora_base_bytes = static_cast<std::uint64_t>(pair * wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
     in.lora_base_shareable = static_cast<std::int64_t>(base_elem) == static_cast<std::int64_t>(in.teacher_elem_bytes);
     in.student_lora = cfg.student.lora_rank > 0;
+    in.lora_pair = pair == 2;
     // A LoRA student computes in its base's dtype: a bf16 base's activations are bf16.
     if (in.student_lora && base_elem == 2) in.student_bf16_mixed = true;
     if (in.student_lora) in.lora_params += pair * lora_param_count(tc, cfg.student.lora_spec(tc.num_layers));

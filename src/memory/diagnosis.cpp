@@ -124,6 +124,15 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  who, what, n, whole_moments ? "both" : "them", bytes(held / n), bytes(held - held / n)),
                      {{"student.shard", "gradients"}}});
     }
+    // A LoRA pair's two frozen bases: one job per expert holds one.
+    const std::uint64_t bases = known ? failed->memory.teacher_weights_bytes : 0;
+    if (ctx.lora_pair && (bases >= peak / 10 || (request && bases / 2 >= *request))) {
+      out.push_back({fmt::format("{} holds the LoRA pair's two frozen expert bases ({}): --student.expert high, then "
+                                 "a second job with --student.expert low, trains one expert's adapters per job over "
+                                 "its base alone (docs/lora.md#two-expert-teachers), freeing {}",
+                                 who, bytes(bases), bytes(bases / 2)),
+                     {{"student.expert", "high"}}});
+    }
     if (ctx.precision == "fp32" && share >= 0.3) {
       out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "
                                  "of activations on {}, at the cost of a bf16 copy of the weights ({})",

@@ -43,6 +43,7 @@ struct RemedyContext {
   int stream_ahead = 2;
   std::string student_shard = "none";        ///< student.shard
   int student_ranks = 1;
+  bool lora_pair = false;                    ///< a LoRA pair: both experts' bases on every student
 };
 
 /// Everything the diagnosis reports.

@@ -323,6 +323,10 @@ Plan make_plan(const PlanInput& in) {
   if (!plan.recommended) {
     plan.reason = "no placement fits: lower train.batch_size, set student.checkpointing = all, "
                   "use student.precision = bf16-mixed, or add ranks";
+    if (in.lora_pair) {
+      plan.reason += "; the LoRA pair holds both experts' bases on every student: student.expert high and low "
+                     "train one expert's adapters per job over one base";
+    }
   } else if (*plan.recommended == Placement::kGpu) {
     plan.reason = "the whole teacher fits on its GPU: no weight copies during the forward";
   } else if (*plan.recommended == Placement::kShard) {

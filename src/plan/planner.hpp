@@ -54,6 +54,9 @@ struct PlanInput {
   /// The base is in the teacher's weight dtype: a colocated teacher on the student's GPU lends
   /// the student its own tensors (one copy for both; job/student_rank.cpp share_with_teacher).
   bool lora_base_shareable = false;
+  /// A LoRA pair (a two-expert teacher without student.expert): lora_base_bytes and lora_params
+  /// count both experts'; one job per expert (student.expert) would hold half.
+  bool lora_pair = false;
   std::int64_t batch = 1;                  ///< samples per student micro-batch (train.batch_size)
   std::int64_t tokens = 0;                 ///< tokens per sample: F/pt * H/ph * W/pw
   std::int64_t context_len = 0;            ///< text rows after padding (the teacher's text_len)

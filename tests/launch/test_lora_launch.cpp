@@ -150,12 +150,20 @@ TEST(Lora, DmdTrainsLoraGeneratorAndCriticOverOneBase) {
 // intervals are the two that start at t >= 875 (t = 1000, 937.5 of the 4-step shift-5 grid),
 // held-out intervals outside it unscored; the low run (guided) learns below it. The two folders
 // as a pair sample with the teacher's routing, and export as the A14B pair of files; a pair put
-// together the wrong way round is refused, as are the combinations not built.
-TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
-  const auto a14b = (root() / "a14b").string();
+// together the wrong way round is refused, as are the combinations not built (a pair with
+// feature matching; dmd, rollouts and sampling probes of one expert).
+/// A tiny two-expert teacher (two different random experts, t2v: boundary t 875) in `name`: one
+/// per test (ctest may run the cases of this file side by side).
+std::string a14b_teacher(const std::string& name) {
+  const auto a14b = (root() / name).string();
   const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --dtype bf16 "
                                        "--seed 3 --output " + a14b + " 2>&1");
-  ASSERT_EQ(made.code, 0) << made.output;
+  EXPECT_EQ(made.code, 0) << made.output;
+  return a14b;
+}
+
+TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
+  const auto a14b = a14b_teacher("a14b");
   const std::string common = " --teacher.checkpoint " + a14b + " --student.lora_rank 4 --student.lora_alpha 8"
                              " --train.lr 2e-3 --train.log_every 1 --train.eval_samples 8";
   auto high = test::launch_train(3, run_dir("high") + common + " --student.expert high --train.objective trajectory"
@@ -225,7 +233,7 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
     std::string args, message;
   };
   const Case refused[] = {
-      {" --train.objective guided", "set student.expert high or low"},
+      {" --train.objective guided --student.features 1:1", "student.features with a LoRA student of the two-expert"},
       {" --student.expert high --train.objective dmd", "with train.objective dmd: the generator samples across"},
       {" --student.expert high --train.objective guided --train.sample_every 2", "with train.sample_every > 0"},
       {" --student.expert low --train.objective trajectory --student.steps 1 --teacher.steps 8",
@@ -258,6 +266,88 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
                              "t >= 875 only"),
             std::string::npos)
       << full.output;
+}
+
+// A two-expert teacher without student.expert: one job trains both experts' adapters (a LoRA
+// pair), each sample through the expert the teacher routes it to. Every trajectory interval is
+// scored; RUN/student is the pair's two folders, which sample and convert read as a pair, each
+// over its own expert; a resume continues bit for bit. dmd trains a pair generator and a pair
+// critic, a colocated teacher lends each expert's tensors, and the pair starts from a pair.
+TEST(Lora, ATwoExpertTeacherTrainsALoraPairInOneJob) {
+  const auto a14b = a14b_teacher("a14b-pair");
+  const std::string common = " --teacher.checkpoint " + a14b + " --student.lora_rank 4 --student.lora_alpha 8"
+                             " --train.lr 2e-3 --train.log_every 1 --train.eval_samples 8 --train.objective trajectory"
+                             " --teacher.steps 8";
+  const std::string args = common + " --train.steps 8 --checkpoint.every 4 --checkpoint.keep 0";
+  auto straight = test::launch_train(3, run_dir("pair-job") + args);
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  EXPECT_NE(straight.output.find("LoRA pair: one adapter set per expert of " + a14b), std::string::npos)
+      << straight.output;
+  for (const auto* expert : {"high", "low"}) {
+    EXPECT_NE(straight.output.find(std::string("LoRA student (") + expert + " expert of the pair): rank 4 alpha 8 on 40 "
+                                   "linears (45056 trainable parameters) over the frozen bf16 base of " + a14b + "/" +
+                                   expert + "_noise_model"),
+              std::string::npos)
+        << straight.output;
+  }
+  EXPECT_EQ(straight.output.find("student.expert"), std::string::npos) << straight.output;
+  EXPECT_EQ(straight.output.find(", -"), std::string::npos) << straight.output;  // every interval scored
+  const auto losses = test::losses(root() / "pair-job");
+  ASSERT_EQ(losses.size(), 8u);
+  // The checkpoint's trainable tensors: both experts' 80 adapters, under their folders' names.
+  const auto step4 = root() / "pair-job" / "checkpoints" / "step-00000004";
+  const auto trainable = SafetensorsFile::open((step4 / "trainable.safetensors").string());
+  EXPECT_EQ(trainable.tensors().size(), 160u);
+  EXPECT_NO_THROW(trainable.tensor("high_noise_model.blocks.0.self_attn.q.lora_up", torch::kFloat));
+  EXPECT_NO_THROW(trainable.tensor("low_noise_model.blocks.0.self_attn.q.lora_up", torch::kFloat));
+  // Both experts learned: their up matrices left zero.
+  const auto student = root() / "pair-job" / "student";
+  for (const auto* expert : {"high_noise_model", "low_noise_model"}) {
+    const auto adapters = SafetensorsFile::open((student / expert / "adapters.safetensors").string());
+    EXPECT_GT(adapters.tensor("blocks.0.self_attn.q.lora_up", torch::kFloat).abs().max().item<double>(), 0) << expert;
+    const auto base = WanCheckpoint::open((student / expert).string());
+    ASSERT_NE(base.lora(), nullptr) << expert;
+    EXPECT_EQ(fs::path(base.lora()->base).filename(), expert);
+  }
+  auto resumed = test::launch_train(3, run_dir("pair-resumed") + args + " --resume " + step4.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  test::expect_resumed_exactly(root() / "pair-job", root() / "pair-resumed", 8, 4);
+  const auto sampled = test::run_captured(std::string(WD_CLI) + " sample --teacher.checkpoint " + a14b + " --student " +
+                                          student.string() + " --steps 4 --runtime.threads 1 2>&1");
+  ASSERT_EQ(sampled.code, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("(a LoRA pair"), std::string::npos) << sampled.output;
+  const auto exported = test::run_captured(std::string(WD_CLI) + " convert --input " + student.string() + " --output " +
+                                           (root() / "pair-job-export").string() + " --layout lora 2>&1");
+  ASSERT_EQ(exported.code, 0) << exported.output;
+  EXPECT_TRUE(fs::exists(root() / "pair-job-export" / "low_noise_model" / "pytorch_lora_weights.safetensors"));
+
+  // Started from the trained pair: its held-out error before any step is the trained one's.
+  auto from_pair = test::launch_train(3, run_dir("pair-from-pair") + common + " --train.steps 1"
+                                                                        " --student.lora_init " + student.string());
+  ASSERT_EQ(from_pair.code, 0) << from_pair.output;
+  EXPECT_NEAR(held_out_error(from_pair.output, "eval at step 0: relative MSE "),
+              held_out_error(straight.output, "eval after training: relative MSE "), 1e-4);
+
+  // dmd: the generator and the critic are pairs (80 adapters per expert each).
+  const std::string dmd = " --teacher.checkpoint " + a14b + " --student.lora_rank 4 --train.objective dmd"
+                          " --train.steps 6 --train.log_every 1 --train.eval_samples 8 --checkpoint.every 3"
+                          " --checkpoint.keep 0";
+  auto dmd_run = test::launch_train(3, run_dir("pair-dmd") + dmd);
+  ASSERT_EQ(dmd_run.code, 0) << dmd_run.output;
+  const auto dmd3 = root() / "pair-dmd" / "checkpoints" / "step-00000003";
+  EXPECT_EQ(SafetensorsFile::open((dmd3 / "trainable.safetensors").string()).tensors().size(), 160u);
+  EXPECT_EQ(SafetensorsFile::open((dmd3 / "critic" / "trainable.safetensors").string()).tensors().size(), 160u);
+  EXPECT_TRUE(fs::exists(dmd3 / "student" / "high_noise_model" / "lora.json"));
+  // A colocated teacher holds both experts: each of the pair's bases is its expert's tensors.
+  auto colocated = test::launch_train(2, run_dir("pair-colocated") + common + " --train.steps 2"
+                                                                        " --teacher.placement colocated");
+  ASSERT_EQ(colocated.code, 0) << colocated.output;
+  EXPECT_NE(colocated.output.find(a14b + "/high_noise_model; 123 of its 123 tensors are the colocated teacher's own"),
+            std::string::npos)
+      << colocated.output;
+  EXPECT_NE(colocated.output.find(a14b + "/low_noise_model; 123 of its 123 tensors are the colocated teacher's own"),
+            std::string::npos)
+      << colocated.output;
 }
 
 // teacher.placement colocated: the student's frozen base is the colocated teacher's own tensors

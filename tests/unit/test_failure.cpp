@@ -334,6 +334,26 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
 }
 
+// A LoRA pair's student holds both experts' frozen bases: one job per expert (student.expert) is
+// offered where they matter; not for a student that is no pair.
+TEST(Diagnosis, ALoraPairIsOfferedOneJobPerExpert) {
+  auto in = student_oom();
+  in.context.checkpointing = "all";
+  in.context.batch_size = 1;
+  in.context.precision = "bf16-mixed";
+  in.ranks[3].memory.teacher_weights_bytes = 1000 * kMiB;  // the two bases: 40% of the 2500 MiB peak
+  EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
+  in.context.lora_pair = true;
+  const auto remedies = memory::compute_remedies(in);
+  ASSERT_EQ(remedies.size(), 1u);
+  EXPECT_TRUE(test::contains(remedies[0].text, "rank 3 (student) holds the LoRA pair's two frozen expert bases "
+                                               "(1000.00 MiB): --student.expert high, then a second job with "
+                                               "--student.expert low"))
+      << remedies[0].text;
+  EXPECT_TRUE(test::contains(remedies[0].text, "freeing 500.00 MiB")) << remedies[0].text;
+  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.expert", "high"}}));
+}
+
 TEST(Diagnosis, TheRequestSizeIsReadFromLibTorchsMessages) {
   std::exception_ptr failure;
   try {

@@ -139,6 +139,15 @@ TEST(Planner, LoraStudentsHoldTheBaseAndTrainTheAdapters) {
   const std::uint64_t W = 4 * static_cast<std::uint64_t>(in.student.params()) + 120u;
   EXPECT_EQ(full.at(kStudentWeights).host, W + 5000u);
   EXPECT_EQ(full.at(kOptimizerState).host, 2 * W);
+  // Nothing fits a LoRA pair (both experts' bases on every student): one job per expert is named.
+  in.student_lora = true;
+  in.host_budget = in.device_budget = 1000;
+  const auto none = make_plan(in);
+  EXPECT_FALSE(none.recommended.has_value());
+  EXPECT_EQ(none.reason.find("student.expert"), std::string::npos) << none.reason;
+  in.lora_pair = true;
+  EXPECT_NE(make_plan(in).reason.find("student.expert high and low train one expert's adapters per job"),
+            std::string::npos);
 }
 
 TEST(Planner, CpuJobStudentCategories) {
