@@ -15,7 +15,8 @@
 #        teacher's frozen weights; TRAJ_BLOCKS is then not used), TRAJ_EXPERTS=0 (1, with TRAJ_LORA: the
 #        teacher as a two-expert folder of two copies of itself (boundary 875), one LoRA run per expert
 #        (student.expert high, low: traj-run-high, traj-run-low, TRAJ_STEPS each), each checkpoint's
-#        pair sampled as the student); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
+#        pair sampled as the student; pair, with TRAJ_LORA: the same two-expert folder, one job training
+#        both experts' adapters as a LoRA pair, traj-run); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0;
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
@@ -110,11 +111,16 @@ train_trajectory() {  # RUN_DIR LOG [options]
     --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
     --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu "$@" > "$log" 2>&1
 }
-if ((traj_steps > 0)) && ((${TRAJ_EXPERTS:-0} > 0)); then
-  # The pair: both experts are the teacher (the trajectories are the single teacher's), each run
-  # learns the intervals that start on its side of t 875 over its own expert's (frozen) weights.
+traj_teacher=teacher-run/student
+if ((traj_steps > 0)) && [[ ${TRAJ_EXPERTS:-0} != 0 ]]; then
+  # The pair: both experts are the teacher (the trajectories are the single teacher's), each
+  # expert's adapters learn the intervals that start on its side of t 875 over its own (frozen)
+  # weights: one run per expert (1), or both in one job (pair).
   mkdir -p teacher-pair
   for e in high low; do [[ -e teacher-pair/${e}_noise_model ]] || ln -s "$PWD/teacher-run/student" "teacher-pair/${e}_noise_model"; done
+  traj_teacher=teacher-pair
+fi
+if ((traj_steps > 0)) && [[ ${TRAJ_EXPERTS:-0} == 1 ]]; then
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
     for e in high low; do
@@ -135,7 +141,7 @@ elif ((traj_steps > 0)); then
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
-      --run-dir traj-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
+      --run-dir traj-run --teacher.checkpoint "$traj_teacher" --data.path classes.h5 \
       --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
       --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
       $traj_student --train.batch_size "$batch" --train.eval_samples "$held_out" \
