@@ -21,6 +21,7 @@
 #include "job/plan_input.hpp"
 #include "memory/host_memory.hpp"
 #include "model/negative_context.hpp"
+#include "model/wan_lora.hpp"
 #include "model/safetensors.hpp"
 #include "plan/speed.hpp"
 #include "student/student_device.hpp"
@@ -348,6 +349,10 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
                 "student.features with a LoRA student of the two-expert teacher "
                     << experts->path() << " (a LoRA pair, one adapter set per expert) is not built; "
                        "set student.expert high or low to train one expert's adapters with feature matching");
+    // A pair starts from a pair: checked here, before any rank loads a base.
+    if (two && cfg.student.lora_rank > 0 && !cfg.student.lora_init.empty()) {
+      static_cast<void>(read_lora_pair(cfg.student.lora_init));
+    }
     return;
   }
   ConfigProblems p;

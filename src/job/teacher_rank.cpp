@@ -25,8 +25,11 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   const bool one_expert = job.experts->two_experts() && !job.cfg.student.expert.empty() &&
                           !job.cfg.train.trajectory_stream() && !job.cfg.train.dmd();
   std::vector<const WanCheckpoint*> load;
-  for (const auto& e : job.experts->experts()) load.push_back(&e);
-  if (one_expert) load = {&job.student_base()};
+  if (one_expert) {
+    load.push_back(&job.student_base());
+  } else {
+    for (const auto& e : job.experts->experts()) load.push_back(&e);
+  }
   for (const auto* e : load) {
     models.push_back(teacher::load_stage_model(*e, how));
     memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());

@@ -116,10 +116,11 @@ void check_lora_pair(const LoraFolder& low, const LoraFolder& high, const std::s
 
 std::array<LoraFolder, 2> read_lora_pair(const std::string& dir) {
   const auto sub = WanExperts::folders(dir);
-  WD_CHECK_AS(ConfigError, sub && is_lora_pair(dir),
+  const fs::path p(dir);
+  WD_CHECK_AS(ConfigError,
+              sub && is_lora_folder((p / sub->names[0]).string()) && is_lora_folder((p / sub->names[1]).string()),
               dir << " is no LoRA pair: it needs two LoRA folders as " << WanExperts::kHighDir << "/ and "
                   << WanExperts::kLowDir << "/ (docs/lora.md#two-expert-teachers)");
-  const fs::path p(dir);
   std::array<LoraFolder, 2> out{read_lora_folder((p / sub->names[0]).string()),
                                 read_lora_folder((p / sub->names[1]).string())};
   check_lora_pair(out[0], out[1], dir);

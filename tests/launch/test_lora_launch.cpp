@@ -327,6 +327,12 @@ TEST(Lora, ATwoExpertTeacherTrainsALoraPairInOneJob) {
   ASSERT_EQ(from_pair.code, 0) << from_pair.output;
   EXPECT_NEAR(held_out_error(from_pair.output, "eval at step 0: relative MSE "),
               held_out_error(straight.output, "eval after training: relative MSE "), 1e-4);
+  // One expert's folder is no start for a pair: refused at start-up, naming it.
+  auto one_folder = test::launch_train(3, run_dir("pair-from-one") + common + " --train.steps 1 --student.lora_init " +
+                                              (student / "high_noise_model").string());
+  EXPECT_EQ(one_folder.code, 2) << one_folder.output;
+  EXPECT_NE(one_folder.output.find((student / "high_noise_model").string() + " is no LoRA pair"), std::string::npos)
+      << one_folder.output;
 
   // dmd: the generator and the critic are pairs (80 adapters per expert each).
   const std::string dmd = " --teacher.checkpoint " + a14b + " --student.lora_rank 4 --train.objective dmd"
