@@ -10,7 +10,7 @@
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, GUIDED_LR=3e-4, GUIDED_EMA=0 (train.ema_decay),
 #        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
-#        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
+#        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_SEED (train.seed: another draw of trajectories; unset: the default), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
 #        for a half-depth one), TRAJ_LORA=0 (r > 0: a LoRA student instead, rank r and alpha r over the
 #        teacher's frozen weights; TRAJ_BLOCKS is then not used), TRAJ_EXPERTS=0 (1, with TRAJ_LORA: the
 #        teacher as a two-expert folder of two copies of itself (boundary 875), one LoRA run per expert
@@ -146,7 +146,7 @@ elif ((traj_steps > 0)); then
       --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
       $traj_student --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
-      --train.trajectory_rollout "${TRAJ_ROLLOUT:-0}" \
+      --train.trajectory_rollout "${TRAJ_ROLLOUT:-0}" ${TRAJ_SEED:+--train.seed "$TRAJ_SEED"} \
       --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1
     echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
   fi
