@@ -163,7 +163,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
     // pair (a two-expert teacher without student.expert) holds both experts and two adapter sets.
-    const std::int64_t pair = cfg.student.lora_rank > 0 && ctx.experts == 2 && cfg.student.expert.empty() ? 2 : 1;
+    const std::int64_t pair = cfg.lora_pair(static_cast<std::size_t>(ctx.experts)) ? 2 : 1;
     const auto base_elem = cfg.student.precision == "bf16-mixed" ? 2 : ctx.stored_elem_bytes;
     in.lora_base_bytes = static_cast<std::uint64_t>(pair * wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
     in.lora_base_shareable = static_cast<std::int64_t>(base_elem) == static_cast<std::int64_t>(in.teacher_elem_bytes);

@@ -124,6 +124,11 @@ struct RunConfig {
   /// Whether the teacher must be whole on one rank (no shard stages): guidance, trajectories
   /// and the dmd real-score service need every block in one forward.
   bool whole_teacher() const { return train.guided() || train.trajectory() || train.dmd(); }
+  /// A LoRA pair: a LoRA student of a two-expert teacher (`teacher_experts` 2) without
+  /// student.expert, one adapter set per expert over that expert's base.
+  bool lora_pair(std::size_t teacher_experts) const {
+    return student.lora_rank > 0 && teacher_experts == 2 && student.expert.empty();
+  }
   /// train.objective dmd's critic as adapters over the teacher's base: critic.lora_rank, else a
   /// LoRA student's rank (student.lora_alpha and lora_targets); rank 0 when the critic is a full DiT.
   LoraSpec critic_lora(std::int64_t num_layers) const {

@@ -344,13 +344,14 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
               "student.expert(" << expert << ") needs a two-expert (A14B) teacher.checkpoint; "
                                 << (experts ? experts->path() + " is one model" : std::string("train.objective flow has none")));
   if (expert.empty()) {
+    const bool pair = cfg.lora_pair(experts ? experts->size() : 0);
     // A LoRA pair: the feature heads would see each expert's hidden states apart.
-    WD_CHECK_AS(ConfigError, !two || cfg.student.lora_rank == 0 || cfg.student.feature_pairs().empty(),
+    WD_CHECK_AS(ConfigError, !pair || cfg.student.feature_pairs().empty(),
                 "student.features with a LoRA student of the two-expert teacher "
                     << experts->path() << " (a LoRA pair, one adapter set per expert) is not built; "
                        "set student.expert high or low to train one expert's adapters with feature matching");
     // A pair starts from a pair: checked here, before any rank loads a base.
-    if (two && cfg.student.lora_rank > 0 && !cfg.student.lora_init.empty()) {
+    if (pair && !cfg.student.lora_init.empty()) {
       static_cast<void>(read_lora_pair(cfg.student.lora_init));
     }
     return;

@@ -34,6 +34,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// The seed a model's trainable tensors draw from: train.seed for the student (a pair's high
+/// expert draws as a single student does), salted for a critic and for a pair's low expert, so
+/// no two of them start alike.
+std::uint64_t init_seed(const RunConfig& cfg, bool critic, std::optional<std::size_t> expert = std::nullopt) {
+  constexpr std::uint64_t kCriticSalt = 0xC817ULL;
+  constexpr std::uint64_t kLowExpertSalt = 0x10E5ULL;
+  auto seed = cfg.train.seed;
+  if (critic) seed ^= kCriticSalt;
+  if (expert == WanExperts::kLow) seed ^= kLowExpertSalt;
+  return seed;
+}
+
 /// Warns when this rank's GPU is shared with other students. A GPU is told by its PCI bus id,
 /// gathered from every student (collective over the student group), not by its CUDA index:
 /// under per-rank CUDA_VISIBLE_DEVICES every rank sees its own GPU as cuda:0. A teacher on this
@@ -201,8 +213,7 @@ WanDiT make_lora_student(const TrainJob& job, const teacher::TeacherStage* own,
   const auto base_tensors = model->parameters().size();
   const auto shared = own ? share_with_teacher(job, *model, *own, expert) : 0;
   // The high expert's adapters draw as a single student's do; the low one's from another seed.
-  const auto seed = expert == WanExperts::kLow ? cfg.train.seed ^ 0x10E5ULL : cfg.train.seed;
-  model->add_lora(cfg.student.lora_spec(model->config().num_layers), seed);
+  model->add_lora(cfg.student.lora_spec(model->config().num_layers), init_seed(cfg, false, expert));
   const auto base = expert ? job.experts->expert(*expert).path() : job.student_base().path();
   std::string init = cfg.student.lora_init;
   if (!init.empty() && expert) {
@@ -404,7 +415,7 @@ WanDiT lora_over(const TrainJob& job, const WanDiT& base, std::uint64_t seed) {
 /// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's
 /// base (one copy for both) or read from the teacher checkpoint as a LoRA student's is.
 WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
-  const auto seed = job.cfg.train.seed ^ 0xC817ULL;
+  const auto seed = init_seed(job.cfg, true);
   if (generator.model()->lora().rank > 0) return lora_over(job, generator.model(), seed);
   auto critic = load_frozen_base(job, "critic.lora_rank");
   critic->add_lora(job.cfg.critic_lora(job.model.num_layers), seed);
@@ -419,8 +430,8 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   if (cfg.critic_lora(job.model.num_layers).rank > 0 && generator.is_pair()) {
     // A pair's critic is a pair too: adapters over each expert's base, routed as the generator.
     const auto models = generator.models();  // {high, low}
-    return student::StudentParts::pair(lora_over(job, models[0], cfg.train.seed ^ 0xC817ULL),
-                                       lora_over(job, models[1], cfg.train.seed ^ 0xC817ULL ^ 0x10E5ULL), setup);
+    return student::StudentParts::pair(lora_over(job, models[0], init_seed(cfg, true, WanExperts::kHigh)),
+                                       lora_over(job, models[1], init_seed(cfg, true, WanExperts::kLow)), setup);
   }
   if (cfg.critic_lora(job.model.num_layers).rank > 0) {
     setup.lora_base = job.student_base().path();
@@ -429,7 +440,7 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   const auto sc = cfg.student.model_config(job.model);
   return student::StudentParts(cfg.train.critic_init == "student"
                                    ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
-                                   : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed ^ 0xC817ULL),
+                                   : WanDiT(sc, WanInit::kRandom, torch::kFloat, init_seed(cfg, true)),
                                setup);
 }
 

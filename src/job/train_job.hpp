@@ -39,7 +39,7 @@ inline std::size_t expert_index(const std::string& expert) {
 inline data::TimestepRange expert_range(const std::string& expert, const WanExperts* experts) {
   data::TimestepRange range;
   if (expert.empty() || !experts) return range;
-  range.side = expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
+  range.side = expert_index(expert) == WanExperts::kHigh ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
   range.boundary_timestep = experts->boundary_timestep();
   return range;
 }
@@ -80,9 +80,7 @@ struct TrainJob {
   data::TimestepRange student_range() const { return expert_range(cfg.student.expert, experts ? &*experts : nullptr); }
   /// A LoRA student of a two-expert teacher without student.expert: one adapter set per expert,
   /// each over its own expert's base and trained on the samples the teacher routes to it.
-  bool lora_pair() const {
-    return cfg.student.lora_rank > 0 && experts && experts->two_experts() && cfg.student.expert.empty();
-  }
+  bool lora_pair() const { return cfg.lora_pair(experts ? experts->size() : 0); }
   /// train.objective trajectory's spec; with student.expert its intervals cut to those starting
   /// in student_range() (otherwise empty: all of them).
   teacher::TrajectorySpec trajectory_spec() const {

@@ -44,6 +44,7 @@ struct RemedyContext {
   std::string student_shard = "none";        ///< student.shard
   int student_ranks = 1;
   bool lora_pair = false;                    ///< a LoRA pair: both experts' bases on every student
+                                             ///< (false under a colocated teacher, which holds both anyway)
 };
 
 /// Everything the diagnosis reports.

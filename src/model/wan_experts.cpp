@@ -309,17 +309,22 @@ std::vector<WanDiT> load_wan_experts(const WanExperts& experts,
   return models;
 }
 
+std::vector<torch::Tensor> routed_forward(const std::vector<std::vector<std::int64_t>>& routes,
+                                          const WanInputs& inputs, const std::array<std::int64_t, 3>& patch,
+                                          const ExpertForward& forward) {
+  std::vector<std::vector<torch::Tensor>> outputs(routes.size());
+  for (std::size_t e = 0; e < routes.size(); ++e) {
+    if (!routes[e].empty()) outputs[e] = forward(e, select_samples(inputs, routes[e], patch));
+  }
+  return merge_expert_outputs(routes, outputs, static_cast<std::int64_t>(inputs.x.size()));
+}
+
 std::vector<torch::Tensor> experts_forward(std::vector<WanDiT>& models, const WanExperts& experts,
                                            const WanInputs& inputs) {
   WD_CHECK(models.size() == experts.size(), models.size() << " models for the " << experts.size()
                                                           << " experts of " << experts.path());
-  const auto routes = experts.route(inputs.t);
-  std::vector<std::vector<torch::Tensor>> outputs(models.size());
-  for (std::size_t e = 0; e < models.size(); ++e) {
-    if (routes[e].empty()) continue;
-    outputs[e] = models[e]->forward(select_samples(inputs, routes[e], experts.config().patch_size));
-  }
-  return merge_expert_outputs(routes, outputs, static_cast<std::int64_t>(inputs.x.size()));
+  return routed_forward(experts.route(inputs.t), inputs, experts.config().patch_size,
+                        [&](std::size_t e, const WanInputs& in) { return models[e]->forward(in); });
 }
 
 ExpertsWriteResult write_random_wan_experts(const std::string& dir, const WanConfig& config,

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -114,6 +115,14 @@ torch::Tensor merge_expert_batches(const std::vector<std::vector<std::int64_t>>&
 std::vector<WanDiT> load_wan_experts(const WanExperts& experts,
                                      std::optional<c10::ScalarType> dtype = std::nullopt,
                                      const torch::Device& device = torch::kCPU);
+
+/// A routed forward: `forward(e, samples)` on each expert e that has samples (`routes` from
+/// WanExperts::route, in the experts' order; the samples picked by select_samples), the outputs
+/// merged in batch order. experts_forward and a LoRA pair's student both route through it.
+using ExpertForward = std::function<std::vector<torch::Tensor>(std::size_t, const WanInputs&)>;
+std::vector<torch::Tensor> routed_forward(const std::vector<std::vector<std::int64_t>>& routes,
+                                          const WanInputs& inputs, const std::array<std::int64_t, 3>& patch,
+                                          const ExpertForward& forward);
 
 /// The reference MoE forward: routes the batch by t, runs models[e] on expert e's samples
 /// (select_samples) and merges the outputs in batch order. The definition a pipelined teacher

@@ -162,13 +162,10 @@ torch::Tensor StudentParts::forward_pair(const WanInputs& in, const CheckpointPo
   std::array<WanDiT*, 2> experts{};
   experts[WanExperts::kLow] = &low_;
   experts[WanExperts::kHigh] = &model_;
-  std::vector<std::vector<torch::Tensor>> outputs(2);
-  for (std::size_t e = 0; e < 2; ++e) {
-    if (routes[e].empty()) continue;
-    auto& dit = *experts[e];
-    outputs[e] = student_forward(dit, select_samples(in, routes[e], dit->config().patch_size), policy, nullptr);
-  }
-  return torch::stack(merge_expert_outputs(routes, outputs, static_cast<std::int64_t>(in.x.size())));
+  return torch::stack(routed_forward(routes, in, model_->config().patch_size,
+                                     [&](std::size_t e, const WanInputs& samples) {
+                                       return student_forward(*experts[e], samples, policy, nullptr);
+                                     }));
 }
 
 torch::Tensor StudentParts::project_in(const torch::Tensor& x_t) {
