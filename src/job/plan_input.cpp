@@ -160,6 +160,10 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto critic = cfg.critic_lora(tc.num_layers);
   const bool critic_lora = critic.rank > 0;
   if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(sc);
+  if (cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)
+    const auto d = critic_lora ? tc.dim : sc.dim;
+    in.student_extra_params += d * d + 2 * d + 1;
+  }
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
     // pair (a two-expert teacher without student.expert) holds both experts and two adapter sets.

@@ -350,6 +350,9 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
                 "student.features with a LoRA student of the two-expert teacher "
                     << experts->path() << " (a LoRA pair, one adapter set per expert) is not built; "
                        "set student.expert high or low to train one expert's adapters with feature matching");
+    WD_CHECK_AS(ConfigError, !pair || !cfg.train.gan(),
+                "critic.gan_weight with a LoRA student of the two-expert teacher " << experts->path()
+                    << " (a LoRA pair, whose critic is a pair too) is not built; set critic.gan_weight 0");
     // A pair starts from a pair: checked here, before any rank loads a base.
     if (pair && !cfg.student.lora_init.empty()) {
       static_cast<void>(read_lora_pair(cfg.student.lora_init));

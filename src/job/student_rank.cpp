@@ -427,6 +427,8 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   const auto& cfg = job.cfg;
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
+  setup.gan = cfg.train.gan();
+  setup.gan_block = cfg.train.critic_gan_block;
   if (cfg.critic_lora(job.model.num_layers).rank > 0 && generator.is_pair()) {
     // A pair's critic is a pair too: adapters over each expert's base, routed as the generator.
     const auto models = generator.models();  // {high, low}

@@ -24,15 +24,18 @@ namespace fs = std::filesystem;
 constexpr std::uint64_t kSampleSalt = 0xD3D0'5A3EULL;
 constexpr std::uint64_t kCriticSalt = 0xC817'1C00ULL;
 constexpr std::uint64_t kDmdSalt = 0xD3D0'0D3DULL;
+constexpr std::uint64_t kGanSalt = 0x6A40'FA4EULL;
 
 std::int64_t critic_key(std::int64_t step) { return 2 * step; }
 std::int64_t generator_key(std::int64_t cycle) { return 2 * cycle + 1; }
 
-/// The request inputs of a batch: what generate() reads (copies: the batch's slot is reused).
-comm::TensorDict request_inputs(const comm::TensorDict& batch, bool simulate) {
+/// The request inputs of a batch: what generate() reads, and t for the generator's GAN term
+/// (copies: the batch's slot is reused).
+comm::TensorDict request_inputs(const comm::TensorDict& batch, bool simulate, bool gan) {
   comm::TensorDict in;
   for (const char* name : {"context", "context_lens", "x_t", "t"}) {
-    if (simulate && (name == std::string("x_t") || name == std::string("t"))) continue;
+    if (simulate && name == std::string("x_t")) continue;
+    if (simulate && !gan && name == std::string("t")) continue;
     in[name] = batch.at(name).clone();
   }
   return in;
@@ -53,11 +56,31 @@ class CriticObjective final : public Objective {
     const auto n = renoise(x0, p_.spec, step_, kCriticSalt);
     auto in = model_inputs(n.x, n.t, batch);
     in["teacher_out"] = n.noise - x0;  // the flow of the generator's samples
-    return p_.critic.micro_step(in, scale, p_.policy).total;
+    auto total = p_.critic.micro_step(in, scale, p_.policy).total;
+    if (p_.train.gan()) total = total + classify(batch, x0, scale);
+    return total;
   }
   void after_step() override { p_.critic.after_optimizer_step(); }
 
  private:
+  /// The realism classifier's step: the batch's x_t (real) against the generator's samples noised
+  /// to the same t (fake), in one forward of both.
+  torch::Tensor classify(const comm::TensorDict& batch, const torch::Tensor& x0, double scale) {
+    const auto& t = batch.at("t");
+    const auto fake = noised_to(x0, t, seeded_noise(x0, p_.spec, critic_key(step_), kGanSalt));
+    const auto& context = batch.at("context");
+    const auto& lens = batch.at("context_lens");
+    const comm::TensorDict both{{"x_t", torch::cat({batch.at("x_t").to(fake.scalar_type()), fake})},
+                                {"t", torch::cat({t, t})},
+                                {"context", torch::cat({context, context})},
+                                {"context_lens", torch::cat({lens, lens})}};
+    const auto logits = p_.critic.realism(both, p_.policy);
+    const auto b = x0.size(0);
+    const auto loss = p_.train.critic_gan_weight * classifier_loss(logits.narrow(0, 0, b), logits.narrow(0, b, b));
+    p_.critic.backward(loss * scale);
+    return loss.detach().to(torch::kFloat);
+  }
+
   DmdParts& p_;
   std::int64_t step_;
 };
@@ -85,6 +108,12 @@ class GeneratorObjective final : public Objective {
       loss = loss + p_.train.dmd_regression_weight *
                         distill_loss(p_.generator.forward_train(model_inputs(b.at("x_t"), b.at("t"), b), p_.policy),
                                      b.at("teacher_out"));
+    }
+    if (p_.train.gan_weight > 0) {
+      // DMD2's generator GAN loss through the critic's classifier, at the request batch's noise levels.
+      const auto noise = seeded_noise(x0, p_.spec, generator_key(cycle_), kGanSalt);
+      const auto g = gan_gradient(p_.critic, x0.detach(), in.at("t"), noise, in, p_.policy);
+      loss = loss + p_.train.gan_weight * (x0 * g).sum();  // its gradient in x0: gan_weight · g
     }
     p_.generator.backward(loss * scale);
     return loss.detach().to(torch::kFloat);
@@ -164,10 +193,37 @@ torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad) {
   return 0.5 * torch::mse_loss(x0, (x0 - grad).detach());
 }
 
+torch::Tensor seeded_noise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt) {
+  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, salt, key, spec.student));
+  return torch::randn(x0.sizes(), gen, torch::kFloat).to(x0.device());
+}
+
+torch::Tensor noised_to(const torch::Tensor& x0, const torch::Tensor& t, const torch::Tensor& noise) {
+  auto shape = std::vector<std::int64_t>(static_cast<std::size_t>(x0.dim()), 1);
+  shape[0] = x0.size(0);
+  const auto sigma = (t.to(torch::kFloat) / 1000.0).view(shape);
+  return (1.0 - sigma) * x0 + sigma * noise.to(x0.scalar_type());
+}
+
+torch::Tensor classifier_loss(const torch::Tensor& real_logits, const torch::Tensor& fake_logits) {
+  return torch::softplus(fake_logits).mean() + torch::softplus(-real_logits).mean();
+}
+
+torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const torch::Tensor& t,
+                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy) {
+  torch::AutoGradMode grad_on(true);
+  const auto leaf = x0.detach().requires_grad_(true);
+  const auto logits = critic.realism(
+      {{"x_t", noised_to(leaf, t, noise)}, {"t", t}, {"context", in.at("context")}, {"context_lens", in.at("context_lens")}},
+      policy);
+  const auto loss = torch::softplus(-logits).mean();
+  return torch::autograd::grad({loss}, {leaf})[0].detach();
+}
+
 void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
   const auto cycle = p_.schedule.cycle_of(step);
   if (pending_cycle_ != cycle) {  // a resumed run restored its cycle's inputs instead
-    pending_ = request_inputs(batch, p_.spec.simulate);
+    pending_ = request_inputs(batch, p_.spec.simulate, p_.train.gan_weight > 0);
     pending_cycle_ = cycle;
   }
   const auto x0 = generate(p_.generator, pending_, p_.spec, generator_key(cycle), false, p_.policy);
@@ -295,8 +351,11 @@ void DmdTrainer::restore(const std::string& dir) {
     const auto t = file.tensor(info.name).slice(0, rank * rows, (rank + 1) * rows).clone();
     pending_[info.name] = comm::host_resident(info.name) ? t : t.to(p_.generator.device());
   }
-  for (const char* name : {"context", "context_lens"}) {
-    WD_CHECK_DATA(pending_.count(name), path, name, "is missing (the request inputs of cycle " << cycle << ")");
+  for (const char* name : {"context", "context_lens", "t"}) {
+    if (name == std::string("t") && p_.train.gan_weight == 0 && p_.spec.simulate) continue;
+    WD_CHECK_DATA(pending_.count(name), path, name,
+                  "is missing (the request inputs of cycle " << cycle << (name == std::string("t") ? "; train.gan_weight "
+                  "needs their noise levels: resume from a checkpoint at a cycle's end" : "") << ")");
   }
   pending_cycle_ = cycle;
 }

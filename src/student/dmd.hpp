@@ -65,6 +65,20 @@ torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0
 /// 0.5·mean((x0 − sg(x0 − grad))²): its gradient in x0 is grad / numel.
 torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad);
 
+/// DMD2's GAN term (critic.gan_weight, train.gan_weight). Noise of x0's shape seeded by (seed,
+/// `salt`, `key`, student), on x0's device.
+torch::Tensor seeded_noise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt);
+/// `x0` noised to the levels of `t` [B] (σ = t / 1000 per sample, the stream's real samples' own):
+/// (1 − σ)·x0 + σ·noise, the fake sample the realism classifier sees beside a real one at that t.
+torch::Tensor noised_to(const torch::Tensor& x0, const torch::Tensor& t, const torch::Tensor& noise);
+/// The classifier's loss: mean(softplus(fake)) + mean(softplus(−real)) (real → +, fake → −).
+torch::Tensor classifier_loss(const torch::Tensor& real_logits, const torch::Tensor& fake_logits);
+/// The generator's GAN gradient in x0: ∂/∂x0 of mean(softplus(−D(noised_to(x0, t, noise)))), D
+/// the critic's realism classifier (StudentParts::realism) with the contexts of `in`. Only x0 is
+/// differentiated: the critic's parameters get no gradient.
+torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const torch::Tensor& t,
+                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy);
+
 /// The teacher's guided velocity at a generator's re-noised samples: asked at a cycle's request
 /// step, read at its generator update.
 class RealScore {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "core/errors.hpp"
 #include "student/checkpointing.hpp"
@@ -234,6 +235,15 @@ void TrainConfig::bind(OptionTable& t) {
             "dmd: weight of a regression to the teacher's trajectories added to the generator's loss (the "
             "trajectory objective's jump target on the stream's batch; the teacher then samples trajectories "
             "with teacher.steps); 0 = pure distribution matching")
+      .bind("critic.gan_weight", critic_gan_weight,
+            "dmd: > 0 gives the critic DMD2's realism classifier (a head on its hidden states after "
+            "critic.gan_block) trained to tell the stream's noised samples (real) from the generator's samples "
+            "noised to the same t (fake), its loss softplus(D(fake)) + softplus(-D(real)) added with this weight; "
+            "0 = none")
+      .bind("critic.gan_block", critic_gan_block, "dmd: the critic block whose output the classifier reads (-1 = the last)")
+      .bind("train.gan_weight", gan_weight,
+            "dmd: weight of the generator's GAN loss softplus(-D(its sample noised to the batch's t)) (needs "
+            "critic.gan_weight > 0); 0 = none")
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
             "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random")
@@ -292,6 +302,16 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
   p.check(dmd_regression_weight == 0 || dmd(), "train.dmd_regression_weight" + v(dmd_regression_weight) +
                                                    " weighs a term of the dmd generator loss: it needs train.objective "
                                                    "dmd, not " + objective);
+  for (const auto& [key, weight] : {std::pair<std::string, double>{"critic.gan_weight", critic_gan_weight},
+                                     {"train.gan_weight", gan_weight}}) {
+    p.check(weight >= 0, key + v(weight) + " must be >= 0");
+    p.check(weight == 0 || dmd(), key + v(weight) + " weighs a term of train.objective dmd's losses, not " + objective);
+  }
+  p.check(gan_weight == 0 || critic_gan_weight > 0,
+          "train.gan_weight" + v(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
+          "for the critic, 3e-3 for the generator)");
+  p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
+                                      " must be a critic block index, or -1 for the last");
   if (!dmd()) return;
   p.check(grad_accum == 1, "train.objective dmd takes one micro-batch a step: train.grad_accum" +
                                v(static_cast<double>(grad_accum)) + " must be 1");

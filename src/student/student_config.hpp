@@ -110,6 +110,17 @@ struct TrainConfig {
   /// dmd: weight of a regression to the teacher's trajectories (the `trajectory` target of the
   /// stream's batch) added to the generator's loss; > 0 makes the stream the trajectory stream
   double dmd_regression_weight = 0.0;
+  /// dmd, DMD2's GAN term: the critic's realism classifier (a head on its hidden states after
+  /// block critic.gan_block) learns real (the stream's noised samples) from fake (the generator's
+  /// samples noised alike) with this weight on its loss; 0 = no classifier
+  double critic_gan_weight = 0.0;
+  /// dmd: the critic block whose output the classifier reads; -1 = the last
+  std::int64_t critic_gan_block = -1;
+  /// dmd: weight of the generator's non-saturating GAN loss softplus(−D(fake)) (needs
+  /// critic.gan_weight > 0)
+  double gan_weight = 0.0;
+  /// Whether the critic carries the realism classifier.
+  bool gan() const { return dmd() && critic_gan_weight > 0; }
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;

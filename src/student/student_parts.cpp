@@ -90,6 +90,8 @@ StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
   if (is_pair()) {
     WD_CHECK_AS(ConfigError, setup_.feature_pairs.empty(),
                 "student.features with a LoRA pair (one adapter set per expert) is not built");
+    WD_CHECK_AS(ConfigError, !setup_.gan, "critic.gan_weight with a LoRA pair critic (one adapter set per expert) is "
+                                          "not built");
     WD_CHECK(c.in_dim == setup_.teacher_in_channels && c.out_dim == setup_.teacher_out_channels,
              "a LoRA pair has the teacher's channels: no projections");
   }
@@ -104,6 +106,14 @@ StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
                 "student.features names student block " << s << "; the student has blocks 0.." << c.num_layers - 1);
     const auto seed = setup_.seed + 16 + static_cast<std::uint64_t>(s) * 1009 + static_cast<std::uint64_t>(t);
     heads_->update({{head_name(s, t), seeded_linear(c.dim, setup_.teacher_dim, seed).ptr()}});
+  }
+  if (setup_.gan) {
+    gan_block_ = setup_.gan_block < 0 ? c.num_layers - 1 : setup_.gan_block;
+    WD_CHECK_AS(ConfigError, gan_block_ >= 0 && gan_block_ < c.num_layers,
+                "critic.gan_block(" << setup_.gan_block << ") names a block the critic lacks: it has blocks 0.."
+                                    << c.num_layers - 1 << " (-1 = the last)");
+    heads_->update({{"gan_in", seeded_linear(c.dim, c.dim, setup_.seed + 0x6A40).ptr()}});
+    heads_->update({{"gan_out", seeded_linear(c.dim, 1, setup_.seed + 0x6A41).ptr()}});
   }
   // Initialised on the host (a seeded CPU generator gives every device the same start), moved
   // once; parameters keep their identity, so nothing below sees a host tensor.
@@ -222,6 +232,16 @@ void StudentParts::backward(const torch::Tensor& loss) {
   loss.backward();
   // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
   for (auto& [master, compute] : master_compute_) fold_compute_grad(master, compute);
+}
+
+torch::Tensor StudentParts::realism(const comm::TensorDict& batch, const CheckpointPolicy& policy) {
+  WD_CHECK(gan_block_ >= 0, "this model has no realism classifier (critic.gan_weight 0)");
+  std::map<std::int64_t, torch::Tensor> hidden{{gan_block_, torch::Tensor()}};
+  static_cast<void>(forward(compute_, batch, policy, &hidden));  // the blocks after gan_block_ are not read
+  auto h = hidden.at(gan_block_).to(torch::kFloat).mean(1);       // [B, L, dim] -> [B, dim]
+  h = torch::layer_norm(h, {h.size(-1)});
+  h = torch::silu(heads_["gan_in"]->as<torch::nn::Linear>()->forward(h));
+  return heads_["gan_out"]->as<torch::nn::Linear>()->forward(h).squeeze(-1);
 }
 
 torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {

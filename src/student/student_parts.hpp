@@ -36,6 +36,10 @@ struct PartsSetup {
   /// each sample to its expert by t, as the teacher routes it ({low, high}: WanExperts::route).
   std::string lora_base_low;
   std::function<std::vector<std::vector<std::int64_t>>(const torch::Tensor& t)> router;
+  /// The dmd critic's realism classifier (critic.gan_weight > 0, DMD2's GAN head): a head on the
+  /// hidden states after block gan_block (-1: the last), see StudentParts::realism.
+  bool gan = false;
+  std::int64_t gan_block = -1;
 };
 
 /// Losses of one micro-batch (unscaled), as read on the host.
@@ -85,6 +89,10 @@ class StudentParts {
   torch::Tensor forward_train(const comm::TensorDict& batch, const CheckpointPolicy& policy);
   /// Backward of `loss` (already scaled), gradients accumulated into the fp32 master parameters.
   void backward(const torch::Tensor& loss);
+  /// The realism classifier's logit per sample [B] (setup.gan), with its graph: the hidden states
+  /// after block gan_block, averaged over the tokens, layer-normalised (no affine), then
+  /// Linear(dim, dim), SiLU, Linear(dim, 1) (the trainable "gan_in" and "gan_out" heads).
+  torch::Tensor realism(const comm::TensorDict& batch, const CheckpointPolicy& policy);
 
   /// The fp32 tensors the optimizer and the gradient all-reduce see (fixed after start-up).
   const std::vector<torch::Tensor>& trainable() const { return trainable_; }
@@ -133,6 +141,7 @@ class StudentParts {
   WanDiT model_;    ///< fp32 master
   WanDiT compute_;  ///< bf16 copy (mixed precision) or the same module as model_
   WanDiT low_{nullptr};  ///< a LoRA pair's low-noise expert (model_ is the high one)
+  std::int64_t gan_block_ = -1;  ///< the realism classifier's block (setup.gan), else -1
   torch::nn::ModuleDict heads_;  ///< in_proj / out_proj / feature heads
   std::vector<torch::Tensor> trainable_;
   std::vector<std::string> trainable_names_;

@@ -146,6 +146,73 @@ def worst(errors):
     return errors[name], name
 
 
+class Classifier:
+    """The critic with DMD2's realism classifier: diffusers' model with the critic's weights, the
+    hidden states after block `block` (a forward hook) averaged over the tokens, layer-normalised
+    without affine, Linear(dim, dim), SiLU, Linear(dim, 1)."""
+
+    def __init__(self, cfg, weights, names, heads, block):
+        self.critic = Student(cfg, weights, names)
+        self.heads = {n: t.clone().requires_grad_(True) for n, t in heads.items()}
+        self.hidden = None
+        self.hook = self.critic.model.blocks[block].register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, output):
+        self.hidden = output
+
+    def __call__(self, x, t, context):
+        self.critic(x, t, context)
+        h = self.hidden.float().mean(1)
+        h = F.layer_norm(h, (h.shape[-1],))
+        w = self.heads
+        h = F.silu(F.linear(h, w["distill_heads.gan_in.weight"], w["distill_heads.gan_in.bias"]))
+        return F.linear(h, w["distill_heads.gan_out.weight"], w["distill_heads.gan_out.bias"]).squeeze(-1)
+
+    def grads(self):
+        out = {n: p.grad for n, p in zip(self.critic.names, self.critic.params)}
+        out.update({n: p.grad for n, p in self.heads.items()})
+        return out
+
+
+def gan_checks(folder, meta, cfg, dump, context):
+    """DMD2's GAN term: the classifier's logits, loss and gradients, and the generator's GAN
+    gradient in x0, from the dump's real stand-in, noise and t."""
+    info = meta["gan"]
+    gan = load_file(folder / "gan.safetensors")
+    names = [n for n in info["critic_trainable"] if not n.startswith("distill_heads.")]
+    weights = load_file(folder / "critic.safetensors")
+    heads = load_file(folder / "gan_heads.safetensors")
+    classifier = Classifier(cfg, weights, names, heads, info["block"])
+    x0, t, noise = dump["x0"], gan["t"], gan["noise"]
+    report("GAN t (the re-noised sample's)", relative(t, dump["t"]))
+    sigma = (t / 1000).view(-1, 1, 1, 1, 1)
+    fake = (1 - sigma) * x0 + sigma * noise
+    report("fake = (1 - t/1000) x0 + t/1000 noise", relative(fake, gan["fake"]))
+    both = torch.cat([gan["real"], fake])
+    t2, context2 = torch.cat([t, t]), torch.cat([context, context])
+    logits = classifier(both, t2, context2)
+    report(f"classifier logits (block {info['block']})", relative(logits.detach(), gan["logits"]))
+    b = x0.shape[0]
+    loss = F.softplus(logits[b:]).mean() + F.softplus(-logits[:b]).mean()
+    report("classifier loss", abs(loss.item() - info["loss"]) / abs(info["loss"]))
+    loss.backward()
+    want = load_file(folder / "critic_gan_grads.safetensors")
+    got = classifier.grads()
+    err, name = worst({n: relative(got[n], want[n]) for n in want})
+    report(f"classifier gradients, {len(want)} tensors (worst: {name})", err)
+    unreached = [n for n, g in got.items() if n not in want and g is not None and g.abs().max() > 0]
+    check(not unreached, f"PyTorch reaches {unreached[:3]} which the dump's classifier loss does not")
+    leaf = x0.clone().requires_grad_(True)
+    gen_loss = F.softplus(-classifier((1 - sigma) * leaf + sigma * noise, t, context)).mean()
+    (grad,) = torch.autograd.grad(gen_loss, leaf)
+    report("generator GAN gradient d mean softplus(-D)/dx0", relative(grad, gan["grad"]))
+    # The hook point matters: the classifier after the last block is far from the dump's.
+    last = Classifier(cfg, weights, names, heads, cfg["num_layers"] - 1)
+    apart = relative(last(both, t2, context2).detach(), gan["logits"])
+    print(f"  (the classifier after the last block is {apart:.2e} away)")
+    check(apart > 100 * TOLERANCE, f"the classifier after the last block is only {apart:.2e} away")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: test_dmd_reference.py DUMP_DIR")
@@ -205,6 +272,8 @@ def main():
            abs(critic_loss.item() - meta["critic_loss"]) / abs(meta["critic_loss"]))
     err, name = worst({n: relative(g, want_critic_grads[n]) for n, g in critic.grads().items()})
     report(f"critic gradients (worst: {name})", err)
+
+    gan_checks(folder, meta, cfg, dump, context)
 
     # The checks above tell the alternatives apart: backpropagation through every jump, and the
     # gradient without DMD2's normaliser.

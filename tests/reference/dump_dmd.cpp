@@ -5,7 +5,10 @@
 // jumps on the shift-3 schedule (generate), the re-noised sample (renoise), a seeded random
 // velocity standing in for the teacher's guided answer, the critic's x0 prediction, the DMD
 // gradient and loss, the generator's parameter gradients (through the last jump only), and the
-// critic's flow-matching loss and gradients on the same re-noised sample (micro_step).
+// critic's flow-matching loss and gradients on the same re-noised sample (micro_step); and DMD2's
+// GAN term: the critic with a realism classifier after its block 0, its logits on a real stand-in
+// and on x0 noised to the same t, the classifier's loss and gradients, and the generator's GAN
+// gradient in x0 (gan_heads.safetensors, gan.safetensors, critic_gan_grads.safetensors).
 //
 // OUT_DIR holds generator.safetensors and critic.safetensors (the initial trainable tensors
 // under their native names), dmd.safetensors (the batch and every input and result below),
@@ -39,7 +42,65 @@ constexpr std::uint64_t kDmdSalt = 0xD3D0'0D3DULL;
 constexpr std::int64_t kB = 2;
 constexpr std::int64_t kCycle = 1;             // the generator update's cycle
 constexpr std::int64_t kKey = 2 * kCycle + 1;  // dmd.cpp's generator_key(cycle)
-constexpr std::uint64_t kGeneratorSeed = 11, kCriticSeed = 12, kBatchSeed = 13, kRealSeed = 14;
+constexpr std::uint64_t kGeneratorSeed = 11, kCriticSeed = 12, kBatchSeed = 13, kRealSeed = 14, kRealXSeed = 15;
+constexpr std::uint64_t kGanNoiseSalt = 0x5EED'6A40ULL;  // any salt: the noise is dumped
+constexpr std::int64_t kGanBlock = 0;  // not the last block: the classifier reads the middle of the critic
+
+/// The tensors of `names` that have a gradient (the classifier's loss reaches no block after
+/// kGanBlock and not the DiT's head).
+TensorMap defined_grads(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors) {
+  TensorMap out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (tensors[i].grad().defined()) out[names[i]] = tensors[i].grad().detach().clone();
+  }
+  return out;
+}
+
+/// DMD2's GAN term on the critic's weights with a realism classifier after block kGanBlock: the
+/// classifier's logits on real (a seeded stand-in x_t) and fake (x0 noised to the same t) samples,
+/// its loss and the critic's gradients, and the generator's GAN gradient in x0.
+nlohmann::ordered_json dump_gan(const fs::path& out, const WanConfig& cfg, student::PartsSetup setup,
+                                const comm::TensorDict& batch, const student::DmdSpec& spec, const torch::Tensor& x0,
+                                const torch::Tensor& t, const student::CheckpointPolicy& policy) {
+  setup.seed = kCriticSeed;
+  setup.gan = true;
+  setup.gan_block = kGanBlock;
+  student::StudentParts critic(WanDiT(cfg, WanInit::kRandom, torch::kFloat, kCriticSeed), setup);
+  TensorMap heads;
+  for (std::size_t i = 0; i < critic.trainable().size(); ++i) {
+    const auto& name = critic.trainable_names()[i];
+    if (name.rfind("distill_heads.", 0) == 0) heads[name] = critic.trainable()[i].detach().clone();
+  }
+  WD_CHECK(heads.size() == 4, "the realism classifier has " << heads.size() << " tensors, not 4");
+  write_safetensors((out / "gan_heads.safetensors").string(), heads, {{"format", "pt"}});
+
+  const auto real = torch::randn(x0.sizes(), at::detail::createCPUGenerator(kRealXSeed));
+  const auto noise = student::seeded_noise(x0, spec, kKey, kGanNoiseSalt);
+  const auto fake = student::noised_to(x0, t, noise);
+  const auto& context = batch.at("context");
+  const auto& lens = batch.at("context_lens");
+  critic.zero_grad();
+  const auto logits = critic.realism({{"x_t", torch::cat({real, fake})},
+                                      {"t", torch::cat({t, t})},
+                                      {"context", torch::cat({context, context})},
+                                      {"context_lens", torch::cat({lens, lens})}},
+                                     policy);
+  const auto loss = student::classifier_loss(logits.narrow(0, 0, kB), logits.narrow(0, kB, kB));
+  critic.backward(loss);
+  write_safetensors((out / "critic_gan_grads.safetensors").string(),
+                    defined_grads(critic.trainable_names(), critic.trainable()), {{"format", "pt"}});
+  critic.zero_grad();
+  const auto grad = student::gan_gradient(critic, x0, t, noise, batch, policy);
+  for (const auto& p : critic.trainable()) {
+    WD_CHECK(!p.grad().defined() || p.grad().abs().max().item<double>() == 0,
+             "gan_gradient() gave the critic's parameters a gradient");
+  }
+  write_safetensors((out / "gan.safetensors").string(),
+                    {{"real", real}, {"noise", noise}, {"fake", fake}, {"t", t}, {"logits", logits.detach()},
+                     {"loss", loss.detach().reshape({1})}, {"grad", grad}},
+                    {{"producer", "dump_dmd"}});
+  return {{"block", kGanBlock}, {"critic_trainable", critic.trainable_names()}, {"loss", loss.item<double>()}};
+}
 
 TensorMap named(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors, bool grads) {
   TensorMap out;
@@ -121,6 +182,7 @@ void dump(const fs::path& out) {
   critic_batch["teacher_out"] = r.noise - x0;
   const auto critic_loss = critic.micro_step(critic_batch, 1.0, policy).read();
 
+  const auto gan = dump_gan(out, cfg, setup, batch, spec, x0, r.t, policy);
   write_safetensors((out / "generator_grads.safetensors").string(),
                     named(generator.trainable_names(), generator.trainable(), true), {{"format", "pt"}});
   write_safetensors((out / "critic_grads.safetensors").string(),
@@ -159,7 +221,8 @@ void dump(const fs::path& out) {
       {"critic_trainable", critic.trainable_names()},
       {"generator_loss", loss.item<double>()},
       {"critic_loss", critic_loss.total},
-      {"x0_graph_vs_x0", x0_graph_diff}};
+      {"x0_graph_vs_x0", x0_graph_diff},
+      {"gan", gan}};
   write_file_atomically((out / "reference.json").string(), meta.dump(2) + "\n");
   std::cout << "wrote " << out.string() << ": generator loss " << loss.item<double>() << ", critic loss "
             << critic_loss.total << ", sigma " << r.sigma.flatten()[0].item<double>() << " "
