@@ -83,6 +83,13 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                  "updates per generator update; {} answers each update's real-score request",
                  job.cfg.student.steps, train.dmd_start, train.critic_ratio,
                  job.layout.colocated() ? "each student's own teacher" : "the replica's teacher rank");
+    if (train.gan()) {
+      spdlog::info("dmd GAN term (DMD2): the critic's realism classifier after {} block learns the stream's x_t (real) "
+                   "from the generator's samples noised to the same t (fake), weight {:g}; the generator's GAN loss "
+                   "weight {:g}",
+                   train.critic_gan_block < 0 ? std::string("its last") : "its " + std::to_string(train.critic_gan_block),
+                   train.critic_gan_weight, train.gan_weight);
+    }
     if (!job.plan.train_targets) {
       spdlog::info("train.objective dmd without a regression term: training batches carry the data alone (no teacher "
                    "forward); the teacher's forwards go to the held-out batches and the real-score requests");

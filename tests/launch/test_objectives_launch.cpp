@@ -326,6 +326,40 @@ TEST(Dmd, ARegressionTermTrainsOnTheTeachersTrajectoriesAndResumesExactly) {
   test::expect_resumed_exactly(straight, resumed, 10, 3);
 }
 
+// DMD2's GAN term: the critic's realism classifier trains with the critic (its tensors in the
+// critic's checkpoint), the generator adds its GAN loss, and a resume from mid-cycle (the request
+// batch's t kept for the generator's term) is bit-identical.
+TEST(Dmd, AGanTermTrainsTheCriticsClassifierAndResumesExactly) {
+  const auto straight = root() / "dmd-gan", resumed = root() / "dmd-gan-resumed";
+  const std::string args = kDmd + " --critic.gan_weight 0.01 --train.gan_weight 0.003 --critic.gan_block 0";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + builtin_assets() + args +
+                                     " --checkpoint.every 3 --checkpoint.keep 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("dmd GAN term (DMD2): the critic's realism classifier after its 0 block"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dmd step 10: generator loss "), std::string::npos) << r.output;
+  const auto step3 = straight / "checkpoints" / "step-00000003";
+  const auto critic = SafetensorsFile::open((step3 / "critic" / "trainable.safetensors").string());
+  for (const char* name : {"distill_heads.gan_in.weight", "distill_heads.gan_out.bias"}) {
+    EXPECT_TRUE(critic.contains(name)) << name;
+  }
+  EXPECT_TRUE(SafetensorsFile::open((step3 / "dmd_pending.safetensors").string()).contains("t"));
+  r = test::launch_train(3, "--run-dir " + resumed.string() + builtin_assets() + args + " --resume " + step3.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 10, 3);
+  // Without a classifier there is nothing to train against: refused before training.
+  r = test::launch_train(1, "--run-dir " + (root() / "dmd-gan-refused").string() + builtin_assets() + kDmd +
+                                " --train.gan_weight 0.003");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.gan_weight(0.003) needs the critic's classifier: set critic.gan_weight > 0"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_train(2, "--run-dir " + (root() / "dmd-gan-refused").string() + builtin_assets() + kDmd +
+                                " --critic.gan_weight 0.01 --critic.gan_block 7");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("critic.gan_block(7) names a block the critic lacks"), std::string::npos) << r.output;
+}
+
 TEST(Dmd, RefusesWhatItCannotTrain) {
   auto r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
                                      " --train.grad_accum 2");
