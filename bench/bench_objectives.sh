@@ -19,7 +19,8 @@
 #        both experts' adapters as a LoRA pair, traj-run); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0,
-#        DMD_REG=0 (train.dmd_regression_weight: the generator also regresses to the teacher's trajectories);
+#        DMD_REG=0 (train.dmd_regression_weight: the generator also regresses to the teacher's trajectories),
+#        DMD_GAN=0 and DMD_GEN_GAN=0 (critic.gan_weight, train.gan_weight: DMD2's GAN term);
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
 #        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
@@ -171,6 +172,7 @@ if ((dmd_steps > 0)); then
       $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$dmd_steps" --train.lr "${DMD_LR:-2e-5}" --train.min_lr 0 --train.ema_decay "${DMD_EMA:-0}" \
       --train.dmd_regression_weight "${DMD_REG:-0}" --teacher.steps "$teacher_steps" \
+      --critic.gan_weight "${DMD_GAN:-0}" --train.gan_weight "${DMD_GEN_GAN:-0}" \
       --train.warmup_steps 50 --train.log_every 50 \
       --checkpoint.every "${DMD_EVERY:-250}" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > dmd.log 2>&1
     echo "dmd student trained in $((SECONDS - start)) s ($dmd_steps critic steps)"
