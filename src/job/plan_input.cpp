@@ -203,7 +203,11 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
 
 double dmd_extra_forwards(const RunConfig& cfg) {
   const double k = cfg.train.dmd_start == "simulate" ? static_cast<double>(cfg.student.steps) : 1.0;
-  return k + (k + 3.0) / static_cast<double>(std::max<std::int64_t>(1, cfg.train.critic_ratio));
+  const double r = static_cast<double>(std::max<std::int64_t>(1, cfg.train.critic_ratio));
+  // DMD2's GAN term: the classifier's forward and backward of real and fake every critic update
+  // (2 samples a sample, a backward counted as 2 forwards), the generator's term every R-th.
+  const double gan = (cfg.train.gan() ? 6.0 : 0.0) + (cfg.train.gan_weight > 0 ? 3.0 / r : 0.0);
+  return k + (k + 3.0) / r + gan;
 }
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {

@@ -63,6 +63,7 @@ comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamP
 /// train.objective dmd: student forwards a step beyond a training forward and backward (3). A
 /// critic step samples the generator (k forwards, simulate; 1, data) and trains the critic (3);
 /// every critic_ratio-th step the generator samples again (k − 1 + 3) and the critic scores (1).
+/// The GAN term adds the classifier's step on real and fake (6) and the generator's term (3 / R).
 double dmd_extra_forwards(const RunConfig& cfg);
 
 /// The message geometry of a run (batch, latent, context, channels, feature blocks): what
