@@ -43,6 +43,7 @@ void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages
                          "is not in the data schema yet (t2v and ti2v teachers are supported)");
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
+  if (cfg.train.dmd() && cfg.train.critic_dims()) cfg.critic_model_config(tc).validate("critic config (critic.*)");
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
             "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
@@ -159,9 +160,9 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   // the base a LoRA student holds anyway (critic.lora_rank).
   const auto critic = cfg.critic_lora(tc.num_layers);
   const bool critic_lora = critic.rank > 0;
-  if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(sc);
+  if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(cfg.critic_model_config(tc));
   if (cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)
-    const auto d = critic_lora ? tc.dim : sc.dim;
+    const auto d = critic_lora ? tc.dim : cfg.critic_model_config(tc).dim;
     in.student_extra_params += d * d + 2 * d + 1;
   }
   if (cfg.student.lora_rank > 0 || critic_lora) {

@@ -88,6 +88,9 @@ struct RunConfig {
   /// nothing of the teacher's to match); every other objective needs one.
   void check_objective(ConfigProblems& p) const {
     if (train.trajectory_stream()) trajectory_spec().validate(p);
+    p.check(!train.dmd() || !train.critic_dims() || (train.critic_lora_rank <= 0 && student.lora_rank <= 0),
+            "critic.dim, ffn_dim, num_heads and num_layers size a full critic; a LoRA critic (critic.lora_rank, or a "
+            "LoRA student's) is the teacher's architecture: leave them at 0");
     if (!train.flow()) {
       p.check(teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective flow trains "
                                   "without; train.objective(" + train.objective + ") needs teacher.ranks >= 1");
@@ -128,6 +131,15 @@ struct RunConfig {
   /// student.expert, one adapter set per expert over that expert's base.
   bool lora_pair(std::size_t teacher_experts) const {
     return student.lora_rank > 0 && teacher_experts == 2 && student.expert.empty();
+  }
+  /// The dmd critic's architecture (a full DiT): the student's, with the critic.* dims that are set.
+  WanConfig critic_model_config(const WanConfig& teacher_model) const {
+    auto c = student.model_config(teacher_model);
+    if (train.critic_dim) c.dim = train.critic_dim;
+    if (train.critic_ffn_dim) c.ffn_dim = train.critic_ffn_dim;
+    if (train.critic_num_heads) c.num_heads = train.critic_num_heads;
+    if (train.critic_num_layers) c.num_layers = train.critic_num_layers;
+    return c;
   }
   /// train.objective dmd's critic as adapters over the teacher's base: critic.lora_rank, else a
   /// LoRA student's rank (student.lora_alpha and lora_targets); rank 0 when the critic is a full DiT.

@@ -439,7 +439,12 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
     setup.lora_base = job.student_base().path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
   }
-  const auto sc = cfg.student.model_config(job.model);
+  const auto sc = cfg.critic_model_config(job.model);
+  if (cfg.train.critic_dims() && job.world_rank() == job.layout.student_world_ranks().front()) {
+    spdlog::info("dmd critic of its own dims: dim {}, ffn {}, {} heads, {} blocks ({} parameters; the student's: {})",
+                 sc.dim, sc.ffn_dim, sc.num_heads, sc.num_layers, wan_param_count(sc),
+                 wan_param_count(cfg.student.model_config(job.model)));
+  }
   return student::StudentParts(cfg.train.critic_init == "student"
                                    ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
                                    : WanDiT(sc, WanInit::kRandom, torch::kFloat, init_seed(cfg, true)),

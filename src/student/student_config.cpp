@@ -247,6 +247,10 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
             "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random")
+      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's; needs critic.init random)")
+      .bind("critic.ffn_dim", critic_ffn_dim, "dmd: the critic's FFN width (0 = the student's)")
+      .bind("critic.num_heads", critic_num_heads, "dmd: the critic's attention heads (0 = the student's)")
+      .bind("critic.num_layers", critic_num_layers, "dmd: the critic's blocks (0 = the student's)")
       .bind("critic.lora_rank", critic_lora_rank,
             "dmd: r > 0: the critic is rank-r adapters (student.lora_alpha, student.lora_targets) over the "
             "teacher's frozen base, shared with a LoRA student's, starting as the teacher (the real score); "
@@ -310,6 +314,18 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
   p.check(gan_weight == 0 || critic_gan_weight > 0,
           "train.gan_weight" + v(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
           "for the critic, 3e-3 for the generator)");
+  for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
+                                    {"critic.ffn_dim", critic_ffn_dim},
+                                    {"critic.num_heads", critic_num_heads},
+                                    {"critic.num_layers", critic_num_layers}}) {
+    p.check(value >= 0, key + v(static_cast<double>(value)) + " must be >= 0 (0 = the student's)");
+    p.check(value == 0 || dmd(), key + v(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " +
+                                     objective);
+  }
+  p.check(!dmd() || !critic_dims() || critic_init == "random",
+          "critic.dim, ffn_dim, num_heads and num_layers give the critic its own dims, but critic.init(" + critic_init +
+              ") starts it as the generator starts, with the student's dims: set critic.init random, or leave the "
+              "critic's dims at 0");
   p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
                                       " must be a critic block index, or -1 for the last");
   if (!dmd()) return;

@@ -104,6 +104,10 @@ struct TrainConfig {
   double critic_lr = 0.0;
   /// dmd: student (the critic starts as a copy of the generator's initial weights) | random
   std::string critic_init = "student";
+  /// dmd: the critic's dims; 0 = the student's (critic.init random when any is set)
+  std::int64_t critic_dim = 0, critic_ffn_dim = 0, critic_num_heads = 0, critic_num_layers = 0;
+  /// Whether any critic dim is set.
+  bool critic_dims() const { return critic_dim || critic_ffn_dim || critic_num_heads || critic_num_layers; }
   /// dmd: r > 0 makes the critic rank-r adapters over the teacher's frozen base (shared with a
   /// LoRA student's); 0 = the student's kind (a LoRA student's rank, else a full DiT)
   std::int64_t critic_lora_rank = 0;

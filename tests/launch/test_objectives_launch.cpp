@@ -360,6 +360,37 @@ TEST(Dmd, AGanTermTrainsTheCriticsClassifierAndResumesExactly) {
   EXPECT_NE(r.output.find("critic.gan_block(7) names a block the critic lacks"), std::string::npos) << r.output;
 }
 
+// critic.dim, ffn_dim, num_heads, num_layers: a critic smaller than the generator trains beside it
+// (its checkpoint holds its own shapes); its dims with critic.init student, or over a LoRA base,
+// are refused before training.
+TEST(Dmd, ACriticOfItsOwnDimsTrainsBesideTheGenerator) {
+  const auto run = root() / "dmd-critic-dims";
+  const std::string dims = " --critic.dim 32 --critic.ffn_dim 64 --critic.num_heads 2 --critic.num_layers 1";
+  auto r = test::launch_train(2, "--run-dir " + run.string() + builtin_assets() + kDmd + " --critic.init random" + dims +
+                                     " --critic.gan_weight 0.01 --train.gan_weight 0.003 --checkpoint.every 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("dmd critic of its own dims: dim 32, ffn 64, 2 heads, 1 blocks"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dmd step 10: generator loss "), std::string::npos) << r.output;
+  const auto critic = SafetensorsFile::open((run / "checkpoints" / "step-00000005" / "critic" / "trainable.safetensors").string());
+  EXPECT_EQ(critic.info("blocks.0.self_attn.q.weight").shape, (std::vector<std::int64_t>{32, 32}));
+  EXPECT_FALSE(critic.contains("blocks.1.self_attn.q.weight"));
+  EXPECT_EQ(critic.info("distill_heads.gan_in.weight").shape, (std::vector<std::int64_t>{32, 32}));
+  r = test::launch_train(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
+                                dims);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("critic.init(student) starts it as the generator starts, with the student's dims: set "
+                          "critic.init random"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_train(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
+                                " --critic.init random --student.lora_rank 4" + dims);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("a LoRA critic (critic.lora_rank, or a LoRA student's) is the teacher's architecture"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Dmd, RefusesWhatItCannotTrain) {
   auto r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
                                      " --train.grad_accum 2");
