@@ -147,8 +147,9 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.checkpoint_elem_bytes = ctx.stored_elem_bytes;
   in.student_bf16_mixed = cfg.student.precision == "bf16-mixed";
   in.student_ema = cfg.train.ema_decay > 0;
-  in.shard_optimizer = cfg.student.shard == "optimizer" || cfg.student.shard == "gradients";
-  in.shard_gradients = cfg.student.shard == "gradients";
+  in.shard_parameters = cfg.student.shard == "parameters";
+  in.shard_gradients = cfg.student.shard == "gradients" || in.shard_parameters;
+  in.shard_optimizer = cfg.student.shard == "optimizer" || in.shard_gradients;
   in.bucket_bytes = cfg.comm.bucket_bytes();
   const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
   for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;

@@ -88,6 +88,14 @@ struct RunConfig {
   /// nothing of the teacher's to match); every other objective needs one.
   void check_objective(ConfigProblems& p) const {
     if (train.trajectory_stream()) trajectory_spec().validate(p);
+    if (student.shard == "parameters") {
+      // What reads every weight at once, or forwards on one student alone, while the blocks are
+      // spread over the students.
+      p.check(train.ema_decay == 0, "train.ema_decay with student.shard parameters: the weight average would hold "
+                                    "every weight on each student; shard gradients, or no average");
+      p.check(train.sample_every == 0, "train.sample_every with student.shard parameters: the sampling probe runs on "
+                                       "the first student alone, and every block's gather needs all of them");
+    }
     p.check(!train.dmd() || !train.critic_dims() || (train.critic_lora_rank <= 0 && student.lora_rank <= 0),
             "critic.dim, ffn_dim, num_heads and num_layers size a full critic; a LoRA critic (critic.lora_rank, or a "
             "LoRA student's) is the teacher's architecture: leave them at 0");

@@ -325,7 +325,7 @@ struct Reduction {
   std::unique_ptr<comm::GradientReducer> reducer;
 };
 
-void log_shard(const TrainJob& job, student::StudentParts& parts, const student::OptimizerShard& shard,
+void log_shard(const TrainJob& job, const student::OptimizerShard& shard,
                std::int64_t padded, const char* what) {
   const auto& cfg = job.cfg;
   WD_CHECK_AS(ConfigError, !shard.views().empty(),
@@ -333,12 +333,18 @@ void log_shard(const TrainJob& job, student::StudentParts& parts, const student:
                                << job.world_rank() << " no slice among " << shard.group_size()
                                << " students; use student.shard none");
   if (job.world_rank() != job.layout.student_world_ranks().front()) return;
-  std::int64_t total = 0;
-  for (const auto& p : parts.trainable()) total += p.numel();
+  const auto total = shard.parameter_count();
   spdlog::info("student.shard {}: each of {} students keeps AdamW moments{} for {} of {} parameters "
                "(the last slice {} padding) of {}",
-               cfg.student.shard, shard.group_size(), shard.owns_gradients() ? " and gradients" : "",
+               cfg.student.shard, shard.group_size(),
+               shard.gate() ? ", gradients and weights" : shard.owns_gradients() ? " and gradients" : "",
                shard.slice_size(), total, padded - total, what);
+  if (const auto* gate = shard.gate()) {
+    spdlog::info("student.shard parameters: {} blocks gathered for each use (forward and recomputation); between "
+                 "uses each student holds its slice and the {} parameters outside the blocks ({:.2f} MiB of {:.2f})",
+                 gate->block_count(), gate->root_parameters(), shard.weight_bytes() / 1048576.0,
+                 4.0 * static_cast<double>(total) / 1048576.0);
+  }
 }
 
 Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
@@ -348,17 +354,27 @@ Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, cons
   int students = 1;
   WD_CHECK_MPI(MPI_Comm_size(job.groups->students(), &students));
   Reduction r;
-  if (mode == student::ShardMode::kGradients && students > 1) {
-    r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
-                                                        cfg.comm.bucket_bytes(), cfg.comm.timeout_s, job.world_rank(),
-                                                        &services.health, parts.grad_sources());
+  const bool weights = mode == student::ShardMode::kParameters;
+  WD_CHECK_AS(ConfigError, !weights || device.is_cpu(),
+              "student.shard parameters runs on host students (MPI all-gathers from the backward); this student "
+              "trains on " << device << ": set student.device cpu, or student.shard gradients");
+  if ((mode == student::ShardMode::kGradients || weights) && students > 1) {
+    r.shard = weights ? std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                                  cfg.comm.bucket_bytes(), cfg.comm.timeout_s,
+                                                                  job.world_rank(), &services.health,
+                                                                  parts.block_units())
+                      : std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
+                                                                  cfg.comm.bucket_bytes(), cfg.comm.timeout_s,
+                                                                  job.world_rank(), &services.health,
+                                                                  parts.grad_sources());
+    parts.set_gate(r.shard->gate());
     r.reducer = std::make_unique<student::ShardReducer>(*r.shard, &services.health);
     if (job.world_rank() == job.layout.student_world_ranks().front()) {
       spdlog::info("gradient reduce-scatter: mpi over {} students in {} buckets, started from the backward's "
                    "gradient hooks ({})",
                    students, r.shard->scatter()->bucket_count(), what);
     }
-    log_shard(job, parts, *r.shard, r.shard->slice_size() * students, what);
+    log_shard(job, *r.shard, r.shard->slice_size() * students, what);
   } else {
     r.reducer = comm::make_gradient_reducer(job.groups->students(), parts.trainable(), cfg.comm.bucket_bytes(),
                                             cfg.comm.timeout_s, job.world_rank(), device, cfg.comm.backend,
@@ -367,7 +383,7 @@ Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, cons
       r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
                                                           r.reducer->whole_buffer(), cfg.comm.timeout_s,
                                                           job.world_rank(), &services.health);
-      log_shard(job, parts, *r.shard, r.reducer->whole_buffer().numel(), what);
+      log_shard(job, *r.shard, r.reducer->whole_buffer().numel(), what);
     } else if (mode != student::ShardMode::kNone && job.world_rank() == job.layout.student_world_ranks().front()) {
       spdlog::info("student.shard {}: one student, nothing to split ({}'s optimizer stays whole)", cfg.student.shard,
                    what);
@@ -474,7 +490,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
       torch::optim::AdamWOptions(train.critic_lr > 0 ? train.critic_lr : train.lr)
           .betas({train.beta1, train.beta2})
           .weight_decay(train.weight_decay));
-  services.memory.model.weights_bytes += memory::tensor_bytes(side.critic->trainable());
+  services.memory.model.weights_bytes += shard ? shard->weight_bytes() : memory::tensor_bytes(side.critic->trainable());
   student::DmdParts parts{generator,
                           *side.critic,
                           *side.optimizer,
@@ -536,7 +552,9 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
   student::OptimizerShard* shard = loop.shard;
   if (!job.resume_path.empty()) {
     loop.restore = [&job, &parts, ema, dmd, shard](torch::optim::AdamW& optimizer) {
+      student::WholeWeights whole(shard);  // student.shard parameters: the load writes whole tensors
       const auto cursor = student::load_train_state(job.resume_path, parts, optimizer, shard);
+      whole.adopt();
       WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
                     "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
       if (ema) ema->restore(job.resume_path, parts);
@@ -544,8 +562,10 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
     };
   }
   loop.save = [&job, &parts, ema, dmd, shard, &services, device](std::int64_t step, torch::optim::AdamW& optimizer) {
-    // Every student joins the gathers (the dmd cycle's request inputs) and the slices' step
-    // counts; the first one writes, the others add their moment slices.
+    // Every student joins the gathers (the dmd cycle's request inputs, student.shard parameters'
+    // whole weights) and the slices' step counts; the first one writes, the others add their
+    // moment slices.
+    const student::WholeWeights whole(shard), critic_whole(dmd ? dmd->critic_shard() : nullptr);
     const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
     const auto slice = shard ? std::optional(shard->moment_slice(optimizer, step)) : std::nullopt;
     const auto critic_slice = dmd ? dmd->critic_moment_slice(step) : std::nullopt;
@@ -635,6 +655,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
   }
   auto reduction = make_reduction(job, parts, device, services);
+  if (reduction.shard) services.memory.model.weights_bytes = reduction.shard->weight_bytes();
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;
@@ -658,7 +679,9 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.shard = reduction.shard.get();
   if (dmd.score) loop.extra_wait = [score = dmd.score.get()] { return score->wait_seconds(); };
   attach_checkpoints(loop, job, parts, services, device);
-  return finish_student(job, student::run_student(loop), parts, loop.ema, group_rank == 0);
+  const auto stats = student::run_student(loop);
+  const student::WholeWeights whole(loop.shard);  // student.shard parameters: the first student writes them all
+  return finish_student(job, stats, parts, loop.ema, group_rank == 0);
 }
 
 }  // namespace wd::job

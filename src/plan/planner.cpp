@@ -227,14 +227,23 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
                                                                                    "critic adapters"
                                                                                  : "fp32, fp32 critic adapters")) +
               " + the frozen base (" + format_bytes(static_cast<double>(in.lora_base_bytes)) + ")");
-  } else {
-    place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
   }
   const bool sharded = in.shard_optimizer && in.student_ranks > 1;
   const u64 N = sharded ? n(in.student_ranks) : 1;
   // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).
   const u64 slice = kF32 * ((W / kF32 + N - 1) / N);
   const bool scattered = sharded && in.shard_gradients;
+  // student.shard parameters: the slice, the root whole, and one gathered block at a time.
+  const bool gathered = scattered && in.shard_parameters;
+  const u64 block = kF32 * n(in.student.block_params);
+  const u64 root = W - std::min(W, block * n(in.student.num_layers) * n(in.student.experts));
+  if (gathered) {
+    place(kStudentWeights, slice + root + block,
+          "fp32 slice of 1/" + std::to_string(N) + " + the rest whole (" + format_bytes(static_cast<double>(root)) +
+              ") + one block gathered (" + format_bytes(static_cast<double>(block)) + ")");
+  } else if (in.lora_base_bytes == 0) {
+    place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
+  }
   if (scattered) {
     // The averaged slice, and in the backward the grads of the buckets not yet complete (two
     // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
@@ -265,8 +274,10 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   }
   // A host student with sharded gradients all-gathers through a buffer of the whole model after
   // the step, when the activations are gone: the larger of the two is the peak's.
-  if (scattered && !cuda && W > s_act) {
-    place(kStudentActivations, W, "the all-gather's step buffer (larger than the activations, not held with them)");
+  const u64 step_buffer = gathered ? root : W;  // parameters: only the rest is gathered after the step
+  if (scattered && !cuda && step_buffer > s_act) {
+    place(kStudentActivations, step_buffer,
+          "the all-gather's step buffer (larger than the activations, not held with them)");
   } else {
     place(kStudentActivations, s_act);
   }

@@ -43,6 +43,10 @@ struct PlanInput {
   /// student.shard gradients (with shard_optimizer): each student rank keeps the averaged
   /// gradients of its slice only; the full gradients exist a bucket at a time in the backward.
   bool shard_gradients = false;
+  /// student.shard parameters (with both above): each student rank keeps the fp32 weights of its
+  /// slice too; the blocks are gathered one at a time for each use, the rest (embeddings, head,
+  /// distillation heads, a dmd critic's) stays whole.
+  bool shard_parameters = false;
   std::uint64_t bucket_bytes = 25ULL << 20;  ///< comm.bucket_mb: a gradient bucket
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)

@@ -19,9 +19,9 @@ using torch::autograd::variable_list;
 /// (a shared handle, so it outlives the graph), the block index, the state that carries no
 /// gradient (captured by value: RoPE tables, key mask, grids) and the RNG states of the forward.
 struct BlockReplay : torch::CustomClassHolder {
-  BlockReplay(WanDiT m, std::int64_t i, const WanState& s)
+  BlockReplay(WanDiT m, std::int64_t i, const WanState& s, BlockGate* g)
       : model(std::move(m)), index(i), rope_cos(s.rope_cos), rope_sin(s.rope_sin),
-        key_mask(s.key_mask), grids(s.grids) {}
+        key_mask(s.key_mask), grids(s.grids), gate(g) {}
 
   /// The state run_block reads, around the given differentiable inputs.
   WanState state(const torch::Tensor& x, const torch::Tensor& e0, const torch::Tensor& context) const {
@@ -40,6 +40,7 @@ struct BlockReplay : torch::CustomClassHolder {
   std::int64_t index;
   torch::Tensor rope_cos, rope_sin, key_mask;
   std::vector<std::array<std::int64_t, 3>> grids;
+  BlockGate* gate;  ///< student.shard parameters: makes the block whole again for the recomputation
   compat::RngSnapshot rng;
 };
 
@@ -92,6 +93,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     const auto saved = ctx->get_saved_variables();
     const auto holder = ctx->saved_data.at("replay").toCapsule();
     auto& replay = static_cast<BlockReplay&>(*holder);
+    if (replay.gate) replay.gate->enter(replay.index);
     // run_block reads the module's own parameter tensors, so those are what to differentiate by.
     const auto params = replay.model->block_parameters(replay.index);
     WD_CHECK(params.size() + kStateInputs == saved.size(),
@@ -187,8 +189,8 @@ std::string CheckpointPolicy::str() const {
   return "off";
 }
 
-void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state) {
-  auto replay = c10::make_intrusive<BlockReplay>(model, index, state);
+void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state, BlockGate* gate) {
+  auto replay = c10::make_intrusive<BlockReplay>(model, index, state, gate);
   const auto params = model->block_parameters(index);
   state.x = CheckpointedBlock::apply(state.x, state.e0, state.context, at::TensorList(params),
                                      std::move(replay));
@@ -196,15 +198,21 @@ void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state) 
 
 std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
                                            const CheckpointPolicy& policy,
-                                           std::map<std::int64_t, torch::Tensor>* hidden) {
+                                           std::map<std::int64_t, torch::Tensor>* hidden, BlockGate* gate) {
   auto state = model->embed(in);
   const bool recording = torch::GradMode::is_enabled();
   for (std::int64_t i = 0; i < model->config().num_layers; ++i) {
+    // A gate lets go of a block after its forward: its backward must recompute it.
+    WD_CHECK(!gate || !recording || policy.applies(i),
+             "block " << i << " runs with its graph but is not checkpointed (student.checkpointing "
+                      << policy.str() << "); student.shard parameters needs student.checkpointing all");
+    if (gate) gate->enter(i);
     if (recording && policy.applies(i)) {
-      run_block_checkpointed(model, i, state);
+      run_block_checkpointed(model, i, state, gate);
     } else {
       model->run_block(i, state);
     }
+    if (gate) gate->leave(i);
     if (hidden && hidden->count(i)) (*hidden)[i] = state.x;
   }
   return model->unembed(state);

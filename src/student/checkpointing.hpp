@@ -26,16 +26,34 @@ struct CheckpointPolicy {
   std::string str() const;
 };
 
+/// Where a block's parameters come from when a rank does not hold them between uses
+/// (`student.shard parameters`, ZeRO-3). enter(i) makes block i's parameters whole before the
+/// block runs (its forward, or its recomputation in the backward) and lets go of any other
+/// block's; leave(i) lets go of them after a forward. A backward enters the blocks in reverse and
+/// never leaves: the engine has handed a block's gradients to their accumulators before it runs
+/// the node of the block before (accumulators run first), so the next enter() may let go of it.
+/// rest() lets go of whatever is still held.
+class BlockGate {
+ public:
+  virtual ~BlockGate() = default;
+  virtual void enter(std::int64_t block) = 0;
+  virtual void leave(std::int64_t block) = 0;
+  virtual void rest() = 0;
+};
+
 /// Runs block `index` of `model` on `state` like WanDiT::run_block, as one autograd node that
-/// keeps only the block's inputs (state.x, e0, context) and recomputes the block in the backward.
-void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state);
+/// keeps only the block's inputs (state.x, e0, context) and recomputes the block in the backward
+/// (entering `gate` first, when given).
+void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state, BlockGate* gate = nullptr);
 
 /// embed → blocks → unembed, checkpointing the blocks `policy` names while grad mode is on (under
 /// no-grad there is nothing to save, so every block runs plainly). The policy may change between
 /// calls. When `hidden` is given, the hidden state after each block whose index is a key of it
-/// is stored there (feature distillation).
+/// is stored there (feature distillation). With a `gate`, every block is entered before it runs
+/// and left after (student.shard parameters).
 std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
                                            const CheckpointPolicy& policy,
-                                           std::map<std::int64_t, torch::Tensor>* hidden = nullptr);
+                                           std::map<std::int64_t, torch::Tensor>* hidden = nullptr,
+                                           BlockGate* gate = nullptr);
 
 }  // namespace wd::student

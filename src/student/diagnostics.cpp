@@ -186,7 +186,8 @@ void Diagnostics::log_window(std::int64_t step, double lr, double loss) {
 memory::ModelMemory Diagnostics::model_memory() const {
   const auto& params = job_.parts.trainable();
   // student.shard gradients: the .grad are gone between steps; the shard's slice is what stays.
-  memory::ModelMemory m{memory::tensor_bytes(params),
+  // student.shard parameters: the blocks' weights are the shard's slice between uses.
+  memory::ModelMemory m{job_.shard ? job_.shard->weight_bytes() : memory::tensor_bytes(params),
                         memory::grad_bytes(params) + (job_.shard ? job_.shard->gradient_bytes() : 0),
                         memory::optimizer_state_bytes(optimizer_)};
   if (job_.dmd) {  // the critic trains beside the student: its weights, gradients and AdamW moments

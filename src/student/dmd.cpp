@@ -261,7 +261,7 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
 
 memory::ModelMemory DmdTrainer::critic_memory() const {
   const auto& params = p_.critic.trainable();
-  return {memory::tensor_bytes(params),
+  return {p_.critic_shard ? p_.critic_shard->weight_bytes() : memory::tensor_bytes(params),
           memory::grad_bytes(params) + (p_.critic_shard ? p_.critic_shard->gradient_bytes() : 0),
           memory::optimizer_state_bytes(p_.critic_optimizer)};
 }
@@ -327,7 +327,9 @@ void DmdTrainer::restore(const std::string& dir) {
   const auto critic_dir = (fs::path(dir) / kCriticDir).string();
   WD_CHECK_DATA(fs::is_directory(critic_dir), dir, kCriticDir,
                 "is missing: a train.objective dmd checkpoint holds the critic's training state there");
+  WholeWeights whole(p_.critic_shard);  // student.shard parameters: the load writes whole tensors
   const auto cursor = load_train_state(critic_dir, p_.critic, p_.critic_optimizer, p_.critic_shard);
+  whole.adopt();
   const auto first = p_.schedule.first_step;
   WD_CHECK_DATA(cursor.step == first, critic_dir, TrainStateFiles::kTrainer,
                 "step " << cursor.step << " differs from the generator's step " << first);

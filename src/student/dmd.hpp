@@ -152,6 +152,8 @@ class DmdTrainer {
   std::optional<MomentSlice> critic_moment_slice(std::int64_t steps_done) const;
   /// The directory under a checkpoint that holds the critic's training state.
   static std::string critic_dir(const std::string& dir);
+  /// The critic's slice of the optimizer (student.shard), or null.
+  OptimizerShard* critic_shard() const { return p_.critic_shard; }
   /// Writes the critic's training state into critic_dir(dir) (with this rank's `critic_slice`
   /// when sharded) and, when there is one, `pending` (gather_pending) into
   /// `dir`/dmd_pending.safetensors.

@@ -38,6 +38,8 @@ GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> p
   WD_CHECK(layout_.offsets.size() == params_.size(), "gradient scatter: " << layout_.offsets.size()
                                                                           << " offsets for " << params_.size()
                                                                           << " parameters");
+  // Sizes as at start-up: student.shard parameters lets go of a block's tensors between uses.
+  for (const auto& p : params_) numels_.push_back(p.numel());
   // Buckets as the all-reduce makes them (comm::bucket_groups), each a range of the flat layout.
   for (auto& group : comm::bucket_groups(params_, bucket_bytes)) {
     Bucket bucket;
@@ -120,7 +122,7 @@ torch::Tensor GradientScatter::pack(Bucket& bucket) {
     // bf16-mixed: folded as StudentParts::backward folds, once per send (the uses of one backward
     // summed in bf16 first, as without sharding).
     fold(i);
-    auto part = send.narrow(0, layout_.offsets[i] - bucket.begin, params_[i].numel());
+    auto part = send.narrow(0, layout_.offsets[i] - bucket.begin, numels_[i]);
     torch::Tensor& grad = params_[i].mutable_grad();
     if (grad.defined()) {
       part.copy_(grad.reshape({-1}));

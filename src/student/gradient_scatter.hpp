@@ -92,6 +92,7 @@ class GradientScatter {
   MPI_Comm comm_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> sources_;
+  std::vector<std::int64_t> numels_;  ///< each parameter's elements (held or not)
   Layout layout_;
   torch::Tensor slice_;
   std::vector<Bucket> buckets_;

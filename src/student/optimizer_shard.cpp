@@ -16,9 +16,11 @@ ShardMode parse_shard_mode(const std::string& text) {
   if (text == "none") return ShardMode::kNone;
   if (text == "optimizer") return ShardMode::kOptimizer;
   if (text == "gradients") return ShardMode::kGradients;
+  if (text == "parameters") return ShardMode::kParameters;
   throw ConfigError("student.shard(" + text +
-                    ") must be none, optimizer (ZeRO-1: AdamW moments of 1/N of the parameters per student rank) or "
-                    "gradients (ZeRO-2: the gradients of that 1/N too); parameters sharding is not built yet");
+                    ") must be none, optimizer (ZeRO-1: AdamW moments of 1/N of the parameters per student rank), "
+                    "gradients (ZeRO-2: the gradients of that 1/N too) or parameters (ZeRO-3: and the blocks' "
+                    "weights, gathered for each use)");
 }
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole,
@@ -71,6 +73,33 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
       grad_slice_, timeout_, world_rank_, peers_, health_, std::move(sources));
 }
 
+OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
+                               double timeout_s, int world_rank, comm::HealthChannel* health,
+                               const std::vector<std::vector<std::size_t>>& blocks)
+    : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
+  join_group();
+  WD_CHECK(!params_.empty(), "student.shard parameters needs trainable parameters");
+  std::int64_t total = 0;
+  for (const auto& p : params_) {
+    WD_CHECK(p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous(),
+             "student.shard parameters needs contiguous fp32 trainable tensors on the host; got "
+                 << p.scalar_type() << " on " << p.device());
+    total += p.numel();
+  }
+  const std::int64_t padded = (total + group_size_ - 1) / group_size_ * group_size_;
+  grad_slice_ = torch::zeros({padded / group_size_}, torch::kFloat);
+  owned_ = torch::zeros({padded / group_size_}, torch::kFloat);
+  lay_out(padded);
+  // The hooks go on while every parameter is whole: their accumulators keep the full shapes.
+  scatter_ = std::make_unique<GradientScatter>(
+      comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
+      grad_slice_, timeout_, world_rank_, peers_, health_);
+  gate_ = std::make_unique<ParameterGather>(
+      comm_, params_, ParameterGather::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, blocks, owned_,
+      timeout_, world_rank_, peers_, health_);
+  gate_->adopt();
+}
+
 void OptimizerShard::join_group() {
   WD_CHECK(comm_ != MPI_COMM_NULL, "student.shard works in the student group; rank " << world_rank_ << " is not in it");
   WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
@@ -96,7 +125,9 @@ void OptimizerShard::lay_out(std::int64_t padded) {
       // A view of the parameter's storage (detached: the optimizer's in-place update is the
       // parameter's) whose grad is the matching view of the bound grad (optimizer) or of this
       // rank's gradient slice (gradients).
-      auto view = p.detach().view({-1}).narrow(0, s.offset, s.length);
+      // parameters: a view of this rank's owned slice, which the gate gathers from.
+      auto view = owned_.defined() ? owned_.narrow(0, first - begin_, s.length)
+                                   : p.detach().view({-1}).narrow(0, s.offset, s.length);
       view.set_requires_grad(true);
       view.mutable_grad() = grad_slice_.defined() ? grad_slice_.narrow(0, first - begin_, s.length)
                                                   : p.grad().view({-1}).narrow(0, s.offset, s.length);
@@ -105,6 +136,7 @@ void OptimizerShard::lay_out(std::int64_t padded) {
     }
     offset += p.numel();
   }
+  total_ = offset;
   WD_CHECK(slice_ <= std::numeric_limits<int>::max(),
            "a parameter slice of " << slice_ << " elements exceeds MPI's int count");
 }
@@ -113,6 +145,13 @@ OptimizerShard::~OptimizerShard() = default;
 
 void OptimizerShard::begin_step() {
   if (scatter_) scatter_->begin_step();
+}
+
+std::uint64_t OptimizerShard::weight_bytes() const {
+  if (gate_) return gate_->resting_bytes();
+  std::uint64_t bytes = 0;
+  for (const auto& p : params_) bytes += static_cast<std::uint64_t>(p.nbytes());
+  return bytes;
 }
 
 void OptimizerShard::reduce(std::int64_t step, const std::function<void()>& posted) {
@@ -146,6 +185,14 @@ std::uint64_t OptimizerShard::gradient_bytes() const {
 
 void OptimizerShard::gather(std::int64_t step) {
   torch::NoGradGuard no_grad;
+  if (gate_) {
+    // parameters: the blocks are gathered from the updated slices at their next use.
+    comm::run_fault_hook(fault_hook_, health_, "allgather root parameters", step);
+    gate_->set_step(step);
+    gate_->gather_root();
+    gate_->set_step(step + 1);  // what the next step's gathers name
+    return;
+  }
   // The flat layout to gather in: the reducer's buffer (optimizer: the grads are spent), its
   // pinned host twin for device parameters, or a buffer of this step (gradients, host).
   torch::Tensor flat = host_.defined() ? host_ : whole_.defined() ? whole_ : torch::empty({padded_}, torch::kFloat);

@@ -18,6 +18,7 @@
 #include "comm/health_channel.hpp"
 #include "comm/wait.hpp"
 #include "student/gradient_scatter.hpp"
+#include "student/parameter_gather.hpp"
 
 namespace wd::student {
 
@@ -31,8 +32,9 @@ struct MomentSlice {
 };
 
 /// `student.shard`: what the student group splits between its ranks.
-enum class ShardMode { kNone, kOptimizer, kGradients };
-/// "none" | "optimizer" | "gradients"; anything else is a ConfigError naming the key and the values.
+enum class ShardMode { kNone, kOptimizer, kGradients, kParameters };
+/// "none" | "optimizer" | "gradients" | "parameters"; anything else is a ConfigError naming the
+/// key and the values.
 ShardMode parse_shard_mode(const std::string& text);
 
 /// The parameters are laid out in their order as one flat fp32 vector of `total` elements (the
@@ -60,6 +62,12 @@ class OptimizerShard {
   /// empty: the parameters). Not collective.
   OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes, double timeout_s,
                  int world_rank, comm::HealthChannel* health, std::vector<torch::Tensor> sources = {});
+  /// student.shard parameters: as gradients, and the shard owns this rank's slice of the master
+  /// weights too; `blocks[i]` are the indices of DiT block i's parameters, which its
+  /// ParameterGather (gate()) lets go of at once and gathers for each use (host parameters, fp32).
+  /// Not collective.
+  OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes, double timeout_s,
+                 int world_rank, comm::HealthChannel* health, const std::vector<std::vector<std::size_t>>& blocks);
   ~OptimizerShard();
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
@@ -77,6 +85,11 @@ class OptimizerShard {
   /// parameters' own .grad).
   std::uint64_t gradient_bytes() const;
   const GradientScatter* scatter() const { return scatter_.get(); }
+  /// student.shard parameters: the blocks' gate (null otherwise).
+  ParameterGather* gate() const { return gate_.get(); }
+  /// Bytes of weights this rank holds between steps (parameters: its slice and the root
+  /// parameters; else every parameter).
+  std::uint64_t weight_bytes() const;
 
   /// The tensors the optimizer steps: this rank's views (an empty slice gives none).
   const std::vector<torch::Tensor>& views() const { return views_; }
@@ -84,8 +97,11 @@ class OptimizerShard {
   std::int64_t slice_begin() const { return begin_; }
   std::int64_t slice_size() const { return slice_; }
   int group_size() const { return group_size_; }
+  /// Elements of the flat layout before padding (every parameter, held or not).
+  std::int64_t parameter_count() const { return total_; }
 
-  /// After the optimizer stepped the views: every rank's slice to every rank (MPI all-gather
+  /// After the optimizer stepped the views: every rank's slice to every rank (parameters: only the
+  /// root parameters'; the blocks are gathered at their next use) (MPI all-gather
   /// through the reducer's buffer, which the step no longer needs, or with `gradients` a buffer of
   /// the step; staged through pinned host memory for device parameters), copied into the
   /// parameters; the reducer's buffer (the grads) is left zeroed. Collective; waits with deadline, polling `health`.
@@ -110,15 +126,39 @@ class OptimizerShard {
   std::vector<std::int64_t> offsets_;  ///< each parameter's first element in the flat layout
   std::vector<Segment> segments_;
   std::vector<torch::Tensor> views_;
-  std::int64_t begin_ = 0, slice_ = 0, padded_ = 0;
+  std::int64_t begin_ = 0, slice_ = 0, padded_ = 0, total_ = 0;
   torch::Tensor grad_slice_;  ///< gradients: this rank's averaged gradients
   std::unique_ptr<GradientScatter> scatter_;
+  torch::Tensor owned_;  ///< parameters: this rank's slice of the master weights (the views' storage)
+  std::unique_ptr<ParameterGather> gate_;
   int group_size_ = 1, group_rank_ = 0;
   std::vector<int> peers_;
   std::chrono::duration<double> timeout_;
   int world_rank_;
   comm::HealthChannel* health_;
   comm::FaultHook fault_hook_;
+};
+
+/// student.shard parameters: every block of `shard`'s model whole while this guard lives (a
+/// checkpoint's write, a resume's read: collective over the students), let go after; nothing for
+/// other modes or none.
+class WholeWeights {
+ public:
+  explicit WholeWeights(OptimizerShard* shard) : gate_(shard ? shard->gate() : nullptr) {
+    if (gate_) gate_->gather_all();
+  }
+  ~WholeWeights() {
+    if (gate_) gate_->rest();
+  }
+  WholeWeights(const WholeWeights&) = delete;
+  WholeWeights& operator=(const WholeWeights&) = delete;
+  /// After a resume loaded the weights: each rank's slice taken from them.
+  void adopt() {
+    if (gate_) gate_->adopt();
+  }
+
+ private:
+  ParameterGather* gate_;
 };
 
 /// student.shard gradients in the reducer's place: average(step) is the shard's reduce-scatter,

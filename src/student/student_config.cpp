@@ -33,10 +33,12 @@ void StudentConfig::bind(OptionTable& t) {
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
       .bind("student.shard", shard,
-            "none | optimizer | gradients (ZeRO-1: each of N student ranks keeps the AdamW moments of 1/N "
-            "of the parameters, updates that slice and all-gathers the result; ZeRO-2: the gradients of "
-            "that slice too, reduce-scattered bucket by bucket from the backward; checkpoints hold each "
-            "rank's slice and resume on any student count)")
+            "none | optimizer | gradients | parameters (ZeRO-1: each of N student ranks keeps the AdamW "
+            "moments of 1/N of the parameters, updates that slice and all-gathers the result; ZeRO-2: the "
+            "gradients of that slice too, reduce-scattered bucket by bucket from the backward; ZeRO-3: the "
+            "blocks' weights too, each block all-gathered for its forward and its recomputation and let go "
+            "after (host students, fp32, student.checkpointing all); checkpoints hold each rank's slice and "
+            "resume on any student count)")
       .bind("student.tf32", tf32,
             "on a CUDA student, fp32 matmuls may use TF32 tensor cores (about 8x the fp32 rate "
             "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
@@ -116,6 +118,18 @@ void StudentConfig::validate(ConfigProblems& p) const {
   }
   p.check(precision == "fp32" || precision == "bf16-mixed",
           "student.precision(" + precision + ") must be fp32 or bf16-mixed");
+  if (shard == "parameters") {
+    // ZeRO-3 here: a block's weights are gathered for its forward and again for its recomputation
+    // in the backward, over MPI from the thread that runs the backward (host students).
+    p.check(checkpointing == "all", "student.shard parameters gathers a block's weights again for its backward, "
+                                    "which recomputes it: it needs student.checkpointing all, not " + checkpointing);
+    p.check(precision == "fp32", "student.shard parameters trains fp32 weights; student.precision(" + precision +
+                                     ") is not built with it");
+    p.check(lora_rank == 0, "student.shard parameters with a LoRA student (student.lora_rank " +
+                                std::to_string(lora_rank) + "): the adapters are small, shard gradients instead");
+    p.check(device != "cuda", "student.shard parameters runs on host students (MPI all-gathers from the backward); "
+                              "student.device(cuda) students shard gradients (student.shard gradients)");
+  }
   p.check(device == "auto" || device == "cpu" || device == "cuda",
           "student.device(" + device + ") must be auto, cpu or cuda");
   p.check(projection == "trained" || projection == "frozen",

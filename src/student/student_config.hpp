@@ -26,7 +26,8 @@ struct StudentConfig {
   std::string checkpointing = "off";
   /// fp32 | bf16-mixed (bf16 compute, fp32 master weights and optimizer state)
   std::string precision = "fp32";
-  /// none | optimizer: what the student group splits between its ranks (optimizer_shard.hpp)
+  /// none | optimizer | gradients | parameters: what the student group splits between its ranks
+  /// (optimizer_shard.hpp)
   std::string shard = "none";
   /// fp32 matmuls on a CUDA student may use TF32 (false: exact fp32; no effect on the host)
   bool tf32 = true;

@@ -198,7 +198,7 @@ torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, cons
   }
   const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
   if (is_pair()) return forward_pair(in, policy);  // a pair: no projections, no feature heads
-  return project_out(torch::stack(student_forward(dit, in, policy, hidden)));
+  return project_out(torch::stack(student_forward(dit, in, policy, hidden, gate_)));
 }
 
 MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale,
@@ -230,6 +230,7 @@ torch::Tensor StudentParts::forward_train(const comm::TensorDict& batch, const C
 
 void StudentParts::backward(const torch::Tensor& loss) {
   loss.backward();
+  if (gate_) gate_->rest();  // the backward ends holding the first block
   // Mixed precision: the bf16 grads are folded into the fp32 master grads, then dropped.
   for (auto& [master, compute] : master_compute_) fold_compute_grad(master, compute);
 }
@@ -257,6 +258,20 @@ std::vector<torch::Tensor> StudentParts::grad_sources() const {
     }
   }
   return out;
+}
+
+std::vector<std::vector<std::size_t>> StudentParts::block_units() const {
+  std::vector<std::vector<std::size_t>> units;
+  for (std::int64_t b = 0; b < model_->config().num_layers; ++b) {
+    std::vector<std::size_t> unit;
+    for (const auto& p : model_->block_parameters(b)) {
+      for (std::size_t i = 0; i < trainable_.size(); ++i) {
+        if (trainable_[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) unit.push_back(i);
+      }
+    }
+    units.push_back(std::move(unit));
+  }
+  return units;
 }
 
 void StudentParts::zero_grad() {

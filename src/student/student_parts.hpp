@@ -102,6 +102,11 @@ class StudentParts {
   /// For each trainable() tensor, the tensor the backward gives its gradient to: the bf16 compute
   /// copy under bf16-mixed (folded into the master's .grad by backward()), else itself.
   std::vector<torch::Tensor> grad_sources() const;
+  /// For each DiT block, the indices into trainable() of its parameters (student.shard parameters).
+  std::vector<std::vector<std::size_t>> block_units() const;
+  /// student.shard parameters: every forward enters the blocks through `gate` (its owner outlives
+  /// these parts' use), and every backward ends with gate->rest().
+  void set_gate(BlockGate* gate) { gate_ = gate; }
   /// Zeroes every trainable gradient that exists (one multi-tensor kernel where LibTorch has it).
   void zero_grad();
   /// Where every part lives and trains (student.device).
@@ -142,6 +147,7 @@ class StudentParts {
   WanDiT compute_;  ///< bf16 copy (mixed precision) or the same module as model_
   WanDiT low_{nullptr};  ///< a LoRA pair's low-noise expert (model_ is the high one)
   std::int64_t gan_block_ = -1;  ///< the realism classifier's block (setup.gan), else -1
+  BlockGate* gate_ = nullptr;    ///< student.shard parameters
   torch::nn::ModuleDict heads_;  ///< in_proj / out_proj / feature heads
   std::vector<torch::Tensor> trainable_;
   std::vector<std::string> trainable_names_;

@@ -31,7 +31,7 @@ struct Case {
   int step;           ///< 1 (first) or 6 (later) at the step's start; 3 or 4 inside it
   std::string point;  ///< empty: the step's start; allreduce | send | save | serve | allgather: inside the step
   bool dmd = false;   ///< train.objective dmd (critic_ratio 3): a real-score request is under way
-  std::string shard;  ///< student.shard (allgather: optimizer); empty: none
+  std::string shard;  ///< student.shard (allgather: optimizer; parameters: checkpointing all); empty: none
 };
 
 /// The dmd job of the matrix's dmd cases: cycles of 3 steps, the request of a cycle goes out at
@@ -95,7 +95,8 @@ TEST_P(FailureMatrix, EveryRankStopsWithTheDocumentedCodeAndOneDiagnosis) {
                            " --inject-fault " + c.kind + "@" + c.role + ":" + std::to_string(role_rank) + ":" +
                            std::to_string(c.step) + (c.point.empty() ? "" : ":" + c.point) + (c.dmd ? kDmd : "") +
                            (c.point == "allgather" ? " --student.shard optimizer" : "") +
-                           (c.shard.empty() ? "" : " --student.shard " + c.shard);
+                           (c.shard.empty() ? "" : " --student.shard " + c.shard) +
+                           (c.shard == "parameters" ? " --student.checkpointing all" : "");
   // A silent rank makes mpirun start stopping the job at once; the survivors need the deadline
   // plus the protocol to explain, so they get a longer grace there.
   const auto r = launch_train(kRanks, args, /*timeout_s=*/150, silent ? kDeadline + 8 : 3);
@@ -170,6 +171,9 @@ std::vector<Case> matrix() {
   for (const std::string kind : {"sigkill", "throw"}) {
     cases.push_back({kind, "student", 3, "allreduce", false, "gradients"});
   }
+  // student.shard parameters: a student dies at a step's start, the other waits for it in the
+  // all-gather of its first block's weights.
+  for (const std::string kind : {"sigkill", "throw"}) cases.push_back({kind, "student", 3, "", false, "parameters"});
   // train.objective dmd: the teacher dies answering the students' requests (they wait for the
   // answer or for the stream), a student dies with its request outstanding (the teacher waits
   // in the request stream or the batch stream).

@@ -1,12 +1,17 @@
-// student.shard optimizer (ZeRO-1) and gradients (ZeRO-2) against plain data-parallel training:
-// the same loss curve on 2, 3 and 4 students (slices that cross parameters, a padded last slice,
-// several buckets reduce-scattered from the backward), with the global-norm clip, gradient
-// accumulation and bf16-mixed; checkpoints resumed on the same student count bit for bit and on
-// other counts (2 -> 4 -> 3) exactly as an unsharded resume; the dmd critic; refusals.
+// student.shard optimizer (ZeRO-1), gradients (ZeRO-2) and parameters (ZeRO-3) against plain
+// data-parallel training: the same loss curve on 2, 3 and 4 students (slices that cross
+// parameters, a padded last slice, several buckets reduce-scattered from the backward), with the
+// global-norm clip, gradient accumulation and bf16-mixed; checkpoints resumed on the same student
+// count bit for bit and on other counts (2 -> 4 -> 3) exactly as an unsharded resume; the dmd
+// critic; what each rank holds; refusals.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "launch_util.hpp"
 
@@ -30,6 +35,29 @@ const std::string kJob = kBase + " --train.steps 12";
 // student.shard gradients with buckets of 0.1 MB: the student's 0.58 MB of fp32 gradients in 6
 // buckets, so reduce-scatters start inside the backward.
 const std::string kGradients = " --student.shard gradients --comm.bucket_mb 0.1";
+// student.shard parameters gathers a block again for its recomputation: every block checkpointed.
+const std::string kAll = " --student.checkpointing all";
+const std::string kParameters = " --student.shard parameters --comm.bucket_mb 0.1" + kAll;
+constexpr std::int64_t kParams = 144458;  // the student's trainable parameters (kBase's dims)
+
+std::string file_bytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The weights bytes of every student rank in the run's last memory report.
+std::vector<std::uint64_t> student_weight_bytes(const fs::path& run) {
+  std::vector<std::uint64_t> out;
+  nlohmann::json last;
+  for (const auto& m : test::read_metrics(run / "metrics.jsonl")) {
+    if (m.contains("memory_step")) last = m;
+  }
+  if (last.is_null()) return out;
+  for (const auto& r : last["ranks"]) {
+    if (r["role"] == "student") out.push_back(r["weights_bytes"].get<std::uint64_t>());
+  }
+  return out;
+}
 
 std::string run_dir(const std::string& name) { return " --run-dir " + (root() / name).string(); }
 
@@ -65,6 +93,52 @@ TEST(Shard, OptimizerAndGradientShardingTrainLikeDataParallelOnTwoThreeAndFourSt
     const auto r = test::launch_train(students + 1, run_dir("sharded-" + std::to_string(students) + "-again") + kBase +
                                                         " --student.shard optimizer --train.steps 1");
     EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+}
+
+// student.shard parameters (ZeRO-3): each block's weights are all-gathered for its forward and
+// again for its recomputation, and let go after. With every block checkpointed it does the
+// arithmetic of student.shard gradients (the same reduce-scatter, AdamW on the same slices, the
+// same recomputation): the students written are the same bytes, and the curve is the unsharded
+// one within 1e-6. Between steps a student holds its slice of every parameter and the parameters
+// outside the blocks whole: the memory report's weights are 4 bytes x (slice + those).
+TEST(Shard, ParameterShardingTrainsAsGradientShardingAndHoldsItsSliceBetweenUses) {
+  const std::string job = kJob + " --memory.report_every 4";
+  for (const int students : {2, 3}) {
+    SCOPED_TRACE(std::to_string(students) + " students");
+    const std::string n = std::to_string(students);
+    auto plain = test::launch_train(students + 1, run_dir("all-plain-" + n) + job + kAll);
+    ASSERT_EQ(plain.code, 0) << plain.output;
+    auto scattered = test::launch_train(students + 1, run_dir("all-scattered-" + n) + job + kGradients + kAll);
+    ASSERT_EQ(scattered.code, 0) << scattered.output;
+    auto gathered = test::launch_train(students + 1, run_dir("gathered-" + n) + job + kParameters);
+    ASSERT_EQ(gathered.code, 0) << gathered.output;
+    EXPECT_NE(gathered.output.find("student.shard parameters: each of " + n +
+                                   " students keeps AdamW moments, gradients and weights for "),
+              std::string::npos)
+        << gathered.output;
+    test::expect_close_losses(root() / ("all-plain-" + n), root() / ("gathered-" + n), 12);
+    const auto written = [&](const std::string& run) {
+      return file_bytes(root() / run / "student" / "diffusion_pytorch_model.safetensors");
+    };
+    EXPECT_FALSE(written("gathered-" + n).empty());
+    EXPECT_TRUE(written("gathered-" + n) == written("all-scattered-" + n)) << "the students differ";
+
+    const std::string said = "blocks gathered for each use (forward and recomputation); between uses each student "
+                             "holds its slice and the ";
+    const auto at = gathered.output.find(said);
+    ASSERT_NE(at, std::string::npos) << gathered.output;
+    const std::int64_t outside = std::stoll(gathered.output.substr(at + said.size()));
+    EXPECT_GT(outside, 0);
+    // Embeddings and head: a third of this tiny student (its text embedding), a few percent of a real DiT.
+    EXPECT_LT(outside, kParams / 2);
+    const std::int64_t slice = (kParams + students - 1) / students;
+    const auto held = student_weight_bytes(root() / ("gathered-" + n));
+    ASSERT_EQ(held.size(), static_cast<std::size_t>(students));
+    for (const auto bytes : held) EXPECT_EQ(bytes, static_cast<std::uint64_t>(4 * (slice + outside)));
+    for (const auto bytes : student_weight_bytes(root() / ("all-scattered-" + n))) {
+      EXPECT_EQ(bytes, static_cast<std::uint64_t>(4 * kParams));
+    }
   }
 }
 
@@ -133,15 +207,18 @@ TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
                                                      root() / "four-sharded" / "checkpoints" / "step-00000008", 4}}) {
     SCOPED_TRACE(name);
     // The checkpoint is the same whatever the sharding: a gradients run resumes it too.
-    for (const std::string mode : {"sharded", "plain", "scattered"}) {
-      const std::string shard = mode == "sharded" ? " --student.shard optimizer" : mode == "scattered" ? kGradients : "";
+    for (const std::string mode : {"sharded", "plain", "scattered", "gathered"}) {
+      const std::string shard = mode == "sharded"     ? " --student.shard optimizer"
+                                : mode == "scattered" ? kGradients
+                                : mode == "gathered"  ? kParameters
+                                                      : "";
       const auto r = test::launch_train(ranks, run_dir(name + "-" + mode) + kJob + " --checkpoint.every 4 --resume " +
                                                    from.string() + shard);
       ASSERT_EQ(r.code, 0) << r.output;
     }
     const auto b = test::losses(root() / (name + "-plain"));
     ASSERT_FALSE(b.empty());
-    for (const std::string mode : {"sharded", "scattered"}) {
+    for (const std::string mode : {"sharded", "scattered", "gathered"}) {
       const auto a = test::losses(root() / (name + "-" + mode));
       ASSERT_EQ(a.size(), b.size()) << mode;
       for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << mode << " step " << i;
@@ -155,6 +232,15 @@ TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
                                          (root() / "scattered-straight" / "checkpoints" / "step-00000004").string());
   ASSERT_EQ(again.code, 0) << again.output;
   test::expect_resumed_exactly(root() / "scattered-straight", root() / "scattered-same", 12, 4);
+  // student.shard parameters too: the checkpoint gathers the whole student for its writer, the
+  // resume reads it whole and each student takes its slice again.
+  const std::string gather_args = kJob + kParameters + " --checkpoint.every 4 --checkpoint.keep 0";
+  auto gathered = test::launch_train(3, run_dir("gathered-straight") + gather_args);
+  ASSERT_EQ(gathered.code, 0) << gathered.output;
+  auto resumed = test::launch_train(3, run_dir("gathered-same") + gather_args + " --resume " +
+                                           (root() / "gathered-straight" / "checkpoints" / "step-00000004").string());
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  test::expect_resumed_exactly(root() / "gathered-straight", root() / "gathered-same", 12, 4);
 }
 
 // train.objective dmd: the critic shards with the student (the same code), and a run resumed
@@ -179,13 +265,43 @@ TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
   auto scattered = test::launch_train(3, run_dir("dmd-scattered") + args + kGradients);
   ASSERT_EQ(scattered.code, 0) << scattered.output;
   test::expect_close_losses(root() / "dmd-plain", root() / "dmd-scattered", 12);
+  // Sharded weights: generator and critic gather their blocks for each use (the generator's loss
+  // runs through the critic's, gathered again in its backward); the same students as sharded
+  // gradients write, and a resume mid-cycle continues bit for bit.
+  auto scattered_all = test::launch_train(3, run_dir("dmd-scattered-all") + args + kGradients + kAll);
+  ASSERT_EQ(scattered_all.code, 0) << scattered_all.output;
+  auto gathered = test::launch_train(3, run_dir("dmd-gathered") + args + kParameters);
+  ASSERT_EQ(gathered.code, 0) << gathered.output;
+  EXPECT_NE(gathered.output.find("gradients and weights for 75648 of 151296 parameters (the last slice 0 padding) of "
+                                 "the dmd critic"),
+            std::string::npos)
+      << gathered.output;
+  const auto student = [&](const std::string& run) {
+    return file_bytes(root() / run / "student" / "diffusion_pytorch_model.safetensors");
+  };
+  EXPECT_FALSE(student("dmd-gathered").empty());
+  EXPECT_TRUE(student("dmd-gathered") == student("dmd-scattered-all")) << "the students differ";
+  auto gathered_resumed = test::launch_train(3, run_dir("dmd-gathered-resumed") + args + kParameters + " --resume " +
+                                                    (root() / "dmd-gathered" / "checkpoints" / "step-00000006").string());
+  ASSERT_EQ(gathered_resumed.code, 0) << gathered_resumed.output;
+  test::expect_resumed_exactly(root() / "dmd-gathered", root() / "dmd-gathered-resumed", 12, 6);
 }
 
 TEST(Shard, RefusesWhatItDoesNotDo) {
-  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard parameters");
+  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard weights");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("student.shard(parameters) must be none, optimizer (ZeRO-1"), std::string::npos)
+  EXPECT_NE(r.output.find("student.shard(weights) must be none, optimizer (ZeRO-1"), std::string::npos)
       << r.output;
+  // student.shard parameters: what it needs, said before anything trains.
+  for (const auto& [extra, said] :
+       {std::pair{std::string(" --student.shard parameters"), "it needs student.checkpointing all, not off"},
+        std::pair{kParameters + " --student.precision bf16-mixed", "student.precision(bf16-mixed) is not built with it"},
+        std::pair{kParameters + " --train.ema_decay 0.9", "train.ema_decay with student.shard parameters"},
+        std::pair{kParameters + " --train.sample_every 4", "train.sample_every with student.shard parameters"}}) {
+    r = test::launch_train(3, run_dir("refused-parameters") + kJob + extra);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(said), std::string::npos) << extra << "\n" << r.output;
+  }
   // One student: nothing to split, said once, trained as unsharded.
   r = test::launch_train(2, run_dir("one") + kBase + " --student.shard optimizer --train.steps 2");
   EXPECT_EQ(r.code, 0) << r.output;
@@ -193,6 +309,9 @@ TEST(Shard, RefusesWhatItDoesNotDo) {
   r = test::launch_train(2, run_dir("one-gradients") + kBase + kGradients + " --train.steps 2");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("student.shard gradients: one student, nothing to split"), std::string::npos) << r.output;
+  r = test::launch_train(2, run_dir("one-parameters") + kBase + kParameters + " --train.steps 2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("student.shard parameters: one student, nothing to split"), std::string::npos) << r.output;
 }
 
 }  // namespace
