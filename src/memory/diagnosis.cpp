@@ -115,7 +115,8 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
     const bool whole_moments = ctx.student_shard == "none";
     const std::uint64_t held = (whole_moments ? moments : 0) + grads;
     const auto n = static_cast<std::uint64_t>(std::max(1, ctx.student_ranks));
-    if (ctx.student_shard != "gradients" && n > 1 && held > 0 &&
+    const bool scattered = ctx.student_shard == "gradients" || ctx.student_shard == "parameters";
+    if (!scattered && n > 1 && held > 0 &&
         (held >= peak / 10 || (request && held - held / n >= *request))) {
       const auto what = whole_moments ? fmt::format("{} of AdamW moments and {} of gradients", bytes(moments), bytes(grads))
                                       : fmt::format("{} of gradients", bytes(grads));
@@ -123,6 +124,20 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                                  "same loss curve, docs/training.md), freeing {}",
                                  who, what, n, whole_moments ? "both" : "them", bytes(held / n), bytes(held - held / n)),
                      {{"student.shard", "gradients"}}});
+    }
+    // The weights: a host student of fp32 weights can keep a 1/N slice of the blocks' too
+    // (student.shard parameters, which recomputes every block to gather it again).
+    const std::uint64_t weights = known ? failed->memory.model.weights_bytes : 0;
+    const bool host = known && !failed->memory.device.available;
+    if (host && ctx.student_shard != "parameters" && ctx.precision == "fp32" && n > 1 && weights > 0 &&
+        (weights >= peak / 10 || (request && weights - weights / n >= *request))) {
+      Remedy r{fmt::format("{} holds {} of weights: --student.shard parameters keeps a 1/{} slice of them on each "
+                           "student (gradients and AdamW moments too) and gathers each block for its use (the same "
+                           "loss curve, docs/training.md), freeing about {}",
+                           who, bytes(weights), n, bytes(weights - weights / n)),
+               {{"student.shard", "parameters"}}};
+      if (ctx.checkpointing != "all") r.changes.emplace_back("student.checkpointing", "all");
+      out.push_back(std::move(r));
     }
     // A LoRA pair's two frozen bases: one job per expert holds one.
     const std::uint64_t bases = known ? failed->memory.teacher_weights_bytes : 0;

@@ -2,6 +2,8 @@
 // config and the memory numbers, and the adjusted command line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 #include <new>
 #include <optional>
@@ -332,6 +334,38 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   in.context.student_shard = "none";
   in.context.student_ranks = 1;
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
+}
+
+// A host student of fp32 weights worth a tenth of the peak: student.shard parameters is offered
+// (with every block checkpointed, which it needs); not once it is on, nor on a GPU.
+TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
+  auto in = student_oom();
+  in.context.checkpointing = "off";
+  in.context.batch_size = 1;
+  in.context.student_shard = "gradients";
+  in.context.student_ranks = 4;
+  in.ranks[3].memory.model.weights_bytes = 800 * kMiB;  // 32% of the 2500 MiB peak
+  const auto remedies = memory::compute_remedies(in);
+  const auto it = std::find_if(remedies.begin(), remedies.end(),
+                               [](const memory::Remedy& r) { return test::contains(r.text, "shard parameters"); });
+  ASSERT_NE(it, remedies.end());
+  EXPECT_TRUE(test::contains(it->text, "rank 3 (student) holds 800.00 MiB of weights: --student.shard parameters keeps "
+                                       "a 1/4 slice of them on each student"))
+      << it->text;
+  EXPECT_TRUE(test::contains(it->text, "freeing about 600.00 MiB")) << it->text;
+  EXPECT_EQ(it->changes, (std::vector<std::pair<std::string, std::string>>{{"student.shard", "parameters"},
+                                                                           {"student.checkpointing", "all"}}));
+  const auto offered = [&] {
+    for (const auto& r : memory::compute_remedies(in)) {
+      if (test::contains(r.text, "shard parameters")) return true;
+    }
+    return false;
+  };
+  in.context.student_shard = "parameters";
+  EXPECT_FALSE(offered());
+  in.context.student_shard = "gradients";
+  in.ranks[3].memory.device.available = true;
+  EXPECT_FALSE(offered());
 }
 
 // A LoRA pair's student holds both experts' frozen bases: one job per expert (student.expert) is

@@ -119,6 +119,25 @@ TEST(Planner, ShardedGradientsKeepASliceAndTwoBuckets) {
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).student.at(kGradients).device, 1200u);
 }
 
+// student.shard parameters: the weights are the slice of every parameter, the parameters outside
+// the blocks whole, and one gathered block; gradients and moments as with gradients; after the
+// step only the outside parameters are gathered.
+TEST(Planner, ShardedParametersKeepASliceTheRestAndOneBlock) {
+  auto in = small_job();
+  in.cpu_job = true;
+  in.student_extra_params = 50;  // 300 params in all (2 blocks of 100): W = 1200 bytes, 400 outside
+  in.shard_optimizer = in.shard_gradients = in.shard_parameters = true;
+  in.student_ranks = 7;  // slices of 43
+  in.bucket_bytes = 100;
+  const auto cpu = placement(make_plan(in), Placement::kCpu).student;
+  EXPECT_EQ(cpu.at(kStudentWeights).host, 4 * 43u + 400u + 400u);
+  EXPECT_EQ(cpu.at(kGradients).host, 4 * 43u + 200u);
+  EXPECT_EQ(cpu.at(kOptimizerState).host, 2 * 4 * 43u);
+  // One student: nothing to split, the whole model.
+  in.student_ranks = 1;
+  EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kStudentWeights).host, 1200u);
+}
+
 // student.lora_rank: the base is held frozen (no gradient, no moments); only the adapters train.
 TEST(Planner, LoraStudentsHoldTheBaseAndTrainTheAdapters) {
   auto in = small_job();
