@@ -28,6 +28,7 @@ common=(--teacher.checkpoint "$work/teacher" --data.path "$work/data.h5" --teach
         --train.batch_size 2 --train.eval_samples 16 --train.log_every 1 --memory.report_every 10
         --comm.bucket_mb 1)
 
+if [[ ${SMALL:-1} == 1 ]]; then
 for students in 2 4; do
   for mode in none optimizer gradients gradients+all parameters; do
     shard=${mode%+all}
@@ -82,12 +83,16 @@ for n in (2, 4):
               f"{(w+g+o)/params:.3f} | {formula:.3f} | {planned/2**20:.2f} MiB | {planned/(w+g+o):.3f} | "
               f"{rate:.1f} | {diff:.1e} | {st.get('peak_rss_bytes', 0)/2**20:.0f} MiB |")
 EOF
+fi
 
 # A student whose state is most of what a rank holds: dim 1024, 12 blocks, ffn 4096 (~0.2 B
 # parameters: 0.8 GiB of fp32 weights, 3.3 GiB of weights + gradients + AdamW unsharded) on 4
 # students, with latents of 16 tokens so that memory, not compute, is what the run shows: each
 # student's peak RSS (summary.json), its weights + gradients + AdamW (the last memory report) and
-# `plan`'s student total, with none, gradients and parameters. BIG=0 skips it (~6 min here).
+# `plan`'s student total, with none, gradients and parameters. BIG=0 skips it (~6 min here),
+# SMALL=0 the small job. The peak RSS is the last memory report's (steps 5-8: training alone); the
+# run's lifetime peak also holds start-up, where every student builds the whole student once, and
+# the final save, which gathers it whole again for the writer.
 [[ ${BIG:-1} == 1 ]] || exit 0
 [[ -f $work/data-big.h5 ]] ||
   "$bin" make-dataset --latent 16,1,8,8 --text-len 32 --text-dim 256 --samples 96 --seed 0 \
@@ -114,17 +119,19 @@ def plan_total(d):
     words = next(l for l in lines if l.strip().startswith("total")).split()
     return float(words[-2]) * UNITS[words[-1]]
 print()
-print("| 4 students, dim 1024 x 12 | weights + grads + AdamW | peak RSS of a student (max of 4) | plan: a student's host total | samples/s |")
-print("|---|---:|---:|---:|---:|")
+print("| 4 students, dim 1024 x 12 | weights + grads + AdamW | peak RSS in steps 5-8 (max of 4 students) | lifetime peak RSS | plan: a student's host total | samples/s |")
+print("|---|---:|---:|---:|---:|---:|")
 for shard in ("none", "gradients", "parameters"):
     d = f"big-{shard}"
     ms = [json.loads(l) for l in open(f"{work}/{d}/metrics.jsonl")]
     mem = [m for m in ms if "memory_step" in m][-1]
     st = next(r for r in mem["ranks"] if r["role"] == "student")
     state = st["weights_bytes"] + st["grads_bytes"] + st["optimizer_state_bytes"]
+    window = max(r["peak_rss_bytes"] for r in mem["ranks"] if r["role"] == "student")
     summary = json.load(open(f"{work}/{d}/summary.json"))
     peak = max(r["peak_rss_bytes"] for r in summary["ranks"] if r["role"] == "student")
     rates = [m["samples_per_s"] for m in ms if "samples_per_s" in m]
     rate = sum(rates[len(rates) // 2:]) / len(rates[len(rates) // 2:])
-    print(f"| {shard} | {state/2**30:.2f} GiB | {peak/2**30:.2f} GiB | {plan_total(d)/2**30:.2f} GiB | {rate:.2f} |")
+    print(f"| {shard} | {state/2**30:.2f} GiB | {window/2**30:.2f} GiB | {peak/2**30:.2f} GiB | "
+          f"{plan_total(d)/2**30:.2f} GiB | {rate:.2f} |")
 PY

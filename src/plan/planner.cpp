@@ -309,6 +309,7 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   }
   if (out.host_per_node > in.host_budget) over.push_back("node's host memory");
   if (shard && in.teacher_ranks < 2) over.push_back("shard needs teacher.ranks >= 2");
+  if (gathered && cuda) over.push_back("student.shard parameters trains host students only (GPU students: gradients)");
   if (shard && in.whole_teacher) over.push_back("the objective needs the whole teacher on one rank");
   out.fits = over.empty();
   for (std::size_t i = 0; i < over.size(); ++i) out.why_not += (i ? ", " : "exceeds: ") + over[i];

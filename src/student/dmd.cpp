@@ -142,6 +142,10 @@ DmdSpec DmdSpec::from(const TrainConfig& train, const std::array<std::int64_t, 4
   return s;
 }
 
+at::Generator DmdSpec::generator(std::uint64_t salt, std::int64_t key) const {
+  return at::detail::createCPUGenerator(data::hash_keys(seed, salt, key, student));
+}
+
 torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, const DmdSpec& spec,
                        std::int64_t key, bool grad, const CheckpointPolicy& policy) {
   const auto batch = inputs.at("context").size(0);
@@ -154,7 +158,7 @@ torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, 
     const auto& t = inputs.at("t");
     return x_t - (t / 1000.0).view({batch, 1, 1, 1, 1}) * jump(x_t, t, grad);
   }
-  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, kSampleSalt, key, spec.student));
+  auto gen = spec.generator(kSampleSalt, key);
   const auto [c, f, h, w] = spec.latent;
   auto x = torch::randn({batch, c, f, h, w}, gen).to(generator.device());
   const auto k = spec.sigmas.size() - 1;
@@ -169,7 +173,7 @@ torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, 
 
 Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt) {
   const auto batch = x0.size(0);
-  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, salt, key, spec.student));
+  auto gen = spec.generator(salt, key);
   const auto u = torch::rand({batch}, gen, torch::kDouble) * (spec.t_max - spec.t_min) + spec.t_min;
   const auto sigma = spec.shift * u / (1.0 + (spec.shift - 1.0) * u);  // Wan's shifted schedule
   const auto noise = torch::randn(x0.sizes(), gen, torch::kFloat).to(x0.device());
@@ -194,7 +198,7 @@ torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad) {
 }
 
 torch::Tensor seeded_noise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt) {
-  auto gen = at::detail::createCPUGenerator(data::hash_keys(spec.seed, salt, key, spec.student));
+  auto gen = spec.generator(salt, key);
   return torch::randn(x0.sizes(), gen, torch::kFloat).to(x0.device());
 }
 
@@ -353,11 +357,15 @@ void DmdTrainer::restore(const std::string& dir) {
     const auto t = file.tensor(info.name).slice(0, rank * rows, (rank + 1) * rows).clone();
     pending_[info.name] = comm::host_resident(info.name) ? t : t.to(p_.generator.device());
   }
-  for (const char* name : {"context", "context_lens", "t"}) {
-    if (name == std::string("t") && p_.train.gan_weight == 0 && p_.spec.simulate) continue;
+  // The inputs the generator step will read: the contexts, and the noise levels where the data
+  // start or the GAN term reads them.
+  std::vector<std::string> needed{"context", "context_lens"};
+  if (p_.train.gan_weight != 0 || !p_.spec.simulate) needed.emplace_back("t");
+  for (const auto& name : needed) {
     WD_CHECK_DATA(pending_.count(name), path, name,
-                  "is missing (the request inputs of cycle " << cycle << (name == std::string("t") ? "; train.gan_weight "
-                  "needs their noise levels: resume from a checkpoint at a cycle's end" : "") << ")");
+                  "is missing (the request inputs of cycle " << cycle << (name == "t" ? "; the generator step reads "
+                  "their noise levels (train.dmd_start data, train.gan_weight): resume from a checkpoint at a cycle's "
+                  "end" : "") << ")");
   }
   pending_cycle_ = cycle;
 }

@@ -43,6 +43,9 @@ struct DmdSpec {
   /// From the loop's [train] (RunConfig::student_train(): sample_steps = student.steps,
   /// sample_shift = teacher.shift, the generator's schedule).
   static DmdSpec from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student);
+  /// The host generator of draw `key` under `salt`: seeded by (seed, salt, key, student), so each
+  /// student draws its own and a resume draws the same.
+  at::Generator generator(std::uint64_t salt, std::int64_t key) const;
 };
 
 /// The generator's sample x̂0 [B,C,F,H,W] in the teacher's latent space for the contexts of

@@ -53,49 +53,46 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
                                double timeout_s, int world_rank, comm::HealthChannel* health,
                                std::vector<torch::Tensor> sources)
     : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
-  join_group();
-  WD_CHECK(!params_.empty(), "student.shard gradients needs trainable parameters");
-  std::int64_t total = 0;
-  for (const auto& p : params_) {
-    WD_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && p.device() == params_.front().device(),
-             "student.shard gradients needs contiguous fp32 trainable tensors on one device; got "
-                 << p.scalar_type() << " on " << p.device());
-    total += p.numel();
-  }
-  const std::int64_t padded = (total + group_size_ - 1) / group_size_ * group_size_;
-  grad_slice_ = torch::zeros({padded / group_size_}, params_.front().options().requires_grad(false));
-  lay_out(padded);
-  if (!params_.front().is_cpu()) {
-    host_ = torch::empty({padded}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-  }
-  scatter_ = std::make_unique<GradientScatter>(
-      comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
-      grad_slice_, timeout_, world_rank_, peers_, health_, std::move(sources));
+  scatter_gradients(bucket_bytes, std::move(sources), nullptr);
 }
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
                                double timeout_s, int world_rank, comm::HealthChannel* health,
                                const std::vector<std::vector<std::size_t>>& blocks)
     : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
+  scatter_gradients(bucket_bytes, {}, &blocks);
+}
+
+void OptimizerShard::scatter_gradients(std::uint64_t bucket_bytes, std::vector<torch::Tensor> sources,
+                                       const std::vector<std::vector<std::size_t>>* blocks) {
   join_group();
-  WD_CHECK(!params_.empty(), "student.shard parameters needs trainable parameters");
+  const char* mode = blocks ? "parameters" : "gradients";
+  WD_CHECK(!params_.empty(), "student.shard " << mode << " needs trainable parameters");
   std::int64_t total = 0;
   for (const auto& p : params_) {
-    WD_CHECK(p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous(),
-             "student.shard parameters needs contiguous fp32 trainable tensors on the host; got "
-                 << p.scalar_type() << " on " << p.device());
+    // parameters: the gathers run from the backward, on the thread MPI was initialised on.
+    WD_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && p.device() == params_.front().device() &&
+                 (!blocks || p.is_cpu()),
+             "student.shard " << mode << " needs contiguous fp32 trainable tensors on one device"
+                              << (blocks ? " (the host)" : "") << "; got " << p.scalar_type() << " on "
+                              << p.device());
     total += p.numel();
   }
   const std::int64_t padded = (total + group_size_ - 1) / group_size_ * group_size_;
-  grad_slice_ = torch::zeros({padded / group_size_}, torch::kFloat);
-  owned_ = torch::zeros({padded / group_size_}, torch::kFloat);
+  grad_slice_ = torch::zeros({padded / group_size_}, params_.front().options().requires_grad(false));
+  if (blocks) owned_ = torch::zeros({padded / group_size_}, torch::kFloat);
   lay_out(padded);
-  // The hooks go on while every parameter is whole: their accumulators keep the full shapes.
+  if (!params_.front().is_cpu()) {
+    host_ = torch::empty({padded}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  }
+  // parameters: the hooks go on while every parameter is whole, so their accumulators keep the
+  // full shapes; the gate lets go of the blocks after.
   scatter_ = std::make_unique<GradientScatter>(
       comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
-      grad_slice_, timeout_, world_rank_, peers_, health_);
+      grad_slice_, timeout_, world_rank_, peers_, health_, std::move(sources));
+  if (!blocks) return;
   gate_ = std::make_unique<ParameterGather>(
-      comm_, params_, ParameterGather::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, blocks, owned_,
+      comm_, params_, ParameterGather::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, *blocks, owned_,
       timeout_, world_rank_, peers_, health_);
   gate_->adopt();
 }

@@ -116,6 +116,10 @@ class OptimizerShard {
 
  private:
   void join_group();
+  /// The gradients and parameters constructors: the layout, this rank's gradient slice, the
+  /// scatter, and with `blocks` the owned weights and their gate.
+  void scatter_gradients(std::uint64_t bucket_bytes, std::vector<torch::Tensor> sources,
+                         const std::vector<std::vector<std::size_t>>* blocks);
   /// Offsets, this rank's slice of `padded` elements, its segments and views.
   void lay_out(std::int64_t padded);
 
@@ -148,7 +152,7 @@ class WholeWeights {
     if (gate_) gate_->gather_all();
   }
   ~WholeWeights() {
-    if (gate_) gate_->rest();
+    if (gate_) gate_->rest_and_trim();
   }
   WholeWeights(const WholeWeights&) = delete;
   WholeWeights& operator=(const WholeWeights&) = delete;

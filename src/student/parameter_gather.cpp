@@ -8,6 +8,7 @@
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "memory/host_memory.hpp"
 
 namespace wd::student {
 
@@ -170,7 +171,14 @@ void ParameterGather::adopt() {
     WD_CHECK(params_[i].numel() == hi - lo, "parameter gather: parameter " << i << " is not whole to adopt");
     owned_.narrow(0, a - begin, b - a).copy_(params_[i].detach().view({-1}).narrow(0, a - lo, b - a));
   }
+  rest_and_trim();
+}
+
+void ParameterGather::rest_and_trim() {
   rest();
+  // Every block whole was the largest thing this rank held: back to the kernel, not kept for reuse
+  // (memory::keep_freed_host_memory keeps freed heap mapped otherwise).
+  memory::release_free_host_memory();
 }
 
 std::uint64_t ParameterGather::resting_bytes() const {

@@ -49,6 +49,8 @@ class ParameterGather final : public BlockGate {
   void rest() override;
   /// The step the waits name (begin of each step).
   void set_step(std::int64_t step) { step_ = step; }
+  /// rest(), then the freed heap back to the kernel: after every block was whole.
+  void rest_and_trim();
   /// Every block whole (a checkpoint's write, a resume's read), until rest(). Collective.
   void gather_all();
   /// After the optimizer stepped `owned`: the root parameters from every rank's slice. Collective.

@@ -133,6 +133,12 @@ TEST(Planner, ShardedParametersKeepASliceTheRestAndOneBlock) {
   EXPECT_EQ(cpu.at(kStudentWeights).host, 4 * 43u + 400u + 400u);
   EXPECT_EQ(cpu.at(kGradients).host, 4 * 43u + 200u);
   EXPECT_EQ(cpu.at(kOptimizerState).host, 2 * 4 * 43u);
+  // GPU students: refused at start-up, so no placement fits.
+  in.cpu_job = false;
+  const auto gpu = placement(make_plan(in), Placement::kGpu);
+  EXPECT_FALSE(gpu.fits);
+  EXPECT_NE(gpu.why_not.find("student.shard parameters trains host students only"), std::string::npos) << gpu.why_not;
+  in.cpu_job = true;
   // One student: nothing to split, the whole model.
   in.student_ranks = 1;
   EXPECT_EQ(placement(make_plan(in), Placement::kCpu).student.at(kStudentWeights).host, 1200u);
