@@ -224,23 +224,19 @@ TEST(Shard, ResumesOnTheSameCountExactlyAndReslicesOnAnother) {
       for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << mode << " step " << i;
     }
   }
-  // student.shard gradients resumed on its own count: bit for bit.
-  const std::string scatter_args = kJob + kGradients + " --checkpoint.every 4 --checkpoint.keep 0";
-  auto scattered = test::launch_train(3, run_dir("scattered-straight") + scatter_args);
-  ASSERT_EQ(scattered.code, 0) << scattered.output;
-  auto again = test::launch_train(3, run_dir("scattered-same") + scatter_args + " --resume " +
-                                         (root() / "scattered-straight" / "checkpoints" / "step-00000004").string());
-  ASSERT_EQ(again.code, 0) << again.output;
-  test::expect_resumed_exactly(root() / "scattered-straight", root() / "scattered-same", 12, 4);
-  // student.shard parameters too: the checkpoint gathers the whole student for its writer, the
-  // resume reads it whole and each student takes its slice again.
-  const std::string gather_args = kJob + kParameters + " --checkpoint.every 4 --checkpoint.keep 0";
-  auto gathered = test::launch_train(3, run_dir("gathered-straight") + gather_args);
-  ASSERT_EQ(gathered.code, 0) << gathered.output;
-  auto resumed = test::launch_train(3, run_dir("gathered-same") + gather_args + " --resume " +
-                                           (root() / "gathered-straight" / "checkpoints" / "step-00000004").string());
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  test::expect_resumed_exactly(root() / "gathered-straight", root() / "gathered-same", 12, 4);
+  // student.shard gradients and parameters resumed on their own count: bit for bit (parameters:
+  // the checkpoint gathers the whole student for its writer, the resume reads it whole and each
+  // student takes its slice again).
+  for (const auto& [name, shard] : {std::pair{std::string("scattered"), kGradients},
+                                    std::pair{std::string("gathered"), kParameters}}) {
+    const std::string args = kJob + shard + " --checkpoint.every 4 --checkpoint.keep 0";
+    auto straight = test::launch_train(3, run_dir(name + "-straight") + args);
+    ASSERT_EQ(straight.code, 0) << straight.output;
+    auto again = test::launch_train(3, run_dir(name + "-same") + args + " --resume " +
+                                           (root() / (name + "-straight") / "checkpoints" / "step-00000004").string());
+    ASSERT_EQ(again.code, 0) << again.output;
+    test::expect_resumed_exactly(root() / (name + "-straight"), root() / (name + "-same"), 12, 4);
+  }
 }
 
 // train.objective dmd: the critic shards with the student (the same code), and a run resumed

@@ -17,4 +17,11 @@ inline int world_size() {
   return n;
 }
 
+/// The sum of every rank's failure count: all ranks agree on the verdict.
+inline int failures_anywhere(int mine) {
+  int all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return all;
+}
+
 }  // namespace wd::test

@@ -14,6 +14,7 @@ namespace wd::student {
 namespace {
 
 using test::world_rank;
+using test::failures_anywhere;
 using test::world_size;
 
 // 35 + 13 + 9 + 29 = 86 elements: 2 ranks split them evenly, 3 and 4 pad the last slice (87, 88).
@@ -62,12 +63,6 @@ int slice_mismatches(const OptimizerShard& shard, const torch::Tensor& expected)
     if (!torch::allclose(views[k].grad(), want, 1e-6, 1e-7)) ++bad;
   }
   return bad;
-}
-
-int failures_anywhere(int mine) {
-  int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return all;
 }
 
 OptimizerShard make_shard(std::vector<torch::Tensor>& params) {

@@ -12,6 +12,7 @@ namespace wd::student {
 namespace {
 
 using test::world_rank;
+using test::failures_anywhere;
 using test::world_size;
 
 // Root {5}, block 0 {7x5, 13}, root {3x3}, block 1 {29}, root {2}: 93 elements, so blocks and the
@@ -31,12 +32,6 @@ std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
   for (const auto& p : params) out.push_back(p.detach().clone());
   return out;
-}
-
-int failures_anywhere(int mine) {
-  int all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return all;
 }
 
 OptimizerShard make_shard(std::vector<torch::Tensor>& params) {
