@@ -117,6 +117,13 @@ inline LaunchResult launch_train(int ranks, const std::string& args, int timeout
   return run_captured(cmd);
 }
 
+/// launch_train for a job every rank refuses before training (a bad key or combination): each
+/// rank says why and exits at once, so mpirun's kill grace, which it waits out twice after a
+/// non-zero exit, is kept to a second.
+inline LaunchResult launch_refused(int ranks, const std::string& args) {
+  return launch_train(ranks, args, /*timeout_s=*/120, /*kill_grace_s=*/1);
+}
+
 /// The directories fresh_dir() made in this process, removed when it ends with every test passed
 /// (a failure keeps them to look at, as does WD_KEEP_TEST_DIRS=1): a run of the launch tests
 /// writes gigabytes of checkpoints and logs, and CI runs on the same machine each time.

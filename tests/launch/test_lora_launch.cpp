@@ -242,7 +242,7 @@ TEST(Lora, TwoExpertTeacherTrainsOneAdapterSetPerExpertOnItsOwnTRange) {
   };
   for (const auto& c : refused) {
     SCOPED_TRACE(c.args);
-    auto r = test::launch_train(3, run_dir("refused-expert") + common + " --train.steps 2" + c.args);
+    auto r = test::launch_refused(3, run_dir("refused-expert") + common + " --train.steps 2" + c.args);
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }
@@ -412,7 +412,7 @@ TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
-    auto r = test::launch_train(c.ranks, run_dir("refused") + " --train.steps 2" + c.args);
+    auto r = test::launch_refused(c.ranks, run_dir("refused") + " --train.steps 2" + c.args);
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }

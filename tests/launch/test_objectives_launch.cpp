@@ -211,8 +211,8 @@ TEST(Trajectory, RolledOutSamplesTrainOtherwiseAndResumeExactly) {
   ASSERT_EQ(r.code, 0) << r.output;
   test::expect_resumed_exactly(straight, resumed, 8, 4);
   // Only with the trajectory objective.
-  r = test::launch_train(1, "--run-dir " + (root() / "rollout-refused").string() + builtin_assets() +
-                                " --train.objective guided --train.trajectory_rollout 0.5 --train.steps 2");
+  r = test::launch_refused(1, "--run-dir " + (root() / "rollout-refused").string() + builtin_assets() +
+                                  " --train.objective guided --train.trajectory_rollout 0.5 --train.steps 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.trajectory_rollout(0.5) rolls the student out along teacher trajectories: it needs "
                           "train.objective trajectory, not guided"),
@@ -348,8 +348,8 @@ TEST(Dmd, AGanTermTrainsTheCriticsClassifierAndResumesExactly) {
   ASSERT_EQ(r.code, 0) << r.output;
   test::expect_resumed_exactly(straight, resumed, 10, 3);
   // Without a classifier there is nothing to train against: refused before training.
-  r = test::launch_train(1, "--run-dir " + (root() / "dmd-gan-refused").string() + builtin_assets() + kDmd +
-                                " --train.gan_weight 0.003");
+  r = test::launch_refused(1, "--run-dir " + (root() / "dmd-gan-refused").string() + builtin_assets() + kDmd +
+                                  " --train.gan_weight 0.003");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.gan_weight(0.003) needs the critic's classifier: set critic.gan_weight > 0"),
             std::string::npos)
@@ -376,15 +376,15 @@ TEST(Dmd, ACriticOfItsOwnDimsTrainsBesideTheGenerator) {
   EXPECT_EQ(critic.info("blocks.0.self_attn.q.weight").shape, (std::vector<std::int64_t>{32, 32}));
   EXPECT_FALSE(critic.contains("blocks.1.self_attn.q.weight"));
   EXPECT_EQ(critic.info("distill_heads.gan_in.weight").shape, (std::vector<std::int64_t>{32, 32}));
-  r = test::launch_train(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
-                                dims);
+  r = test::launch_refused(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
+                                  dims);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("critic.init(student) starts it as the generator starts, with the student's dims: set "
                           "critic.init random"),
             std::string::npos)
       << r.output;
-  r = test::launch_train(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
-                                " --critic.init random --student.lora_rank 4" + dims);
+  r = test::launch_refused(1, "--run-dir " + (root() / "dmd-critic-dims-refused").string() + builtin_assets() + kDmd +
+                                  " --critic.init random --student.lora_rank 4" + dims);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("a LoRA critic (critic.lora_rank, or a LoRA student's) is the teacher's architecture"),
             std::string::npos)
@@ -392,21 +392,21 @@ TEST(Dmd, ACriticOfItsOwnDimsTrainsBesideTheGenerator) {
 }
 
 TEST(Dmd, RefusesWhatItCannotTrain) {
-  auto r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
-                                     " --train.grad_accum 2");
+  auto r = test::launch_refused(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() + kDmd +
+                                       " --train.grad_accum 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.objective dmd takes one micro-batch a step: train.grad_accum(2) must be 1"),
             std::string::npos)
       << r.output;
-  r = test::launch_train(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
-                                " --train.objective guided --train.dmd_regression_weight 0.5 --train.steps 2");
+  r = test::launch_refused(1, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
+                                  " --train.objective guided --train.dmd_regression_weight 0.5 --train.steps 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("train.dmd_regression_weight(0.5) weighs a term of the dmd generator loss: it needs "
                           "train.objective dmd, not guided"),
             std::string::npos)
       << r.output;
-  r = test::launch_train(3, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
-                                " --train.steps 2 --inject-fault throw@teacher:0:2:serve");
+  r = test::launch_refused(3, "--run-dir " + (root() / "dmd-refused").string() + builtin_assets() +
+                                  " --train.steps 2 --inject-fault throw@teacher:0:2:serve");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("strikes in a real-score answer, which only teacher ranks of train.objective dmd give"),
             std::string::npos)

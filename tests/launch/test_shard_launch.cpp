@@ -284,7 +284,7 @@ TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
 }
 
 TEST(Shard, RefusesWhatItDoesNotDo) {
-  auto r = test::launch_train(3, run_dir("refused") + kJob + " --student.shard weights");
+  auto r = test::launch_refused(3, run_dir("refused") + kJob + " --student.shard weights");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("student.shard(weights) must be none, optimizer (ZeRO-1"), std::string::npos)
       << r.output;
@@ -294,7 +294,7 @@ TEST(Shard, RefusesWhatItDoesNotDo) {
         std::pair{kParameters + " --student.precision bf16-mixed", "student.precision(bf16-mixed) is not built with it"},
         std::pair{kParameters + " --train.ema_decay 0.9", "train.ema_decay with student.shard parameters"},
         std::pair{kParameters + " --train.sample_every 4", "train.sample_every with student.shard parameters"}}) {
-    r = test::launch_train(3, run_dir("refused-parameters") + kJob + extra);
+    r = test::launch_refused(3, run_dir("refused-parameters") + kJob + extra);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find(said), std::string::npos) << extra << "\n" << r.output;
   }
