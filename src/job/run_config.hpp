@@ -110,8 +110,10 @@ struct RunConfig {
                                            teacher.layout + ") must be given");
     p.check(student.features.empty(), "student.features(" + student.features +
                                           ") matches teacher blocks; train.objective flow has no teacher");
-    p.check(student.init == "random", "student.init(" + student.init +
-                                          ") copies teacher blocks; train.objective flow has no teacher: random");
+    p.check(student.teacher_blocks().empty(),
+            "student.init(" + student.init +
+                ") copies teacher blocks; train.objective flow has no teacher: random, or weights:PATH to fine-tune a "
+                "checkpoint");
   }
   /// train.objective trajectory's schedules (teacher.steps/shift/solver, student.steps).
   teacher::TrajectorySpec trajectory_spec() const {

@@ -256,10 +256,9 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
   }
   if (cfg.student.lora_rank > 0) return student::StudentParts(make_lora_student(job, own), setup);
   const auto sc = cfg.student.model_config(tc);
-  // Without a teacher (flow) the student starts from random weights (student.init random).
-  return student::StudentParts(job.experts ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
-                                           : WanDiT(sc, WanInit::kRandom, torch::kFloat, cfg.train.seed),
-                               setup);
+  // Without a teacher (flow) the student starts from random weights or student.init weights:PATH.
+  return student::StudentParts(
+      student::build_student(sc, cfg.student, job.experts ? &job.student_base() : nullptr, cfg.train.seed), setup);
 }
 
 /// Where a student's batches come from: its teacher rank's link, its own teacher (colocated) or
@@ -427,7 +426,31 @@ WanDiT lora_over(const TrainJob& job, const WanDiT& base, std::uint64_t seed) {
   return critic;
 }
 
-/// The critic DiT: the student's dims; critic.init student starts it as the generator starts.
+/// The critic DiT of `sc` (critic.* dims, else the student's): critic.init student starts it as the
+/// generator starts, teacher as the teacher (every block of student.expert's model), random from
+/// its own seed.
+WanDiT build_critic(const TrainJob& job, const WanConfig& sc) {
+  const auto& cfg = job.cfg;
+  if (cfg.train.critic_init == "random") return WanDiT(sc, WanInit::kRandom, torch::kFloat, init_seed(cfg, true));
+  auto init = cfg.student;
+  if (cfg.train.critic_init == "teacher") {
+    const auto& tc = job.student_base().config();
+    WD_CHECK_AS(ConfigError,
+                sc.dim == tc.dim && sc.ffn_dim == tc.ffn_dim && sc.num_heads == tc.num_heads &&
+                    sc.num_layers == tc.num_layers,
+                "critic.init teacher starts the critic as the teacher, whose dims it needs: teacher dim "
+                    << tc.dim << " ffn_dim " << tc.ffn_dim << " num_heads " << tc.num_heads << " num_layers "
+                    << tc.num_layers << ", the critic's (critic.*, else the student's) " << sc.dim << "/" << sc.ffn_dim
+                    << "/" << sc.num_heads << "/" << sc.num_layers);
+    std::string blocks;
+    for (std::int64_t b = 0; b < tc.num_layers; ++b) {
+      blocks += (b ? "," : "") + std::to_string(b);
+    }
+    init.init = "teacher-blocks:" + blocks;
+  }
+  return student::build_student(sc, init, &job.student_base(), cfg.train.seed);
+}
+
 /// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's
 /// base (one copy for both) or read from the teacher checkpoint as a LoRA student's is.
 WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
@@ -461,10 +484,7 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
                  sc.dim, sc.ffn_dim, sc.num_heads, sc.num_layers, wan_param_count(sc),
                  wan_param_count(cfg.student.model_config(job.model)));
   }
-  return student::StudentParts(cfg.train.critic_init == "student"
-                                   ? student::build_student(sc, cfg.student, job.student_base(), cfg.train.seed)
-                                   : WanDiT(sc, WanInit::kRandom, torch::kFloat, init_seed(cfg, true)),
-                               setup);
+  return student::StudentParts(build_critic(job, sc), setup);
 }
 
 /// The channel to the teacher (dedicated layouts; right after the link, as the teacher makes it).

@@ -27,7 +27,10 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.in_dim", in_dim, "student input channels (0 = the teacher's)")
       .bind("student.out_dim", out_dim, "student output channels (0 = the teacher's)")
       .bind("student.freq_dim", freq_dim, "student sinusoid size (0 = the teacher's)")
-      .bind("student.init", init, "random | teacher-blocks:i,j,... (copy teacher blocks)")
+      .bind("student.init", init,
+            "random | teacher-blocks:i,j,... (copy teacher blocks) | weights:PATH (every tensor from a "
+            "checkpoint of the student's dims: an earlier run's RUN/student or a checkpoint's student, any layout "
+            "`inspect` reads; e.g. a trajectory student for dmd)")
       .bind("student.checkpointing", checkpointing,
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
@@ -97,7 +100,7 @@ void StudentConfig::validate(ConfigProblems& p) const {
   p.check(ffn_dim >= 1, "student.ffn_dim" + v(ffn_dim) + " must be >= 1");
   p.check(in_dim >= 0 && out_dim >= 0 && freq_dim >= 0,
           "student.in_dim/out_dim/freq_dim must be >= 0 (0 = the teacher's)");
-  bool init_ok = init == "random";
+  bool init_ok = init == "random" || !init_weights().empty();
   if (init.rfind("teacher-blocks:", 0) == 0) {
     try {
       init_ok = !teacher_blocks().empty();
@@ -105,7 +108,7 @@ void StudentConfig::validate(ConfigProblems& p) const {
       init_ok = false;
     }
   }
-  p.check(init_ok, "student.init(" + init + ") must be random or teacher-blocks:i,j,...");
+  p.check(init_ok, "student.init(" + init + ") must be random, teacher-blocks:i,j,... or weights:PATH");
   try {
     CheckpointPolicy::parse(checkpointing);
   } catch (const ConfigError& e) {
@@ -160,11 +163,17 @@ void StudentConfig::validate(ConfigProblems& p) const {
 
 std::vector<std::int64_t> StudentConfig::teacher_blocks() const {
   std::vector<std::int64_t> out;
-  if (init == "random") return out;
-  std::stringstream ss(init.substr(std::string("teacher-blocks:").size()));
+  const std::string prefix = "teacher-blocks:";
+  if (init.rfind(prefix, 0) != 0) return out;
+  std::stringstream ss(init.substr(prefix.size()));
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
   return out;
+}
+
+std::string StudentConfig::init_weights() const {
+  const std::string prefix = "weights:";
+  return init.rfind(prefix, 0) == 0 ? init.substr(prefix.size()) : std::string();
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> StudentConfig::feature_pairs() const {
@@ -260,8 +269,10 @@ void TrainConfig::bind(OptionTable& t) {
             "critic.gan_weight > 0); 0 = none")
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
-            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | random")
-      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's; needs critic.init random)")
+            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | teacher "
+            "(the critic starts as the teacher, the real score, as DMD2's fake score does; needs the teacher's dims: "
+            "the one to pair with a generator from student.init weights:PATH) | random")
+      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's; needs critic.init random or teacher)")
       .bind("critic.ffn_dim", critic_ffn_dim, "dmd: the critic's FFN width (0 = the student's)")
       .bind("critic.num_heads", critic_num_heads, "dmd: the critic's attention heads (0 = the student's)")
       .bind("critic.num_layers", critic_num_layers, "dmd: the critic's blocks (0 = the student's)")
@@ -313,8 +324,8 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
   p.check(dmd_t_min > 0 && dmd_t_min < dmd_t_max && dmd_t_max < 1,
           "train.dmd_t_min" + v(dmd_t_min) + " and train.dmd_t_max" + v(dmd_t_max) + " must satisfy 0 < min < max < 1");
   p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
-  p.check(critic_init == "student" || critic_init == "random",
-          "critic.init(" + critic_init + ") must be student or random");
+  p.check(critic_init == "student" || critic_init == "teacher" || critic_init == "random",
+          "critic.init(" + critic_init + ") must be student, teacher or random");
   p.check(critic_lora_rank >= 0, "critic.lora_rank" + v(static_cast<double>(critic_lora_rank)) + " must be >= 0");
   p.check(dmd_regression_weight >= 0, "train.dmd_regression_weight" + v(dmd_regression_weight) + " must be >= 0");
   p.check(dmd_regression_weight == 0 || dmd(), "train.dmd_regression_weight" + v(dmd_regression_weight) +
@@ -336,10 +347,10 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
     p.check(value == 0 || dmd(), key + v(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " +
                                      objective);
   }
-  p.check(!dmd() || !critic_dims() || critic_init == "random",
+  p.check(!dmd() || !critic_dims() || critic_init != "student",
           "critic.dim, ffn_dim, num_heads and num_layers give the critic its own dims, but critic.init(" + critic_init +
-              ") starts it as the generator starts, with the student's dims: set critic.init random, or leave the "
-              "critic's dims at 0");
+              ") starts it as the generator starts, with the student's dims: set critic.init random (or "
+              "teacher, with the teacher's dims), or leave the critic's dims at 0");
   p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
                                       " must be a critic block index, or -1 for the last");
   if (!dmd()) return;

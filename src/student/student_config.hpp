@@ -20,7 +20,8 @@ struct StudentConfig {
   std::int64_t in_dim = 0;
   std::int64_t out_dim = 0;
   std::int64_t freq_dim = 0;
-  /// random | teacher-blocks:i,j,... (copy those teacher blocks; needs equal dims)
+  /// random | teacher-blocks:i,j,... (copy those teacher blocks; needs equal dims) | weights:PATH
+  /// (every tensor from a checkpoint of the student's dims, e.g. an earlier run's RUN/student)
   std::string init = "random";
   /// off | all | every:k: blocks that recompute their activations in the backward (CheckpointPolicy)
   std::string checkpointing = "off";
@@ -58,8 +59,10 @@ struct StudentConfig {
   /// The adapters of a LoRA student over a base of `num_layers` blocks (rank 0: none), or with
   /// `rank` > 0 adapters of that rank on the same targets (alpha: lora_alpha, else the rank).
   LoraSpec lora_spec(std::int64_t num_layers, std::int64_t rank = 0) const;
-  /// Teacher block indices of `teacher-blocks:...` (empty for random).
+  /// Teacher block indices of `teacher-blocks:...` (empty otherwise).
   std::vector<std::int64_t> teacher_blocks() const;
+  /// The checkpoint of `weights:PATH` (empty otherwise).
+  std::string init_weights() const;
   /// The (student block, teacher block) pairs of `features`.
   std::vector<std::pair<std::int64_t, std::int64_t>> feature_pairs() const;
 };
@@ -103,7 +106,8 @@ struct TrainConfig {
   double dmd_t_max = 0.98;
   /// dmd: the critic's learning rate (same warmup/cosine shape as train.lr); 0 = train.lr
   double critic_lr = 0.0;
-  /// dmd: student (the critic starts as a copy of the generator's initial weights) | random
+  /// dmd: student (the critic starts as a copy of the generator's initial weights) | teacher (as
+  /// the teacher: every block of it; the critic's dims must be the teacher's) | random
   std::string critic_init = "student";
   /// dmd: the critic's dims; 0 = the student's (critic.init random when any is set)
   std::int64_t critic_dim = 0, critic_ffn_dim = 0, critic_num_heads = 0, critic_num_layers = 0;

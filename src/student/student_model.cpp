@@ -1,20 +1,68 @@
 // Student construction and export.
 #include "student/student_model.hpp"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 
 namespace wd::student {
 
+namespace {
+
+/// student.init weights:PATH: every tensor of the student from the checkpoint at PATH, whose
+/// config must be the student's (the student.* keys, 0 = the teacher's) field for field.
+void copy_checkpoint(WanDiT& model, const StudentConfig& config) {
+  const auto path = config.init_weights();
+  const auto source = WanCheckpoint::open(path);
+  const auto have = nlohmann::json::parse(source.config().to_json());
+  const auto want = nlohmann::json::parse(model->config().to_json());
+  std::string differ;
+  for (const auto& [field, value] : want.items()) {
+    if (have.value(field, nlohmann::json()) != value) {
+      differ += fmt::format("{}{} {} (the student's: {})", differ.empty() ? "" : ", ", field,
+                            have.value(field, nlohmann::json()).dump(), value.dump());
+    }
+  }
+  WD_CHECK_AS(ConfigError, differ.empty(),
+              "student.init(" << config.init << "): " << source.config_path()
+                              << " is not a model of the student's dims: " << differ
+                              << "; set the student.* keys to its dims (0 = the teacher's)");
+  torch::NoGradGuard no_grad;
+  std::size_t copied = 0;
+  for (auto& p : model->named_parameters()) {
+    if (!source.contains(p.key())) {
+      throw DataError(path, p.key(), "missing: student.init(" + config.init + ") needs every tensor of the student");
+    }
+    const auto& shape = source.info(p.key()).shape;
+    if (p.value().sizes().vec() != shape) {
+      throw DataError(path, p.key(),
+                      fmt::format("shape {}, the student's is {} (student.init({}))", fmt::join(shape, "x"),
+                                  fmt::join(p.value().sizes().vec(), "x"), config.init));
+    }
+    p.value().copy_(source.tensor(p.key(), torch::kFloat));
+    ++copied;
+  }
+  spdlog::info("student initialised from {} (all {} tensors)", source.path(), copied);
+}
+
+}  // namespace
+
 WanDiT build_student(const WanConfig& student, const StudentConfig& config,
-                     const WanCheckpoint& teacher, std::uint64_t seed) {
+                     const WanCheckpoint* teacher, std::uint64_t seed) {
   WanDiT model(student, WanInit::kRandom, torch::kFloat, seed);
+  if (!config.init_weights().empty()) {
+    copy_checkpoint(model, config);
+    return model;
+  }
   const auto blocks = config.teacher_blocks();
   if (blocks.empty()) return model;
-  const auto& tc = teacher.config();
+  WD_CHECK_AS(ConfigError, teacher != nullptr,
+              "student.init(" << config.init << ") copies teacher blocks, and this job has no teacher");
+  const auto& tc = teacher->config();
   WD_CHECK_AS(ConfigError, static_cast<std::int64_t>(blocks.size()) == student.num_layers,
               "student.init(" << config.init << ") lists " << blocks.size()
                               << " blocks, student.num_layers is " << student.num_layers);
@@ -37,10 +85,10 @@ WanDiT build_student(const WanConfig& student, const StudentConfig& config,
                                   << "; the teacher has blocks 0.." << tc.num_layers - 1);
       source = "blocks." + std::to_string(blocks[j]) + source.substr(dot);
     }
-    if (!teacher.contains(source)) continue;
-    const auto& shape = teacher.info(source).shape;
+    if (!teacher->contains(source)) continue;
+    const auto& shape = teacher->info(source).shape;
     if (p.value().sizes().vec() != shape) continue;  // e.g. a head for other out_dim
-    p.value().copy_(teacher.tensor(source, torch::kFloat));
+    p.value().copy_(teacher->tensor(source, torch::kFloat));
     ++copied;
   }
   spdlog::info("student initialised from teacher blocks {} ({} of {} tensors copied)",

@@ -11,9 +11,13 @@ namespace wd::student {
 
 /// A trainable fp32 student. With `teacher-blocks:i,j,...` the listed teacher blocks (and every
 /// non-block tensor whose shape matches) are copied in; the teacher's dims must then equal the
-/// student's, which is checked with a clear error.
+/// student's, which is checked with a clear error. With `weights:PATH` every tensor comes from
+/// the checkpoint at PATH (an earlier run's student, any layout WanCheckpoint opens), whose
+/// config must equal the student's (ConfigError naming the fields that differ; DataError for a
+/// missing or mis-shaped tensor). `teacher` may be null (a job without one) unless the init
+/// copies teacher blocks.
 WanDiT build_student(const WanConfig& student, const StudentConfig& config,
-                     const WanCheckpoint& teacher, std::uint64_t seed);
+                     const WanCheckpoint* teacher, std::uint64_t seed);
 
 /// Writes `model` as a Wan-layout checkpoint (config.json + safetensors, native keys) into
 /// `dir`, each file atomically; `wan-distill forward` and `inspect` accept it.

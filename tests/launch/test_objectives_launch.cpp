@@ -17,6 +17,7 @@
 
 #include "launch_util.hpp"
 #include "model/safetensors.hpp"
+#include "model/wan_checkpoint.hpp"
 
 namespace wd {
 namespace {
@@ -387,6 +388,80 @@ TEST(Dmd, ACriticOfItsOwnDimsTrainsBesideTheGenerator) {
                                   " --critic.init random --student.lora_rank 4" + dims);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("a LoRA critic (critic.lora_rank, or a LoRA student's) is the teacher's architecture"),
+            std::string::npos)
+      << r.output;
+}
+
+/// Equal but for what a learning rate of 1e-30 moves: only a weight that is exactly 0 (AdamW's
+/// step is at most ~lr per element; every other fp32 weight absorbs it).
+bool unmoved(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::allclose(a, b, /*rtol=*/0, /*atol=*/1e-28);
+}
+
+/// Every tensor of `a` (a checkpoint folder) is `b`'s of the same name, unmoved.
+void expect_same_tensors(const fs::path& a, const WanCheckpoint& b, const std::string& prefix = "") {
+  const auto from = WanCheckpoint::open(a.string());
+  std::size_t compared = 0;
+  for (const auto& file : from.files()) {
+    for (const auto& info : file.tensors()) {
+      if (info.name.rfind("distill_heads", 0) == 0) continue;
+      ASSERT_TRUE(b.contains(prefix + info.name)) << info.name;
+      EXPECT_TRUE(unmoved(from.tensor(info.name, torch::kFloat), b.tensor(prefix + info.name, torch::kFloat)))
+          << a << ": " << info.name;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 20u);
+}
+
+// student.init weights:PATH and critic.init teacher: a dmd generator starts as an earlier run's
+// trajectory student, its critic as the teacher (the two-stage recipe: an ODE-distilled student,
+// then distribution matching); a flow run fine-tunes a checkpoint. At a learning rate of 1e-30
+// the trained results are their starting points (unmoved: a step moves only exact zeros, by 1e-30).
+TEST(Dmd, AGeneratorStartsFromATrajectoryStudentAndItsCriticFromTheTeacher) {
+  const auto trajectory = root() / "init-trajectory";
+  auto r = test::launch_train(2, "--run-dir " + trajectory.string() + builtin_assets() +
+                                     " --train.objective trajectory --teacher.guidance 3 --teacher.steps 6 --student.steps 2"
+                                     " --teacher.compute fp32 --teacher.placement colocated --train.steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto weights = " --student.init weights:" + (trajectory / "student").string();
+  const std::string frozen = " --train.lr 1e-30 --train.min_lr 0 --train.warmup_steps 0";
+  const std::string teacher_dims = " --critic.init teacher --critic.dim 128 --critic.ffn_dim 256 --critic.num_layers 4";
+  const auto dmd = root() / "init-dmd";
+  r = test::launch_train(2, "--run-dir " + dmd.string() + builtin_assets() + kDmd + weights + teacher_dims + frozen +
+                                " --teacher.placement colocated --checkpoint.every 10");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("student initialised from " + (trajectory / "student").string() + " (all "),
+            std::string::npos)
+      << r.output;
+  expect_same_tensors(dmd / "student", WanCheckpoint::open((trajectory / "student").string()));
+  const auto teacher = WanCheckpoint::open((root() / "assets" / "cache" / "tiny-teacher").string());
+  const auto critic = dmd / "checkpoints" / "step-00000010" / "critic";
+  const auto trained = SafetensorsFile::open((critic / "trainable.safetensors").string());
+  std::size_t blocks = 0;
+  for (const auto& info : trained.tensors()) {
+    if (info.name.rfind("blocks.", 0) != 0) continue;
+    EXPECT_TRUE(unmoved(trained.tensor(info.name, torch::kFloat), teacher.tensor(info.name, torch::kFloat)))
+        << info.name;
+    ++blocks;
+  }
+  EXPECT_GT(blocks, 40u);
+  // Flow fine-tunes the trajectory student (no teacher).
+  const auto flow = root() / "init-flow";
+  r = test::launch_train(1, "--run-dir " + flow.string() + kFlow + weights + frozen + " --train.steps 2 --data.path " +
+                                (root() / "assets" / "cache" / "tiny-data.h5").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_tensors(flow / "student", WanCheckpoint::open((trajectory / "student").string()));
+  // A checkpoint of other dims, a critic of other dims than the teacher's: refused, naming both.
+  r = test::launch_refused(1, "--run-dir " + (root() / "init-refused").string() + builtin_assets() + kDmd + weights +
+                                  " --teacher.placement colocated --student.dim 32 --student.num_heads 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("is not a model of the student's dims: dim 64 (the student's: 32)"), std::string::npos)
+      << r.output;
+  r = test::launch_refused(1, "--run-dir " + (root() / "init-refused").string() + builtin_assets() + kDmd +
+                                  " --teacher.placement colocated --critic.init teacher");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("critic.init teacher starts the critic as the teacher, whose dims it needs: teacher dim 128"),
             std::string::npos)
       << r.output;
 }

@@ -155,7 +155,7 @@ void dump(const fs::path& out) {
   setup.mixed_bf16 = scfg.precision == "bf16-mixed";
   setup.seed = train.seed;
   setup.device = torch::kCPU;
-  student::StudentParts parts(student::build_student(sc, scfg, teacher, train.seed), setup);
+  student::StudentParts parts(student::build_student(sc, scfg, &teacher, train.seed), setup);
   const auto& params = parts.trainable();
   const auto& names = parts.trainable_names();
   write_safetensors((out / "initial.safetensors").string(), named(names, params), {{"format", "pt"}});

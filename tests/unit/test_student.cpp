@@ -76,7 +76,7 @@ TEST(StudentModel, InitFromTeacherBlocksCopiesThemAndSavesAsACheckpoint) {
   s.num_heads = teacher_cfg.num_heads;
   s.num_layers = 2;
   s.init = "teacher-blocks:1,3";
-  auto model = build_student(s.model_config(teacher_cfg), s, teacher, 0);
+  auto model = build_student(s.model_config(teacher_cfg), s, &teacher, 0);
   auto params = model->named_parameters();
   EXPECT_TRUE(torch::equal(params["blocks.0.ffn.0.weight"], teacher.tensor("blocks.1.ffn.0.weight")));
   EXPECT_TRUE(torch::equal(params["blocks.1.self_attn.q.weight"], teacher.tensor("blocks.3.self_attn.q.weight")));
@@ -89,10 +89,51 @@ TEST(StudentModel, InitFromTeacherBlocksCopiesThemAndSavesAsACheckpoint) {
   EXPECT_TRUE(torch::equal(saved.tensor("blocks.1.self_attn.q.weight"), params["blocks.1.self_attn.q.weight"]));
 
   s.init = "teacher-blocks:0";  // one block for a two-block student
-  EXPECT_THROW(build_student(s.model_config(teacher_cfg), s, teacher, 0), ConfigError);
+  EXPECT_THROW(build_student(s.model_config(teacher_cfg), s, &teacher, 0), ConfigError);
   s.dim = 64;
   s.init = "teacher-blocks:0,1";
-  EXPECT_THROW(build_student(s.model_config(teacher_cfg), s, teacher, 0), ConfigError);
+  EXPECT_THROW(build_student(s.model_config(teacher_cfg), s, &teacher, 0), ConfigError);
+}
+
+// student.init weights:PATH: every tensor from a saved student of the same dims (a teacher is
+// not needed); other dims are refused naming the fields, a bad spelling at validation.
+TEST(StudentModel, InitFromWeightsCopiesEveryTensorOfACheckpointOfTheStudentsDims) {
+  TempDir tmp;
+  const auto teacher_cfg = WanConfig::preset("tiny");
+  StudentConfig s;
+  const auto sc = s.model_config(teacher_cfg);
+  auto first = build_student(sc, s, nullptr, 7);
+  save_student(first, (tmp.path() / "first").string());
+  s.init = "weights:" + (tmp.path() / "first").string();
+  EXPECT_EQ(s.init_weights(), (tmp.path() / "first").string());
+  EXPECT_TRUE(s.teacher_blocks().empty());
+  auto second = build_student(sc, s, nullptr, 8);  // another seed: every tensor still the first's
+  const auto a = first->named_parameters(), b = second->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
+  EXPECT_TRUE(b["blocks.0.ffn.0.weight"].requires_grad());
+
+  StudentConfig other = s;
+  other.dim = 32;
+  other.num_heads = 2;
+  try {
+    build_student(other.model_config(teacher_cfg), other, nullptr, 0);
+    ADD_FAILURE() << "a checkpoint of other dims was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a model of the student's dims: dim 64 (the student's: 32)"),
+              std::string::npos)
+        << e.what();
+  }
+  StudentConfig blocks;
+  blocks.init = "teacher-blocks:0,1";
+  EXPECT_THROW(build_student(sc, blocks, nullptr, 0), ConfigError);  // no teacher to copy from
+  for (const std::string bad : {"weights:", "weight:x", "teacher:"}) {
+    StudentConfig c;
+    c.init = bad;
+    ConfigProblems p;
+    c.validate(p);
+    EXPECT_FALSE(p.empty()) << bad;
+  }
 }
 
 }  // namespace
