@@ -20,7 +20,9 @@
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0,
 #        DMD_REG=0 (train.dmd_regression_weight: the generator also regresses to the teacher's trajectories),
-#        DMD_GAN=0 and DMD_GEN_GAN=0 (critic.gan_weight, train.gan_weight: DMD2's GAN term);
+#        DMD_GAN=0 and DMD_GEN_GAN=0 (critic.gan_weight, train.gan_weight: DMD2's GAN term),
+#        DMD_INIT=teacher-blocks:... (student.init: weights:PATH starts the generator from, e.g., a
+#        trajectory run's checkpoint student) and DMD_CRITIC_INIT=student (critic.init; teacher with DMD_INIT);
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
 #        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
@@ -169,7 +171,8 @@ if ((dmd_steps > 0)); then
       --train.objective dmd --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$dmd_k" \
       --train.dmd_start "${DMD_START:-simulate}" --train.critic_ratio "${DMD_RATIO:-5}" --critic.lr "${DMD_CRITIC_LR:-1e-4}" \
       --teacher.placement colocated --teacher.compute fp32 \
-      $dims --student.init "teacher-blocks:$blocks" --train.batch_size "$batch" --train.eval_samples "$held_out" \
+      $dims --student.init "${DMD_INIT:-teacher-blocks:$blocks}" --critic.init "${DMD_CRITIC_INIT:-student}" \
+      --train.batch_size "$batch" --train.eval_samples "$held_out" \
       --train.steps "$dmd_steps" --train.lr "${DMD_LR:-2e-5}" --train.min_lr 0 --train.ema_decay "${DMD_EMA:-0}" \
       --train.dmd_regression_weight "${DMD_REG:-0}" --teacher.steps "$teacher_steps" \
       --critic.gan_weight "${DMD_GAN:-0}" --train.gan_weight "${DMD_GEN_GAN:-0}" \

@@ -448,7 +448,7 @@ WanDiT build_critic(const TrainJob& job, const WanConfig& sc) {
     }
     init.init = "teacher-blocks:" + blocks;
   }
-  return student::build_student(sc, init, &job.student_base(), cfg.train.seed);
+  return student::build_student(sc, init, &job.student_base(), cfg.train.seed, "dmd critic");
 }
 
 /// A LoRA critic: adapters over the teacher's base, bound to the tensors of a LoRA generator's

@@ -15,7 +15,7 @@ namespace {
 
 /// student.init weights:PATH: every tensor of the student from the checkpoint at PATH, whose
 /// config must be the student's (the student.* keys, 0 = the teacher's) field for field.
-void copy_checkpoint(WanDiT& model, const StudentConfig& config) {
+void copy_checkpoint(WanDiT& model, const StudentConfig& config, const std::string& role) {
   const auto path = config.init_weights();
   const auto source = WanCheckpoint::open(path);
   const auto have = nlohmann::json::parse(source.config().to_json());
@@ -46,16 +46,16 @@ void copy_checkpoint(WanDiT& model, const StudentConfig& config) {
     p.value().copy_(source.tensor(p.key(), torch::kFloat));
     ++copied;
   }
-  spdlog::info("student initialised from {} (all {} tensors)", source.path(), copied);
+  spdlog::info("{} initialised from {} (all {} tensors)", role, source.path(), copied);
 }
 
 }  // namespace
 
 WanDiT build_student(const WanConfig& student, const StudentConfig& config,
-                     const WanCheckpoint* teacher, std::uint64_t seed) {
+                     const WanCheckpoint* teacher, std::uint64_t seed, const std::string& role) {
   WanDiT model(student, WanInit::kRandom, torch::kFloat, seed);
   if (!config.init_weights().empty()) {
-    copy_checkpoint(model, config);
+    copy_checkpoint(model, config, role);
     return model;
   }
   const auto blocks = config.teacher_blocks();
@@ -91,7 +91,7 @@ WanDiT build_student(const WanConfig& student, const StudentConfig& config,
     p.value().copy_(teacher->tensor(source, torch::kFloat));
     ++copied;
   }
-  spdlog::info("student initialised from teacher blocks {} ({} of {} tensors copied)",
+  spdlog::info("{} initialised from teacher blocks {} ({} of {} tensors copied)", role,
                config.init.substr(15), copied, params.size());
   return model;
 }

@@ -15,9 +15,9 @@ namespace wd::student {
 /// the checkpoint at PATH (an earlier run's student, any layout WanCheckpoint opens), whose
 /// config must equal the student's (ConfigError naming the fields that differ; DataError for a
 /// missing or mis-shaped tensor). `teacher` may be null (a job without one) unless the init
-/// copies teacher blocks.
+/// copies teacher blocks. `role` names the model in the log line ("student", "dmd critic").
 WanDiT build_student(const WanConfig& student, const StudentConfig& config,
-                     const WanCheckpoint* teacher, std::uint64_t seed);
+                     const WanCheckpoint* teacher, std::uint64_t seed, const std::string& role = "student");
 
 /// Writes `model` as a Wan-layout checkpoint (config.json + safetensors, native keys) into
 /// `dir`, each file atomically; `wan-distill forward` and `inspect` accept it.

@@ -434,6 +434,7 @@ TEST(Dmd, AGeneratorStartsFromATrajectoryStudentAndItsCriticFromTheTeacher) {
   EXPECT_NE(r.output.find("student initialised from " + (trajectory / "student").string() + " (all "),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("dmd critic initialised from teacher blocks 0,1,2,3 ("), std::string::npos) << r.output;
   expect_same_tensors(dmd / "student", WanCheckpoint::open((trajectory / "student").string()));
   const auto teacher = WanCheckpoint::open((root() / "assets" / "cache" / "tiny-teacher").string());
   const auto critic = dmd / "checkpoints" / "step-00000010" / "critic";
