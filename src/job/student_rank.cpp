@@ -656,7 +656,6 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   if (cfg.train.dmd() && stream.link) open_service(dmd, job, device, services);
   if (cfg.train.dmd() && stream.own) dmd.score = std::make_unique<LocalScore>(stream.own->stage);
   auto parts = make_student_parts(job, device, stream.own ? &stream.own->stage : nullptr);
-  services.memory.model.weights_bytes = memory::tensor_bytes(parts.trainable());
   if (parts.model()->lora().rank > 0) {
     // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds (the
     // tensors a colocated teacher already counted once: not again).
@@ -675,7 +674,9 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
   }
   auto reduction = make_reduction(job, parts, device, services);
-  if (reduction.shard) services.memory.model.weights_bytes = reduction.shard->weight_bytes();
+  // The weights this rank keeps (student.shard parameters: its slice and the blocks' outside).
+  services.memory.model.weights_bytes =
+      reduction.shard ? reduction.shard->weight_bytes() : memory::tensor_bytes(parts.trainable());
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;

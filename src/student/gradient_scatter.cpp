@@ -54,13 +54,11 @@ GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> p
     Bucket& bucket = buckets_[b];
     WD_CHECK(bucket.end - bucket.begin <= std::numeric_limits<int>::max(),
              "a gradient bucket of " << bucket.end - bucket.begin << " elements exceeds MPI's int count");
-    // Rank r receives the bucket's elements inside its slice [r·S, (r+1)·S).
-    for (int r = 0; r < layout_.group_size; ++r) {
-      const std::int64_t lo = std::max(bucket.begin, r * layout_.slice_size);
-      const std::int64_t hi = std::min(bucket.end, (r + 1) * layout_.slice_size);
-      bucket.counts.push_back(static_cast<int>(std::max<std::int64_t>(0, hi - lo)));
-      if (r == layout_.group_rank) bucket.at = std::max<std::int64_t>(0, lo - layout_.slice_begin);
-    }
+    // Rank r receives the bucket's elements inside its slice [r·S, (r+1)·S), this rank at `at`.
+    std::vector<std::int64_t> counts(layout_.group_size, 0);
+    layout_.count_in_slices(bucket.begin, bucket.end, counts);
+    bucket.counts.assign(counts.begin(), counts.end());
+    bucket.at = std::max<std::int64_t>(0, bucket.begin - layout_.slice_begin);
     bucket.seen.assign(bucket.params.size(), 0);
     for (const auto i : bucket.params) bucket_of_[i] = b;
   }

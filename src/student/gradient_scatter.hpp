@@ -14,6 +14,7 @@
 
 #include "comm/health_channel.hpp"
 #include "core/torch_compat.hpp"
+#include "student/slice_layout.hpp"
 
 namespace wd::student {
 
@@ -30,11 +31,7 @@ namespace wd::student {
 /// engine's device thread; the MPI calls wait for reduce() on the calling thread (MPI is funneled).
 class GradientScatter {
  public:
-  struct Layout {
-    std::vector<std::int64_t> offsets;  ///< each parameter's first element in the flat layout
-    std::int64_t slice_begin = 0, slice_size = 0;
-    int group_size = 1, group_rank = 0;
-  };
+  using Layout = SliceLayout;
 
   /// Not collective. `slice` (slice_size elements on the parameters' device) receives the
   /// averaged gradients; `peers` are the other students' world ranks (for timeout messages).

@@ -87,13 +87,12 @@ void OptimizerShard::scatter_gradients(std::uint64_t bucket_bytes, std::vector<t
   }
   // parameters: the hooks go on while every parameter is whole, so their accumulators keep the
   // full shapes; the gate lets go of the blocks after.
-  scatter_ = std::make_unique<GradientScatter>(
-      comm_, params_, GradientScatter::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, bucket_bytes,
-      grad_slice_, timeout_, world_rank_, peers_, health_, std::move(sources));
+  const SliceLayout layout{offsets_, begin_, slice_, group_size_, group_rank_};
+  scatter_ = std::make_unique<GradientScatter>(comm_, params_, layout, bucket_bytes, grad_slice_, timeout_, world_rank_,
+                                               peers_, health_, std::move(sources));
   if (!blocks) return;
-  gate_ = std::make_unique<ParameterGather>(
-      comm_, params_, ParameterGather::Layout{offsets_, begin_, slice_, group_size_, group_rank_}, *blocks, owned_,
-      timeout_, world_rank_, peers_, health_);
+  gate_ = std::make_unique<ParameterGather>(comm_, params_, layout, *blocks, owned_, timeout_, world_rank_, peers_,
+                                            health_);
   gate_->adopt();
 }
 

@@ -63,17 +63,15 @@ ParameterGather::Unit ParameterGather::make_unit(std::vector<std::size_t> params
     const std::int64_t lo = layout_.offsets[i];
     const std::int64_t hi = lo + params_[i].numel();
     u.total += hi - lo;
-    // The ranks whose slices this parameter crosses, and how much of it each holds.
-    for (auto r = lo / S; r < layout_.group_size && r * S < hi; ++r) {
-      const auto a = std::max(lo, r * S), b = std::min(hi, (r + 1) * S);
-      counts[r] += b - a;
-      if (r != layout_.group_rank || b == a) continue;
-      // Consecutive parameters make one piece: a block inside the slice is sent without a copy.
-      if (!u.mine.empty() && u.mine.back().first + u.mine.back().second == a - layout_.slice_begin) {
-        u.mine.back().second += b - a;
-      } else {
-        u.mine.emplace_back(a - layout_.slice_begin, b - a);
-      }
+    layout_.count_in_slices(lo, hi, counts);
+    // The part in this rank's slice; consecutive parameters make one piece (a block inside the
+    // slice is sent without a copy).
+    const auto a = std::max(lo, layout_.slice_begin), b = std::min(hi, layout_.slice_begin + S);
+    if (b <= a) continue;
+    if (!u.mine.empty() && u.mine.back().first + u.mine.back().second == a - layout_.slice_begin) {
+      u.mine.back().second += b - a;
+    } else {
+      u.mine.emplace_back(a - layout_.slice_begin, b - a);
     }
   }
   WD_CHECK(u.total <= std::numeric_limits<int>::max(),

@@ -13,6 +13,7 @@
 
 #include "comm/health_channel.hpp"
 #include "student/checkpointing.hpp"
+#include "student/slice_layout.hpp"
 
 namespace wd::student {
 
@@ -28,11 +29,7 @@ namespace wd::student {
 /// the thread that drives the backward, so host students only.
 class ParameterGather final : public BlockGate {
  public:
-  struct Layout {
-    std::vector<std::int64_t> offsets;  ///< each parameter's first element in the flat layout
-    std::int64_t slice_begin = 0, slice_size = 0;
-    int group_size = 1, group_rank = 0;
-  };
+  using Layout = SliceLayout;
 
   /// `params` whole (as built), `blocks[i]` the indices of block i's parameters. Not collective.
   ParameterGather(MPI_Comm comm, std::vector<torch::Tensor> params, Layout layout,
