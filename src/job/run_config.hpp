@@ -142,9 +142,16 @@ struct RunConfig {
   bool lora_pair(std::size_t teacher_experts) const {
     return student.lora_rank > 0 && teacher_experts == 2 && student.expert.empty();
   }
-  /// The dmd critic's architecture (a full DiT): the student's, with the critic.* dims that are set.
+  /// The dmd critic's architecture (a full DiT): the student's (critic.init teacher: the teacher's
+  /// dims), with the critic.* dims that are set.
   WanConfig critic_model_config(const WanConfig& teacher_model) const {
     auto c = student.model_config(teacher_model);
+    if (train.critic_init == "teacher") {
+      c.dim = teacher_model.dim;
+      c.ffn_dim = teacher_model.ffn_dim;
+      c.num_heads = teacher_model.num_heads;
+      c.num_layers = teacher_model.num_layers;
+    }
     if (train.critic_dim) c.dim = train.critic_dim;
     if (train.critic_ffn_dim) c.ffn_dim = train.critic_ffn_dim;
     if (train.critic_num_heads) c.num_heads = train.critic_num_heads;

@@ -426,7 +426,7 @@ WanDiT lora_over(const TrainJob& job, const WanDiT& base, std::uint64_t seed) {
   return critic;
 }
 
-/// The critic DiT of `sc` (critic.* dims, else the student's): critic.init student starts it as the
+/// The critic DiT of `sc` (RunConfig::critic_model_config): critic.init student starts it as the
 /// generator starts, teacher as the teacher (every block of student.expert's model), random from
 /// its own seed.
 WanDiT build_critic(const TrainJob& job, const WanConfig& sc) {
@@ -440,8 +440,8 @@ WanDiT build_critic(const TrainJob& job, const WanConfig& sc) {
                     sc.num_layers == tc.num_layers,
                 "critic.init teacher starts the critic as the teacher, whose dims it needs: teacher dim "
                     << tc.dim << " ffn_dim " << tc.ffn_dim << " num_heads " << tc.num_heads << " num_layers "
-                    << tc.num_layers << ", the critic's (critic.*, else the student's) " << sc.dim << "/" << sc.ffn_dim
-                    << "/" << sc.num_heads << "/" << sc.num_layers);
+                    << tc.num_layers << ", the critic's " << sc.dim << "/" << sc.ffn_dim << "/" << sc.num_heads << "/"
+                    << sc.num_layers);
     std::string blocks;
     for (std::int64_t b = 0; b < tc.num_layers; ++b) {
       blocks += (b ? "," : "") + std::to_string(b);

@@ -270,9 +270,10 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
       .bind("critic.init", critic_init,
             "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | teacher "
-            "(the critic starts as the teacher, the real score, as DMD2's fake score does; needs the teacher's dims: "
-            "the one to pair with a generator from student.init weights:PATH) | random")
-      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's; needs critic.init random or teacher)")
+            "(the critic is the teacher's architecture and starts as the teacher, the real score, as DMD2's fake "
+            "score does: the one to pair with a generator from student.init weights:PATH) | random")
+      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's, the teacher's with critic.init teacher; needs "
+            "critic.init random)")
       .bind("critic.ffn_dim", critic_ffn_dim, "dmd: the critic's FFN width (0 = the student's)")
       .bind("critic.num_heads", critic_num_heads, "dmd: the critic's attention heads (0 = the student's)")
       .bind("critic.num_layers", critic_num_layers, "dmd: the critic's blocks (0 = the student's)")
@@ -347,10 +348,11 @@ void TrainConfig::validate_dmd(ConfigProblems& p) const {
     p.check(value == 0 || dmd(), key + v(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " +
                                      objective);
   }
-  p.check(!dmd() || !critic_dims() || critic_init != "student",
+  p.check(!dmd() || !critic_dims() || critic_init == "random",
           "critic.dim, ffn_dim, num_heads and num_layers give the critic its own dims, but critic.init(" + critic_init +
-              ") starts it as the generator starts, with the student's dims: set critic.init random (or "
-              "teacher, with the teacher's dims), or leave the critic's dims at 0");
+              ") starts it as the " +
+              (critic_init == "teacher" ? "teacher, with the teacher's" : "generator starts, with the student's") +
+              " dims: set critic.init random, or leave the critic's dims at 0");
   p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
                                       " must be a critic block index, or -1 for the last");
   if (!dmd()) return;

@@ -106,8 +106,8 @@ struct TrainConfig {
   double dmd_t_max = 0.98;
   /// dmd: the critic's learning rate (same warmup/cosine shape as train.lr); 0 = train.lr
   double critic_lr = 0.0;
-  /// dmd: student (the critic starts as a copy of the generator's initial weights) | teacher (as
-  /// the teacher: every block of it; the critic's dims must be the teacher's) | random
+  /// dmd: student (the critic starts as a copy of the generator's initial weights) | teacher (the
+  /// teacher's architecture, every tensor of it) | random
   std::string critic_init = "student";
   /// dmd: the critic's dims; 0 = the student's (critic.init random when any is set)
   std::int64_t critic_dim = 0, critic_ffn_dim = 0, critic_num_heads = 0, critic_num_layers = 0;

@@ -415,7 +415,8 @@ void expect_same_tensors(const fs::path& a, const WanCheckpoint& b, const std::s
 }
 
 // student.init weights:PATH and critic.init teacher: a dmd generator starts as an earlier run's
-// trajectory student, its critic as the teacher (the two-stage recipe: an ODE-distilled student,
+// trajectory student (the student's dims), its critic as the teacher (the teacher's dims, larger
+// here; the two-stage recipe: an ODE-distilled student,
 // then distribution matching); a flow run fine-tunes a checkpoint. At a learning rate of 1e-30
 // the trained results are their starting points (unmoved: a step moves only exact zeros, by 1e-30).
 TEST(Dmd, AGeneratorStartsFromATrajectoryStudentAndItsCriticFromTheTeacher) {
@@ -426,10 +427,9 @@ TEST(Dmd, AGeneratorStartsFromATrajectoryStudentAndItsCriticFromTheTeacher) {
   ASSERT_EQ(r.code, 0) << r.output;
   const auto weights = " --student.init weights:" + (trajectory / "student").string();
   const std::string frozen = " --train.lr 1e-30 --train.min_lr 0 --train.warmup_steps 0";
-  const std::string teacher_dims = " --critic.init teacher --critic.dim 128 --critic.ffn_dim 256 --critic.num_layers 4";
   const auto dmd = root() / "init-dmd";
-  r = test::launch_train(2, "--run-dir " + dmd.string() + builtin_assets() + kDmd + weights + teacher_dims + frozen +
-                                " --teacher.placement colocated --checkpoint.every 10");
+  r = test::launch_train(2, "--run-dir " + dmd.string() + builtin_assets() + kDmd + weights + " --critic.init teacher" +
+                                frozen + " --teacher.placement colocated --checkpoint.every 10");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("student initialised from " + (trajectory / "student").string() + " (all "),
             std::string::npos)
@@ -453,16 +453,17 @@ TEST(Dmd, AGeneratorStartsFromATrajectoryStudentAndItsCriticFromTheTeacher) {
                                 (root() / "assets" / "cache" / "tiny-data.h5").string());
   ASSERT_EQ(r.code, 0) << r.output;
   expect_same_tensors(flow / "student", WanCheckpoint::open((trajectory / "student").string()));
-  // A checkpoint of other dims, a critic of other dims than the teacher's: refused, naming both.
+  // A checkpoint of other dims, a teacher critic given other dims: refused.
   r = test::launch_refused(1, "--run-dir " + (root() / "init-refused").string() + builtin_assets() + kDmd + weights +
                                   " --teacher.placement colocated --student.dim 32 --student.num_heads 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("is not a model of the student's dims: dim 64 (the student's: 32)"), std::string::npos)
       << r.output;
   r = test::launch_refused(1, "--run-dir " + (root() / "init-refused").string() + builtin_assets() + kDmd +
-                                  " --teacher.placement colocated --critic.init teacher");
+                                  " --teacher.placement colocated --critic.init teacher --critic.dim 64");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("critic.init teacher starts the critic as the teacher, whose dims it needs: teacher dim 128"),
+  EXPECT_NE(r.output.find("but critic.init(teacher) starts it as the teacher, with the teacher's dims: set critic.init "
+                          "random"),
             std::string::npos)
       << r.output;
 }
