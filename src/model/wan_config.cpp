@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,49 @@ WanConfig WanConfig::load(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return from_json(ss.str(), path);
+}
+
+namespace {
+
+template <typename T>
+std::string field_text(const T& v) {
+  std::ostringstream s;
+  s << std::setprecision(12) << v;
+  return s.str();
+}
+
+template <typename T, std::size_t N>
+std::string field_text(const std::array<T, N>& v) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < N; ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out + ")";
+}
+
+std::string field_text(bool v) { return v ? "true" : "false"; }
+
+}  // namespace
+
+std::vector<WanConfig::Difference> WanConfig::differences(const WanConfig& other) const {
+  std::vector<Difference> out;
+  const auto cmp = [&](const char* field, const auto& a, const auto& b) {
+    if (!(a == b)) out.push_back({field, field_text(a), field_text(b)});
+  };
+  cmp("model_type", model_type, other.model_type);
+  cmp("patch_size", patch_size, other.patch_size);
+  cmp("text_len", text_len, other.text_len);
+  cmp("in_dim", in_dim, other.in_dim);
+  cmp("dim", dim, other.dim);
+  cmp("ffn_dim", ffn_dim, other.ffn_dim);
+  cmp("freq_dim", freq_dim, other.freq_dim);
+  cmp("text_dim", text_dim, other.text_dim);
+  cmp("out_dim", out_dim, other.out_dim);
+  cmp("num_heads", num_heads, other.num_heads);
+  cmp("num_layers", num_layers, other.num_layers);
+  cmp("window_size", window_size, other.window_size);
+  cmp("qk_norm", qk_norm, other.qk_norm);
+  cmp("cross_attn_norm", cross_attn_norm, other.cross_attn_norm);
+  cmp("eps", eps, other.eps);
+  return out;
 }
 
 std::string WanConfig::to_json() const {

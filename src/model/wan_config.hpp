@@ -64,6 +64,13 @@ struct WanConfig {
 
   /// One line: "t2v dim 64 ffn 128 heads 4 layers 2 in 16 out 16 text 32x8".
   std::string summary() const;
+
+  /// A field in which two configs differ, with this config's value and the other's.
+  struct Difference {
+    std::string field, mine, other;
+  };
+  /// Every field, in declaration order, in which `other` differs from this config.
+  std::vector<Difference> differences(const WanConfig& other) const;
 };
 
 /// What the random initialiser draws for a parameter (the scheme of the golden vectors).

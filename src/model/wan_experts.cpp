@@ -8,8 +8,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
@@ -20,22 +18,6 @@ namespace wd {
 namespace fs = std::filesystem;
 
 namespace {
-
-template <typename T>
-std::string str(const T& v) {
-  std::ostringstream s;
-  s << std::setprecision(12) << v;
-  return s.str();
-}
-
-template <typename T, std::size_t N>
-std::string str(const std::array<T, N>& v) {
-  std::string out = "(";
-  for (std::size_t i = 0; i < N; ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out + ")";
-}
-
-std::string str(bool v) { return v ? "true" : "false"; }
 
 std::string format_indices(const std::vector<std::int64_t>& v) {
   std::string out;
@@ -53,30 +35,12 @@ std::optional<double> default_expert_boundary(const std::string& model_type) {
 
 void check_same_architecture(const WanConfig& low, const std::string& low_path,
                              const WanConfig& high, const std::string& high_path) {
-  std::vector<std::string> diffs;
-  const auto cmp = [&](const char* field, const auto& a, const auto& b) {
-    if (!(a == b)) diffs.push_back(std::string(field) + " " + str(a) + " vs " + str(b));
-  };
-  cmp("model_type", low.model_type, high.model_type);
-  cmp("patch_size", low.patch_size, high.patch_size);
-  cmp("text_len", low.text_len, high.text_len);
-  cmp("in_dim", low.in_dim, high.in_dim);
-  cmp("dim", low.dim, high.dim);
-  cmp("ffn_dim", low.ffn_dim, high.ffn_dim);
-  cmp("freq_dim", low.freq_dim, high.freq_dim);
-  cmp("text_dim", low.text_dim, high.text_dim);
-  cmp("out_dim", low.out_dim, high.out_dim);
-  cmp("num_heads", low.num_heads, high.num_heads);
-  cmp("num_layers", low.num_layers, high.num_layers);
-  cmp("window_size", low.window_size, high.window_size);
-  cmp("qk_norm", low.qk_norm, high.qk_norm);
-  cmp("cross_attn_norm", low.cross_attn_norm, high.cross_attn_norm);
-  cmp("eps", low.eps, high.eps);
+  const auto diffs = low.differences(high);
   if (diffs.empty()) return;
   std::string msg = "the experts must share one architecture, but " + low_path + " and " +
                     high_path + " differ in " + std::to_string(diffs.size()) +
                     " field(s) (low vs high):";
-  for (const auto& d : diffs) msg += "\n  - " + d;
+  for (const auto& d : diffs) msg += "\n  - " + d.field + " " + d.mine + " vs " + d.other;
   throw DataError(low_path, "", msg);
 }
 

@@ -272,7 +272,8 @@ void TrainConfig::bind(OptionTable& t) {
             "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | teacher "
             "(the critic is the teacher's architecture and starts as the teacher, the real score, as DMD2's fake "
             "score does: the one to pair with a generator from student.init weights:PATH) | random")
-      .bind("critic.dim", critic_dim, "dmd: the critic's hidden width (0 = the student's, the teacher's with critic.init teacher; needs "
+      .bind("critic.dim", critic_dim,
+            "dmd: the critic's hidden width (0 = the student's, the teacher's with critic.init teacher; needs "
             "critic.init random)")
       .bind("critic.ffn_dim", critic_ffn_dim, "dmd: the critic's FFN width (0 = the student's)")
       .bind("critic.num_heads", critic_num_heads, "dmd: the critic's attention heads (0 = the student's)")

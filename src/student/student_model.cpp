@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 
@@ -18,14 +17,9 @@ namespace {
 void copy_checkpoint(WanDiT& model, const StudentConfig& config, const std::string& role) {
   const auto path = config.init_weights();
   const auto source = WanCheckpoint::open(path);
-  const auto have = nlohmann::json::parse(source.config().to_json());
-  const auto want = nlohmann::json::parse(model->config().to_json());
   std::string differ;
-  for (const auto& [field, value] : want.items()) {
-    if (have.value(field, nlohmann::json()) != value) {
-      differ += fmt::format("{}{} {} (the student's: {})", differ.empty() ? "" : ", ", field,
-                            have.value(field, nlohmann::json()).dump(), value.dump());
-    }
+  for (const auto& d : source.config().differences(model->config())) {
+    differ += fmt::format("{}{} {} (the student's: {})", differ.empty() ? "" : ", ", d.field, d.mine, d.other);
   }
   WD_CHECK_AS(ConfigError, differ.empty(),
               "student.init(" << config.init << "): " << source.config_path()
