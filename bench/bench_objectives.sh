@@ -19,6 +19,7 @@
 #        both experts' adapters as a LoRA pair, traj-run); DMD_STEPS=0 (train.objective dmd critic steps; 0: none), SKIP_DMD=1 to reuse
 #        OUT_DIR/dmd-run, DMD_EVERY=250 (each such checkpoint's student is sampled), DMD_K=K, DMD_LR=2e-5,
 #        DMD_CRITIC_LR=1e-4, DMD_RATIO=5 (train.critic_ratio), DMD_START=simulate, DMD_EMA=0,
+#        DMD_GUIDANCE=GUIDANCE (the real score's teacher.guidance in dmd: a sharper target than the reference's),
 #        DMD_REG=0 (train.dmd_regression_weight: the generator also regresses to the teacher's trajectories),
 #        DMD_GAN=0 and DMD_GEN_GAN=0 (critic.gan_weight, train.gan_weight: DMD2's GAN term),
 #        DMD_INIT=teacher-blocks:... (student.init: weights:PATH starts the generator from, e.g., a
@@ -168,7 +169,7 @@ if ((dmd_steps > 0)); then
     start=$SECONDS
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
       --run-dir dmd-run --teacher.checkpoint teacher-run/student --data.path classes.h5 \
-      --train.objective dmd --teacher.guidance "$g" --teacher.shift "$shift_k" --student.steps "$dmd_k" \
+      --train.objective dmd --teacher.guidance "${DMD_GUIDANCE:-$g}" --teacher.shift "$shift_k" --student.steps "$dmd_k" \
       --train.dmd_start "${DMD_START:-simulate}" --train.critic_ratio "${DMD_RATIO:-5}" --critic.lr "${DMD_CRITIC_LR:-1e-4}" \
       --teacher.placement colocated --teacher.compute fp32 \
       $dims --student.init "${DMD_INIT:-teacher-blocks:$blocks}" --critic.init "${DMD_CRITIC_INIT:-student}" \

@@ -8,6 +8,7 @@
 #include "core/torch_compat.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "plan/speed.hpp"
 #include "student/checkpointing.hpp"
 #include "teacher/placement.hpp"
 
@@ -203,13 +204,22 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   return in;
 }
 
-double dmd_extra_forwards(const RunConfig& cfg) {
+double dmd_extra_forwards(const RunConfig& cfg, double critic_cost) {
   const double k = cfg.train.dmd_start == "simulate" ? static_cast<double>(cfg.student.steps) : 1.0;
   const double r = static_cast<double>(std::max<std::int64_t>(1, cfg.train.critic_ratio));
   // DMD2's GAN term: the classifier's forward and backward of real and fake every critic update
   // (2 samples a sample, a backward counted as 2 forwards), the generator's term every R-th.
   const double gan = (cfg.train.gan() ? 6.0 : 0.0) + (cfg.train.gan_weight > 0 ? 3.0 / r : 0.0);
-  return k + (k + 3.0) / r + gan;
+  const double generator = k + (k + 2.0) / r;
+  const double critic = 3.0 + 1.0 / r + gan;
+  return generator + critic_cost * critic - 3.0;  // the 3 of a training step are counted already
+}
+
+double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
+                       std::int64_t tokens, std::int64_t context_len) {
+  const auto critic = cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
+  const double own = plan::dit_forward_flops(student, tokens, context_len);
+  return own > 0 ? plan::dit_forward_flops(dit_shape(critic, 1), tokens, context_len) / own : 1.0;
 }
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {

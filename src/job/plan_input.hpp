@@ -63,8 +63,15 @@ comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamP
 /// train.objective dmd: student forwards a step beyond a training forward and backward (3). A
 /// critic step samples the generator (k forwards, simulate; 1, data) and trains the critic (3);
 /// every critic_ratio-th step the generator samples again (k − 1 + 3) and the critic scores (1).
-/// The GAN term adds the classifier's step on real and fake (6) and the generator's term (3 / R).
-double dmd_extra_forwards(const RunConfig& cfg);
+/// The GAN term adds the classifier's step on real and fake (6) and the generator's term (3 / R),
+/// both through the critic. `critic_cost` is a critic forward in student forwards (1 for a critic
+/// of the student's dims; critic.init teacher or adapters over the teacher: the teacher's).
+double dmd_extra_forwards(const RunConfig& cfg, double critic_cost = 1.0);
+
+/// A dmd critic forward in student forwards, by FLOPs (dit_forward_flops): its dims are
+/// RunConfig::critic_model_config's, or the teacher's when it is adapters over the teacher.
+double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
+                       std::int64_t tokens, std::int64_t context_len);
 
 /// The message geometry of a run (batch, latent, context, channels, feature blocks): what
 /// every transport step carries. `train` adds the steps to stream.

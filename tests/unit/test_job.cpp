@@ -16,6 +16,7 @@
 #include "job/run_config.hpp"
 #include "job/startup.hpp"
 #include "job/plan_input.hpp"
+#include "plan/speed.hpp"
 #include "test_util.hpp"
 
 namespace wd {
@@ -325,6 +326,29 @@ TEST(JobStartup, TrajectoryNeedsTheWholeTeacherAndAlignedSchedules) {
         config(tiny(std::string("--train.eval_samples 12 --train.objective trajectory --teacher.placement ") + placement)), 3))
         << placement;
   }
+}
+
+TEST(JobStartup, DmdCountsItsCriticsForwardsAtTheCriticsSize) {
+  // k = 4 simulate, R = 5: the generator's 4 + 6 / 5, the critic's 3 + 1 / 5, less the step's 3.
+  const auto dmd = config(tiny("--train.objective dmd --student.steps 4 --train.critic_ratio 5"));
+  EXPECT_NEAR(job::dmd_extra_forwards(dmd), 4 + 1.2 + 3.2 - 3, 1e-12);
+  EXPECT_NEAR(job::dmd_extra_forwards(dmd, 2.5), 4 + 1.2 + 2.5 * 3.2 - 3, 1e-12);
+  // A critic of the student's dims costs a student forward; one of the teacher's (critic.init
+  // teacher) a teacher forward, whatever the student's dims.
+  auto teacher = WanConfig::preset("tiny");
+  teacher.dim = 128;
+  teacher.ffn_dim = 512;
+  teacher.num_heads = 4;
+  teacher.num_layers = 4;
+  const auto words = std::string("--train.objective dmd --student.dim 64 --student.ffn_dim 256 --student.num_heads 2 ");
+  const auto own = config(tiny(words + "--student.num_layers 2"));
+  const auto as_teacher = config(tiny(words + "--student.num_layers 2 --critic.init teacher"));
+  const auto student = job::dit_shape(own.student.model_config(teacher), 1);
+  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(own, teacher, student, 256, 32), 1.0);
+  const double ratio = plan::dit_forward_flops(job::dit_shape(teacher, 1), 256, 32) /
+                       plan::dit_forward_flops(student, 256, 32);
+  EXPECT_GT(ratio, 6.0);  // twice the width (4x the products) and twice the blocks
+  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(as_teacher, teacher, student, 256, 32), ratio);
 }
 
 TEST(JobStartup, ANewRunResumesAtStepZero) {
