@@ -6,7 +6,8 @@
 # trajectory student (train.objective trajectory) at each of its checkpoints. Writes
 # OUT_DIR/summary.json and prints a table.
 # Usage: bash bench/bench_objectives.sh [OUT_DIR]   (BUILD_DIR=build, STEPS=8000, GUIDANCE=2, K=4,
-#        SHIFT_K=3, GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
+#        SHIFT_K=3, TEACHER_EMA=0 (the flow teacher's train.ema_decay), TEACHER_DROPOUT=0.1 (its train.cond_dropout),
+#        GUIDED_STEPS=1500 (0: none), SKIP_TRAIN=1 to reuse OUT_DIR/teacher-run/student,
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, GUIDED_LR=3e-4, GUIDED_EMA=0 (train.ema_decay),
 #        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
@@ -53,7 +54,8 @@ cd "$out"
 if [[ -z ${SKIP_TRAIN:-} ]]; then
   start=$SECONDS
   mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
-    --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout 0.1 \
+    --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout "${TEACHER_DROPOUT:-0.1}" \
+    --train.ema_decay "${TEACHER_EMA:-0}" \
     $dims --train.batch_size "$batch" --train.eval_samples "$held_out" --train.steps "$steps" --train.lr 1e-3 \
     --train.warmup_steps $((steps < 2000 ? steps / 10 : 200)) \
     --train.log_every 200 --train.eval_every $((steps < 2000 ? steps : 2000)) --checkpoint.every $((steps < 2000 ? steps : 2000)) --runtime.threads 1 --student.device cpu \

@@ -283,6 +283,30 @@ TEST(Shard, TheDmdCriticShardsWithTheStudentAndResumesMidCycle) {
   test::expect_resumed_exactly(root() / "dmd-gathered", root() / "dmd-gathered-resumed", 12, 6);
 }
 
+// DMD2's GAN term with sharded weights: the realism classifier runs the critic's gathered blocks
+// in the critic's update (real and fake) and, with its graph into x̂0 only, in the generator's;
+// its two linears are critic tensors, sliced with the blocks. The students and critics equal the
+// sharded-gradients run's, which differ from the unsharded run's only by reduction order.
+TEST(Shard, TheDmdGanTermTrainsWithAGatheredCritic) {
+  const std::string args = " --train.objective dmd --train.log_every 1 --train.steps 10 --checkpoint.every 10"
+                           " --checkpoint.keep 0 --teacher.compute fp32 --critic.gan_weight 1e-2 --train.gan_weight 5e-2";
+  auto plain = test::launch_train(3, run_dir("gan-plain") + args);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  auto scattered = test::launch_train(3, run_dir("gan-scattered-all") + args + kGradients + kAll);
+  ASSERT_EQ(scattered.code, 0) << scattered.output;
+  auto gathered = test::launch_train(3, run_dir("gan-gathered") + args + kParameters);
+  ASSERT_EQ(gathered.code, 0) << gathered.output;
+  EXPECT_NE(gathered.output.find("dmd GAN term (DMD2)"), std::string::npos) << gathered.output;
+  test::expect_close_losses(root() / "gan-plain", root() / "gan-gathered", 10);
+  const auto bytes = [&](const std::string& run, const std::string& file) {
+    return file_bytes(root() / run / "checkpoints" / "step-00000010" / file);
+  };
+  for (const std::string file : {"student/diffusion_pytorch_model.safetensors", "critic/trainable.safetensors"}) {
+    EXPECT_FALSE(bytes("gan-gathered", file).empty()) << file;
+    EXPECT_TRUE(bytes("gan-gathered", file) == bytes("gan-scattered-all", file)) << file << " differs";
+  }
+}
+
 TEST(Shard, RefusesWhatItDoesNotDo) {
   auto r = test::launch_refused(3, run_dir("refused") + kJob + " --student.shard weights");
   EXPECT_EQ(r.code, 2) << r.output;
