@@ -162,10 +162,14 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   // the base a LoRA student holds anyway (critic.lora_rank).
   const auto critic = cfg.critic_lora(tc.num_layers);
   const bool critic_lora = critic.rank > 0;
-  if (cfg.train.dmd() && !critic_lora) in.student_extra_params += wan_param_count(cfg.critic_model_config(tc));
-  if (cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)
-    const auto d = critic_lora ? tc.dim : cfg.critic_model_config(tc).dim;
-    in.student_extra_params += d * d + 2 * d + 1;
+  if (cfg.train.dmd()) {
+    const auto model = dmd_critic_config(cfg, tc);
+    if (!critic_lora) in.student_extra_params += wan_param_count(model);
+    in.critic = dit_shape(model, 1);
+    in.critic_in_generator_graph = cfg.train.gan_weight > 0;
+  }
+  if (cfg.train.dmd() && cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)
+    in.student_extra_params += in.critic.dim * in.critic.dim + 2 * in.critic.dim + 1;
   }
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
@@ -215,11 +219,14 @@ double dmd_extra_forwards(const RunConfig& cfg, double critic_cost) {
   return generator + critic_cost * critic - 3.0;  // the 3 of a training step are counted already
 }
 
+WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc) {
+  return cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
+}
+
 double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
                        std::int64_t tokens, std::int64_t context_len) {
-  const auto critic = cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
   const double own = plan::dit_forward_flops(student, tokens, context_len);
-  return own > 0 ? plan::dit_forward_flops(dit_shape(critic, 1), tokens, context_len) / own : 1.0;
+  return own > 0 ? plan::dit_forward_flops(dit_shape(dmd_critic_config(cfg, tc), 1), tokens, context_len) / own : 1.0;
 }
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {

@@ -68,8 +68,11 @@ comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamP
 /// of the student's dims; critic.init teacher or adapters over the teacher: the teacher's).
 double dmd_extra_forwards(const RunConfig& cfg, double critic_cost = 1.0);
 
-/// A dmd critic forward in student forwards, by FLOPs (dit_forward_flops): its dims are
-/// RunConfig::critic_model_config's, or the teacher's when it is adapters over the teacher.
+/// The dmd critic's architecture: RunConfig::critic_model_config's, or the teacher's when it is
+/// adapters over the teacher's base (critic.lora_rank, or a LoRA student's).
+WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc);
+
+/// A dmd critic forward (dmd_critic_config) in student forwards, by FLOPs (dit_forward_flops).
 double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
                        std::int64_t tokens, std::int64_t context_len);
 

@@ -75,8 +75,10 @@ const PlanItem& RankPlan::at(const std::string& name) const {
   throw Error("the plan has no item '" + name + "'");
 }
 
-u64 student_block_activation_bytes(const PlanInput& in) {
-  const auto& s = in.student;
+namespace {
+
+/// student_block_activation_bytes for a trained DiT of shape `s` (the student, or a dmd critic).
+u64 block_activation_bytes(const PlanInput& in, const DitShape& s) {
   const u64 c = in.student_bf16_mixed ? 2 : 4;  // linear outputs, attention inputs
   const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim), F = n(s.ffn_dim), H = n(s.num_heads);
   const u64 B = n(in.batch), S = n(in.tokens), L = n(in.context_len);
@@ -92,11 +94,11 @@ u64 student_block_activation_bytes(const PlanInput& in) {
   return bytes;
 }
 
-std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpointed) {
-  const auto& s = in.student;
+/// student_activation_bytes for a trained DiT of shape `s`.
+u64 activation_bytes(const PlanInput& in, const DitShape& s, std::int64_t checkpointed) {
   const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim);
   const u64 layers = n(s.num_layers), k = std::min(n(checkpointed), layers);
-  const u64 block = student_block_activation_bytes(in);
+  const u64 block = block_activation_bytes(in, s);
   // Embedding: the time embedding (freq_dim, then 10 x D of MLP and e0 [B,rows,6,D]; a row per
   // sample, or per token for TI2V), patch tokens and head (4 x D per token), the RoPE tables
   // (cos, sin in float64); all fp32 (the official model's choice).
@@ -106,6 +108,21 @@ std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpo
   // recomputed in the backward.
   const u64 kept = (layers - k) * block + k * N * D * kF32 + (k > 0 ? block : 0);
   return embed + kept + static_cast<u64>(kBackwardTransient * static_cast<double>(block));
+}
+
+}  // namespace
+
+u64 student_block_activation_bytes(const PlanInput& in) { return block_activation_bytes(in, in.student); }
+
+std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpointed) {
+  const u64 own = activation_bytes(in, in.student, checkpointed);
+  if (in.critic.num_layers <= 0) return own;
+  // The dmd critic's blocks follow the student's policy (by share of blocks). Its update comes
+  // after the generator's graph is gone; the generator's GAN term holds both graphs at once.
+  const auto layers = std::max<std::int64_t>(1, in.student.num_layers);
+  const auto critic_checkpointed = (checkpointed * in.critic.num_layers + layers / 2) / layers;
+  const u64 critic = activation_bytes(in, in.critic, critic_checkpointed);
+  return in.critic_in_generator_graph ? own + critic : std::max(own, critic);
 }
 
 std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples) {

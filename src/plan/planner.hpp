@@ -33,6 +33,11 @@ struct DitShape {
 struct PlanInput {
   DitShape teacher;
   DitShape student;
+  /// train.objective dmd: the critic's shape, for its activations (num_layers 0: no dmd). It
+  /// trains in its own update, after the generator's graph is gone; with `critic_in_generator_graph`
+  /// (the generator's GAN term, train.gan_weight) the generator's loss also runs through it.
+  DitShape critic;
+  bool critic_in_generator_graph = false;
   std::int64_t teacher_elem_bytes = 2;     ///< teacher.dtype: bf16/fp16 2, fp32 4
   std::int64_t checkpoint_elem_bytes = 2;  ///< as stored; another dtype is converted at load
   bool student_bf16_mixed = false;         ///< student.precision = bf16-mixed

@@ -74,6 +74,31 @@ TEST(Planner, CheckpointingKeepsOnlyBlockInputsPlusOneBlock) {
   EXPECT_LT(all, every2);
 }
 
+// train.objective dmd: the critic's update comes after the generator's graph is gone, so a critic
+// of the student's shape adds nothing and a larger one (critic.init teacher) sets the peak; the
+// generator's GAN term runs its loss through the critic, so both graphs are held at once.
+TEST(Planner, ADmdCriticsActivationsPeakInItsOwnUpdateOrBesideTheGenerators) {
+  auto in = small_job();
+  in.student.num_layers = 4;
+  const auto own = student_activation_bytes(in, 2);
+  auto same = in;
+  same.critic = in.student;
+  EXPECT_EQ(student_activation_bytes(same, 2), own);
+  auto wide = in;
+  wide.critic = in.student;
+  wide.critic.dim = 16;
+  wide.critic.ffn_dim = 32;
+  wide.critic.num_layers = 8;  // half of them checkpointed, as the student's 2 of 4
+  auto wide_alone = wide;
+  wide_alone.student = wide.critic;
+  wide_alone.critic = {};
+  const auto critic = student_activation_bytes(wide_alone, 4);
+  EXPECT_GT(critic, own);
+  EXPECT_EQ(student_activation_bytes(wide, 2), critic);
+  wide.critic_in_generator_graph = true;
+  EXPECT_EQ(student_activation_bytes(wide, 2), own + critic);
+}
+
 // student.shard optimizer: the AdamW moments of 1/N of the parameters (the slice rounded up: the
 // flat layout is padded to N slices); the weight average stays whole; one student shards nothing.
 TEST(Planner, ShardedOptimizerKeepsASliceOfTheMoments) {
