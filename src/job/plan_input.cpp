@@ -166,6 +166,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
     const auto model = dmd_critic_config(cfg, tc);
     if (!critic_lora) in.student_extra_params += wan_param_count(model);
     in.critic = dit_shape(model, 1);
+    in.critic_classifies = cfg.train.gan();
     in.critic_in_generator_graph = cfg.train.gan_weight > 0;
   }
   if (cfg.train.dmd() && cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)

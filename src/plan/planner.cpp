@@ -118,11 +118,15 @@ std::uint64_t student_activation_bytes(const PlanInput& in, std::int64_t checkpo
   const u64 own = activation_bytes(in, in.student, checkpointed);
   if (in.critic.num_layers <= 0) return own;
   // The dmd critic's blocks follow the student's policy (by share of blocks). Its update comes
-  // after the generator's graph is gone; the generator's GAN term holds both graphs at once.
+  // after the generator's graph is gone, its classifier's step at real and fake (2 B); the
+  // generator's GAN term holds the generator's graph and the critic's at B at once.
   const auto layers = std::max<std::int64_t>(1, in.student.num_layers);
   const auto critic_checkpointed = (checkpointed * in.critic.num_layers + layers / 2) / layers;
   const u64 critic = activation_bytes(in, in.critic, critic_checkpointed);
-  return in.critic_in_generator_graph ? own + critic : std::max(own, critic);
+  auto pairs = in;
+  pairs.batch = 2 * in.batch;
+  const u64 update = in.critic_classifies ? activation_bytes(pairs, in.critic, critic_checkpointed) : critic;
+  return std::max(in.critic_in_generator_graph ? own + critic : own, update);
 }
 
 std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples) {

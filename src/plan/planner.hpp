@@ -34,9 +34,12 @@ struct PlanInput {
   DitShape teacher;
   DitShape student;
   /// train.objective dmd: the critic's shape, for its activations (num_layers 0: no dmd). It
-  /// trains in its own update, after the generator's graph is gone; with `critic_in_generator_graph`
-  /// (the generator's GAN term, train.gan_weight) the generator's loss also runs through it.
+  /// trains in its own update, after the generator's graph is gone; its GAN step
+  /// (`critic_classifies`, critic.gan_weight) holds real and fake, twice the batch; with
+  /// `critic_in_generator_graph` (the generator's GAN term, train.gan_weight) the generator's
+  /// loss also runs through it while the generator's graph is held.
   DitShape critic;
+  bool critic_classifies = false;
   bool critic_in_generator_graph = false;
   std::int64_t teacher_elem_bytes = 2;     ///< teacher.dtype: bf16/fp16 2, fp32 4
   std::int64_t checkpoint_elem_bytes = 2;  ///< as stored; another dtype is converted at load

@@ -76,7 +76,8 @@ TEST(Planner, CheckpointingKeepsOnlyBlockInputsPlusOneBlock) {
 
 // train.objective dmd: the critic's update comes after the generator's graph is gone, so a critic
 // of the student's shape adds nothing and a larger one (critic.init teacher) sets the peak; the
-// generator's GAN term runs its loss through the critic, so both graphs are held at once.
+// generator's GAN term runs its loss through the critic, so both graphs are held at once; the
+// critic's GAN step classifies real and fake in one forward.
 TEST(Planner, ADmdCriticsActivationsPeakInItsOwnUpdateOrBesideTheGenerators) {
   auto in = small_job();
   in.student.num_layers = 4;
@@ -97,6 +98,11 @@ TEST(Planner, ADmdCriticsActivationsPeakInItsOwnUpdateOrBesideTheGenerators) {
   EXPECT_EQ(student_activation_bytes(wide, 2), critic);
   wide.critic_in_generator_graph = true;
   EXPECT_EQ(student_activation_bytes(wide, 2), own + critic);
+  // The critic's GAN step: real and fake in one forward, twice the batch.
+  same.critic_classifies = true;
+  auto doubled = in;
+  doubled.batch = 2;
+  EXPECT_EQ(student_activation_bytes(same, 2), student_activation_bytes(doubled, 2));
 }
 
 // student.shard optimizer: the AdamW moments of 1/N of the parameters (the slice rounded up: the
