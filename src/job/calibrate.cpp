@@ -186,9 +186,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
     s.student_extra_forwards =
         cfg.train.trajectory_rollout * static_cast<double>(cfg.student.steps - 1) / 2.0;
   }
-  if (cfg.train.dmd()) {
-    s.student_extra_forwards = dmd_extra_forwards(cfg, dmd_critic_cost(cfg, tc, in.student, in.tokens, in.context_len));
-  }
+  if (cfg.train.dmd()) s.student_extra_forwards = dmd_extra_forwards(cfg, dmd_critic_cost(in));
   s.context_len = in.context_len;
   s.batch = in.batch;
   s.prefetch_depth = in.prefetch_depth;

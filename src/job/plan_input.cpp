@@ -168,9 +168,8 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
     in.critic = dit_shape(model, 1);
     in.critic_classifies = cfg.train.gan();
     in.critic_in_generator_graph = cfg.train.gan_weight > 0;
-  }
-  if (cfg.train.dmd() && cfg.train.gan()) {  // the critic's realism classifier: Linear(dim, dim) and Linear(dim, 1)
-    in.student_extra_params += in.critic.dim * in.critic.dim + 2 * in.critic.dim + 1;
+    // The critic's realism classifier: Linear(dim, dim) and Linear(dim, 1).
+    if (cfg.train.gan()) in.student_extra_params += model.dim * model.dim + 2 * model.dim + 1;
   }
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
@@ -224,10 +223,9 @@ WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc) {
   return cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
 }
 
-double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
-                       std::int64_t tokens, std::int64_t context_len) {
-  const double own = plan::dit_forward_flops(student, tokens, context_len);
-  return own > 0 ? plan::dit_forward_flops(dit_shape(dmd_critic_config(cfg, tc), 1), tokens, context_len) / own : 1.0;
+double dmd_critic_cost(const plan::PlanInput& in) {
+  const double own = plan::dit_forward_flops(in.student, in.tokens, in.context_len);
+  return own > 0 ? plan::dit_forward_flops(in.critic, in.tokens, in.context_len) / own : 1.0;
 }
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {

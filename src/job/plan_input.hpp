@@ -72,9 +72,9 @@ double dmd_extra_forwards(const RunConfig& cfg, double critic_cost = 1.0);
 /// adapters over the teacher's base (critic.lora_rank, or a LoRA student's).
 WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc);
 
-/// A dmd critic forward (dmd_critic_config) in student forwards, by FLOPs (dit_forward_flops).
-double dmd_critic_cost(const RunConfig& cfg, const WanConfig& tc, const plan::DitShape& student,
-                       std::int64_t tokens, std::int64_t context_len);
+/// A dmd critic forward (`in.critic`, make_plan_input's dmd_critic_config) in student forwards,
+/// by FLOPs (dit_forward_flops).
+double dmd_critic_cost(const plan::PlanInput& in);
 
 /// The message geometry of a run (batch, latent, context, channels, feature blocks): what
 /// every transport step carries. `train` adds the steps to stream.

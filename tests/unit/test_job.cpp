@@ -343,12 +343,17 @@ TEST(JobStartup, DmdCountsItsCriticsForwardsAtTheCriticsSize) {
   const auto words = std::string("--train.objective dmd --student.dim 64 --student.ffn_dim 256 --student.num_heads 2 ");
   const auto own = config(tiny(words + "--student.num_layers 2"));
   const auto as_teacher = config(tiny(words + "--student.num_layers 2 --critic.init teacher"));
-  const auto student = job::dit_shape(own.student.model_config(teacher), 1);
-  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(own, teacher, student, 256, 32), 1.0);
+  plan::PlanInput in;  // what make_plan_input fills for these two configs
+  in.student = job::dit_shape(own.student.model_config(teacher), 1);
+  in.tokens = 256;
+  in.context_len = 32;
+  in.critic = job::dit_shape(job::dmd_critic_config(own, teacher), 1);
+  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(in), 1.0);
   const double ratio = plan::dit_forward_flops(job::dit_shape(teacher, 1), 256, 32) /
-                       plan::dit_forward_flops(student, 256, 32);
+                       plan::dit_forward_flops(in.student, 256, 32);
   EXPECT_GT(ratio, 6.0);  // twice the width (4x the products) and twice the blocks
-  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(as_teacher, teacher, student, 256, 32), ratio);
+  in.critic = job::dit_shape(job::dmd_critic_config(as_teacher, teacher), 1);
+  EXPECT_DOUBLE_EQ(job::dmd_critic_cost(in), ratio);
 }
 
 TEST(JobStartup, ANewRunResumesAtStepZero) {
