@@ -56,8 +56,8 @@ struct TransportBenchConfig {
     p.check(min_steps >= 1, "min_steps(" + std::to_string(min_steps) + ") must be >= 1");
     p.check(threads >= 1, "threads(" + std::to_string(threads) + ") must be >= 1");
     p.check(!split_list(sizes).empty(), "sizes(" + sizes + ") must name at least one size");
-    p.check(comm.mode == "scatter",
-            "comm.mode(" + comm.mode + ") must be scatter: each student gets its own message");
+    p.check(comm.mode == CommMode::kScatter,
+            "comm.mode(" + std::string(name_of(comm.mode)) + ") must be scatter: each student gets its own message");
     comm.validate(p);
     log.validate(p);
     p.throw_if_any("bench_transport");

@@ -56,9 +56,9 @@ struct Allocation {
 /// The placement the roles follow. auto decides at start-up from the teacher's size and the
 /// free memory, between whole teachers (shown) and shard stages.
 plan::Placement shown_placement(const job::RunConfig& cfg) {
-  const auto& p = cfg.teacher.placement;
-  if (p == "auto" || p == "colocated") return plan::Placement::kGpu;
-  return teacher::parse_placement(p);
+  const auto p = cfg.teacher.placement;
+  if (p == TeacherPlacement::kAuto || p == TeacherPlacement::kColocated) return plan::Placement::kGpu;
+  return teacher::parse_placement(name_of(p));
 }
 
 }  // namespace
@@ -104,11 +104,11 @@ int run_layout(const std::vector<std::string>& args) {
     std::cout << "note: " << per_node << " ranks per node on " << alloc.gpus_per_node
               << " GPU(s): ranks share GPUs (train warns); links between ranks on one GPU use MPI\n";
   }
-  if (cfg.teacher.placement == "auto" && cfg.teacher.ranks > 1) {
+  if (cfg.teacher.placement == TeacherPlacement::kAuto && cfg.teacher.ranks > 1) {
     std::cout << "note: teacher.placement auto decides at start-up whether the " << cfg.teacher.ranks
               << " teacher ranks are replicas or shard stages; --teacher.placement shard shows the stages\n";
   }
-  if (cfg.teacher.layout == "auto") {
+  if (cfg.teacher.layout == TeacherLayout::kAuto) {
     std::cout << "note: teacher.layout auto times the job's models at start-up and may choose other roles; "
                  "shown: the given teacher.ranks and teacher.placement\n";
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 
 namespace wd::comm {
@@ -12,7 +13,7 @@ namespace wd::comm {
 struct CommConfig {
   int prefetch_depth = 2;          ///< batches a teacher may run ahead / a student posts ahead
   double timeout_s = 120.0;        ///< deadline of every wait
-  std::string mode = "scatter";    ///< scatter: each student its slice | broadcast: all the same
+  CommMode mode = CommMode::kScatter;  ///< scatter: each student its slice | broadcast: all the same
   double bucket_mb = 25.0;         ///< gradient all-reduce bucket size
   double watchdog_s = 0;           ///< 0: 2 x timeout_s + 90
   std::string backend = "auto";    ///< auto | mpi | nccl (backend_choice.hpp)

@@ -32,7 +32,7 @@ StreamEnd link_end(const ProcessGroups& groups, int world_rank, const CommConfig
   StreamEnd end;
   end.comm = groups.link();
   end.world_rank = world_rank;
-  end.broadcast = config.mode == "broadcast";
+  end.broadcast = config.mode == CommMode::kBroadcast;
   end.name = student_link_name(replica);
   end.receiver = "student";
   end.sending = layout.role_of(world_rank) == Role::kTeacher;

@@ -4,10 +4,13 @@
 
 #include <boost/program_options.hpp>
 
-#include <functional>
-#include <sstream>
 #include <cstdint>
+#include <functional>
+#include <ostream>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -15,6 +18,40 @@
 namespace wd {
 
 namespace po = boost::program_options;
+
+/// The names of a closed choice's values: an enum E declares, in its own namespace,
+/// `const std::vector<std::pair<E, const char*>>& choices(E);` (found by argument-dependent
+/// lookup), and OptionTable::bind binds a field of type E to them.
+template <typename E>
+const char* name_of(E value) {
+  for (const auto& [v, name] : choices(E{})) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+/// The names of E's values joined by `sep`.
+template <typename E>
+std::string choice_names(E, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& [v, name] : choices(E{})) out += (out.empty() ? "" : sep) + std::string(name);
+  return out;
+}
+
+/// A closed choice written as its name (streams: error messages, INI files).
+template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>, typename = decltype(choices(E{}))>
+std::ostream& operator<<(std::ostream& os, E value) {
+  return os << name_of(value);
+}
+
+/// The value of E named `text`; a ConfigError naming `key` and every name otherwise.
+template <typename E>
+E parse_choice(const std::string& key, const std::string& text) {
+  for (const auto& [v, name] : choices(E{})) {
+    if (text == name) return v;
+  }
+  throw ConfigError(key + "(" + text + ") must be one of " + choice_names(E{}));
+}
 
 /// One options table. Keys are grouped by component with Program_options' own convention:
 /// `[teacher]` / `placement = stream` in the INI file is `--teacher.placement stream` on the
@@ -25,11 +62,24 @@ class OptionTable {
   explicit OptionTable(const std::string& caption) : desc_(caption, 100, 50) {}
 
   /// Binds `--key` to `field`.
-  template <typename T>
+  template <typename T, std::enable_if_t<!std::is_enum_v<T>, int> = 0>
   OptionTable& bind(const std::string& key, T& field, const std::string& help) {
     desc_.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, show(field)),
                         help.c_str());
     values_.push_back({key, [&field] { return show_plain(field); }});
+    return *this;
+  }
+
+  /// Binds a closed choice (an enum with `choices`): --help lists its names, and any other name
+  /// is a ConfigError when the options are parsed.
+  template <typename E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+  OptionTable& bind(const std::string& key, E& field, const std::string& help) {
+    desc_.add_options()(key.c_str(),
+                        po::value<std::string>()
+                            ->default_value(name_of(field))
+                            ->notifier([key, &field](const std::string& text) { field = parse_choice<E>(key, text); }),
+                        (help + " (one of: " + choice_names(E{}, " | ") + ")").c_str());
+    values_.push_back({key, [&field] { return std::string(name_of(field)); }});
     return *this;
   }
 
@@ -43,6 +93,12 @@ class OptionTable {
     values_.push_back({key, [&field] { return std::string(field ? "true" : "false"); }});
     return *this;
   }
+
+  /// Binds a closed choice: `names` gives the allowed values (when the help is made and when the
+  /// options are parsed); --help lists them after `help`, and any other value is a ConfigError at
+  /// parse time naming the key and every allowed value.
+  OptionTable& choice(const std::string& key, std::string& field, std::function<std::vector<std::string>()> names,
+                      const std::string& help);
 
   /// Binds an option that must be given (no default).
   OptionTable& require(const std::string& key, std::string& field, const std::string& help) {

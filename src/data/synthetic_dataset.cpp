@@ -167,6 +167,34 @@ void write_root_attrs(hid_t file, const std::string& path) {
   WD_CHECK_H5(H5Awrite(layout.get(), str.get(), &text), path, root_attr(kLayoutAttr));
 }
 
+/// A contexts-only set's root attribute latent_shape (C, F, H, W of the latents it has none of).
+void write_latent_shape(hid_t file, const std::string& path, const std::array<std::int64_t, 4>& c) {
+  const hsize_t four = 4;
+  const H5Dataspace space(WD_CHECK_H5(H5Screate_simple(1, &four, nullptr), path, root_attr(kLatentShapeAttr)));
+  const H5Attribute shape(WD_CHECK_H5(
+      H5Acreate2(file, kLatentShapeAttr, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), path,
+      root_attr(kLatentShapeAttr)));
+  WD_CHECK_H5(H5Awrite(shape.get(), H5T_NATIVE_INT64, c.data()), path, root_attr(kLatentShapeAttr));
+}
+
+/// A classes set's /labels and /class_patterns.
+void write_classes(hid_t file, const std::string& path, const std::vector<std::int32_t>& labels,
+                   const std::vector<torch::Tensor>& patterns) {
+  const H5Dataset labels_ds = create_contiguous(file, path, kLabels, H5T_STD_I32LE, labels.size());
+  WD_CHECK_H5(H5Dwrite(labels_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()), path,
+              kLabels);
+  const auto all = torch::stack(patterns).contiguous();
+  std::vector<hsize_t> dims;
+  for (const auto d : all.sizes()) dims.push_back(static_cast<hsize_t>(d));
+  const H5Dataspace space(
+      WD_CHECK_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path, kClassPatterns));
+  const H5Dataset pattern_ds(WD_CHECK_H5(
+      H5Dcreate2(file, kClassPatterns, H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path,
+      kClassPatterns));
+  WD_CHECK_H5(H5Dwrite(pattern_ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data_ptr()), path,
+              kClassPatterns);
+}
+
 /// Writes the whole data set into `path`; every handle is closed (and checked) on return.
 void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
   const auto n = static_cast<hsize_t>(spec.samples);
@@ -176,14 +204,7 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
 
   H5File file = h5_create(path);
   write_root_attrs(file.get(), path);
-  if (spec.contexts_only) {
-    const hsize_t four = 4;
-    const H5Dataspace space(WD_CHECK_H5(H5Screate_simple(1, &four, nullptr), path, root_attr(kLatentShapeAttr)));
-    const H5Attribute shape(WD_CHECK_H5(
-        H5Acreate2(file.get(), kLatentShapeAttr, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), path,
-        root_attr(kLatentShapeAttr)));
-    WD_CHECK_H5(H5Awrite(shape.get(), H5T_NATIVE_INT64, c.data()), path, root_attr(kLatentShapeAttr));
-  }
+  if (spec.contexts_only) write_latent_shape(file.get(), path, c);
   {
     const H5Datatype half = h5_float16_type();
     const hid_t store_type = spec.half ? half.get() : H5T_IEEE_F32LE;
@@ -249,21 +270,7 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
     for (hsize_t i = 0; i < n; ++i) texts[i] = prompts[i].c_str();
     WD_CHECK_H5(H5Dwrite(prompts_ds.get(), str.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, texts.data()),
                 path, kPrompts);
-    if (classes) {
-      const H5Dataset labels_ds = create_contiguous(file.get(), path, kLabels, H5T_STD_I32LE, n);
-      WD_CHECK_H5(H5Dwrite(labels_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()), path,
-                  kLabels);
-      const auto all = torch::stack(patterns).contiguous();
-      std::vector<hsize_t> dims;
-      for (const auto d : all.sizes()) dims.push_back(static_cast<hsize_t>(d));
-      const H5Dataspace space(
-          WD_CHECK_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path, kClassPatterns));
-      const H5Dataset pattern_ds(WD_CHECK_H5(H5Dcreate2(file.get(), kClassPatterns, H5T_IEEE_F32LE, space.get(),
-                                                        H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                                             path, kClassPatterns));
-      WD_CHECK_H5(H5Dwrite(pattern_ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data_ptr()), path,
-                  kClassPatterns);
-    }
+    if (classes) write_classes(file.get(), path, labels, patterns);
     progress.finish();
   }
   // With every object closed, H5Fclose writes the last metadata; a failure here (a full disk)

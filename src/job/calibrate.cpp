@@ -155,11 +155,12 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   setup.teacher_dim = teacher.dim;
   setup.feature_pairs = pairs;
   setup.feature_weight = cfg.student.feature_weight;
-  setup.train_projections = cfg.student.projection == "trained";
-  setup.mixed_bf16 = cfg.student.precision == "bf16-mixed";
+  setup.train_projections = cfg.student.projection == Projection::kTrained;
+  setup.mixed_bf16 = cfg.student.precision == Precision::kBf16Mixed;
   setup.device = device;
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
-  torch::optim::AdamW optimizer(parts.trainable(), torch::optim::AdamWOptions(cfg.train.lr));
+  const auto adamw = student::make_adamw(parts.trainable(), nullptr, cfg.train.lr, cfg.train);
+  auto& optimizer = *adamw;
   student::DistillObjective objective(parts, student::CheckpointPolicy::parse(cfg.student.checkpointing));
   student::FixedBatches batches({message});
   student::StepContext step{objective, optimizer, nullptr, cfg.train.grad_clip};
@@ -182,11 +183,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.tokens = in.tokens;
   s.teacher_forwards = cfg.teacher_forwards();  // guided: [cond; neg]; trajectory: teacher.steps / student.steps
   s.whole_teacher = cfg.whole_teacher();  // no shard stages (check_job)
-  if (cfg.train.trajectory()) {  // a roll-out sample at interval i takes i jumps; i is uniform over k
-    s.student_extra_forwards =
-        cfg.train.trajectory_rollout * static_cast<double>(cfg.student.steps - 1) / 2.0;
-  }
-  if (cfg.train.dmd()) s.student_extra_forwards = dmd_extra_forwards(cfg, dmd_critic_cost(in));
+  s.student_extra_forwards = cfg.objective().student_extra_forwards(cfg.keys(), dmd_critic_cost(in));
   s.context_len = in.context_len;
   s.batch = in.batch;
   s.prefetch_depth = in.prefetch_depth;

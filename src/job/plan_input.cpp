@@ -44,7 +44,7 @@ void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages
                          "is not in the data schema yet (t2v and ti2v teachers are supported)");
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
-  if (cfg.train.dmd() && cfg.train.critic_dims()) cfg.critic_model_config(tc).validate("critic config (critic.*)");
+  if (cfg.dmd.critic_dims()) cfg.critic_model_config(tc).validate("critic config (critic.*)");
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
             "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
@@ -120,8 +120,9 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   stream.tokens = tokens_per_sample(tc, latent);
   stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
   stream.teacher_dim = tc.dim;
-  stream.start_states = cfg.train.trajectory() && cfg.train.trajectory_rollout > 0;
-  stream.train_targets = !cfg.train.dmd() || cfg.train.trajectory_stream();
+  const auto& objective = cfg.objective();
+  stream.start_states = objective.start_states(cfg.keys());
+  stream.train_targets = objective.train_targets(cfg.keys());
   for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);
   std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
   stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
@@ -134,7 +135,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto& lat = ctx.latent;
   const auto sc = cfg.student.model_config(tc);
   const auto layout = comm::Layout::make(ctx.world, cfg.teacher.ranks);
-  const bool broadcast = cfg.comm.mode == "broadcast";
+  const bool broadcast = cfg.comm.mode == CommMode::kBroadcast;
   const auto global_batch = cfg.train.batch_size * (broadcast ? layout.replicas : layout.student_ranks);
 
   const auto stream = stream_plan_for(cfg, tc, lat, ctx.context_len);
@@ -146,11 +147,11 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto dtype = teacher_dtype(cfg);
   in.teacher_elem_bytes = dtype ? elem_bytes(*dtype) : ctx.stored_elem_bytes;
   in.checkpoint_elem_bytes = ctx.stored_elem_bytes;
-  in.student_bf16_mixed = cfg.student.precision == "bf16-mixed";
+  in.student_bf16_mixed = cfg.student.precision == Precision::kBf16Mixed;
   in.student_ema = cfg.train.ema_decay > 0;
-  in.shard_parameters = cfg.student.shard == "parameters";
-  in.shard_gradients = cfg.student.shard == "gradients" || in.shard_parameters;
-  in.shard_optimizer = cfg.student.shard == "optimizer" || in.shard_gradients;
+  in.shard_parameters = cfg.student.shard == ShardMode::kParameters;
+  in.shard_gradients = cfg.student.shard == ShardMode::kGradients || in.shard_parameters;
+  in.shard_optimizer = cfg.student.shard == ShardMode::kOptimizer || in.shard_gradients;
   in.bucket_bytes = cfg.comm.bucket_bytes();
   const auto policy = student::CheckpointPolicy::parse(cfg.student.checkpointing);
   for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;
@@ -162,20 +163,20 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   // the base a LoRA student holds anyway (critic.lora_rank).
   const auto critic = cfg.critic_lora(tc.num_layers);
   const bool critic_lora = critic.rank > 0;
-  if (cfg.train.dmd()) {
+  if (cfg.objective().traits().real_score) {
     const auto model = dmd_critic_config(cfg, tc);
     if (!critic_lora) in.student_extra_params += wan_param_count(model);
     in.critic = dit_shape(model, 1);
-    in.critic_classifies = cfg.train.gan();
-    in.critic_in_generator_graph = cfg.train.gan_weight > 0;
+    in.critic_classifies = cfg.dmd.gan();
+    in.critic_in_generator_graph = cfg.dmd.gan_weight > 0;
     // The critic's realism classifier: Linear(dim, dim) and Linear(dim, 1).
-    if (cfg.train.gan()) in.student_extra_params += model.dim * model.dim + 2 * model.dim + 1;
+    if (cfg.dmd.gan()) in.student_extra_params += model.dim * model.dim + 2 * model.dim + 1;
   }
   if (cfg.student.lora_rank > 0 || critic_lora) {
     // The base: one expert of the teacher, as its file stores it (bf16 under bf16-mixed); a LoRA
     // pair (a two-expert teacher without student.expert) holds both experts and two adapter sets.
     const std::int64_t pair = cfg.lora_pair(static_cast<std::size_t>(ctx.experts)) ? 2 : 1;
-    const auto base_elem = cfg.student.precision == "bf16-mixed" ? 2 : ctx.stored_elem_bytes;
+    const auto base_elem = cfg.student.precision == Precision::kBf16Mixed ? 2 : ctx.stored_elem_bytes;
     in.lora_base_bytes = static_cast<std::uint64_t>(pair * wan_param_count(tc)) * static_cast<std::uint64_t>(base_elem);
     in.lora_base_shareable = static_cast<std::int64_t>(base_elem) == static_cast<std::int64_t>(in.teacher_elem_bytes);
     in.student_lora = cfg.student.lora_rank > 0;
@@ -208,17 +209,6 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   return in;
 }
 
-double dmd_extra_forwards(const RunConfig& cfg, double critic_cost) {
-  const double k = cfg.train.dmd_start == "simulate" ? static_cast<double>(cfg.student.steps) : 1.0;
-  const double r = static_cast<double>(std::max<std::int64_t>(1, cfg.train.critic_ratio));
-  // DMD2's GAN term: the classifier's forward and backward of real and fake every critic update
-  // (2 samples a sample, a backward counted as 2 forwards), the generator's term every R-th.
-  const double gan = (cfg.train.gan() ? 6.0 : 0.0) + (cfg.train.gan_weight > 0 ? 3.0 / r : 0.0);
-  const double generator = k + (k + 2.0) / r;
-  const double critic = 3.0 + 1.0 / r + gan;
-  return generator + critic_cost * critic - 3.0;  // the 3 of a training step are counted already
-}
-
 WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc) {
   return cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
 }
@@ -230,7 +220,7 @@ double dmd_critic_cost(const plan::PlanInput& in) {
 
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan) {
   comm::ServiceSchedule s;
-  s.ratio = cfg.train.critic_ratio;
+  s.ratio = cfg.dmd.critic_ratio;
   s.first_step = plan.first_step;
   s.train_steps = plan.train_steps;
   s.lead = cfg.comm.prefetch_depth;

@@ -60,14 +60,6 @@ std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t
 /// comm.prefetch_depth stream steps of lead before an answer).
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan);
 
-/// train.objective dmd: student forwards a step beyond a training forward and backward (3). A
-/// critic step samples the generator (k forwards, simulate; 1, data) and trains the critic (3);
-/// every critic_ratio-th step the generator samples again (k − 1 + 3) and the critic scores (1).
-/// The GAN term adds the classifier's step on real and fake (6) and the generator's term (3 / R),
-/// both through the critic. `critic_cost` is a critic forward in student forwards (1 for a critic
-/// of the student's dims; critic.init teacher or adapters over the teacher: the teacher's).
-double dmd_extra_forwards(const RunConfig& cfg, double critic_cost = 1.0);
-
 /// The dmd critic's architecture: RunConfig::critic_model_config's, or the teacher's when it is
 /// adapters over the teacher's base (critic.lora_rank, or a LoRA student's).
 WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc);

@@ -12,6 +12,8 @@
 #include "data/data_config.hpp"
 #include "data/noiser.hpp"
 #include "memory/memory_monitor.hpp"
+#include "objective/objective_spec.hpp"
+#include "student/dmd_config.hpp"
 #include "student/student_config.hpp"
 #include "student/train_state.hpp"
 #include "teacher/teacher_config.hpp"
@@ -28,6 +30,7 @@ struct RunConfig {
   teacher::TeacherConfig teacher;
   student::StudentConfig student;
   student::TrainConfig train;
+  student::DmdConfig dmd;  ///< train.objective dmd's keys (critic.*, train.dmd_*)
   data::DataConfig data;
   data::NoiseConfig noise;
   comm::CommConfig comm;
@@ -50,6 +53,8 @@ struct RunConfig {
     teacher.bind(t);
     student.bind(t);
     train.bind(t);
+    objective::bind(t, train.objective);
+    dmd.bind(t);
     data.bind(t);
     noise.bind(t);
     comm.bind(t);
@@ -65,6 +70,7 @@ struct RunConfig {
     teacher.validate(p);
     student.validate(p);
     train.validate(p);
+    dmd.validate(p);
     data.validate(p);
     noise.validate(p);
     comm.validate(p);
@@ -80,15 +86,18 @@ struct RunConfig {
     }
     p.throw_if_any("train config");
   }
-  /// Whether the job has a teacher: every objective but flow.
-  bool has_teacher() const { return !train.flow(); }
+  /// The sections the objectives read.
+  objective::Keys keys() const { return {teacher, student, train, dmd}; }
+  /// train.objective's spec in the objective table.
+  const objective::ObjectiveSpec& objective() const { return objective::find(train.objective); }
+  /// Whether the job has a teacher (not for an objective trained on the data alone).
+  bool has_teacher() const { return objective().traits().needs_teacher; }
   /// Whether every rank is a student computing its own targets: a colocated teacher, or none.
-  bool students_only() const { return teacher.placement == "colocated" || !has_teacher(); }
-  /// The objective against the teacher keys: flow trains without a teacher (teacher.ranks 0,
-  /// nothing of the teacher's to match); every other objective needs one.
+  bool students_only() const { return teacher.placement == TeacherPlacement::kColocated || !has_teacher(); }
+  /// Every objective's checks (objective::check), and what student.shard parameters excludes.
   void check_objective(ConfigProblems& p) const {
-    if (train.trajectory_stream()) trajectory_spec().validate(p);
-    if (student.shard == "parameters") {
+    objective::check(keys(), p);
+    if (student.shard == ShardMode::kParameters) {
       // What reads every weight at once, or forwards on one student alone, while the blocks are
       // spread over the students.
       p.check(train.ema_decay == 0, "train.ema_decay with student.shard parameters: the weight average would hold "
@@ -96,47 +105,17 @@ struct RunConfig {
       p.check(train.sample_every == 0, "train.sample_every with student.shard parameters: the sampling probe runs on "
                                        "the first student alone, and every block's gather needs all of them");
     }
-    p.check(!train.dmd() || !train.critic_dims() || (train.critic_lora_rank <= 0 && student.lora_rank <= 0),
-            "critic.dim, ffn_dim, num_heads and num_layers size a full critic; a LoRA critic (critic.lora_rank, or a "
-            "LoRA student's) is the teacher's architecture: leave them at 0");
-    if (!train.flow()) {
-      p.check(teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective flow trains "
-                                  "without; train.objective(" + train.objective + ") needs teacher.ranks >= 1");
-      return;
-    }
-    p.check(teacher.ranks == 0, "train.objective flow trains without a teacher: set teacher.ranks 0, not " +
-                                    std::to_string(teacher.ranks));
-    p.check(teacher.layout == "given", "train.objective flow has no teacher to lay out: teacher.layout(" +
-                                           teacher.layout + ") must be given");
-    p.check(student.features.empty(), "student.features(" + student.features +
-                                          ") matches teacher blocks; train.objective flow has no teacher");
-    p.check(student.teacher_blocks().empty(),
-            "student.init(" + student.init +
-                ") copies teacher blocks; train.objective flow has no teacher: random, or weights:PATH to fine-tune a "
-                "checkpoint");
   }
-  /// train.objective trajectory's schedules (teacher.steps/shift/solver, student.steps).
-  teacher::TrajectorySpec trajectory_spec() const {
-    return {teacher.solver, teacher.steps, student.steps, teacher.shift};
-  }
-  /// The [train] section as the student loop uses it: a trajectory student's sampling probe
-  /// samples its own student.steps (Euler) on teacher.shift's schedule.
-  student::TrainConfig student_train() const {
-    auto t = train;
-    if (train.trajectory() || train.dmd()) {
-      t.sample_steps = student.steps;
-      t.sample_shift = teacher.shift;
-    }
-    return t;
-  }
-  /// Whether the teacher's forwards are guided ([cond; neg] in one batch): guided, and
-  /// trajectory and dmd unless teacher.guidance is 1.
-  bool teacher_guided() const {
-    return train.guided() || ((train.trajectory() || train.dmd()) && teacher.guidance != 1.0);
-  }
-  /// Whether the teacher must be whole on one rank (no shard stages): guidance, trajectories
-  /// and the dmd real-score service need every block in one forward.
-  bool whole_teacher() const { return train.guided() || train.trajectory() || train.dmd(); }
+  /// The teacher's trajectories' schedules (teacher.steps/shift/solver, student.steps).
+  teacher::TrajectorySpec trajectory_spec() const { return objective::trajectory_spec(keys()); }
+  /// Whether the teacher's batches come from its trajectories.
+  bool trajectory_stream() const { return objective().trajectory_stream(keys()); }
+  /// The [train] section as the student loop uses it (ObjectiveSpec::loop_train).
+  student::TrainConfig student_train() const { return objective().loop_train(keys()); }
+  /// Whether the teacher's forwards are guided ([cond; neg] in one batch).
+  bool teacher_guided() const { return objective().guided(keys()); }
+  /// Whether the teacher must be whole on one rank (no shard stages).
+  bool whole_teacher() const { return !objective().traits().whole_teacher.empty(); }
   /// A LoRA pair: a LoRA student of a two-expert teacher (`teacher_experts` 2) without
   /// student.expert, one adapter set per expert over that expert's base.
   bool lora_pair(std::size_t teacher_experts) const {
@@ -146,35 +125,26 @@ struct RunConfig {
   /// dims), with the critic.* dims that are set.
   WanConfig critic_model_config(const WanConfig& teacher_model) const {
     auto c = student.model_config(teacher_model);
-    if (train.critic_init == "teacher") {
+    if (dmd.critic_init == CriticInit::kTeacher) {
       c.dim = teacher_model.dim;
       c.ffn_dim = teacher_model.ffn_dim;
       c.num_heads = teacher_model.num_heads;
       c.num_layers = teacher_model.num_layers;
     }
-    if (train.critic_dim) c.dim = train.critic_dim;
-    if (train.critic_ffn_dim) c.ffn_dim = train.critic_ffn_dim;
-    if (train.critic_num_heads) c.num_heads = train.critic_num_heads;
-    if (train.critic_num_layers) c.num_layers = train.critic_num_layers;
+    if (dmd.critic_dim) c.dim = dmd.critic_dim;
+    if (dmd.critic_ffn_dim) c.ffn_dim = dmd.critic_ffn_dim;
+    if (dmd.critic_num_heads) c.num_heads = dmd.critic_num_heads;
+    if (dmd.critic_num_layers) c.num_layers = dmd.critic_num_layers;
     return c;
   }
   /// train.objective dmd's critic as adapters over the teacher's base: critic.lora_rank, else a
   /// LoRA student's rank (student.lora_alpha and lora_targets); rank 0 when the critic is a full DiT.
   LoraSpec critic_lora(std::int64_t num_layers) const {
-    if (!train.dmd() || (train.critic_lora_rank <= 0 && student.lora_rank <= 0)) return {};
-    return student.lora_spec(num_layers, train.critic_lora_rank);
+    if (!objective().traits().real_score || (dmd.critic_lora_rank <= 0 && student.lora_rank <= 0)) return {};
+    return student.lora_spec(num_layers, dmd.critic_lora_rank);
   }
-  /// Teacher forwards (in samples) per trained sample: 1, doubled when guided; a trajectory's
-  /// teacher.steps forwards serve its student.steps intervals (also dmd's with a regression
-  /// term); dmd adds its real-score requests, one sample every train.critic_ratio steps.
-  double teacher_forwards() const {
-    const double guided = teacher_guided() ? 2.0 : 1.0;
-    const double requests = train.dmd() ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, train.critic_ratio)) : 0.0;
-    if (train.dmd() && !train.trajectory_stream()) return guided * requests;  // StreamPlan::train_targets
-    if (!train.trajectory_stream()) return guided;
-    return guided * (static_cast<double>(teacher.steps) / static_cast<double>(std::max<std::int64_t>(1, student.steps)) +
-                     requests);
-  }
+  /// Teacher forwards (in samples) per trained sample (ObjectiveSpec::teacher_forwards).
+  double teacher_forwards() const { return objective().teacher_forwards(keys()); }
   std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }
   std::string teacher_path() const { return teacher.checkpoint == kBuiltin ? cache("tiny-teacher") : teacher.checkpoint; }
   std::string data_path() const { return data.path == kBuiltin ? cache("tiny-data.h5") : data.path; }

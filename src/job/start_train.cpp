@@ -216,11 +216,11 @@ void start_train(TrainJob& job, comm::MpiRuntime& mpi) {
   // Identical on every rank (same arguments): no communication needed to agree.
   cfg.validate();
   const auto nodes = gather_node_of_ranks(rank, mpi.size(), cfg.comm.timeout_s);
-  take_roles(job, provisional_layout(cfg, mpi.size(), nodes), mpi, cfg.teacher.layout != "auto");
+  take_roles(job, provisional_layout(cfg, mpi.size(), nodes), mpi, cfg.teacher.layout != TeacherLayout::kAuto);
   agreed("preparing the run directory", cfg, [&] {
     if (rank == 0) prepare_run_dir(cfg);
   });
-  if (cfg.teacher.layout == "auto") {  // timed and decided on world rank 0
+  if (cfg.teacher.layout == TeacherLayout::kAuto) {  // timed and decided on world rank 0
     const auto choice = decided_by<LayoutChoice>(0, "choosing the layout (teacher.layout auto)", cfg,
                                                  [&] { return choose_layout(cfg, mpi.size()); });
     apply_layout(choice, cfg.teacher);
@@ -232,7 +232,7 @@ void start_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.placement = placement.placement;
   job.compute = placement.compute;
   settle_roles(job, mpi, nodes);
-  job.broadcast = cfg.comm.mode == "broadcast";
+  job.broadcast = cfg.comm.mode == CommMode::kBroadcast;
   job.per_replica = per_replica_batch(cfg, job.layout);
   const auto shape = check_inputs(job, rank);
   job.plan = stream_plan_for(cfg, job.model, shape.latent, shape.context_len);

@@ -98,7 +98,7 @@ std::string colocated_misfit(const plan::PlanInput& in, const PlanContext& ctx) 
 /// The fastest of `layouts` (fastest first) that suits the job; logs every one ruled out.
 const plan::LayoutSpeed* fastest_suitable(const RunConfig& cfg, const std::vector<plan::LayoutSpeed>& layouts,
                                           const std::string& colocated_misfit) {
-  const bool broadcast = cfg.comm.mode == "broadcast";
+  const bool broadcast = cfg.comm.mode == CommMode::kBroadcast;
   const plan::LayoutSpeed* pick = nullptr;
   for (const auto& l : layouts) {
     const int replicas = l.colocated ? l.students : l.teacher_ranks / l.stages;
@@ -190,12 +190,13 @@ LayoutChoice choose_layout(const RunConfig& cfg, int world) {
 }
 
 void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher) {
-  const bool fixed_by_layout = teacher.placement == "colocated" || teacher.placement == "shard";
+  const bool fixed_by_layout =
+      teacher.placement == TeacherPlacement::kColocated || teacher.placement == TeacherPlacement::kShard;
   teacher.ranks = choice.colocated ? 1 : choice.teacher_ranks;
   teacher.stages = choice.colocated || choice.stages <= 1 ? 0 : choice.stages;
-  teacher.placement = choice.colocated      ? "colocated"
-                      : choice.stages > 1   ? "shard"
-                      : fixed_by_layout     ? "auto"
+  teacher.placement = choice.colocated      ? TeacherPlacement::kColocated
+                      : choice.stages > 1   ? TeacherPlacement::kShard
+                      : fixed_by_layout     ? TeacherPlacement::kAuto
                                             : teacher.placement;
   // The choice's teacher micro-batch, unless one was given as a number of samples.
   if (teacher.micro_batch_samples().value_or(0) == 0) teacher.micro_batch = std::to_string(choice.micro_batch);
@@ -210,8 +211,9 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
     device = student::student_device(cfg.student.device, 0);
     choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
   } else {
-    choice.placement = cfg.teacher.placement == "auto" ? planned_placement(cfg, world)
-                                                       : teacher::parse_placement(cfg.teacher.placement);
+    choice.placement = cfg.teacher.placement == TeacherPlacement::kAuto
+                           ? planned_placement(cfg, world)
+                           : teacher::parse_placement(name_of(cfg.teacher.placement));
     // A placement this build cannot run (gpu without CUDA, a bad teacher.device) stops the
     // job here, before anything is loaded.
     device = teacher::teacher_device(cfg.teacher, choice.placement, 0);
@@ -256,7 +258,7 @@ c10::Device rank_device(const RunConfig& cfg, plan::Placement placement, Role ro
 }
 
 std::int64_t per_replica_batch(const RunConfig& cfg, const comm::Layout& layout) {
-  return cfg.train.batch_size * (cfg.comm.mode == "broadcast" ? 1 : layout.students_per_replica());
+  return cfg.train.batch_size * (cfg.comm.mode == CommMode::kBroadcast ? 1 : layout.students_per_replica());
 }
 
 std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout) {
@@ -266,7 +268,7 @@ std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout) {
 void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layout& layout) {
   ConfigProblems p;
   validate_with_teacher(cfg, teacher, layout.stages, p);
-  const bool broadcast = cfg.comm.mode == "broadcast";
+  const bool broadcast = cfg.comm.mode == CommMode::kBroadcast;
   const auto global = global_batch(cfg, layout);
   p.check(cfg.train.eval_samples % global == 0,
           "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
@@ -288,22 +290,23 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
                 std::to_string(cfg.train.steps) + ")");
   }
   if (const auto fault = FaultSpec::parse(cfg.inject_fault); fault && fault->point == FaultSpec::Point::kAllgather) {
-    p.check(cfg.student.shard == "optimizer" && layout.student_ranks > 1,
+    p.check(cfg.student.shard == ShardMode::kOptimizer && layout.student_ranks > 1,
             "inject-fault(" + cfg.inject_fault + ") strikes in the all-gather of the updated parameter slices, which "
-            "only student.shard optimizer over more than one student runs (student.shard(" + cfg.student.shard +
+            "only student.shard optimizer over more than one student runs (student.shard(" + name_of(cfg.student.shard) +
             "), " + std::to_string(layout.student_ranks) + " student(s))");
   }
   if (const auto fault = FaultSpec::parse(cfg.inject_fault); fault && fault->point == FaultSpec::Point::kServe) {
-    p.check(cfg.train.dmd() && layout.teacher_ranks > 0 && !layout.colocated(),
+    const bool serves = cfg.objective().traits().real_score;
+    p.check(serves && layout.teacher_ranks > 0 && !layout.colocated(),
             "inject-fault(" + cfg.inject_fault + ") strikes in a real-score answer, which only teacher ranks of "
             "train.objective dmd give (not " + cfg.train.objective + (layout.colocated() ? ", colocated" : "") + ")");
     comm::ServiceSchedule schedule;
-    schedule.ratio = cfg.train.critic_ratio;
+    schedule.ratio = cfg.dmd.critic_ratio;
     schedule.train_steps = cfg.train.steps;
     schedule.lead = cfg.comm.prefetch_depth;
     bool answered = false;
     for (auto c = schedule.first_cycle(); c < schedule.end_cycle(); ++c) answered |= schedule.answer_after(c) + 1 == fault->step;
-    p.check(!cfg.train.dmd() || answered,
+    p.check(!serves || answered,
             "inject-fault(" + cfg.inject_fault + ") strikes in the real-score answer of step " +
                 std::to_string(fault->step) + ", but the teacher answers after steps min(c·" +
                 std::to_string(schedule.ratio) + " + comm.prefetch_depth, c·" + std::to_string(schedule.ratio) + " + " +
@@ -311,25 +314,18 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
-  p.check(!cfg.train.trajectory() || layout.stages <= 1,
-          "train.objective trajectory samples with the whole teacher on one rank; teacher.placement shard splits it "
-          "over " + std::to_string(layout.stages) + " stages (use gpu, cpu, stream or colocated)");
-  p.check(!cfg.train.guided() || layout.stages <= 1,
-          "train.objective guided runs the conditional and negative forwards of the whole teacher on one rank; "
-          "teacher.placement shard splits it over " + std::to_string(layout.stages) + " stages (use gpu, cpu, stream "
-          "or colocated)");
-  p.check(!cfg.train.dmd() || layout.stages <= 1,
-          "train.objective dmd's teacher answers the real score with the conditional and negative forwards of the "
-          "whole teacher on one rank; teacher.placement shard splits it over " + std::to_string(layout.stages) +
-              " stages (use gpu, cpu, stream or colocated)");
-  p.check(!cfg.train.dmd() || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
-          "train.objective dmd's generator samples the teacher's latents from noise: it needs a t2v teacher whose "
-          "in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
+  const auto& objective = cfg.objective();
+  const auto& traits = objective.traits();
+  p.check(traits.whole_teacher.empty() || layout.stages <= 1,
+          "train.objective " + objective.name() + traits.whole_teacher + "; teacher.placement shard splits it over " +
+              std::to_string(layout.stages) + " stages (use gpu, cpu, stream or colocated)");
+  p.check(!traits.samples_teacher_latents || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
+          "train.objective " + objective.name() + "'s generator samples the teacher's latents from noise: it needs a "
+          "t2v teacher whose in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
               std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
-  p.check(cfg.student.lora_rank == 0 || cfg.train.objective != "velocity",
-          "student.lora_rank(" + std::to_string(cfg.student.lora_rank) +
-              ") with train.objective velocity: a LoRA student starts as the teacher, whose velocity is the target, "
-              "so there is nothing to learn; use guided, trajectory or dmd (docs/lora.md)");
+  p.check(cfg.student.lora_rank == 0 || traits.no_lora_student.empty(),
+          "student.lora_rank(" + std::to_string(cfg.student.lora_rank) + ") with train.objective " + objective.name() +
+              ": " + traits.no_lora_student);
   p.throw_if_any("train config");
   // The negative context's file, read where it will be used: a bad one stops the job here.
   if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {
@@ -350,7 +346,7 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
                 "student.features with a LoRA student of the two-expert teacher "
                     << experts->path() << " (a LoRA pair, one adapter set per expert) is not built; "
                        "set student.expert high or low to train one expert's adapters with feature matching");
-    WD_CHECK_AS(ConfigError, !pair || !cfg.train.gan(),
+    WD_CHECK_AS(ConfigError, !pair || !cfg.dmd.gan(),
                 "critic.gan_weight with a LoRA student of the two-expert teacher " << experts->path()
                     << " (a LoRA pair, whose critic is a pair too) is not built; set critic.gan_weight 0");
     // A pair starts from a pair: checked here, before any rank loads a base.
@@ -360,9 +356,10 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
     return;
   }
   ConfigProblems p;
-  p.check(!cfg.train.dmd(), "student.expert(" + expert + ") with train.objective dmd: the generator samples across "
-                            "both experts' t ranges; train both experts' adapters in one job (a LoRA student "
-                            "without student.expert, docs/lora.md#two-expert-teachers)");
+  p.check(!cfg.objective().traits().samples_teacher_latents,
+          "student.expert(" + expert + ") with train.objective " + cfg.train.objective + ": the generator samples across "
+          "both experts' t ranges; train both experts' adapters in one job (a LoRA student without student.expert, "
+          "docs/lora.md#two-expert-teachers)");
   p.check(cfg.train.trajectory_rollout == 0,
           "student.expert(" + expert + ") with train.trajectory_rollout > 0: a rollout runs the student from noise "
           "through every interval, the other expert's too");
@@ -371,7 +368,7 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
   p.throw_if_any("train config");
   const auto range = expert_range(expert, experts);
   // Ranges nothing reaches stop the job here: the student's steps, or the noise's σ distribution.
-  if (cfg.train.trajectory_stream()) {
+  if (cfg.trajectory_stream()) {
     static_cast<void>(cfg.trajectory_spec().intervals_in(range));
   } else {
     static_cast<void>(data::FlowMatchingNoiser(cfg.noise, cfg.train.seed, range));
@@ -380,7 +377,7 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
 
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
   auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
-  WD_CHECK_DATA(info.has_latents || cfg.train.trajectory_stream(), info.path, "/latents",
+  WD_CHECK_DATA(info.has_latents || !cfg.objective().needs_latents(cfg.keys()), info.path, "/latents",
                 "is missing: the file holds contexts only (make-dataset --contexts-only, prepare_data.py captions); "
                 "train.objective " << cfg.train.objective << " needs the latents of videos, train.objective trajectory "
                 "trains from contexts alone");

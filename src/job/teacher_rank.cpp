@@ -23,7 +23,7 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   // student.expert without trajectories (dmd is refused with it): every t the teacher sees is on
   // that expert's side (the noisers redraw the rest), so the other expert never runs: not loaded.
   const bool one_expert = job.experts->two_experts() && !job.cfg.student.expert.empty() &&
-                          !job.cfg.train.trajectory_stream() && !job.cfg.train.dmd();
+                          !job.cfg.trajectory_stream() && !job.cfg.objective().traits().samples_teacher_latents;
   std::vector<const WanCheckpoint*> load;
   if (one_expert) {
     load.push_back(&job.student_base());
@@ -57,7 +57,7 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                    job.cfg.train.objective, cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
     }
   }
-  if (job.cfg.train.trajectory_stream() && job.world_rank() == 0) {
+  if (job.cfg.trajectory_stream() && job.world_rank() == 0) {
     const auto spec = job.trajectory_spec();
     spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the "
                  "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
@@ -77,11 +77,11 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                    std::llround(train.trajectory_rollout * static_cast<double>(train.batch_size)), train.batch_size);
     }
   }
-  if (job.cfg.train.dmd() && job.world_rank() == 0) {
-    const auto& train = job.cfg.train;
+  if (job.cfg.objective().traits().real_score && job.world_rank() == 0) {
+    const auto& train = job.cfg.dmd;
     spdlog::info("train.objective dmd: the generator samples in {} Euler steps (train.dmd_start {}); {} critic "
                  "updates per generator update; {} answers each update's real-score request",
-                 job.cfg.student.steps, train.dmd_start, train.critic_ratio,
+                 job.cfg.student.steps, name_of(train.start), train.critic_ratio,
                  job.layout.colocated() ? "each student's own teacher" : "the replica's teacher rank");
     if (train.gan()) {
       spdlog::info("dmd GAN term (DMD2): the critic's realism classifier after {} block learns the stream's x_t (real) "
@@ -111,7 +111,7 @@ std::uint64_t service_bytes(const comm::StreamPlan& plan, const comm::CommConfig
 std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job, teacher::TeacherStage& stage,
                                                              data::DatasetReader* reader,
                                                              const data::SampleSchedule& schedule) {
-  if (!job.cfg.train.trajectory_stream()) return nullptr;
+  if (!job.cfg.trajectory_stream()) return nullptr;
   WD_CHECK(reader, "train.objective trajectory: the teacher rank has no data reader");
   return std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
       stage, *reader, schedule, job.plan, job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
@@ -132,7 +132,7 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
   services.memory.transport_bytes = job.plan.message_spec().bytes() *
                                     static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
                                     static_cast<std::uint64_t>(students);
-  if (!cfg.train.dmd()) return out;
+  if (!cfg.objective().traits().real_score) return out;
   out.second = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm, device,
                                      &services.health);
   services.memory.transport_bytes += service_bytes(job.plan, cfg.comm, students);

@@ -133,7 +133,8 @@ FailureSetup failure_setup_for(const TrainJob& job) {
                     cfg.comm.timeout_s,
                     cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()
                         ? "checkpoints in " + cfg.checkpoint_root() : "",
-                    job.args, plan::placement_name(job.placement), job.layout.teacher_ranks,
+                    job.args, parse_choice<TeacherPlacement>("teacher.placement", plan::placement_name(job.placement)),
+                    job.layout.teacher_ranks,
                     job.layout.stages, cfg.teacher.stream_ahead, cfg.student.shard, job.layout.student_ranks};
   // A colocated teacher holds both experts whichever the students train: one job per expert frees nothing.
   setup.remedies.lora_pair = job.lora_pair() && !cfg.students_only();

@@ -65,10 +65,155 @@ std::optional<ImpossibleRequest> impossible_request(const DiagnosisInput& in) {
   return ImpossibleRequest{*request, total, where};
 }
 
+/// What the OOM remedies read of the failure: the failed rank's peak and its transient share.
+struct OomFacts {
+  const RemedyContext& ctx;
+  const RankFailureState* failed = nullptr;
+  bool known = false;  ///< the failed rank's memory report arrived
+  std::uint64_t peak = 0, transient = 0;
+  double share = 0;    ///< transient / peak
+  std::optional<std::uint64_t> request;  ///< the failed allocation, when the message names it
+  /// Checkpointing and a smaller batch free activations: worth offering where activations are a
+  /// real part of the rank's memory, or at least the size of the failed request. With activations
+  /// at 1% of the peak they would send the user the wrong way.
+  bool activations_matter = false;
+  std::string who;
+  /// Whether `held` bytes are worth a remedy that frees all but 1/n of them.
+  bool worth(std::uint64_t held, std::uint64_t n) const {
+    return held > 0 && (held >= peak / 10 || (request && held - held / n >= *request));
+  }
+};
+
+/// One remedy of one role: appends its advice when it applies.
+using OomRule = void (*)(const OomFacts& f, std::vector<Remedy>& out);
+
+void student_checkpointing(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.checkpointing == "all" || !f.activations_matter) return;
+  out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
+                             "recomputes each block in the backward (measured: 80% less activation "
+                             "memory for 29% more step time, bench/results/checkpointing.md)",
+                             100 * f.share, f.who, bytes(f.transient), bytes(f.peak)),
+                 {{"student.checkpointing", "all"}}});
+}
+
+void student_batch(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.batch_size <= 1 || !f.activations_matter) return;
+  const auto half = f.ctx.batch_size / 2;
+  const auto accum = f.ctx.grad_accum * (f.ctx.batch_size / half);
+  out.push_back({fmt::format("batch {} -> {} per student frees about {} of activations on {}; "
+                             "--train.grad_accum {} keeps the global batch and the results",
+                             f.ctx.batch_size, half, bytes(f.transient / 2), f.who, accum),
+                 {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+}
+
+/// The AdamW moments and gradients: with several students, each can keep a 1/N slice of both
+/// (student.shard gradients; optimizer already splits the moments).
+void student_shard_gradients(const OomFacts& f, std::vector<Remedy>& out) {
+  const std::uint64_t moments = f.known ? f.failed->memory.model.optimizer_state_bytes : 0;
+  const std::uint64_t grads = f.known ? f.failed->memory.model.grads_bytes : 0;
+  const bool whole_moments = f.ctx.student_shard == ShardMode::kNone;
+  const std::uint64_t held = (whole_moments ? moments : 0) + grads;
+  const auto n = static_cast<std::uint64_t>(std::max(1, f.ctx.student_ranks));
+  const bool scattered = f.ctx.student_shard == ShardMode::kGradients || f.ctx.student_shard == ShardMode::kParameters;
+  if (scattered || n <= 1 || !f.worth(held, n)) return;
+  const auto what = whole_moments ? fmt::format("{} of AdamW moments and {} of gradients", bytes(moments), bytes(grads))
+                                  : fmt::format("{} of gradients", bytes(grads));
+  out.push_back({fmt::format("{} holds {}: --student.shard gradients keeps 1/{} of {} on each student ({}; the "
+                             "same loss curve, docs/training.md), freeing {}",
+                             f.who, what, n, whole_moments ? "both" : "them", bytes(held / n), bytes(held - held / n)),
+                 {{"student.shard", "gradients"}}});
+}
+
+/// The weights: a host student of fp32 weights can keep a 1/N slice of the blocks' too
+/// (student.shard parameters, which recomputes every block to gather it again).
+void student_shard_parameters(const OomFacts& f, std::vector<Remedy>& out) {
+  const std::uint64_t weights = f.known ? f.failed->memory.model.weights_bytes : 0;
+  const bool host = f.known && !f.failed->memory.device.available;
+  const auto n = static_cast<std::uint64_t>(std::max(1, f.ctx.student_ranks));
+  if (!host || f.ctx.student_shard == ShardMode::kParameters || f.ctx.precision != Precision::kFp32 || n <= 1 || !f.worth(weights, n)) {
+    return;
+  }
+  Remedy r{fmt::format("{} holds {} of weights: --student.shard parameters keeps a 1/{} slice of them on each "
+                       "student (gradients and AdamW moments too) and gathers each block for its use (the same "
+                       "loss curve, docs/training.md), freeing about {}",
+                       f.who, bytes(weights), n, bytes(weights - weights / n)),
+           {{"student.shard", "parameters"}}};
+  if (f.ctx.checkpointing != "all") r.changes.emplace_back("student.checkpointing", "all");
+  out.push_back(std::move(r));
+}
+
+/// A LoRA pair's two frozen bases: one job per expert holds one.
+void student_one_expert(const OomFacts& f, std::vector<Remedy>& out) {
+  const std::uint64_t bases = f.known ? f.failed->memory.teacher_weights_bytes : 0;
+  if (!f.ctx.lora_pair || !(bases >= f.peak / 10 || (f.request && bases / 2 >= *f.request))) return;
+  out.push_back({fmt::format("{} holds the LoRA pair's two frozen expert bases ({}): --student.expert high, then "
+                             "a second job with --student.expert low, trains one expert's adapters per job over "
+                             "its base alone (docs/lora.md#two-expert-teachers), freeing {}",
+                             f.who, bytes(bases), bytes(bases / 2)),
+                 {{"student.expert", "high"}}});
+}
+
+void student_bf16(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.precision != Precision::kFp32 || f.share < 0.3) return;
+  out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "
+                             "of activations on {}, at the cost of a bf16 copy of the weights ({})",
+                             bytes(f.transient), f.who, bytes(f.known ? f.failed->memory.model.weights_bytes / 2 : 0)),
+                 {{"student.precision", "bf16-mixed"}}});
+}
+
+std::uint64_t teacher_weights(const OomFacts& f) { return f.known ? f.failed->memory.teacher_weights_bytes : 0; }
+
+void teacher_bf16(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.teacher_dtype != "fp32") return;
+  out.push_back({fmt::format("{} holds {} of fp32 teacher weights: --teacher.dtype bf16 frees {}", f.who,
+                             bytes(teacher_weights(f)), bytes(teacher_weights(f) / 2)),
+                 {{"teacher.dtype", "bf16"}}});
+}
+
+/// Where the weights live: fewer of them on the rank that ran out.
+void teacher_stream(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.teacher_placement == TeacherPlacement::kGpu) {
+    out.push_back({fmt::format("{} holds all {} of teacher weights on its GPU: --teacher.placement stream keeps "
+                               "them in host memory and holds {} blocks on the device",
+                               f.who, bytes(teacher_weights(f)), f.ctx.stream_ahead + 1),
+                   {{"teacher.placement", "stream"}}});
+  }
+  if (f.ctx.teacher_placement == TeacherPlacement::kStream && f.ctx.stream_ahead > 1) {
+    out.push_back({fmt::format("--teacher.stream_ahead 1 keeps 2 block buffers on {} instead of {}", f.who,
+                               f.ctx.stream_ahead + 1),
+                   {{"teacher.stream_ahead", "1"}}});
+  }
+}
+
+void teacher_shard(const OomFacts& f, std::vector<Remedy>& out) {
+  const auto& ctx = f.ctx;
+  if (ctx.teacher_ranks <= ctx.teacher_stages || ctx.teacher_placement == TeacherPlacement::kStream) return;
+  const auto weights = teacher_weights(f);
+  out.push_back({fmt::format("--teacher.placement shard --teacher.stages {} splits the blocks over all {} teacher "
+                             "ranks: about {} of weights per rank instead of {}",
+                             ctx.teacher_ranks, ctx.teacher_ranks,
+                             bytes(weights * static_cast<std::uint64_t>(ctx.teacher_stages) /
+                                   static_cast<std::uint64_t>(ctx.teacher_ranks)),
+                             bytes(weights)),
+                 {{"teacher.placement", "shard"}, {"teacher.stages", std::to_string(ctx.teacher_ranks)}}});
+}
+
+void teacher_batch(const OomFacts& f, std::vector<Remedy>& out) {
+  if (f.ctx.batch_size <= 1 || !f.activations_matter) return;
+  const auto half = f.ctx.batch_size / 2;
+  const auto accum = f.ctx.grad_accum * (f.ctx.batch_size / half);
+  out.push_back({fmt::format("the teacher's forward holds {} of activations for a batch of {} per student; "
+                             "batch {} -> {} with --train.grad_accum {} halves them and keeps the global batch",
+                             bytes(f.transient), f.ctx.batch_size, f.ctx.batch_size, half, accum),
+                 {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+}
+
+/// Each role's remedies, in the order the diagnosis offers them.
+const std::vector<OomRule> kStudentRules{student_checkpointing, student_batch,      student_shard_gradients,
+                                         student_shard_parameters, student_one_expert, student_bf16};
+const std::vector<OomRule> kTeacherRules{teacher_bf16, teacher_stream, teacher_shard, teacher_batch};
+
 void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
-  const auto& ctx = in.context;
-  const RankFailureState* failed = failed_state(in);
-  const bool known = failed && failed->answered;
   if (const auto impossible = impossible_request(in)) {
     // No batch size, checkpointing or placement makes one tensor larger than the memory fit:
     // memory remedies would only send the user the wrong way.
@@ -82,128 +227,28 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
                    {}});
     return;
   }
-  const std::uint64_t peak = known ? peak_of(failed->memory) : 0;
-  const std::uint64_t transient = known ? transient_bytes(failed->memory) : 0;
-  const double share = peak > 0 ? static_cast<double>(transient) / static_cast<double>(peak) : 0.0;
-  const std::string who = rank_label(in.failed_rank, in.failed_role);
-  // Checkpointing and a smaller batch free activations: worth offering where activations are a
-  // real part of the rank's memory, or at least the size of the failed request. With activations
-  // at 1% of the peak they would send the user the wrong way.
-  const auto request = requested_bytes(in.message);
-  const bool activations_matter = !known || share >= kActivationShareWorthRemedies || (request && transient >= *request);
-
-  if (in.failed_role == Role::kStudent) {
-    if (ctx.checkpointing != "all" && activations_matter) {
-      out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
-                                 "recomputes each block in the backward (measured: 80% less activation "
-                                 "memory for 29% more step time, bench/results/checkpointing.md)",
-                                 100 * share, who, bytes(transient), bytes(peak)),
-                     {{"student.checkpointing", "all"}}});
-    }
-    if (ctx.batch_size > 1 && activations_matter) {
-      const auto half = ctx.batch_size / 2;
-      const auto accum = ctx.grad_accum * (ctx.batch_size / half);
-      out.push_back({fmt::format("batch {} -> {} per student frees about {} of activations on {}; "
-                                 "--train.grad_accum {} keeps the global batch and the results",
-                                 ctx.batch_size, half, bytes(transient / 2), who, accum),
-                     {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
-    }
-    // The AdamW moments and gradients: with several students, each can keep a 1/N slice of both
-    // (student.shard gradients; optimizer already splits the moments).
-    const std::uint64_t moments = known ? failed->memory.model.optimizer_state_bytes : 0;
-    const std::uint64_t grads = known ? failed->memory.model.grads_bytes : 0;
-    const bool whole_moments = ctx.student_shard == "none";
-    const std::uint64_t held = (whole_moments ? moments : 0) + grads;
-    const auto n = static_cast<std::uint64_t>(std::max(1, ctx.student_ranks));
-    const bool scattered = ctx.student_shard == "gradients" || ctx.student_shard == "parameters";
-    if (!scattered && n > 1 && held > 0 &&
-        (held >= peak / 10 || (request && held - held / n >= *request))) {
-      const auto what = whole_moments ? fmt::format("{} of AdamW moments and {} of gradients", bytes(moments), bytes(grads))
-                                      : fmt::format("{} of gradients", bytes(grads));
-      out.push_back({fmt::format("{} holds {}: --student.shard gradients keeps 1/{} of {} on each student ({}; the "
-                                 "same loss curve, docs/training.md), freeing {}",
-                                 who, what, n, whole_moments ? "both" : "them", bytes(held / n), bytes(held - held / n)),
-                     {{"student.shard", "gradients"}}});
-    }
-    // The weights: a host student of fp32 weights can keep a 1/N slice of the blocks' too
-    // (student.shard parameters, which recomputes every block to gather it again).
-    const std::uint64_t weights = known ? failed->memory.model.weights_bytes : 0;
-    const bool host = known && !failed->memory.device.available;
-    if (host && ctx.student_shard != "parameters" && ctx.precision == "fp32" && n > 1 && weights > 0 &&
-        (weights >= peak / 10 || (request && weights - weights / n >= *request))) {
-      Remedy r{fmt::format("{} holds {} of weights: --student.shard parameters keeps a 1/{} slice of them on each "
-                           "student (gradients and AdamW moments too) and gathers each block for its use (the same "
-                           "loss curve, docs/training.md), freeing about {}",
-                           who, bytes(weights), n, bytes(weights - weights / n)),
-               {{"student.shard", "parameters"}}};
-      if (ctx.checkpointing != "all") r.changes.emplace_back("student.checkpointing", "all");
-      out.push_back(std::move(r));
-    }
-    // A LoRA pair's two frozen bases: one job per expert holds one.
-    const std::uint64_t bases = known ? failed->memory.teacher_weights_bytes : 0;
-    if (ctx.lora_pair && (bases >= peak / 10 || (request && bases / 2 >= *request))) {
-      out.push_back({fmt::format("{} holds the LoRA pair's two frozen expert bases ({}): --student.expert high, then "
-                                 "a second job with --student.expert low, trains one expert's adapters per job over "
-                                 "its base alone (docs/lora.md#two-expert-teachers), freeing {}",
-                                 who, bytes(bases), bytes(bases / 2)),
-                     {{"student.expert", "high"}}});
-    }
-    if (ctx.precision == "fp32" && share >= 0.3) {
-      out.push_back({fmt::format("--student.precision bf16-mixed computes in bf16: about half of the {} "
-                                 "of activations on {}, at the cost of a bf16 copy of the weights ({})",
-                                 bytes(transient), who, bytes(known ? failed->memory.model.weights_bytes / 2 : 0)),
-                     {{"student.precision", "bf16-mixed"}}});
-    }
-  } else {
-    const std::uint64_t weights = known ? failed->memory.teacher_weights_bytes : 0;
-    if (ctx.teacher_dtype == "fp32") {
-      out.push_back({fmt::format("{} holds {} of fp32 teacher weights: --teacher.dtype bf16 frees {}", who,
-                                 bytes(weights), bytes(weights / 2)),
-                     {{"teacher.dtype", "bf16"}}});
-    }
-    // Where the weights live: fewer of them on the rank that ran out.
-    if (ctx.teacher_placement == "gpu") {
-      out.push_back({fmt::format("{} holds all {} of teacher weights on its GPU: --teacher.placement stream keeps "
-                                 "them in host memory and holds {} blocks on the device",
-                                 who, bytes(weights), ctx.stream_ahead + 1),
-                     {{"teacher.placement", "stream"}}});
-    }
-    if (ctx.teacher_placement == "stream" && ctx.stream_ahead > 1) {
-      out.push_back({fmt::format("--teacher.stream_ahead 1 keeps 2 block buffers on {} instead of {}", who,
-                                 ctx.stream_ahead + 1),
-                     {{"teacher.stream_ahead", "1"}}});
-    }
-    if (ctx.teacher_ranks > ctx.teacher_stages && ctx.teacher_placement != "stream") {
-      out.push_back({fmt::format("--teacher.placement shard --teacher.stages {} splits the blocks over all {} teacher "
-                                 "ranks: about {} of weights per rank instead of {}",
-                                 ctx.teacher_ranks, ctx.teacher_ranks,
-                                 bytes(weights * static_cast<std::uint64_t>(ctx.teacher_stages) /
-                                       static_cast<std::uint64_t>(ctx.teacher_ranks)),
-                                 bytes(weights)),
-                     {{"teacher.placement", "shard"}, {"teacher.stages", std::to_string(ctx.teacher_ranks)}}});
-    }
-    if (ctx.batch_size > 1 && activations_matter) {
-      const auto half = ctx.batch_size / 2;
-      const auto accum = ctx.grad_accum * (ctx.batch_size / half);
-      out.push_back({fmt::format("the teacher's forward holds {} of activations for a batch of {} per student; "
-                                 "batch {} -> {} with --train.grad_accum {} halves them and keeps the global batch",
-                                 bytes(transient), ctx.batch_size, ctx.batch_size, half, accum),
-                     {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
-    }
-  }
-  if (out.empty()) {
-    const auto why =
-        activations_matter
-            ? fmt::format("batch {} per student, checkpointing {}", ctx.batch_size, ctx.checkpointing)
-            : fmt::format("its activations are {}, {:.1f}% of its {} peak{}: checkpointing or a smaller batch frees "
-                          "too little to matter",
-                          bytes(transient), std::floor(1000 * share) / 10, bytes(peak),
-                          request ? ", against a failed request of " + bytes(*request) : std::string());
-    out.push_back({fmt::format("no setting of this job frees memory on {} ({}); give the job ranks with more memory "
-                               "or a smaller student",
-                               who, why),
-                   {}});
-  }
+  OomFacts f{in.context};
+  f.failed = failed_state(in);
+  f.known = f.failed && f.failed->answered;
+  f.peak = f.known ? peak_of(f.failed->memory) : 0;
+  f.transient = f.known ? transient_bytes(f.failed->memory) : 0;
+  f.share = f.peak > 0 ? static_cast<double>(f.transient) / static_cast<double>(f.peak) : 0.0;
+  f.who = rank_label(in.failed_rank, in.failed_role);
+  f.request = requested_bytes(in.message);
+  f.activations_matter = !f.known || f.share >= kActivationShareWorthRemedies || (f.request && f.transient >= *f.request);
+  for (const auto rule : in.failed_role == Role::kStudent ? kStudentRules : kTeacherRules) rule(f, out);
+  if (!out.empty()) return;
+  const auto why =
+      f.activations_matter
+          ? fmt::format("batch {} per student, checkpointing {}", f.ctx.batch_size, f.ctx.checkpointing)
+          : fmt::format("its activations are {}, {:.1f}% of its {} peak{}: checkpointing or a smaller batch frees "
+                        "too little to matter",
+                        bytes(f.transient), std::floor(1000 * f.share) / 10, bytes(f.peak),
+                        f.request ? ", against a failed request of " + bytes(*f.request) : std::string());
+  out.push_back({fmt::format("no setting of this job frees memory on {} ({}); give the job ranks with more memory "
+                             "or a smaller student",
+                             f.who, why),
+                 {}});
 }
 
 void numerical_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
@@ -223,7 +268,7 @@ void numerical_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
   if (ctx.grad_clip <= 0) {
     out.push_back({"clip the gradient norm: --train.grad_clip 1.0 (now off)", {{"train.grad_clip", "1.0"}}});
   }
-  if (ctx.precision == "bf16-mixed") {
+  if (ctx.precision == Precision::kBf16Mixed) {
     out.push_back({"compute in fp32 to rule out bf16 range problems: --student.precision fp32",
                    {{"student.precision", "fp32"}}});
   }

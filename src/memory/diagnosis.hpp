@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/choices.hpp"
 #include "core/failure.hpp"
 #include "core/topology.hpp"
 #include "memory/memory_report.hpp"
@@ -29,7 +30,7 @@ struct RankFailureState {
 struct RemedyContext {
   std::string teacher_dtype = "bf16";
   std::string checkpointing = "off";
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   std::int64_t batch_size = 1;
   std::int64_t grad_accum = 1;
   double lr = 1e-4;
@@ -37,11 +38,11 @@ struct RemedyContext {
   double timeout_s = 120;
   std::string resume_hint;                   ///< e.g. the newest checkpoint; empty when none
   std::vector<std::string> args;             ///< the words after `wan-distill train`
-  std::string teacher_placement = "cpu";     ///< as resolved (never auto)
+  TeacherPlacement teacher_placement = TeacherPlacement::kCpu;  ///< as resolved (never auto)
   int teacher_ranks = 1;
   int teacher_stages = 1;
   int stream_ahead = 2;
-  std::string student_shard = "none";        ///< student.shard
+  ShardMode student_shard = ShardMode::kNone;  ///< student.shard
   int student_ranks = 1;
   bool lora_pair = false;                    ///< a LoRA pair: both experts' bases on every student
                                              ///< (false under a colocated teacher, which holds both anyway)

@@ -53,31 +53,72 @@ const char* dtype_name(c10::ScalarType dtype) {
   }
 }
 
-WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& config_path) {
-  if (is_lora_folder(path)) {
-    auto folder = std::make_shared<LoraFolder>(read_lora_folder(path));
-    WanCheckpoint ck;
-    try {
-      ck = open(folder->base, config_path);
-    } catch (const DataError& e) {
-      throw DataError((fs::path(path) / kLoraJson).string(), "base",
-                      std::string("names a base checkpoint that does not open: ") + e.what());
-    }
-    for (const auto& linear : folder->spec.targets) {
-      const auto key = linear + ".weight";
-      WD_CHECK_DATA(ck.contains(key), (fs::path(path) / kLoraJson).string(), "targets",
-                    "adapts " << linear << ", which the base " << folder->base << " does not have");
-      const auto& shape = ck.info(key).shape;
-      const auto& [down, up] = folder->adapters.at(linear);
-      WD_CHECK_DATA(shape.size() == 2 && up.size(0) == shape[0] && down.size(1) == shape[1],
-                    (fs::path(path) / kLoraAdapters).string(), linear,
-                    "adapters of " << up.size(0) << "x" << down.size(1) << " for a base weight of shape "
-                                   << c10::IntArrayRef(shape));
-      ck.merged_[key] = linear;
-    }
-    ck.lora_ = std::move(folder);
-    return ck;
+WanCheckpoint WanCheckpoint::open_lora(const std::string& path, const std::string& config_path) {
+  auto folder = std::make_shared<LoraFolder>(read_lora_folder(path));
+  WanCheckpoint ck;
+  try {
+    ck = open(folder->base, config_path);
+  } catch (const DataError& e) {
+    throw DataError((fs::path(path) / kLoraJson).string(), "base",
+                    std::string("names a base checkpoint that does not open: ") + e.what());
   }
+  for (const auto& linear : folder->spec.targets) {
+    const auto key = linear + ".weight";
+    WD_CHECK_DATA(ck.contains(key), (fs::path(path) / kLoraJson).string(), "targets",
+                  "adapts " << linear << ", which the base " << folder->base << " does not have");
+    const auto& shape = ck.info(key).shape;
+    const auto& [down, up] = folder->adapters.at(linear);
+    WD_CHECK_DATA(shape.size() == 2 && up.size(0) == shape[0] && down.size(1) == shape[1],
+                  (fs::path(path) / kLoraAdapters).string(), linear,
+                  "adapters of " << up.size(0) << "x" << down.size(1) << " for a base weight of shape "
+                                 << c10::IntArrayRef(shape));
+    ck.merged_[key] = linear;
+  }
+  ck.lora_ = std::move(folder);
+  return ck;
+}
+
+void WanCheckpoint::add_indexed_shards(const std::string& path) {
+  const fs::path p(path);
+  const auto index_path = (p / kIndexName).string();
+  const json index = read_json(p / kIndexName);
+  WD_CHECK_DATA(index.is_object() && index.contains("weight_map") &&
+                    index["weight_map"].is_object(),
+                index_path, "weight_map", "must be an object mapping tensor names to shard files");
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> wanted;  // tensor -> shard named by the index
+  for (const auto& [key, value] : index["weight_map"].items()) {
+    WD_CHECK_DATA(value.is_string(), index_path, "weight_map/" + key,
+                  "must name a shard file (a string), got " + value.dump());
+    const auto shard = value.get<std::string>();
+    wanted[key] = shard;
+    if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
+  }
+  std::sort(shards.begin(), shards.end());
+  for (const auto& shard : shards) {
+    WD_CHECK_DATA(fs::exists(p / shard), index_path, "weight_map",
+                  "names shard " + shard + ", which does not exist in " + path);
+    add_file(SafetensorsFile::open((p / shard).string()));
+  }
+  for (const auto& [key, shard] : wanted) {
+    bool found = false;
+    for (const auto& f : files_) {
+      if (fs::path(f.path()).filename() == shard && f.contains(key)) found = true;
+    }
+    WD_CHECK_DATA(found, index_path, "weight_map/" + key,
+                  "says the tensor is in " + shard + ", but that file does not hold it");
+  }
+  if (index.contains("metadata") && index["metadata"].contains("total_size")) {
+    const auto declared = index["metadata"]["total_size"];
+    if (declared.is_number_unsigned() && declared.get<std::uint64_t>() != total_bytes()) {
+      spdlog::warn("{}: metadata.total_size {} differs from the shards' {} tensor bytes",
+                   index_path, declared.get<std::uint64_t>(), total_bytes());
+    }
+  }
+}
+
+WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& config_path) {
+  if (is_lora_folder(path)) return open_lora(path, config_path);
   WanCheckpoint ck;
   ck.path_ = path;
   const fs::path p(path);
@@ -106,41 +147,7 @@ WanCheckpoint WanCheckpoint::open(const std::string& path, const std::string& co
       return open(pipeline.transformer_dir(), config_path);
     }
     if (fs::exists(p / kIndexName)) {
-      const auto index_path = (p / kIndexName).string();
-      const json index = read_json(p / kIndexName);
-      WD_CHECK_DATA(index.is_object() && index.contains("weight_map") &&
-                        index["weight_map"].is_object(),
-                    index_path, "weight_map", "must be an object mapping tensor names to shard files");
-      std::vector<std::string> shards;
-      std::map<std::string, std::string> wanted;  // tensor -> shard named by the index
-      for (const auto& [key, value] : index["weight_map"].items()) {
-        WD_CHECK_DATA(value.is_string(), index_path, "weight_map/" + key,
-                      "must name a shard file (a string), got " + value.dump());
-        const auto shard = value.get<std::string>();
-        wanted[key] = shard;
-        if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
-      }
-      std::sort(shards.begin(), shards.end());
-      for (const auto& shard : shards) {
-        WD_CHECK_DATA(fs::exists(p / shard), index_path, "weight_map",
-                      "names shard " + shard + ", which does not exist in " + path);
-        ck.add_file(SafetensorsFile::open((p / shard).string()));
-      }
-      for (const auto& [key, shard] : wanted) {
-        bool found = false;
-        for (const auto& f : ck.files_) {
-          if (fs::path(f.path()).filename() == shard && f.contains(key)) found = true;
-        }
-        WD_CHECK_DATA(found, index_path, "weight_map/" + key,
-                      "says the tensor is in " + shard + ", but that file does not hold it");
-      }
-      if (index.contains("metadata") && index["metadata"].contains("total_size")) {
-        const auto declared = index["metadata"]["total_size"];
-        if (declared.is_number_unsigned() && declared.get<std::uint64_t>() != ck.total_bytes()) {
-          spdlog::warn("{}: metadata.total_size {} differs from the shards' {} tensor bytes",
-                       index_path, declared.get<std::uint64_t>(), ck.total_bytes());
-        }
-      }
+      ck.add_indexed_shards(path);
     } else {
       std::vector<fs::path> found;
       for (const auto& e : fs::directory_iterator(p)) {

@@ -72,6 +72,10 @@ class WanCheckpoint {
     std::string stored_name;
   };
   void add_file(SafetensorsFile file);
+  /// A LoRA folder (lora.json): its base opened, its adapters checked against it and merged on read.
+  static WanCheckpoint open_lora(const std::string& path, const std::string& config_path);
+  /// The shards a folder's safetensors index names, each checked to hold the tensors it is named for.
+  void add_indexed_shards(const std::string& dir);
   /// Decides the layout from all keys, then maps every stored name to its native name.
   void index_keys();
   std::string path_;

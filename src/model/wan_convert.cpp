@@ -136,11 +136,18 @@ bool kept_in_fp32(const std::string& key) {
   return starts_with(key, "blocks.") && (ends_with(key, ".modulation") || key.find(".norm3.") != std::string::npos);
 }
 
-ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
-                                     const ConvertOptions& options) {
-  input.check();  // every missing, unexpected or mis-shaped tensor, named, before any work
-  // The config first: it throws for a model the layout cannot express, before any work.
-  const auto config_json = wan_config_json(input.config(), options.layout);
+namespace {
+
+/// One tensor's conversion: its stored and written dtypes and sizes.
+struct TensorPlan {
+  std::string name;
+  c10::ScalarType from, to;
+  std::uint64_t in_bytes, out_bytes;
+};
+
+/// The output directory, absolute; a ConfigError when it is empty, holds the input, or exists
+/// without `force`.
+fs::path checked_output(const WanCheckpoint& input, const std::string& output, bool force) {
   fs::path out = fs::path(output).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   if (out.empty()) throw ConfigError("output() must name a directory");
@@ -149,21 +156,18 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
     throw ConfigError("output(" + output + ") is or holds the input " + input.path() +
                       "; write the converted copy elsewhere");
   }
-  const bool exists = fs::exists(fs::symlink_status(out));
-  if (exists && !options.force) {
+  if (fs::exists(fs::symlink_status(out)) && !force) {
     throw ConfigError("output(" + output + ") already exists; pass --force to replace it");
   }
+  return out;
+}
 
-  ConvertResult result;
-  const auto specs = wan_param_specs(input.config());
-  struct Plan {
-    std::string name;
-    c10::ScalarType from, to;
-    std::uint64_t in_bytes, out_bytes;
-  };
-  std::vector<Plan> plans;
-  std::uint64_t out_bytes = 0;
-  for (const auto& spec : specs) {
+/// Every tensor's plan, in the model's order; counts the input bytes and the fp32 tensors kept
+/// into `result` and the bytes to write into `out_bytes`.
+std::vector<TensorPlan> plan_tensors(const WanCheckpoint& input, const ConvertOptions& options, ConvertResult& result,
+                                     std::uint64_t& out_bytes) {
+  std::vector<TensorPlan> plans;
+  for (const auto& spec : wan_param_specs(input.config())) {
     const auto& info = input.info(spec.name);
     const auto from = safetensors_to_scalar_type(info.dtype);
     const bool keep = options.keep_fp32 && from == torch::kFloat && kept_in_fp32(spec.name);
@@ -178,6 +182,21 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
     }
   }
   result.tensors = plans.size();
+  return plans;
+}
+
+}  // namespace
+
+ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
+                                     const ConvertOptions& options) {
+  input.check();  // every missing, unexpected or mis-shaped tensor, named, before any work
+  // The config first: it throws for a model the layout cannot express, before any work.
+  const auto config_json = wan_config_json(input.config(), options.layout);
+  const auto out = checked_output(input, output, options.force);
+  const bool exists = fs::exists(fs::symlink_status(out));
+  ConvertResult result;
+  std::uint64_t out_bytes = 0;
+  const auto plans = plan_tensors(input, options, result, out_bytes);
 
   fs::create_directories(out.parent_path());
   const auto space = fs::space(out.parent_path());

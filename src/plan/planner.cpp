@@ -152,59 +152,67 @@ std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples
 
 namespace {
 
-PlacementPlan plan_placement(const PlanInput& in, Placement p) {
-  PlacementPlan out;
-  out.placement = p;
-  const bool cuda = !in.cpu_job;
-  if (in.cpu_job && p != Placement::kCpu) {
-    out.applicable = false;
-    out.why_not = "a CPU job has no device";
-    return out;
-  }
+/// What every part of one placement's plan shares.
+struct Shape {
+  bool cuda = false;
+  bool shard = false;
+  int P = 1;          ///< pipeline stages (shard: teacher.ranks)
+  int replicas = 1;   ///< teacher replicas
+  u64 weights = 0;    ///< the teacher's weights in its compute dtype
+  u64 converted = 0;  ///< a private copy of the checkpoint's dtype when it differs
+  u64 host_overhead = 0;
+  bool gathered = false;  ///< student.shard parameters over more than one student
+};
+
+Shape shape_of(const PlanInput& in, Placement p) {
+  Shape s;
+  s.cuda = !in.cpu_job;
+  const auto& t = in.teacher;
+  s.weights = n(t.params()) * n(in.teacher_elem_bytes);
+  s.converted = in.checkpoint_elem_bytes == in.teacher_elem_bytes ? 0 : n(t.params()) * n(in.checkpoint_elem_bytes);
+  // Shard: the teacher ranks form one pipeline (P = teacher.ranks); otherwise each is a replica.
+  s.shard = p == Placement::kShard;
+  s.P = s.shard ? in.teacher_ranks : 1;
+  s.replicas = s.shard ? 1 : in.teacher_ranks;
+  s.host_overhead = s.cuda ? kHostCudaProcessBytes : in.host_process_bytes;
+  s.gathered = in.shard_optimizer && in.student_ranks > 1 && in.shard_gradients && in.shard_parameters;
+  return s;
+}
+
+/// The teacher rank's items; returns the page cache its node shares (counted once per node).
+u64 plan_teacher(const PlanInput& in, Placement p, const Shape& s, RankPlan& rank) {
+  auto& T = rank.items;
   const auto& t = in.teacher;
   const u64 e = n(in.teacher_elem_bytes);
   const u64 block_bytes = n(t.experts) * n(t.block_params) * e;
-  const u64 weights = n(t.params()) * e;
-  const u64 converted = in.checkpoint_elem_bytes == in.teacher_elem_bytes
-                            ? 0
-                            : n(t.params()) * n(in.checkpoint_elem_bytes);
-  // Shard: the teacher ranks form one pipeline (P = teacher.ranks); otherwise each is a replica.
-  const bool shard = p == Placement::kShard;
-  const int P = shard ? in.teacher_ranks : 1;
-  const int replicas = shard ? 1 : in.teacher_ranks;
-  const std::int64_t samples = teacher_samples(in, replicas);
-  const int spr = in.student_ranks / std::max(1, replicas);
-  const u64 msg = n(in.message_bytes);
-
-  // Teacher rank.
-  auto& T = out.teacher.items;
-  const u64 host_overhead = cuda ? kHostCudaProcessBytes : in.host_process_bytes;
+  const std::int64_t samples = teacher_samples(in, s.replicas);
   const u64 act = teacher_activation_bytes(in, samples * in.teacher_forwards);
   u64 shared_page_cache = 0;  // per node, counted once however many ranks map it
   switch (p) {
     case Placement::kGpu:
-      T.push_back(item(kTeacherWeights, weights, converted, converted ? "host: checkpoint read for the dtype conversion" : ""));
+      T.push_back(item(kTeacherWeights, s.weights, s.converted,
+                       s.converted ? "host: checkpoint read for the dtype conversion" : ""));
       T.push_back(item(kStreamingBuffers, 0, 0));
       T.push_back(item(kTeacherActivations, act, 0));
       break;
     case Placement::kCpu:
       // Zero-copy from the mapped checkpoint when the dtypes agree (page cache, shared by the
       // node's teacher ranks); a conversion keeps a private copy next to the mapped file.
-      T.push_back(item(kTeacherWeights, 0, weights + converted,
-                       converted ? "converted copy + mapped checkpoint" : "mapped checkpoint, shared per node"));
-      if (!converted) shared_page_cache = weights;
+      T.push_back(item(kTeacherWeights, 0, s.weights + s.converted,
+                       s.converted ? "converted copy + mapped checkpoint" : "mapped checkpoint, shared per node"));
+      if (!s.converted) shared_page_cache = s.weights;
       T.push_back(item(kStreamingBuffers, 0, 0));
       T.push_back(item(kTeacherActivations, 0, act));
       break;
     case Placement::kStream:
-      T.push_back(item(kTeacherWeights, 0, weights, "mapped read-only, shared per node"));
-      shared_page_cache = weights;
+      T.push_back(item(kTeacherWeights, 0, s.weights, "mapped read-only, shared per node"));
+      shared_page_cache = s.weights;
       T.push_back(item(kStreamingBuffers, kStreamDeviceBlocks * block_bytes, block_bytes,
                        "3 block buffers on the device, 1 pinned staging block"));
       T.push_back(item(kTeacherActivations, act, 0));
       break;
     case Placement::kShard: {
-      const auto per_stage = (n(t.num_layers) + n(P) - 1) / n(P);
+      const auto per_stage = (n(t.num_layers) + n(s.P) - 1) / n(s.P);
       const u64 stage = (per_stage * n(t.block_params) + n(t.other_params)) * n(t.experts) * e;
       T.push_back(item(kTeacherWeights, stage, 0,
                        std::to_string(per_stage) + " of " + std::to_string(t.num_layers) + " blocks + embeddings/head"));
@@ -215,33 +223,23 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   }
   // Send ring: prefetch_depth slots of one message per student of the replica (one in broadcast
   // mode); a pipeline stage also receives and sends the hidden state [B,S,D] fp32.
-  u64 ring = n(in.prefetch_depth) * n(in.broadcast ? 1 : spr) * msg;
-  if (shard && P > 1) ring += 2 * n(samples) * n(in.tokens) * n(t.dim) * kF32;
-  const bool teacher_on_device = cuda && p != Placement::kCpu;
+  const int spr = in.student_ranks / std::max(1, s.replicas);
+  u64 ring = n(in.prefetch_depth) * n(in.broadcast ? 1 : spr) * n(in.message_bytes);
+  if (s.shard && s.P > 1) ring += 2 * n(samples) * n(in.tokens) * n(t.dim) * kF32;
+  const bool teacher_on_device = s.cuda && p != Placement::kCpu;
   T.push_back(teacher_on_device ? item(kTransportBuffers, ring, 0) : item(kTransportBuffers, 0, ring));
   // A host-only teacher of a GPU job still loads the CUDA build's libraries, but opens no context.
-  T.push_back(item(kFrameworkOverhead, teacher_on_device ? kDeviceContextBytes : 0, host_overhead));
+  T.push_back(item(kFrameworkOverhead, teacher_on_device ? kDeviceContextBytes : 0, s.host_overhead));
+  return shared_page_cache;
+}
 
-  // Student rank (on a GPU in a GPU job, on the host in a CPU job).
-  auto& St = out.student.items;
-  const u64 W = student_param_bytes(in);
-  // A LoRA student computes in its base's dtype: its fp32 adapters have no bf16 copy.
-  const u64 half_copy = in.student_bf16_mixed && !in.student_lora ? W / 2 : 0;
-  // The .grad of every parameter is a view into its all-reduce bucket (comm::bind_grads), so
-  // the buckets add nothing; a group of one student has no buckets at all.
-  const bool buckets = in.student_ranks > 1;
-  // The MPI reduce of host students once seemed to hold one more copy at the peak: that copy
-  // was the packed buckets; with views the measured peaks hold the gradients once
-  // (PlanAccuracy.FormulasOfALargeStudent: 11-13% over with it counted, both builds).
-  const u64 grads = W + half_copy;  // .grad (= the buckets), bf16 grads
-  const u64 s_ring = (n(in.prefetch_depth) + n(in.eval_messages)) * msg;
-  const u64 s_act = student_activation_bytes(in, in.checkpointed_blocks);
-  out.student_activations_all = student_activation_bytes(in, in.student.num_layers);
-  out.student_activations_off = student_activation_bytes(in, 0);
+/// The student rank's weights (with a LoRA base, or a ZeRO-3 slice) and gradients.
+void plan_student_weights(const PlanInput& in, const Shape& s, u64 W, u64 half_copy, u64 slice, u64 N,
+                          RankPlan& rank) {
+  auto& St = rank.items;
   const auto place = [&](const char* name, u64 bytes, std::string note = "") {
-    St.push_back(cuda ? item(name, bytes, 0, std::move(note)) : item(name, 0, bytes, std::move(note)));
+    St.push_back(s.cuda ? item(name, bytes, 0, std::move(note)) : item(name, 0, bytes, std::move(note)));
   };
-  place(kTransportBuffers, s_ring, "receive ring + kept held-out batches");
   if (in.lora_base_bytes > 0) {
     place(kStudentWeights, W + half_copy + in.lora_base_bytes,
           std::string(in.student_lora ? "fp32 adapters" : (in.student_bf16_mixed ? "fp32 master + bf16 copy, fp32 "
@@ -249,71 +247,95 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
                                                                                  : "fp32, fp32 critic adapters")) +
               " + the frozen base (" + format_bytes(static_cast<double>(in.lora_base_bytes)) + ")");
   }
-  const bool sharded = in.shard_optimizer && in.student_ranks > 1;
-  const u64 N = sharded ? n(in.student_ranks) : 1;
-  // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).
-  const u64 slice = kF32 * ((W / kF32 + N - 1) / N);
-  const bool scattered = sharded && in.shard_gradients;
   // student.shard parameters: the slice, the root whole, and one gathered block at a time.
-  const bool gathered = scattered && in.shard_parameters;
   const u64 block = kF32 * n(in.student.block_params);
   const u64 root = W - std::min(W, block * n(in.student.num_layers) * n(in.student.experts));
-  if (gathered) {
+  if (s.gathered) {
     place(kStudentWeights, slice + root + block,
           "fp32 slice of 1/" + std::to_string(N) + " + the rest whole (" + format_bytes(static_cast<double>(root)) +
               ") + one block gathered (" + format_bytes(static_cast<double>(block)) + ")");
   } else if (in.lora_base_bytes == 0) {
     place(kStudentWeights, W + half_copy, in.student_bf16_mixed ? "fp32 master + bf16 copy" : "fp32");
   }
-  if (scattered) {
-    // The averaged slice, and in the backward the grads of the buckets not yet complete (two
-    // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
-    // host and send after the backward: the host holds every bucket once, with the all-gather's
-    // pinned copy beside it.
-    const u64 in_flight = std::min<u64>(2 * in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
-    if (cuda) {
-      St.push_back(item(kGradients, slice + in_flight, W,
-                        "fp32 slice of 1/" + std::to_string(N) + " + two buckets in the backward; host: packed buckets"));
-    } else {
-      place(kGradients, slice + in_flight, "fp32 slice of 1/" + std::to_string(N) + " + two buckets in flight");
-    }
-  } else {
-    place(kGradients, grads,
-          !buckets ? "fp32 .grad (one student: no all-reduce buckets)"
-                   : "fp32 .grad, views into the all-reduce buckets");
+  const bool scattered = in.shard_optimizer && in.student_ranks > 1 && in.shard_gradients;
+  if (!scattered) {
+    // The .grad of every parameter is a view into its all-reduce bucket (comm::bind_grads), so
+    // the buckets add nothing; a group of one student has no buckets at all. (The MPI reduce of
+    // host students once seemed to hold one more copy at the peak: that copy was the packed
+    // buckets; with views the measured peaks hold the gradients once: PlanAccuracy.
+    // FormulasOfALargeStudent, 11-13% over with it counted, both builds.)
+    place(kGradients, W + half_copy,
+          in.student_ranks <= 1 ? "fp32 .grad (one student: no all-reduce buckets)"
+                                : "fp32 .grad, views into the all-reduce buckets");
+    return;
   }
-  const u64 moments = 2 * slice;
-  const u64 optimizer = moments + (in.student_ema ? W : 0);
+  // The averaged slice, and in the backward the grads of the buckets not yet complete (two
+  // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
+  // host and send after the backward: the host holds every bucket once, with the all-gather's
+  // pinned copy beside it.
+  const u64 in_flight = std::min<u64>(2 * in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
+  if (s.cuda) {
+    St.push_back(item(kGradients, slice + in_flight, W,
+                      "fp32 slice of 1/" + std::to_string(N) + " + two buckets in the backward; host: packed buckets"));
+  } else {
+    place(kGradients, slice + in_flight, "fp32 slice of 1/" + std::to_string(N) + " + two buckets in flight");
+  }
+}
+
+/// The student rank's items (on a GPU in a GPU job, on the host in a CPU job).
+void plan_student(const PlanInput& in, const Shape& s, PlacementPlan& out) {
+  auto& St = out.student.items;
+  const u64 W = student_param_bytes(in);
+  // A LoRA student computes in its base's dtype: its fp32 adapters have no bf16 copy.
+  const u64 half_copy = in.student_bf16_mixed && !in.student_lora ? W / 2 : 0;
+  const u64 s_ring = (n(in.prefetch_depth) + n(in.eval_messages)) * n(in.message_bytes);
+  const u64 s_act = student_activation_bytes(in, in.checkpointed_blocks);
+  out.student_activations_all = student_activation_bytes(in, in.student.num_layers);
+  out.student_activations_off = student_activation_bytes(in, 0);
+  const auto place = [&](const char* name, u64 bytes, std::string note = "") {
+    St.push_back(s.cuda ? item(name, bytes, 0, std::move(note)) : item(name, 0, bytes, std::move(note)));
+  };
+  place(kTransportBuffers, s_ring, "receive ring + kept held-out batches");
+  const bool sharded = in.shard_optimizer && in.student_ranks > 1;
+  const u64 N = sharded ? n(in.student_ranks) : 1;
+  // Sharded: each rank's slice is ceil(params / N) (the flat layout is padded to N slices).
+  const u64 slice = kF32 * ((W / kF32 + N - 1) / N);
+  plan_student_weights(in, s, W, half_copy, slice, N, out.student);
+  const u64 optimizer = 2 * slice + (in.student_ema ? W : 0);
   std::string optimizer_note = sharded ? "AdamW exp_avg + exp_avg_sq of 1/" + std::to_string(N) + " of the parameters"
                                        : "AdamW exp_avg + exp_avg_sq";
   optimizer_note += in.student_ema ? " + the weight average (fp32)" : " (fp32)";
   // A device student's slices are all-gathered through a pinned host copy of the whole buffer.
-  if (sharded && cuda) {
+  if (sharded && s.cuda) {
     St.push_back(item(kOptimizerState, optimizer, W, optimizer_note + "; pinned host buffer for the all-gather"));
   } else {
     place(kOptimizerState, optimizer, optimizer_note);
   }
   // A host student with sharded gradients all-gathers through a buffer of the whole model after
   // the step, when the activations are gone: the larger of the two is the peak's.
-  const u64 step_buffer = gathered ? root : W;  // parameters: only the rest is gathered after the step
-  if (scattered && !cuda && step_buffer > s_act) {
+  const bool scattered = sharded && in.shard_gradients;
+  const u64 block = kF32 * n(in.student.block_params);
+  const u64 root = W - std::min(W, block * n(in.student.num_layers) * n(in.student.experts));
+  const u64 step_buffer = s.gathered ? root : W;  // parameters: only the rest is gathered after the step
+  if (scattered && !s.cuda && step_buffer > s_act) {
     place(kStudentActivations, step_buffer,
           "the all-gather's step buffer (larger than the activations, not held with them)");
   } else {
     place(kStudentActivations, s_act);
   }
-  St.push_back(item(kFrameworkOverhead, cuda ? kDeviceContextBytes : 0, host_overhead));
+  St.push_back(item(kFrameworkOverhead, s.cuda ? kDeviceContextBytes : 0, s.host_overhead));
+}
 
-  // Budgets: every rank's device, and the fullest node's host memory. Where every node holds
-  // whole replicas (comm::Layout places each replica's teacher stages on its students' node),
-  // every node holds the same; otherwise the first node holds the teacher ranks, then students.
+/// The fullest node's host memory. Where every node holds whole replicas (comm::Layout places
+/// each replica's teacher stages on its students' node), every node holds the same; otherwise
+/// the first node holds the teacher ranks, then students.
+u64 host_per_node(const PlanInput& in, const Shape& s, const PlacementPlan& out, u64 shared_page_cache) {
   const int world = in.teacher_ranks + in.student_ranks;
   const int per_node = in.cpu_job ? world : std::max(1, in.gpus_per_node);
-  const int replica_ranks = P + (replicas > 0 ? in.student_ranks / replicas : in.student_ranks);
+  const int replica_ranks = s.P + (s.replicas > 0 ? in.student_ranks / s.replicas : in.student_ranks);
   const bool by_replica = world > per_node && world % per_node == 0 && per_node % replica_ranks == 0 &&
-                          replicas > 0 && in.student_ranks % replicas == 0;
-  const int teachers_on_node =
-      by_replica ? per_node / replica_ranks * P : std::min(in.teacher_ranks, per_node);
+                          s.replicas > 0 && in.student_ranks % s.replicas == 0;
+  const int teachers_on_node = by_replica ? per_node / replica_ranks * s.P : std::min(in.teacher_ranks, per_node);
   const int students_on_node =
       by_replica ? per_node - teachers_on_node : std::min(in.student_ranks, per_node - teachers_on_node);
   const u64 teacher_private_host = out.teacher.host_total() - shared_page_cache;
@@ -322,18 +344,40 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   // With whole replicas on every node there is no node of students alone.
   const int students_left = by_replica ? 0 : in.student_ranks - students_on_node;
   const u64 student_node = n(std::min(students_left, per_node)) * out.student.host_total();
-  out.host_per_node = std::max(node0, student_node);
-  std::vector<std::string> over;
-  if (cuda) {
-    if (out.teacher.device_total() > in.device_budget) over.push_back("teacher rank's device");
-    if (out.student.device_total() > in.device_budget) over.push_back("student rank's device");
+  return std::max(node0, student_node);
+}
+
+/// Why a placement does not fit: one row a reason, in the order they are reported.
+std::string why_not(const PlanInput& in, const Shape& s, const PlacementPlan& out) {
+  const std::vector<std::pair<bool, const char*>> rows{
+      {s.cuda && out.teacher.device_total() > in.device_budget, "teacher rank's device"},
+      {s.cuda && out.student.device_total() > in.device_budget, "student rank's device"},
+      {out.host_per_node > in.host_budget, "node's host memory"},
+      {s.shard && in.teacher_ranks < 2, "shard needs teacher.ranks >= 2"},
+      {s.gathered && s.cuda, "student.shard parameters trains host students only (GPU students: gradients)"},
+      {s.shard && in.whole_teacher, "the objective needs the whole teacher on one rank"},
+  };
+  std::string out_text;
+  for (const auto& [over, reason] : rows) {
+    if (over) out_text += (out_text.empty() ? "exceeds: " : ", ") + std::string(reason);
   }
-  if (out.host_per_node > in.host_budget) over.push_back("node's host memory");
-  if (shard && in.teacher_ranks < 2) over.push_back("shard needs teacher.ranks >= 2");
-  if (gathered && cuda) over.push_back("student.shard parameters trains host students only (GPU students: gradients)");
-  if (shard && in.whole_teacher) over.push_back("the objective needs the whole teacher on one rank");
-  out.fits = over.empty();
-  for (std::size_t i = 0; i < over.size(); ++i) out.why_not += (i ? ", " : "exceeds: ") + over[i];
+  return out_text;
+}
+
+PlacementPlan plan_placement(const PlanInput& in, Placement p) {
+  PlacementPlan out;
+  out.placement = p;
+  if (in.cpu_job && p != Placement::kCpu) {
+    out.applicable = false;
+    out.why_not = "a CPU job has no device";
+    return out;
+  }
+  const auto s = shape_of(in, p);
+  const u64 shared_page_cache = plan_teacher(in, p, s, out.teacher);
+  plan_student(in, s, out);
+  out.host_per_node = host_per_node(in, s, out, shared_page_cache);
+  out.why_not = why_not(in, s, out);
+  out.fits = out.why_not.empty();
   return out;
 }
 

@@ -57,7 +57,7 @@ class CriticObjective final : public Objective {
     auto in = model_inputs(n.x, n.t, batch);
     in["teacher_out"] = n.noise - x0;  // the flow of the generator's samples
     auto total = p_.critic.micro_step(in, scale, p_.policy).total;
-    if (p_.train.gan()) total = total + classify(batch, x0, scale);
+    if (p_.dmd.gan()) total = total + classify(batch, x0, scale);
     return total;
   }
   void after_step() override { p_.critic.after_optimizer_step(); }
@@ -76,7 +76,7 @@ class CriticObjective final : public Objective {
                                 {"context_lens", torch::cat({lens, lens})}};
     const auto logits = p_.critic.realism(both, p_.policy);
     const auto b = x0.size(0);
-    const auto loss = p_.train.critic_gan_weight * classifier_loss(logits.narrow(0, 0, b), logits.narrow(0, b, b));
+    const auto loss = p_.dmd.critic_gan_weight * classifier_loss(logits.narrow(0, 0, b), logits.narrow(0, b, b));
     p_.critic.backward(loss * scale);
     return loss.detach().to(torch::kFloat);
   }
@@ -105,15 +105,15 @@ class GeneratorObjective final : public Objective {
     auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0));
     if (regression_) {
       const auto& b = *regression_;
-      loss = loss + p_.train.dmd_regression_weight *
+      loss = loss + p_.dmd.regression_weight *
                         distill_loss(p_.generator.forward_train(model_inputs(b.at("x_t"), b.at("t"), b), p_.policy),
                                      b.at("teacher_out"));
     }
-    if (p_.train.gan_weight > 0) {
+    if (p_.dmd.gan_weight > 0) {
       // DMD2's generator GAN loss through the critic's classifier, at the request batch's noise levels.
       const auto noise = seeded_noise(x0, p_.spec, generator_key(cycle_), kGanSalt);
       const auto g = gan_gradient(p_.critic, x0.detach(), in.at("t"), noise, in, p_.policy);
-      loss = loss + p_.train.gan_weight * (x0 * g).sum();  // its gradient in x0: gan_weight · g
+      loss = loss + p_.dmd.gan_weight * (x0 * g).sum();  // its gradient in x0: gan_weight · g
     }
     p_.generator.backward(loss * scale);
     return loss.detach().to(torch::kFloat);
@@ -129,12 +129,13 @@ class GeneratorObjective final : public Objective {
 
 }  // namespace
 
-DmdSpec DmdSpec::from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student) {
+DmdSpec DmdSpec::from(const TrainConfig& train, const DmdConfig& dmd, const std::array<std::int64_t, 4>& latent,
+                      int student) {
   DmdSpec s;
   s.sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
-  s.simulate = train.dmd_start == "simulate";
-  s.t_min = train.dmd_t_min;
-  s.t_max = train.dmd_t_max;
+  s.simulate = dmd.simulate();
+  s.t_min = dmd.t_min;
+  s.t_max = dmd.t_max;
   s.shift = train.sample_shift;
   s.seed = train.seed;
   s.student = static_cast<std::uint64_t>(student);
@@ -227,7 +228,7 @@ torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const 
 void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
   const auto cycle = p_.schedule.cycle_of(step);
   if (pending_cycle_ != cycle) {  // a resumed run restored its cycle's inputs instead
-    pending_ = request_inputs(batch, p_.spec.simulate, p_.train.gan_weight > 0);
+    pending_ = request_inputs(batch, p_.spec.simulate, p_.dmd.gan_weight > 0);
     pending_cycle_ = cycle;
   }
   const auto x0 = generate(p_.generator, pending_, p_.spec, generator_key(cycle), false, p_.policy);
@@ -243,7 +244,7 @@ double DmdTrainer::update_critic(std::int64_t step, const comm::TensorDict& batc
   StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {},
                   p_.critic_shard};
   FixedBatches batches({batch});
-  return train_step(ctx, step, p_.train.critic_lr_at(step), batches);
+  return train_step(ctx, step, p_.dmd.critic_lr_at(p_.train.lr_at(step), p_.train.lr), batches);
 }
 
 double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {
@@ -252,7 +253,7 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
                                                                          << cycle << " (pending: " << pending_cycle_
                                                                          << ")");
   GeneratorObjective objective(p_, cycle, p_.score.answer(cycle),
-                               p_.train.dmd_regression_weight > 0 ? &batch : nullptr);
+                               p_.dmd.regression_weight > 0 ? &batch : nullptr);
   StepContext ctx{objective,           generator.optimizer,  generator.reducer, generator.grad_clip,
                   generator.world_rank, generator.after_step, generator.shard};
   FixedBatches batches({pending_});
@@ -360,7 +361,7 @@ void DmdTrainer::restore(const std::string& dir) {
   // The inputs the generator step will read: the contexts, and the noise levels where the data
   // start or the GAN term reads them.
   std::vector<std::string> needed{"context", "context_lens"};
-  if (p_.train.gan_weight != 0 || !p_.spec.simulate) needed.emplace_back("t");
+  if (p_.dmd.gan_weight != 0 || !p_.spec.simulate) needed.emplace_back("t");
   for (const auto& name : needed) {
     WD_CHECK_DATA(pending_.count(name), path, name,
                   "is missing (the request inputs of cycle " << cycle << (name == "t" ? "; the generator step reads "

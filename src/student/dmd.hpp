@@ -23,6 +23,7 @@
 #include "memory/memory_report.hpp"
 #include "model/safetensors.hpp"
 #include "student/checkpointing.hpp"
+#include "student/dmd_config.hpp"
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
 #include "student/optimizer_shard.hpp"
@@ -41,8 +42,9 @@ struct DmdSpec {
   std::array<std::int64_t, 4> latent{};  ///< C, F, H, W
 
   /// From the loop's [train] (RunConfig::student_train(): sample_steps = student.steps,
-  /// sample_shift = teacher.shift, the generator's schedule).
-  static DmdSpec from(const TrainConfig& train, const std::array<std::int64_t, 4>& latent, int student);
+  /// sample_shift = teacher.shift, the generator's schedule) and the dmd keys.
+  static DmdSpec from(const TrainConfig& train, const DmdConfig& dmd, const std::array<std::int64_t, 4>& latent,
+                      int student);
   /// The host generator of draw `key` under `salt`: seeded by (seed, salt, key, student), so each
   /// student draws its own and a resume draws the same.
   at::Generator generator(std::uint64_t salt, std::int64_t key) const;
@@ -120,6 +122,7 @@ struct DmdParts {
   DmdSpec spec;
   comm::ServiceSchedule schedule;
   const TrainConfig& train;
+  const DmdConfig& dmd;
   CheckpointPolicy policy;
   int world_rank = 0;
   /// The student group: a checkpoint gathers every student's request inputs to group rank 0.
@@ -146,6 +149,8 @@ class DmdTrainer {
   /// request at its request step, the critic update, the generator update (`generator`) at the
   /// cycle's end.
   DmdLosses step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch);
+  /// Whether step `step` (0-based) ends a cycle, i.e. updates the generator (train.critic_ratio).
+  bool generator_step(std::int64_t step) const { return (step + 1) % p_.dmd.critic_ratio == 0; }
   /// Every student's request inputs of the cycle under way after `steps_done` steps, concatenated
   /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
   /// the student group, with the loop's deadline.

@@ -12,17 +12,6 @@
 
 namespace wd::student {
 
-ShardMode parse_shard_mode(const std::string& text) {
-  if (text == "none") return ShardMode::kNone;
-  if (text == "optimizer") return ShardMode::kOptimizer;
-  if (text == "gradients") return ShardMode::kGradients;
-  if (text == "parameters") return ShardMode::kParameters;
-  throw ConfigError("student.shard(" + text +
-                    ") must be none, optimizer (ZeRO-1: AdamW moments of 1/N of the parameters per student rank), "
-                    "gradients (ZeRO-2: the gradients of that 1/N too) or parameters (ZeRO-3: and the blocks' "
-                    "weights, gathered for each use)");
-}
-
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole,
                                double timeout_s, int world_rank, comm::HealthChannel* health)
     : comm_(students),

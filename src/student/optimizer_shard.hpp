@@ -7,6 +7,8 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include "core/choices.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -31,11 +33,8 @@ struct MomentSlice {
   torch::Tensor exp_avg, exp_avg_sq;      ///< [size] fp32 on the host (zeros without state)
 };
 
-/// `student.shard`: what the student group splits between its ranks.
-enum class ShardMode { kNone, kOptimizer, kGradients, kParameters };
-/// "none" | "optimizer" | "gradients" | "parameters"; anything else is a ConfigError naming the
-/// key and the values.
-ShardMode parse_shard_mode(const std::string& text);
+/// `student.shard`: what the student group splits between its ranks (core/choices.hpp).
+using wd::ShardMode;
 
 /// The parameters are laid out in their order as one flat fp32 vector of `total` elements (the
 /// gradient reducer's buffer: bucket after bucket), padded to a multiple of the group size N;

@@ -48,9 +48,9 @@ SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, c
     return parts.predict(inputs).to(torch::kFloat);
   };
   const auto sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
-  // A trajectory student learned Euler jumps: it is sampled with Euler (at train.sample_steps,
-  // which its run sets to student.steps).
-  const auto sampled = data::sample_flow(train.trajectory() || train.dmd() ? "euler" : "unipc", sigmas, noise, velocity);
+  // A few-step student learned Euler jumps: its run sets train.sample_solver euler and
+  // train.sample_steps to student.steps.
+  const auto sampled = data::sample_flow(train.sample_solver, sigmas, noise, velocity);
 
   SampleProbe p;
   p.final_ratio = worst_ratio(data::channel_stats(sampled), data::channel_stats(x0_teacher), train.collapse_ratio,

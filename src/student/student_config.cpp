@@ -34,14 +34,14 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.checkpointing", checkpointing,
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
-      .bind("student.precision", precision, "fp32 | bf16-mixed (bf16 compute, fp32 master weights)")
+      .bind("student.precision", precision, "bf16-mixed: bf16 compute, fp32 master weights")
       .bind("student.shard", shard,
-            "none | optimizer | gradients | parameters (ZeRO-1: each of N student ranks keeps the AdamW "
-            "moments of 1/N of the parameters, updates that slice and all-gathers the result; ZeRO-2: the "
-            "gradients of that slice too, reduce-scattered bucket by bucket from the backward; ZeRO-3: the "
-            "blocks' weights too, each block all-gathered for its forward and its recomputation and let go "
-            "after (host students, fp32, student.checkpointing all); checkpoints hold each rank's slice and "
-            "resume on any student count)")
+            "none, or ZeRO-1 to 3: optimizer (ZeRO-1: each of N student ranks keeps the AdamW "
+            "moments of 1/N of the parameters, updates that slice and all-gathers the result) | gradients (ZeRO-2: "
+            "the gradients of that slice too, reduce-scattered bucket by bucket from the backward) | parameters "
+            "(ZeRO-3: the blocks' weights too, each block all-gathered for its forward and its recomputation and let go "
+            "after: host students, fp32, student.checkpointing all); checkpoints hold each rank's slice and "
+            "resume on any student count")
       .bind("student.tf32", tf32,
             "on a CUDA student, fp32 matmuls may use TF32 tensor cores (about 8x the fp32 rate "
             "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
@@ -52,7 +52,7 @@ void StudentConfig::bind(OptionTable& t) {
             "the node>, so ranks share a GPU (with a warning) only when a node has fewer GPUs "
             "than ranks")
       .bind("student.projection", projection,
-            "trained | frozen: channel projections used when in/out channels differ from the teacher's")
+            "the channel projections used when in/out channels differ from the teacher's: trained or frozen")
       .bind("student.features", features,
             "feature distillation pairs s:t,s:t (student block : teacher block); empty = off")
       .bind("student.feature_weight", feature_weight, "weight of the feature loss")
@@ -114,19 +114,13 @@ void StudentConfig::validate(ConfigProblems& p) const {
   } catch (const ConfigError& e) {
     p.check(false, e.what());
   }
-  try {
-    parse_shard_mode(shard);
-  } catch (const ConfigError& e) {
-    p.check(false, e.what());
-  }
-  p.check(precision == "fp32" || precision == "bf16-mixed",
-          "student.precision(" + precision + ") must be fp32 or bf16-mixed");
-  if (shard == "parameters") {
+  if (shard == ShardMode::kParameters) {
     // ZeRO-3 here: a block's weights are gathered for its forward and again for its recomputation
     // in the backward, over MPI from the thread that runs the backward (host students).
     p.check(checkpointing == "all", "student.shard parameters gathers a block's weights again for its backward, "
                                     "which recomputes it: it needs student.checkpointing all, not " + checkpointing);
-    p.check(precision == "fp32", "student.shard parameters trains fp32 weights; student.precision(" + precision +
+    p.check(precision == Precision::kFp32, "student.shard parameters trains fp32 weights; student.precision(" +
+                                               std::string(name_of(precision)) +
                                      ") is not built with it");
     p.check(lora_rank == 0, "student.shard parameters with a LoRA student (student.lora_rank " +
                                 std::to_string(lora_rank) + "): the adapters are small, shard gradients instead");
@@ -135,8 +129,6 @@ void StudentConfig::validate(ConfigProblems& p) const {
   }
   p.check(device == "auto" || device == "cpu" || device == "cuda",
           "student.device(" + device + ") must be auto, cpu or cuda");
-  p.check(projection == "trained" || projection == "frozen",
-          "student.projection(" + projection + ") must be trained or frozen");
   bool features_ok = true;
   try {
     for (const auto& [s, t] : feature_pairs()) features_ok = features_ok && s >= 0 && t >= 0;
@@ -230,14 +222,6 @@ void TrainConfig::bind(OptionTable& t) {
       .bind("train.collapse_ratio", collapse_ratio,
             "a probe flags the student when a channel's std falls below this fraction of the teacher's")
       .bind("train.seed", seed, "seed of the data order, the noise and the student init")
-      .bind("train.objective", objective,
-            "velocity (the student matches the teacher's velocity at noised data) | guided (the teacher's "
-            "guided velocity, teacher.guidance: a student sampled without guidance reproduces the guided "
-            "teacher) | flow (flow-matching training on the data alone, target noise - x0, no teacher: "
-            "teacher.ranks 0) | trajectory (the teacher samples from seeded noise with teacher.steps, "
-            "teacher.guidance; the student learns the jump between its student.steps σ: a few-step "
-            "student) | dmd (distribution matching: the student samples in student.steps, a critic learns "
-            "the student's samples, the teacher answers the guided score at them; docs/objectives.md)")
       .bind("train.cond_dropout", cond_dropout,
             "flow: the fraction of training samples whose context is zeroed, so the model also learns "
             "the unconditional velocity that guidance needs (chosen per sample and step from train.seed)")
@@ -245,43 +229,7 @@ void TrainConfig::bind(OptionTable& t) {
             "trajectory: the fraction of each batch (its first places; the deal is random) whose input is the "
             "state the student reaches by its own Euler jumps from the trajectory's noise instead of the "
             "teacher's state, and whose target is the jump from there to the teacher's next state: the student "
-            "learns to return to the teacher's path from where its own steps put it (0 = off; docs/objectives.md)")
-      .bind("train.dmd_start", dmd_start,
-            "dmd: simulate (the generator's sample is its own student.steps Euler jumps from seeded noise, the "
-            "gradient through the last jump) | data (one jump from the stream's noised data)")
-      .bind("train.critic_ratio", critic_ratio,
-            "dmd: critic updates per generator update; train.steps counts critic updates and the generator "
-            "updates after every critic_ratio-th")
-      .bind("train.dmd_t_min", dmd_t_min, "dmd: lower end of u, the re-noised sample's σ = shift(u) (teacher.shift)")
-      .bind("train.dmd_t_max", dmd_t_max, "dmd: upper end of u (see train.dmd_t_min)")
-      .bind("train.dmd_regression_weight", dmd_regression_weight,
-            "dmd: weight of a regression to the teacher's trajectories added to the generator's loss (the "
-            "trajectory objective's jump target on the stream's batch; the teacher then samples trajectories "
-            "with teacher.steps); 0 = pure distribution matching")
-      .bind("critic.gan_weight", critic_gan_weight,
-            "dmd: > 0 gives the critic DMD2's realism classifier (a head on its hidden states after "
-            "critic.gan_block) trained to tell the stream's noised samples (real) from the generator's samples "
-            "noised to the same t (fake), its loss softplus(D(fake)) + softplus(-D(real)) added with this weight; "
-            "0 = none")
-      .bind("critic.gan_block", critic_gan_block, "dmd: the critic block whose output the classifier reads (-1 = the last)")
-      .bind("train.gan_weight", gan_weight,
-            "dmd: weight of the generator's GAN loss softplus(-D(its sample noised to the batch's t)) (needs "
-            "critic.gan_weight > 0); 0 = none")
-      .bind("critic.lr", critic_lr, "dmd: the critic's AdamW learning rate, train.lr's warmup and cosine (0 = train.lr)")
-      .bind("critic.init", critic_init,
-            "dmd: student (the critic starts as the generator's initial weights, dims = the student's) | teacher "
-            "(the critic is the teacher's architecture and starts as the teacher, the real score, as DMD2's fake "
-            "score does: the one to pair with a generator from student.init weights:PATH) | random")
-      .bind("critic.dim", critic_dim,
-            "dmd: the critic's hidden width (0 = the student's, the teacher's with critic.init teacher; needs "
-            "critic.init random)")
-      .bind("critic.ffn_dim", critic_ffn_dim, "dmd: the critic's FFN width (0 = the student's)")
-      .bind("critic.num_heads", critic_num_heads, "dmd: the critic's attention heads (0 = the student's)")
-      .bind("critic.num_layers", critic_num_layers, "dmd: the critic's blocks (0 = the student's)")
-      .bind("critic.lora_rank", critic_lora_rank,
-            "dmd: r > 0: the critic is rank-r adapters (student.lora_alpha, student.lora_targets) over the "
-            "teacher's frozen base, shared with a LoRA student's, starting as the teacher (the real score); "
-            "0 = a LoRA student's rank, else a full DiT of the student's dims");
+            "learns to return to the teacher's path from where its own steps put it (0 = off; docs/objectives.md)");
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
@@ -303,62 +251,11 @@ void TrainConfig::validate(ConfigProblems& p) const {
   p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
   p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
-  p.check(objective == "velocity" || objective == "guided" || objective == "flow" || objective == "trajectory" ||
-              objective == "dmd",
-          "train.objective(" + objective + ") must be velocity, guided, flow, trajectory or dmd");
-  validate_dmd(p);
   p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
-  p.check(cond_dropout == 0 || objective == "flow",
-          "train.cond_dropout" + v(cond_dropout) + " drops contexts of the data: it needs train.objective flow, not " +
-              objective);
   p.check(trajectory_rollout >= 0 && trajectory_rollout <= 1,
           "train.trajectory_rollout" + v(trajectory_rollout) + " must be in [0, 1]");
-  p.check(trajectory_rollout == 0 || objective == "trajectory",
-          "train.trajectory_rollout" + v(trajectory_rollout) + " rolls the student out along teacher trajectories: it "
-              "needs train.objective trajectory, not " + objective);
   p.check(sample_every == 0 || eval_samples > 0,
           "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
-}
-
-void TrainConfig::validate_dmd(ConfigProblems& p) const {
-  p.check(dmd_start == "simulate" || dmd_start == "data", "train.dmd_start(" + dmd_start + ") must be simulate or data");
-  p.check(critic_ratio >= 1, "train.critic_ratio" + v(static_cast<double>(critic_ratio)) + " must be >= 1");
-  p.check(dmd_t_min > 0 && dmd_t_min < dmd_t_max && dmd_t_max < 1,
-          "train.dmd_t_min" + v(dmd_t_min) + " and train.dmd_t_max" + v(dmd_t_max) + " must satisfy 0 < min < max < 1");
-  p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
-  p.check(critic_init == "student" || critic_init == "teacher" || critic_init == "random",
-          "critic.init(" + critic_init + ") must be student, teacher or random");
-  p.check(critic_lora_rank >= 0, "critic.lora_rank" + v(static_cast<double>(critic_lora_rank)) + " must be >= 0");
-  p.check(dmd_regression_weight >= 0, "train.dmd_regression_weight" + v(dmd_regression_weight) + " must be >= 0");
-  p.check(dmd_regression_weight == 0 || dmd(), "train.dmd_regression_weight" + v(dmd_regression_weight) +
-                                                   " weighs a term of the dmd generator loss: it needs train.objective "
-                                                   "dmd, not " + objective);
-  for (const auto& [key, weight] : {std::pair<std::string, double>{"critic.gan_weight", critic_gan_weight},
-                                     {"train.gan_weight", gan_weight}}) {
-    p.check(weight >= 0, key + v(weight) + " must be >= 0");
-    p.check(weight == 0 || dmd(), key + v(weight) + " weighs a term of train.objective dmd's losses, not " + objective);
-  }
-  p.check(gan_weight == 0 || critic_gan_weight > 0,
-          "train.gan_weight" + v(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
-          "for the critic, 3e-3 for the generator)");
-  for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
-                                    {"critic.ffn_dim", critic_ffn_dim},
-                                    {"critic.num_heads", critic_num_heads},
-                                    {"critic.num_layers", critic_num_layers}}) {
-    p.check(value >= 0, key + v(static_cast<double>(value)) + " must be >= 0 (0 = the student's)");
-    p.check(value == 0 || dmd(), key + v(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " +
-                                     objective);
-  }
-  p.check(!dmd() || !critic_dims() || critic_init == "random",
-          "critic.dim, ffn_dim, num_heads and num_layers give the critic its own dims, but critic.init(" + critic_init +
-              ") starts it as the " +
-              (critic_init == "teacher" ? "teacher, with the teacher's" : "generator starts, with the student's") +
-              " dims: set critic.init random, or leave the critic's dims at 0");
-  p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
-                                      " must be a critic block index, or -1 for the last");
-  if (!dmd()) return;
-  p.check(grad_accum == 1, "train.objective dmd takes one micro-batch a step: train.grad_accum" +
-                               v(static_cast<double>(grad_accum)) + " must be 1");
 }
 
 double TrainConfig::lr_at(std::int64_t step) const {

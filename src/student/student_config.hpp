@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 #include "model/wan_config.hpp"
 
@@ -26,16 +27,16 @@ struct StudentConfig {
   /// off | all | every:k: blocks that recompute their activations in the backward (CheckpointPolicy)
   std::string checkpointing = "off";
   /// fp32 | bf16-mixed (bf16 compute, fp32 master weights and optimizer state)
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   /// none | optimizer | gradients | parameters: what the student group splits between its ranks
   /// (optimizer_shard.hpp)
-  std::string shard = "none";
+  ShardMode shard = ShardMode::kNone;
   /// fp32 matmuls on a CUDA student may use TF32 (false: exact fp32; no effect on the host)
   bool tf32 = true;
   /// auto | cpu | cuda (student_device.hpp)
   std::string device = "auto";
   /// trained | frozen: the channel projections used when in/out channels differ from the teacher's
-  std::string projection = "trained";
+  Projection projection = Projection::kTrained;
   /// feature distillation pairs "s:t,s:t" (student block s matched to teacher block t); empty = off
   std::string features;
   double feature_weight = 0.1;  ///< weight of the feature loss next to the output loss
@@ -87,63 +88,25 @@ struct TrainConfig {
   double sample_shift = 12.0;      ///< σ shift of a probe's schedule
   double collapse_ratio = 0.1;     ///< a probe flags a channel whose std ratio falls below this
   std::uint64_t seed = 0;
-  /// velocity: match the teacher's velocity at noised data (distillation) | guided: the teacher's
-  /// guided velocity (teacher.guidance) | flow: flow-matching training on the data alone, target
-  /// ε − x0, no teacher | trajectory: the jumps of the teacher's sampled paths between the
-  /// student's student.steps σ (docs/objectives.md)
+  /// train.objective: the name of a spec in the objective table (objective/objective_spec.hpp),
+  /// checked against the table when the options are parsed
   std::string objective = "velocity";
   double cond_dropout = 0.0;  ///< flow: fraction of training samples whose context is zeroed
   /// trajectory: fraction of each batch whose input state the student reaches by its own jumps
   /// from the trajectory's noise (target: the jump to the teacher's next state); 0 = off
   double trajectory_rollout = 0.0;
-  /// dmd: where the generator's training sample starts: simulate (its own student.steps Euler
-  /// jumps from noise, gradient through the last) | data (one jump from the stream's noised data)
-  std::string dmd_start = "simulate";
-  /// dmd: critic updates per generator update (train.steps counts critic updates)
-  std::int64_t critic_ratio = 5;
-  /// dmd: the range of u in the re-noising σ = shift(u) (shift: teacher.shift), as DMD2's 2%..98%
-  double dmd_t_min = 0.02;
-  double dmd_t_max = 0.98;
-  /// dmd: the critic's learning rate (same warmup/cosine shape as train.lr); 0 = train.lr
-  double critic_lr = 0.0;
-  /// dmd: student (the critic starts as a copy of the generator's initial weights) | teacher (the
-  /// teacher's architecture, every tensor of it) | random
-  std::string critic_init = "student";
-  /// dmd: the critic's dims; 0 = the student's (critic.init random when any is set)
-  std::int64_t critic_dim = 0, critic_ffn_dim = 0, critic_num_heads = 0, critic_num_layers = 0;
-  /// Whether any critic dim is set.
-  bool critic_dims() const { return critic_dim || critic_ffn_dim || critic_num_heads || critic_num_layers; }
-  /// dmd: r > 0 makes the critic rank-r adapters over the teacher's frozen base (shared with a
-  /// LoRA student's); 0 = the student's kind (a LoRA student's rank, else a full DiT)
-  std::int64_t critic_lora_rank = 0;
-  /// dmd: weight of a regression to the teacher's trajectories (the `trajectory` target of the
-  /// stream's batch) added to the generator's loss; > 0 makes the stream the trajectory stream
-  double dmd_regression_weight = 0.0;
-  /// dmd, DMD2's GAN term: the critic's realism classifier (a head on its hidden states after
-  /// block critic.gan_block) learns real (the stream's noised samples) from fake (the generator's
-  /// samples noised alike) with this weight on its loss; 0 = no classifier
-  double critic_gan_weight = 0.0;
-  /// dmd: the critic block whose output the classifier reads; -1 = the last
-  std::int64_t critic_gan_block = -1;
-  /// dmd: weight of the generator's non-saturating GAN loss softplus(−D(fake)) (needs
-  /// critic.gan_weight > 0)
-  double gan_weight = 0.0;
-  /// Whether the critic carries the realism classifier.
-  bool gan() const { return dmd() && critic_gan_weight > 0; }
+  /// Set by the objective (RunConfig::student_train), not keys: the sampling probe's solver
+  /// (euler for students of student.steps jumps), and whether evaluations also report each of
+  /// the student's sampling intervals (students of the teacher's trajectories).
+  std::string sample_solver = "unipc";
+  bool interval_metrics = false;
 
+  /// Binds every [train] key but train.objective, which the objective table binds (its names
+  /// are the table's: objective/objective_spec.hpp).
   void bind(OptionTable& t);
+  /// The problems of the keys every objective shares; an objective's own keys are checked by its
+  /// spec.
   void validate(ConfigProblems& p) const;
-  /// The dmd keys' problems (every key checked; the objective's own limits when it is dmd).
-  void validate_dmd(ConfigProblems& p) const;
-  bool flow() const { return objective == "flow"; }
-  bool guided() const { return objective == "guided"; }
-  bool trajectory() const { return objective == "trajectory"; }
-  bool dmd() const { return objective == "dmd"; }
-  /// Whether the teacher's batches come from its trajectories: trajectory, and dmd with a
-  /// regression term.
-  bool trajectory_stream() const { return trajectory() || (dmd() && dmd_regression_weight > 0); }
-  /// The critic's learning rate at `step` (dmd): lr_at(step) scaled to critic_lr.
-  double critic_lr_at(std::int64_t step) const { return lr_at(step) * (critic_lr > 0 ? critic_lr / lr : 1.0); }
   /// Learning rate at `step`: linear warmup from 0, then cosine from lr to min_lr.
   double lr_at(std::int64_t step) const;
 };

@@ -55,7 +55,7 @@ std::pair<double, bool> share_step(StudentJob& job, std::int64_t step, double lo
 /// train.trajectory_rollout: `distill` with part of each batch starting from the student's own
 /// states; null when off.
 std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill) {
-  if (!job.train.trajectory() || job.train.trajectory_rollout <= 0) return nullptr;
+  if (job.train.trajectory_rollout <= 0) return nullptr;  // a trajectory key (its spec refuses it elsewhere)
   return std::make_unique<RolloutObjective>(job.parts, distill,
                                             data::sampling_sigmas(job.train.sample_steps, job.train.sample_shift),
                                             job.train.trajectory_rollout);
@@ -80,10 +80,8 @@ double update(StudentJob& job, StepContext& context, std::int64_t step, MicroBat
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
-  torch::optim::AdamW optimizer(job.shard ? job.shard->views() : job.parts.trainable(),
-                                torch::optim::AdamWOptions(job.train.lr)
-                                                           .betas({job.train.beta1, job.train.beta2})
-                                                           .weight_decay(job.train.weight_decay));
+  const auto adamw = make_adamw(job.parts.trainable(), job.shard, job.train.lr, job.train);
+  auto& optimizer = *adamw;
   if (job.restore) job.restore(optimizer);
   Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();
@@ -102,7 +100,7 @@ StudentStats run_student(StudentJob& job) {
     const double lr = job.train.lr_at(step);
     const auto [loss, stop] = share_step(job, step, update(job, context, step, batches));
     // dmd: the average follows the generator's updates only.
-    if (job.ema && (!job.dmd || (step + 1) % job.train.critic_ratio == 0)) job.ema->update(job.parts, step + 1);
+    if (job.ema && (!job.dmd || job.dmd->generator_step(step))) job.ema->update(job.parts, step + 1);
     stats.losses.push_back(loss);
     diagnostics.after_step(step, lr, loss, stop);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;

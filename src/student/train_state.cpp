@@ -292,6 +292,41 @@ void save_train_state(const std::string& dir, const StudentParts& parts, const t
   if (export_student) parts.save(join(dir, TrainStateFiles::kStudent));
 }
 
+namespace {
+
+/// trainer.json: the step and the random generators' states (the device's for a CUDA student).
+std::pair<TrainCursor, compat::RngSnapshot> read_trainer_file(const std::string& dir,
+                                                              const std::vector<torch::Tensor>& params) {
+  const auto trainer_path = join(dir, TrainStateFiles::kTrainer);
+  nlohmann::json trainer;
+  try {
+    std::ifstream in(trainer_path);
+    WD_CHECK_DATA(in.good(), trainer_path, "", "cannot open");
+    trainer = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(trainer_path, "", std::string("not valid JSON: ") + e.what());
+  }
+  TrainCursor cursor;
+  compat::RngSnapshot rng;
+  try {
+    WD_CHECK_DATA(trainer.at("format").get<std::string>() == kFormat && trainer.at("version").get<int>() == kVersion,
+                  trainer_path, "format", "expected " << kFormat << " version " << kVersion << ", found "
+                                                      << trainer.at("format") << " version " << trainer.at("version"));
+    cursor.step = trainer.at("step").get<std::int64_t>();
+    rng.cpu_state = from_hex(trainer.at("cpu_generator_state").get<std::string>(), trainer_path, "cpu_generator_state");
+    if (trainer.contains("device_generator_state") && !params.empty() && params.front().device().is_cuda()) {
+      rng.device = params.front().device();
+      rng.device_state =
+          from_hex(trainer.at("device_generator_state").get<std::string>(), trainer_path, "device_generator_state");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(trainer_path, "", std::string("malformed: ") + e.what());
+  }
+  return {cursor, rng};
+}
+
+}  // namespace
+
 TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
                              const OptimizerShard* shard) {
   const auto& params = parts.trainable();
@@ -351,31 +386,7 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
     throw DataError(moments.path(), "__metadata__.lr", "not a number: \"" + meta("lr") + "\"");
   }
 
-  const auto trainer_path = join(dir, TrainStateFiles::kTrainer);
-  nlohmann::json trainer;
-  try {
-    std::ifstream in(trainer_path);
-    WD_CHECK_DATA(in.good(), trainer_path, "", "cannot open");
-    trainer = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(trainer_path, "", std::string("not valid JSON: ") + e.what());
-  }
-  TrainCursor cursor;
-  compat::RngSnapshot rng;
-  try {
-    WD_CHECK_DATA(trainer.at("format").get<std::string>() == kFormat && trainer.at("version").get<int>() == kVersion,
-                  trainer_path, "format", "expected " << kFormat << " version " << kVersion << ", found "
-                                                      << trainer.at("format") << " version " << trainer.at("version"));
-    cursor.step = trainer.at("step").get<std::int64_t>();
-    rng.cpu_state = from_hex(trainer.at("cpu_generator_state").get<std::string>(), trainer_path, "cpu_generator_state");
-    if (trainer.contains("device_generator_state") && !params.empty() && params.front().device().is_cuda()) {
-      rng.device = params.front().device();
-      rng.device_state =
-          from_hex(trainer.at("device_generator_state").get<std::string>(), trainer_path, "device_generator_state");
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(trainer_path, "", std::string("malformed: ") + e.what());
-  }
+  const auto [cursor, rng] = read_trainer_file(dir, params);
   WD_CHECK_DATA(weights.metadata().count("step") && weights.metadata().at("step") == std::to_string(cursor.step),
                 weights.path(), "__metadata__.step",
                 "expected " << cursor.step << " (" << TrainStateFiles::kTrainer << "), found "

@@ -9,6 +9,13 @@
 
 namespace wd::student {
 
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
+                                                double lr, const TrainConfig& train) {
+  return std::make_unique<torch::optim::AdamW>(
+      shard ? shard->views() : params,
+      torch::optim::AdamWOptions(lr).betas({train.beta1, train.beta2}).weight_decay(train.weight_decay));
+}
+
 double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& batches) {
   for (auto& group : ctx.optimizer.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);

@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
 #include "comm/message_spec.hpp"
 #include "student/optimizer_shard.hpp"
+#include "student/student_config.hpp"
 
 namespace wd::student {
 
@@ -70,6 +72,12 @@ struct StepContext {
   /// and the clip takes the global norm of the slices); null: the optimizer steps every parameter.
   OptimizerShard* shard = nullptr;
 };
+
+/// The AdamW of a trainable model, the one place one is made: over `params`, or with a shard over
+/// its views of this rank's slice (student.shard), at learning rate `lr` with [train]'s betas and
+/// weight decay.
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
+                                                double lr, const TrainConfig& train);
 
 /// Optimizer step `step` (0-based) at learning rate `lr`: each micro-batch's backward of
 /// loss / count, one host read of the losses (the step's one counted sync), a NumericalError on

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 
 namespace wd::teacher {
@@ -25,9 +26,9 @@ struct TeacherConfig {
   int ranks = 1;                ///< teacher ranks; the other ranks are students
   /// given: teacher.ranks / placement / stages as set; auto: world rank 0 times the job's
   /// models at start-up and picks the fastest layout of the world's ranks (docs/placement.md).
-  std::string layout = "given";
+  TeacherLayout layout = TeacherLayout::kGiven;
   /// Where the weights live and compute runs: gpu | cpu | stream | shard | auto (docs/placement.md).
-  std::string placement = "auto";
+  TeacherPlacement placement = TeacherPlacement::kAuto;
   /// Pipeline stages per teacher replica for `shard`; 0 = the number of ranges in shard_map, or
   /// teacher.ranks (one replica) without one.
   int stages = 0;
@@ -85,10 +86,10 @@ struct TeacherConfig {
               "colocated, or teacher ranks as replicas x stages, with its teacher micro-batch; what `plan` "
               "recommends)")
         .bind("teacher.placement", placement,
-              "gpu (weights on the rank's GPU) | cpu (host) | stream (host-resident, blocks copied to "
-              "the device ahead of use) | shard (blocks split over teacher.stages ranks) | colocated "
-              "(no teacher ranks: every student rank maps the teacher and computes its own targets) | "
-              "auto (the planner picks the fastest that fits)")
+              "gpu: weights on the rank's GPU; cpu: host; stream: host-resident, blocks copied to "
+              "the device ahead of use; shard: blocks split over teacher.stages ranks; colocated: "
+              "no teacher ranks, every student rank maps the teacher and computes its own targets; "
+              "auto: the planner picks the fastest that fits")
         .bind("teacher.stages", stages,
               "shard: pipeline stages per replica; 0 = ranges in shard_map, else teacher.ranks")
         .bind("teacher.shard_map", shard_map,
@@ -121,23 +122,19 @@ struct TeacherConfig {
     p.check(micro_batch == "auto" || micro_batch_samples().has_value(),
             "teacher.micro_batch(" + micro_batch + ") must be auto or a number of samples >= 0");
     p.check(ranks >= 0, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 0 (0: no teacher, train.objective flow)");
-    p.check(layout == "given" || layout == "auto", "teacher.layout(" + layout + ") must be given or auto");
-    p.check(layout != "auto" || (shard_map.empty() && stages == 0),
+    p.check(layout != TeacherLayout::kAuto || (shard_map.empty() && stages == 0),
             "teacher.layout auto chooses the stages: leave teacher.stages(" + std::to_string(stages) +
                 ") at 0 and teacher.shard_map(" + shard_map + ") empty");
     p.check(!checkpoint.empty(), "teacher.checkpoint must not be empty");
-    p.check(placement == "gpu" || placement == "cpu" || placement == "stream" || placement == "shard" ||
-                placement == "colocated" || placement == "auto",
-            "teacher.placement(" + placement + ") must be gpu, cpu, stream, shard, colocated or auto");
-    p.check(placement != "colocated" || ranks == 1,
+    p.check(placement != TeacherPlacement::kColocated || ranks == 1,
             "teacher.placement colocated puts the teacher on every rank, which are all students: "
             "teacher.ranks(" + std::to_string(ranks) + ") is not used there; leave it at 1");
     p.check(stages >= 0, "teacher.stages(" + std::to_string(stages) + ") must be >= 0");
-    p.check(stages <= 1 || placement == "shard" || placement == "auto",
+    p.check(stages <= 1 || placement == TeacherPlacement::kShard || placement == TeacherPlacement::kAuto,
             "teacher.stages(" + std::to_string(stages) + ") > 1 needs teacher.placement = shard, not " +
-                placement);
-    p.check(shard_map.empty() || placement == "shard",
-            "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + placement);
+                name_of(placement));
+    p.check(shard_map.empty() || placement == TeacherPlacement::kShard,
+            "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + name_of(placement));
     p.check(guidance > 0, "teacher.guidance(" + std::to_string(guidance) + ") must be > 0");
     p.check(boundary == 0 || (boundary > 0 && boundary < 1),
             "teacher.boundary(" + std::to_string(boundary) + ") must be 0 (the default) or in (0, 1)");

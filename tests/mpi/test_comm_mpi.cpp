@@ -125,7 +125,7 @@ TEST(CommConfig, BindsAndValidatesWithValues) {
   parse_options(
       {"--comm.prefetch_depth", "3", "--comm.mode", "broadcast", "--comm.bucket_mb", "0.5"}, t);
   EXPECT_EQ(c.prefetch_depth, 3);
-  EXPECT_EQ(c.mode, "broadcast");
+  EXPECT_EQ(c.mode, CommMode::kBroadcast);
   EXPECT_EQ(c.bucket_bytes(), 512u * 1024u);
   ConfigProblems ok;
   c.validate(ok);
@@ -134,15 +134,20 @@ TEST(CommConfig, BindsAndValidatesWithValues) {
   CommConfig bad;
   bad.prefetch_depth = 0;
   bad.timeout_s = -1;
-  bad.mode = "gather";
   bad.bucket_mb = 0;
   ConfigProblems p;
   bad.validate(p);
   const auto msg = thrown_message([&] { p.throw_if_any("config"); });
   for (const char* part : {"comm.prefetch_depth(0) must be >= 1", "comm.timeout_s(-1) must be > 0",
-                           "comm.mode(gather) must be scatter or broadcast", "comm.bucket_mb(0)"}) {
+                           "comm.bucket_mb(0)"}) {
     EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
   }
+  // A name outside comm.mode's table stops the parse, naming every name.
+  CommConfig gather;
+  OptionTable g("comm");
+  gather.bind(g);
+  const auto parsed = thrown_message([&] { parse_options({"--comm.mode", "gather"}, g); });
+  EXPECT_NE(parsed.find("comm.mode(gather) must be one of scatter, broadcast"), std::string::npos) << parsed;
 }
 
 TEST(MessageSpec, BytesAlignEachTensor) {
@@ -290,7 +295,7 @@ TEST(Transport, BroadcastSendsTheSameBatchToEveryStudent) {
     SCOPED_TRACE(describe(l));
     ProcessGroups g(l, rank);
     CommConfig cfg;
-    cfg.mode = "broadcast";
+    cfg.mode = CommMode::kBroadcast;
     cfg.timeout_s = 30;
     if (l.role_of(rank) == Role::kTeacher) {
       auto tr = link_sender(g, rank, batch_spec(), cfg, 0, 10);

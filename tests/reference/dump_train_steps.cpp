@@ -141,7 +141,7 @@ void dump(const fs::path& out) {
   const auto sc = scfg.model_config(tc);
 
   WD_CHECK(tc.model_type == "t2v" && sc.in_dim == tc.in_dim && sc.out_dim == tc.out_dim &&
-               scfg.feature_pairs().empty() && scfg.precision == "fp32" && train.grad_accum == 1,
+               scfg.feature_pairs().empty() && scfg.precision == Precision::kFp32 && train.grad_accum == 1,
            "the reference covers the tiny job: a t2v teacher, the DiT alone (no projections or "
            "feature heads), fp32, one micro-batch");
   const auto plan = tiny_plan(tc, train);
@@ -151,8 +151,8 @@ void dump(const fs::path& out) {
   setup.teacher_out_channels = plan.out_channels;
   setup.teacher_dim = tc.dim;
   setup.feature_weight = scfg.feature_weight;
-  setup.train_projections = scfg.projection == "trained";
-  setup.mixed_bf16 = scfg.precision == "bf16-mixed";
+  setup.train_projections = scfg.projection == Projection::kTrained;
+  setup.mixed_bf16 = scfg.precision == Precision::kBf16Mixed;
   setup.seed = train.seed;
   setup.device = torch::kCPU;
   student::StudentParts parts(student::build_student(sc, scfg, &teacher, train.seed), setup);

@@ -267,7 +267,7 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
   auto in = student_oom();
   in.context.checkpointing = "all";
   in.context.batch_size = 1;
-  in.context.precision = "bf16-mixed";
+  in.context.precision = Precision::kBf16Mixed;
   const auto none = memory::compute_remedies(in);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_TRUE(test::contains(none[0].text, "no setting of this job frees memory")) << none[0].text;
@@ -281,7 +281,7 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
 
   // Placements: a GPU-resident teacher is offered streaming, two replicas a 2-stage shard.
   in.context.teacher_dtype = "bf16";
-  in.context.teacher_placement = "gpu";
+  in.context.teacher_placement = TeacherPlacement::kGpu;
   in.context.teacher_ranks = 2;
   const auto placed = memory::compute_remedies(in);
   ASSERT_GE(placed.size(), 2u);
@@ -292,7 +292,7 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
       << placed[1].text;
   EXPECT_EQ(placed[1].changes, (std::vector<std::pair<std::string, std::string>>{{"teacher.placement", "shard"},
                                                                                   {"teacher.stages", "2"}}));
-  in.context.teacher_placement = "stream";
+  in.context.teacher_placement = TeacherPlacement::kStream;
   EXPECT_EQ(memory::compute_remedies(in)[0].changes,
             (std::vector<std::pair<std::string, std::string>>{{"teacher.stream_ahead", "1"}}));
 
@@ -309,7 +309,7 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   auto in = student_oom();
   in.context.checkpointing = "all";
   in.context.batch_size = 1;
-  in.context.precision = "bf16-mixed";
+  in.context.precision = Precision::kBf16Mixed;
   in.context.student_ranks = 3;
   in.ranks[3].memory.model.optimizer_state_bytes = 800 * kMiB;  // 32% of the 2500 MiB peak
   in.ranks[3].memory.model.grads_bytes = 400 * kMiB;
@@ -322,16 +322,16 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   EXPECT_TRUE(test::contains(remedies[0].text, "freeing 800.00 MiB")) << remedies[0].text;
   EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.shard", "gradients"}}));
   // Moments already split: the gradients are what is left to offer.
-  in.context.student_shard = "optimizer";
+  in.context.student_shard = ShardMode::kOptimizer;
   in.ranks[3].memory.model.optimizer_state_bytes = 800 * kMiB / 3;
   const auto left = memory::compute_remedies(in);
   ASSERT_EQ(left.size(), 1u);
   EXPECT_TRUE(test::contains(left[0].text, "holds 400.00 MiB of gradients: --student.shard gradients keeps 1/3 of "
                                            "them on each student (133.33 MiB;"))
       << left[0].text;
-  in.context.student_shard = "gradients";
+  in.context.student_shard = ShardMode::kGradients;
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
-  in.context.student_shard = "none";
+  in.context.student_shard = ShardMode::kNone;
   in.context.student_ranks = 1;
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
 }
@@ -342,7 +342,7 @@ TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
   auto in = student_oom();
   in.context.checkpointing = "off";
   in.context.batch_size = 1;
-  in.context.student_shard = "gradients";
+  in.context.student_shard = ShardMode::kGradients;
   in.context.student_ranks = 4;
   in.ranks[3].memory.model.weights_bytes = 800 * kMiB;  // 32% of the 2500 MiB peak
   const auto remedies = memory::compute_remedies(in);
@@ -361,9 +361,9 @@ TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
     }
     return false;
   };
-  in.context.student_shard = "parameters";
+  in.context.student_shard = ShardMode::kParameters;
   EXPECT_FALSE(offered());
-  in.context.student_shard = "gradients";
+  in.context.student_shard = ShardMode::kGradients;
   in.ranks[3].memory.device.available = true;
   EXPECT_FALSE(offered());
 }
@@ -374,7 +374,7 @@ TEST(Diagnosis, ALoraPairIsOfferedOneJobPerExpert) {
   auto in = student_oom();
   in.context.checkpointing = "all";
   in.context.batch_size = 1;
-  in.context.precision = "bf16-mixed";
+  in.context.precision = Precision::kBf16Mixed;
   in.ranks[3].memory.teacher_weights_bytes = 1000 * kMiB;  // the two bases: 40% of the 2500 MiB peak
   EXPECT_TRUE(test::contains(memory::compute_remedies(in)[0].text, "no setting of this job frees memory"));
   in.context.lora_pair = true;

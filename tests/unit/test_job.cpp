@@ -200,17 +200,17 @@ TEST(JobStartup, ABadDataSetIsADataErrorNamingTheFile) {
 TEST(JobStartup, ALayoutChoiceIsWrittenAsTheKeysAUserWouldGive) {
   auto teacher = config(tiny()).teacher;
   job::apply_layout({true, 4, 1, 2}, teacher);
-  EXPECT_EQ(teacher.placement, "colocated");
+  EXPECT_EQ(teacher.placement, TeacherPlacement::kColocated);
   EXPECT_EQ(teacher.micro_batch, "2");
   teacher = config(tiny("--teacher.placement cpu --teacher.micro_batch 3")).teacher;
   job::apply_layout({false, 4, 2, 1}, teacher);
-  EXPECT_EQ(teacher.placement, "shard");
+  EXPECT_EQ(teacher.placement, TeacherPlacement::kShard);
   EXPECT_EQ(teacher.ranks, 4);
   EXPECT_EQ(teacher.stages, 2);
   EXPECT_EQ(teacher.micro_batch, "3") << "a micro-batch given as samples stays";
   teacher = config(tiny("--teacher.placement cpu")).teacher;
   job::apply_layout({false, 2, 1, 0}, teacher);
-  EXPECT_EQ(teacher.placement, "cpu") << "whole teachers keep the placement given";
+  EXPECT_EQ(teacher.placement, TeacherPlacement::kCpu) << "whole teachers keep the placement given";
   EXPECT_EQ(teacher.stages, 0);
 }
 
@@ -331,8 +331,8 @@ TEST(JobStartup, TrajectoryNeedsTheWholeTeacherAndAlignedSchedules) {
 TEST(JobStartup, DmdCountsItsCriticsForwardsAtTheCriticsSize) {
   // k = 4 simulate, R = 5: the generator's 4 + 6 / 5, the critic's 3 + 1 / 5, less the step's 3.
   const auto dmd = config(tiny("--train.objective dmd --student.steps 4 --train.critic_ratio 5"));
-  EXPECT_NEAR(job::dmd_extra_forwards(dmd), 4 + 1.2 + 3.2 - 3, 1e-12);
-  EXPECT_NEAR(job::dmd_extra_forwards(dmd, 2.5), 4 + 1.2 + 2.5 * 3.2 - 3, 1e-12);
+  EXPECT_NEAR(dmd.objective().student_extra_forwards(dmd.keys(), 1.0), 4 + 1.2 + 3.2 - 3, 1e-12);
+  EXPECT_NEAR(dmd.objective().student_extra_forwards(dmd.keys(), 2.5), 4 + 1.2 + 2.5 * 3.2 - 3, 1e-12);
   // A critic of the student's dims costs a student forward; one of the teacher's (critic.init
   // teacher) a teacher forward, whatever the student's dims.
   auto teacher = WanConfig::preset("tiny");

@@ -93,11 +93,10 @@ TEST(StagesFor, FollowsStagesThenTheMapThenTheRanks) {
 
 TEST(TeacherConfig, ValidatesPlacementKeys) {
   TeacherConfig c;
-  c.placement = "disk";
-  ConfigProblems p;
-  c.validate(p);
-  EXPECT_THROW(p.throw_if_any("t"), ConfigError);
-  c.placement = "cpu";
+  OptionTable table("teacher");
+  c.bind(table);
+  EXPECT_THROW(parse_options({"--teacher.placement", "disk"}, table), ConfigError) << "a name outside the table";
+  c.placement = TeacherPlacement::kCpu;
   c.shard_map = "0-1,2-3";
   ConfigProblems q;
   c.validate(q);
@@ -365,7 +364,7 @@ TEST(TeacherConfig, ComputeMicroBatchAndColocatedKeysAreChecked) {
   ConfigProblems p;
   c.compute = "fast";
   c.micro_batch = "-1";
-  c.placement = "colocated";
+  c.placement = TeacherPlacement::kColocated;
   c.ranks = 2;
   c.validate(p);
   ASSERT_EQ(p.list().size(), 3u);

@@ -1,0 +1,130 @@
+// A student rank's stream of batches: its teacher rank's link, or the messages it computes
+// itself (a colocated teacher, or flow's targets), and a colocated teacher's real score (dmd).
+#include "comm/transport_factory.hpp"
+#include "job/plan_input.hpp"
+#include "job/student_side.hpp"
+#include "teacher/colocated_teacher.hpp"
+#include "teacher/flow_targets.hpp"
+
+namespace wd::job {
+
+/// What a rank that computes its own messages reads: its share of the data, in the order and
+/// with the noise a teacher rank would use for it (run_teacher_rank's noisers).
+struct LocalData {
+  data::DatasetReader reader;
+  data::SampleSchedule schedule;
+  data::FlowMatchingNoiser noiser, eval_noiser;
+
+  explicit LocalData(const TrainJob& job)
+      : reader(*job.info),
+        schedule(job.train_samples, job.per_replica, job.layout.replicas, job.cfg.train.seed),
+        noiser(job.cfg.noise, job.cfg.train.seed, job.student_range()),
+        eval_noiser(job.cfg.noise, job.cfg.train.seed ^ 0xE7A1ULL, job.student_range()) {}
+};
+
+namespace {
+
+/// teacher.placement colocated, dmd: this rank's own teacher answers its requests on the spot.
+class LocalScore final : public student::RealScore {
+ public:
+  explicit LocalScore(teacher::TeacherStage& stage) : stage_(stage) {}
+  void ask(std::int64_t cycle, const comm::TensorDict& request) override {
+    teacher::StageBatch b;
+    b.x_t = request.at("x_t");
+    b.t = request.at("t");
+    b.context = request.at("context");
+    b.context_lens = request.at("context_lens");
+    stage_.run(b);
+    answer_ = b.out;
+    cycle_ = cycle;
+  }
+  const torch::Tensor& answer(std::int64_t cycle) override {
+    WD_CHECK(cycle == cycle_, "dmd: cycle " << cycle << " was not asked (the last request was cycle " << cycle_ << ")");
+    return answer_;
+  }
+  void release(std::int64_t) override { answer_ = torch::Tensor(); }
+  double wait_seconds() const override { return 0; }
+
+ private:
+  teacher::TeacherStage& stage_;
+  torch::Tensor answer_;
+  std::int64_t cycle_ = -1;
+};
+
+}  // namespace
+
+/// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
+/// teacher.compute and micro_batch as on a teacher rank) and its data: the messages a teacher
+/// rank would have sent it, computed here.
+struct OwnTeacher {
+  teacher::TeacherStage stage;
+  LocalData data;
+  std::unique_ptr<teacher::TrajectoryRounds> trajectory;  ///< train.objective trajectory
+  teacher::ColocatedTeacher transport;
+
+  OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
+      : stage(load_teacher_stage(job, load_for(job, device), memory)),
+        data(job),
+        trajectory(job.cfg.trajectory_stream() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
+                                                    stage, data.reader, data.schedule, job.plan,
+                                                    job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
+                                                    job.layout.replicas, job.per_replica, job.train_samples,
+                                                    job.cfg.train.seed})
+                                              : nullptr),
+        transport({stage, data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan,
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples, device,
+                   trajectory.get()}) {}
+
+  static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
+    teacher::StageLoad how;
+    how.placement = job.placement;
+    how.dtype = teacher_dtype(job.cfg);
+    how.device = device;
+    how.blocks = {0, job.teacher().config().num_layers};
+    how.timeout_s = job.cfg.comm.timeout_s;
+    return how;
+  }
+};
+
+/// train.objective flow: this rank's targets from its share of the data (no teacher).
+struct OwnTargets {
+  LocalData data;
+  teacher::FlowTargets transport;
+
+  OwnTargets(const TrainJob& job, const c10::Device& device)
+      : data(job),
+        transport({data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan, job.model.patch_size,
+                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples,
+                   job.cfg.train.cond_dropout, job.cfg.train.seed, device}) {}
+};
+
+StudentStream::StudentStream() = default;
+StudentStream::StudentStream(StudentStream&&) noexcept = default;
+StudentStream::~StudentStream() = default;
+
+teacher::TeacherStage* StudentStream::own_stage() const { return own ? &own->stage : nullptr; }
+
+StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleServices& services) {
+  const auto& cfg = job.cfg;
+  const auto& plan = job.plan;
+  StudentStream s;
+  if (!cfg.has_teacher()) {
+    s.targets = std::make_unique<OwnTargets>(job, device);
+    s.transport = &s.targets->transport;
+  } else if (job.layout.colocated()) {
+    s.own = std::make_unique<OwnTeacher>(job, device, services.memory);
+    s.transport = &s.own->transport;
+  } else {
+    s.link = comm::make_receiver(comm::link_end(*job.groups, job.world_rank(), cfg.comm), plan.message_spec(),
+                                 cfg.comm, 0, plan.end_step(), device, &services.health);
+    services.memory.transport_bytes = plan.message_spec().bytes() * static_cast<std::uint64_t>(cfg.comm.prefetch_depth);
+    s.transport = s.link.get();
+  }
+  return s;
+}
+
+std::unique_ptr<student::RealScore> local_score(teacher::TeacherStage& stage) {
+  return std::make_unique<LocalScore>(stage);
+}
+
+}  // namespace wd::job

@@ -1,0 +1,124 @@
+// The objective wing: one ObjectiveSpec per train.objective (its traits, its config checks, its
+// costs for `plan` and the calibration, the loop's [train]), in one table that the rest of the
+// job asks instead of comparing the objective's name (docs/architecture.md#objectives).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+#include "student/dmd_config.hpp"
+#include "student/student_config.hpp"
+#include "teacher/teacher_config.hpp"
+#include "teacher/trajectory.hpp"
+
+namespace wd::objective {
+
+/// The sections of a run's config that objectives read (views; the caller owns them).
+struct Keys {
+  const teacher::TeacherConfig& teacher;
+  const student::StudentConfig& student;
+  const student::TrainConfig& train;
+  const student::DmdConfig& dmd;
+};
+
+/// When an objective's teacher forwards are guided ([cond; neg] in one batch, v_neg + g·(v_cond − v_neg)).
+enum class Guidance {
+  kNever,     ///< the plain velocity
+  kAlways,    ///< the guided velocity is the target
+  kUnlessOne  ///< guided unless teacher.guidance is 1 (the teacher samples, or answers, guided)
+};
+
+/// What the job asks of an objective that does not depend on the keys.
+struct Traits {
+  bool needs_teacher = true;  ///< false: trains on the data alone (teacher.ranks 0)
+  /// Why every teacher block must be in one forward (text after "train.objective NAME"); empty:
+  /// the teacher may be split into pipeline stages.
+  std::string whole_teacher;
+  Guidance guidance = Guidance::kNever;
+  /// Why a LoRA student has nothing to learn (text after "train.objective NAME"); empty: allowed.
+  std::string no_lora_student;
+  /// Sampled in student.steps Euler jumps on teacher.shift's schedule (its probe samples so).
+  bool few_step = false;
+  /// The teacher's batches are its own trajectories, whatever the keys.
+  bool trajectories = false;
+  /// Students ask the teacher for scores at their own samples (a request channel back to the
+  /// teacher, a critic, cycles of train.critic_ratio steps).
+  bool real_score = false;
+  /// The student samples the teacher's latents from noise: a t2v teacher whose in_dim is out_dim.
+  bool samples_teacher_latents = false;
+};
+
+/// One train.objective. The base answers from the traits; a spec overrides what its keys change.
+class ObjectiveSpec {
+ public:
+  ObjectiveSpec(std::string name, std::string summary, Traits traits)
+      : name_(std::move(name)), summary_(std::move(summary)), traits_(std::move(traits)) {}
+  virtual ~ObjectiveSpec() = default;
+  ObjectiveSpec(const ObjectiveSpec&) = delete;
+  ObjectiveSpec& operator=(const ObjectiveSpec&) = delete;
+
+  /// The train.objective value.
+  const std::string& name() const { return name_; }
+  /// What it trains, for --help.
+  const std::string& summary() const { return summary_; }
+  const Traits& traits() const { return traits_; }
+
+  /// Its config problems when it is train.objective: its own keys, and the shared keys it limits.
+  virtual void check(const Keys& k, ConfigProblems& p) const {}
+  /// Its own keys' problems when `active` trains instead: they must keep their defaults.
+  virtual void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const {}
+  /// Whether the teacher's batches are its trajectories (teacher.steps forwards serve the
+  /// student's student.steps intervals, and the data set may hold contexts alone).
+  virtual bool trajectory_stream(const Keys& k) const { return traits_.trajectories; }
+  /// Whether the training batches carry teacher targets (false: the data alone).
+  virtual bool train_targets(const Keys& k) const { return true; }
+  /// Whether the batches carry start states (x_start: a roll-out's noise).
+  virtual bool start_states(const Keys& k) const { return false; }
+  /// Real-score requests (in samples) per trained sample.
+  virtual double requests(const Keys& k) const { return 0.0; }
+  /// Student forwards per trained sample beyond a training step's forward and backward (3);
+  /// `critic_cost` is a critic forward in student forwards (dmd).
+  virtual double student_extra_forwards(const Keys& k, double critic_cost) const { return 0.0; }
+
+  /// Whether the teacher's forwards are guided, by Traits::guidance and teacher.guidance.
+  bool guided(const Keys& k) const;
+  /// Teacher forwards (in samples) per trained sample: 1 per target (teacher.steps / student.steps
+  /// for trajectories, 0 without targets) plus the requests, doubled when guided.
+  double teacher_forwards(const Keys& k) const;
+  /// Whether the data set must hold latents (not for a trajectory stream, which starts from noise).
+  bool needs_latents(const Keys& k) const { return !trajectory_stream(k); }
+  /// The [train] section as the student loop uses it: a few-step student's probe samples its own
+  /// student.steps Euler jumps on teacher.shift's schedule; trajectory students' evaluations
+  /// report each interval.
+  student::TrainConfig loop_train(const Keys& k) const;
+
+ private:
+  std::string name_;
+  std::string summary_;
+  Traits traits_;
+};
+
+/// The schedules of the teacher's trajectories (teacher.steps, solver and shift; student.steps).
+teacher::TrajectorySpec trajectory_spec(const Keys& k);
+
+/// The spec named `name`; a ConfigError naming train.objective and every name of the table
+/// otherwise.
+const ObjectiveSpec& find(const std::string& name);
+/// The names of the table, in its order (the five built in first).
+std::vector<std::string> names();
+/// Adds `spec` to the table (an objective of a test binary, before any option is parsed); a name
+/// already there is a ConfigError.
+void add(std::unique_ptr<ObjectiveSpec> spec);
+
+/// Binds train.objective to `field`: --help lists the table's names and summaries, and a name
+/// not in the table is a ConfigError when the options are parsed.
+void bind(OptionTable& t, std::string& field);
+/// Every objective's checks: the active one's check(), the others' check_unused(), and what
+/// each trait asks of the teacher keys (teacher.ranks against needs_teacher).
+void check(const Keys& k, ConfigProblems& p);
+
+}  // namespace wd::objective
