@@ -220,7 +220,7 @@ void print_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTe
             << t.config.summary() << ", " << cfg.teacher.dtype << ", "
             << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
             << "student: " << cfg.student.model_config(t.config).summary() << ", " << cfg.student.precision
-            << ", checkpointing " << cfg.student.checkpointing << "\n"
+            << ", checkpointing " << cfg.student.checkpointing.str() << "\n"
             << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
             << (o.cpu ? " on one host (CPU job)" : ", " + std::to_string(o.gpus_per_node) + " GPUs per node")
             << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"

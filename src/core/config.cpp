@@ -30,6 +30,12 @@ OptionTable& OptionTable::choice(const std::string& key, std::string& field,
   return *this;
 }
 
+std::string config_value(double value) {
+  std::ostringstream os;
+  os << value;
+  return "(" + os.str() + ")";
+}
+
 void ConfigProblems::throw_if_any(const std::string& context) const {
   if (problems_.empty()) return;
   std::string msg = context + ": ";

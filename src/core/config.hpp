@@ -83,6 +83,20 @@ class OptionTable {
     return *this;
   }
 
+  /// Binds a field of a type parsed from its text: `parse` runs when the options are parsed (its
+  /// ConfigError stops the parse) and `show` writes the field back (the help's default, INI files).
+  template <typename T>
+  OptionTable& bind_parsed(const std::string& key, T& field, std::function<T(const std::string&)> parse,
+                           std::function<std::string(const T&)> show, const std::string& help) {
+    desc_.add_options()(key.c_str(),
+                        po::value<std::string>()
+                            ->default_value(show(field))
+                            ->notifier([&field, parse](const std::string& text) { field = parse(text); }),
+                        help.c_str());
+    values_.push_back({key, [&field, show] { return show(field); }});
+    return *this;
+  }
+
   /// Binds a boolean: `--key`, `--key true|false` on the command line, `key = true` in INI.
   OptionTable& bind(const std::string& key, bool& field, const std::string& help) {
     desc_.add_options()(key.c_str(),
@@ -155,6 +169,9 @@ class ConfigProblems {
  private:
   std::vector<std::string> problems_;
 };
+
+/// A value as a problem names it after its key: "(0.5)" in "train.lr(0.5) must be > 0".
+std::string config_value(double value);
 
 /// Options every subcommand shares.
 struct LogConfig {

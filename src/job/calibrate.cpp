@@ -15,6 +15,7 @@
 #include "core/errors.hpp"
 #include "core/torch_compat.hpp"
 #include "core/threads.hpp"
+#include "job/parts_setup.hpp"
 #include "model/wan_dit.hpp"
 #include "student/checkpointing.hpp"
 #include "student/distill_objective.hpp"
@@ -149,19 +150,12 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
     for (const auto& [s, j] : pairs) message["feat." + std::to_string(j)] = torch::randn({batch, tokens, teacher.dim}, on);
   }
 
-  student::PartsSetup setup;
-  setup.teacher_in_channels = C;
-  setup.teacher_out_channels = message.at("teacher_out").size(1);
-  setup.teacher_dim = teacher.dim;
-  setup.feature_pairs = pairs;
-  setup.feature_weight = cfg.student.feature_weight;
-  setup.train_projections = cfg.student.projection == Projection::kTrained;
-  setup.mixed_bf16 = cfg.student.precision == Precision::kBf16Mixed;
-  setup.device = device;
+  // The training students' set-up (their seed too; a LoRA base is not needed for the timing).
+  const auto setup = parts_setup(cfg, C, message.at("teacher_out").size(1), teacher.dim, device);
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
   const auto adamw = student::make_adamw(parts.trainable(), nullptr, cfg.train.lr, cfg.train);
   auto& optimizer = *adamw;
-  student::DistillObjective objective(parts, student::CheckpointPolicy::parse(cfg.student.checkpointing));
+  student::DistillObjective objective(parts, cfg.student.checkpointing);
   student::FixedBatches batches({message});
   student::StepContext step{objective, optimizer, nullptr, cfg.train.grad_clip};
   c.student_s_per_sample = median_run([&] {

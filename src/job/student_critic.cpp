@@ -105,7 +105,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           service_schedule(cfg, job.plan),
                           side.train,
                           cfg.dmd,
-                          student::CheckpointPolicy::parse(cfg.student.checkpointing),
+                          cfg.student.checkpointing,
                           job.world_rank(),
                           job.groups->students(),
                           cfg.comm.timeout_s,

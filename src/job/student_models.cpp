@@ -5,6 +5,7 @@
 #include <map>
 
 #include "comm/mpi_check.hpp"
+#include "job/parts_setup.hpp"
 #include "job/student_side.hpp"
 #include "model/wan_lora.hpp"
 #include "student/student_model.hpp"
@@ -107,16 +108,7 @@ void log_shard(const TrainJob& job, const student::OptimizerShard& shard,
 
 student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
-  student::PartsSetup setup;
-  setup.teacher_in_channels = job.plan.latent[0];
-  setup.teacher_out_channels = job.plan.out_channels;
-  setup.teacher_dim = job.model.dim;
-  setup.feature_pairs = cfg.student.feature_pairs();
-  setup.feature_weight = cfg.student.feature_weight;
-  setup.train_projections = cfg.student.projection == Projection::kTrained;
-  setup.mixed_bf16 = cfg.student.precision == Precision::kBf16Mixed;
-  setup.seed = cfg.train.seed;
-  setup.device = device;
+  auto setup = parts_setup(cfg, job.plan.latent[0], job.plan.out_channels, job.model.dim, device);
   if (cfg.student.lora_rank > 0 && job.experts) setup.lora_base = job.student_base().path();  // flow: refused below
   if (job.lora_pair()) {
     setup.lora_base = job.experts->expert(WanExperts::kHigh).path();

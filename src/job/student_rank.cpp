@@ -101,7 +101,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   student::StudentJob loop{parts, *stream.transport, *reduction.reducer, job.plan, train, job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
-                           student::CheckpointPolicy::parse(cfg.student.checkpointing)};
+                           cfg.student.checkpointing};
   loop.memory = &services.monitor;
   loop.health = &services.health;
   loop.faults = &services.faults;

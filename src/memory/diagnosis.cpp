@@ -96,14 +96,21 @@ void student_checkpointing(const OomFacts& f, std::vector<Remedy>& out) {
                  {{"student.checkpointing", "all"}}});
 }
 
-void student_batch(const OomFacts& f, std::vector<Remedy>& out) {
+/// Half the batch per student with twice the accumulation (the same global batch), advised in `text`
+/// ({} the batch, the half, the accumulation); none when activations do not matter or the batch is 1.
+void halved_batch(const OomFacts& f, const std::string& text, std::vector<Remedy>& out) {
   if (f.ctx.batch_size <= 1 || !f.activations_matter) return;
   const auto half = f.ctx.batch_size / 2;
   const auto accum = f.ctx.grad_accum * (f.ctx.batch_size / half);
-  out.push_back({fmt::format("batch {} -> {} per student frees about {} of activations on {}; "
-                             "--train.grad_accum {} keeps the global batch and the results",
-                             f.ctx.batch_size, half, bytes(f.transient / 2), f.who, accum),
+  out.push_back({fmt::format(fmt::runtime(text), f.ctx.batch_size, half, accum),
                  {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+}
+
+void student_batch(const OomFacts& f, std::vector<Remedy>& out) {
+  halved_batch(f,
+               "batch {0} -> {1} per student frees about " + bytes(f.transient / 2) + " of activations on " + f.who +
+                   "; --train.grad_accum {2} keeps the global batch and the results",
+               out);
 }
 
 /// The AdamW moments and gradients: with several students, each can keep a 1/N slice of both
@@ -199,13 +206,10 @@ void teacher_shard(const OomFacts& f, std::vector<Remedy>& out) {
 }
 
 void teacher_batch(const OomFacts& f, std::vector<Remedy>& out) {
-  if (f.ctx.batch_size <= 1 || !f.activations_matter) return;
-  const auto half = f.ctx.batch_size / 2;
-  const auto accum = f.ctx.grad_accum * (f.ctx.batch_size / half);
-  out.push_back({fmt::format("the teacher's forward holds {} of activations for a batch of {} per student; "
-                             "batch {} -> {} with --train.grad_accum {} halves them and keeps the global batch",
-                             bytes(f.transient), f.ctx.batch_size, f.ctx.batch_size, half, accum),
-                 {{"train.batch_size", std::to_string(half)}, {"train.grad_accum", std::to_string(accum)}}});
+  halved_batch(f,
+               "the teacher's forward holds " + bytes(f.transient) + " of activations for a batch of {0} per "
+               "student; batch {0} -> {1} with --train.grad_accum {2} halves them and keeps the global batch",
+               out);
 }
 
 /// Each role's remedies, in the order the diagnosis offers them.

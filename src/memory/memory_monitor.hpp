@@ -10,19 +10,11 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "memory/memory_config.hpp"
 #include "metrics/metrics_writer.hpp"
 #include "memory/memory_report.hpp"
 
 namespace wd::memory {
-
-/// `[memory]` section of the config.
-struct MemoryConfig {
-  std::int64_t report_every = 50;      ///< steps between reports; 0 = off
-  std::int64_t empty_cache_every = 0;  ///< steps between CUDA emptyCache calls; 0 = off
-
-  void bind(OptionTable& t);
-  void validate(ConfigProblems& p) const;
-};
 
 /// The rank's table line / JSON object, the whole table, and the metrics.jsonl line. `since`
 /// is the step the peaks were last reset at (0: process start); reports[i] is world rank i.

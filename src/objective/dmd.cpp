@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "objective/builtin.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::objective {
 

@@ -13,7 +13,10 @@
 #include "student/dmd_config.hpp"
 #include "student/student_config.hpp"
 #include "teacher/teacher_config.hpp"
-#include "teacher/trajectory.hpp"
+
+namespace wd::teacher {
+struct TrajectorySpec;
+}  // namespace wd::teacher
 
 namespace wd::objective {
 

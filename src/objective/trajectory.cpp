@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "objective/builtin.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::objective {
 

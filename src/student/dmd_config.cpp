@@ -6,14 +6,6 @@
 
 namespace wd::student {
 
-namespace {
-std::string v(double x) {
-  std::ostringstream os;
-  os << x;
-  return "(" + os.str() + ")";
-}
-}  // namespace
-
 void DmdConfig::bind(OptionTable& t) {
   t.bind("train.dmd_start", start,
             "dmd: simulate (the generator's sample is its own student.steps Euler jumps from seeded noise, the "
@@ -54,42 +46,42 @@ void DmdConfig::bind(OptionTable& t) {
 }
 
 void DmdConfig::validate(ConfigProblems& p) const {
-  p.check(critic_ratio >= 1, "train.critic_ratio" + v(static_cast<double>(critic_ratio)) + " must be >= 1");
+  p.check(critic_ratio >= 1, "train.critic_ratio" + config_value(static_cast<double>(critic_ratio)) + " must be >= 1");
   p.check(t_min > 0 && t_min < t_max && t_max < 1,
-          "train.dmd_t_min" + v(t_min) + " and train.dmd_t_max" + v(t_max) + " must satisfy 0 < min < max < 1");
-  p.check(critic_lr >= 0, "critic.lr" + v(critic_lr) + " must be >= 0 (0 = train.lr)");
-  p.check(critic_lora_rank >= 0, "critic.lora_rank" + v(static_cast<double>(critic_lora_rank)) + " must be >= 0");
-  p.check(regression_weight >= 0, "train.dmd_regression_weight" + v(regression_weight) + " must be >= 0");
-  p.check(critic_gan_weight >= 0, "critic.gan_weight" + v(critic_gan_weight) + " must be >= 0");
-  p.check(gan_weight >= 0, "train.gan_weight" + v(gan_weight) + " must be >= 0");
+          "train.dmd_t_min" + config_value(t_min) + " and train.dmd_t_max" + config_value(t_max) + " must satisfy 0 < min < max < 1");
+  p.check(critic_lr >= 0, "critic.lr" + config_value(critic_lr) + " must be >= 0 (0 = train.lr)");
+  p.check(critic_lora_rank >= 0, "critic.lora_rank" + config_value(static_cast<double>(critic_lora_rank)) + " must be >= 0");
+  p.check(regression_weight >= 0, "train.dmd_regression_weight" + config_value(regression_weight) + " must be >= 0");
+  p.check(critic_gan_weight >= 0, "critic.gan_weight" + config_value(critic_gan_weight) + " must be >= 0");
+  p.check(gan_weight >= 0, "train.gan_weight" + config_value(gan_weight) + " must be >= 0");
   p.check(gan_weight == 0 || critic_gan_weight > 0,
-          "train.gan_weight" + v(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
+          "train.gan_weight" + config_value(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
           "for the critic, 3e-3 for the generator)");
   for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
                                     {"critic.ffn_dim", critic_ffn_dim},
                                     {"critic.num_heads", critic_num_heads},
                                     {"critic.num_layers", critic_num_layers}}) {
-    p.check(value >= 0, key + v(static_cast<double>(value)) + " must be >= 0 (0 = the student's)");
+    p.check(value >= 0, key + config_value(static_cast<double>(value)) + " must be >= 0 (0 = the student's)");
   }
-  p.check(critic_gan_block >= -1, "critic.gan_block" + v(static_cast<double>(critic_gan_block)) +
+  p.check(critic_gan_block >= -1, "critic.gan_block" + config_value(static_cast<double>(critic_gan_block)) +
                                       " must be a critic block index, or -1 for the last");
 }
 
 void DmdConfig::check_objective(bool active, const std::string& objective, std::int64_t grad_accum,
                                 ConfigProblems& p) const {
   if (!active) {
-    p.check(regression_weight == 0, "train.dmd_regression_weight" + v(regression_weight) +
+    p.check(regression_weight == 0, "train.dmd_regression_weight" + config_value(regression_weight) +
                                         " weighs a term of the dmd generator loss: it needs train.objective dmd, not " +
                                         objective);
     for (const auto& [key, weight] : {std::pair<std::string, double>{"critic.gan_weight", critic_gan_weight},
                                        {"train.gan_weight", gan_weight}}) {
-      p.check(weight == 0, key + v(weight) + " weighs a term of train.objective dmd's losses, not " + objective);
+      p.check(weight == 0, key + config_value(weight) + " weighs a term of train.objective dmd's losses, not " + objective);
     }
     for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
                                       {"critic.ffn_dim", critic_ffn_dim},
                                       {"critic.num_heads", critic_num_heads},
                                       {"critic.num_layers", critic_num_layers}}) {
-      p.check(value == 0, key + v(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " + objective);
+      p.check(value == 0, key + config_value(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " + objective);
     }
     return;
   }
@@ -99,7 +91,7 @@ void DmdConfig::check_objective(bool active, const std::string& objective, std::
               (critic_init == CriticInit::kTeacher ? "teacher, with the teacher's" : "generator starts, with the student's") +
               " dims: set critic.init random, or leave the critic's dims at 0");
   p.check(grad_accum == 1, "train.objective dmd takes one micro-batch a step: train.grad_accum" +
-                               v(static_cast<double>(grad_accum)) + " must be 1");
+                               config_value(static_cast<double>(grad_accum)) + " must be 1");
 }
 
 }  // namespace wd::student

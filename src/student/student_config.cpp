@@ -11,14 +11,6 @@
 
 namespace wd::student {
 
-namespace {
-std::string v(double x) {
-  std::ostringstream os;
-  os << x;
-  return "(" + os.str() + ")";
-}
-}  // namespace
-
 void StudentConfig::bind(OptionTable& t) {
   t.bind("student.dim", dim, "student hidden size")
       .bind("student.ffn_dim", ffn_dim, "student FFN size")
@@ -31,7 +23,8 @@ void StudentConfig::bind(OptionTable& t) {
             "random | teacher-blocks:i,j,... (copy teacher blocks) | weights:PATH (every tensor from a "
             "checkpoint of the student's dims: an earlier run's RUN/student or a checkpoint's student, any layout "
             "`inspect` reads; e.g. a trajectory student for dmd)")
-      .bind("student.checkpointing", checkpointing,
+      .bind_parsed<CheckpointPolicy>("student.checkpointing", checkpointing, CheckpointPolicy::parse,
+                                     [](const CheckpointPolicy& p) { return p.str(); },
             "off | all | every:k: blocks that keep only their inputs and recompute their "
             "activations in the backward (every:k = blocks 0, k, 2k, ...); less memory, more time")
       .bind("student.precision", precision, "bf16-mixed: bf16 compute, fp32 master weights")
@@ -92,12 +85,12 @@ LoraSpec StudentConfig::lora_spec(std::int64_t num_layers, std::int64_t rank) co
 }
 
 void StudentConfig::validate(ConfigProblems& p) const {
-  p.check(dim >= 1, "student.dim" + v(dim) + " must be >= 1");
-  p.check(num_heads >= 1, "student.num_heads" + v(num_heads) + " must be >= 1");
+  p.check(dim >= 1, "student.dim" + config_value(dim) + " must be >= 1");
+  p.check(num_heads >= 1, "student.num_heads" + config_value(num_heads) + " must be >= 1");
   p.check(num_heads < 1 || dim % num_heads == 0,
-          "student.dim" + v(dim) + " must be divisible by student.num_heads" + v(num_heads));
-  p.check(num_layers >= 1, "student.num_layers" + v(num_layers) + " must be >= 1");
-  p.check(ffn_dim >= 1, "student.ffn_dim" + v(ffn_dim) + " must be >= 1");
+          "student.dim" + config_value(dim) + " must be divisible by student.num_heads" + config_value(num_heads));
+  p.check(num_layers >= 1, "student.num_layers" + config_value(num_layers) + " must be >= 1");
+  p.check(ffn_dim >= 1, "student.ffn_dim" + config_value(ffn_dim) + " must be >= 1");
   p.check(in_dim >= 0 && out_dim >= 0 && freq_dim >= 0,
           "student.in_dim/out_dim/freq_dim must be >= 0 (0 = the teacher's)");
   bool init_ok = init == "random" || !init_weights().empty();
@@ -109,16 +102,12 @@ void StudentConfig::validate(ConfigProblems& p) const {
     }
   }
   p.check(init_ok, "student.init(" + init + ") must be random, teacher-blocks:i,j,... or weights:PATH");
-  try {
-    CheckpointPolicy::parse(checkpointing);
-  } catch (const ConfigError& e) {
-    p.check(false, e.what());
-  }
   if (shard == ShardMode::kParameters) {
     // ZeRO-3 here: a block's weights are gathered for its forward and again for its recomputation
     // in the backward, over MPI from the thread that runs the backward (host students).
-    p.check(checkpointing == "all", "student.shard parameters gathers a block's weights again for its backward, "
-                                    "which recomputes it: it needs student.checkpointing all, not " + checkpointing);
+    p.check(checkpointing.mode == CheckpointPolicy::Mode::kAll,
+            "student.shard parameters gathers a block's weights again for its backward, which recomputes it: it "
+            "needs student.checkpointing all, not " + checkpointing.str());
     p.check(precision == Precision::kFp32, "student.shard parameters trains fp32 weights; student.precision(" +
                                                std::string(name_of(precision)) +
                                      ") is not built with it");
@@ -136,9 +125,9 @@ void StudentConfig::validate(ConfigProblems& p) const {
     features_ok = false;
   }
   p.check(features_ok, "student.features(" + features + ") must be pairs s:t,s:t of block indices");
-  p.check(feature_weight >= 0, "student.feature_weight" + v(feature_weight) + " must be >= 0");
-  p.check(lora_rank >= 0, "student.lora_rank" + v(lora_rank) + " must be >= 0 (0 = a full student)");
-  p.check(lora_alpha >= 0, "student.lora_alpha" + v(lora_alpha) + " must be >= 0 (0 = the rank)");
+  p.check(feature_weight >= 0, "student.feature_weight" + config_value(feature_weight) + " must be >= 0");
+  p.check(lora_rank >= 0, "student.lora_rank" + config_value(lora_rank) + " must be >= 0 (0 = a full student)");
+  p.check(lora_alpha >= 0, "student.lora_alpha" + config_value(lora_alpha) + " must be >= 0 (0 = the rank)");
   try {
     lora_target_linears(lora_targets, 1);
   } catch (const ConfigError& e) {
@@ -233,29 +222,29 @@ void TrainConfig::bind(OptionTable& t) {
 }
 
 void TrainConfig::validate(ConfigProblems& p) const {
-  p.check(steps >= 1, "train.steps" + v(steps) + " must be >= 1");
-  p.check(batch_size >= 1, "train.batch_size" + v(batch_size) + " must be >= 1");
-  p.check(grad_accum >= 1, "train.grad_accum" + v(grad_accum) + " must be >= 1");
-  p.check(lr > 0, "train.lr" + v(lr) + " must be > 0");
-  p.check(min_lr >= 0 && min_lr <= lr, "train.min_lr" + v(min_lr) + " must be in [0, train.lr" + v(lr) + "]");
-  p.check(warmup_steps >= 0, "train.warmup_steps" + v(warmup_steps) + " must be >= 0");
-  p.check(weight_decay >= 0, "train.weight_decay" + v(weight_decay) + " must be >= 0");
+  p.check(steps >= 1, "train.steps" + config_value(steps) + " must be >= 1");
+  p.check(batch_size >= 1, "train.batch_size" + config_value(batch_size) + " must be >= 1");
+  p.check(grad_accum >= 1, "train.grad_accum" + config_value(grad_accum) + " must be >= 1");
+  p.check(lr > 0, "train.lr" + config_value(lr) + " must be > 0");
+  p.check(min_lr >= 0 && min_lr <= lr, "train.min_lr" + config_value(min_lr) + " must be in [0, train.lr" + config_value(lr) + "]");
+  p.check(warmup_steps >= 0, "train.warmup_steps" + config_value(warmup_steps) + " must be >= 0");
+  p.check(weight_decay >= 0, "train.weight_decay" + config_value(weight_decay) + " must be >= 0");
   p.check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
-          "train.beta1" + v(beta1) + " and train.beta2" + v(beta2) + " must be in [0, 1)");
-  p.check(grad_clip >= 0, "train.grad_clip" + v(grad_clip) + " must be >= 0");
-  p.check(ema_decay >= 0 && ema_decay < 1, "train.ema_decay" + v(ema_decay) + " must be in [0, 1) (0 = off)");
-  p.check(log_every >= 1, "train.log_every" + v(log_every) + " must be >= 1");
-  p.check(eval_samples >= 0, "train.eval_samples" + v(eval_samples) + " must be >= 0");
-  p.check(eval_every >= 0, "train.eval_every" + v(eval_every) + " must be >= 0");
-  p.check(sample_every >= 0, "train.sample_every" + v(sample_every) + " must be >= 0");
-  p.check(sample_steps >= 1, "train.sample_steps" + v(sample_steps) + " must be >= 1");
-  p.check(sample_shift > 0, "train.sample_shift" + v(sample_shift) + " must be > 0");
-  p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + v(collapse_ratio) + " must be in (0, 1)");
-  p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + v(cond_dropout) + " must be in [0, 1)");
+          "train.beta1" + config_value(beta1) + " and train.beta2" + config_value(beta2) + " must be in [0, 1)");
+  p.check(grad_clip >= 0, "train.grad_clip" + config_value(grad_clip) + " must be >= 0");
+  p.check(ema_decay >= 0 && ema_decay < 1, "train.ema_decay" + config_value(ema_decay) + " must be in [0, 1) (0 = off)");
+  p.check(log_every >= 1, "train.log_every" + config_value(log_every) + " must be >= 1");
+  p.check(eval_samples >= 0, "train.eval_samples" + config_value(eval_samples) + " must be >= 0");
+  p.check(eval_every >= 0, "train.eval_every" + config_value(eval_every) + " must be >= 0");
+  p.check(sample_every >= 0, "train.sample_every" + config_value(sample_every) + " must be >= 0");
+  p.check(sample_steps >= 1, "train.sample_steps" + config_value(sample_steps) + " must be >= 1");
+  p.check(sample_shift > 0, "train.sample_shift" + config_value(sample_shift) + " must be > 0");
+  p.check(collapse_ratio > 0 && collapse_ratio < 1, "train.collapse_ratio" + config_value(collapse_ratio) + " must be in (0, 1)");
+  p.check(cond_dropout >= 0 && cond_dropout < 1, "train.cond_dropout" + config_value(cond_dropout) + " must be in [0, 1)");
   p.check(trajectory_rollout >= 0 && trajectory_rollout <= 1,
-          "train.trajectory_rollout" + v(trajectory_rollout) + " must be in [0, 1]");
+          "train.trajectory_rollout" + config_value(trajectory_rollout) + " must be in [0, 1]");
   p.check(sample_every == 0 || eval_samples > 0,
-          "train.sample_every" + v(sample_every) + " needs held-out samples: train.eval_samples" + v(eval_samples));
+          "train.sample_every" + config_value(sample_every) + " needs held-out samples: train.eval_samples" + config_value(eval_samples));
 }
 
 double TrainConfig::lr_at(std::int64_t step) const {

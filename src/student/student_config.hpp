@@ -8,6 +8,7 @@
 
 #include "core/choices.hpp"
 #include "core/config.hpp"
+#include "student/checkpoint_policy.hpp"
 #include "model/wan_config.hpp"
 
 namespace wd::student {
@@ -24,8 +25,8 @@ struct StudentConfig {
   /// random | teacher-blocks:i,j,... (copy those teacher blocks; needs equal dims) | weights:PATH
   /// (every tensor from a checkpoint of the student's dims, e.g. an earlier run's RUN/student)
   std::string init = "random";
-  /// off | all | every:k: blocks that recompute their activations in the backward (CheckpointPolicy)
-  std::string checkpointing = "off";
+  /// off | all | every:k: blocks that recompute their activations in the backward, parsed at parse
+  CheckpointPolicy checkpointing;
   /// fp32 | bf16-mixed (bf16 compute, fp32 master weights and optimizer state)
   Precision precision = Precision::kFp32;
   /// none | optimizer | gradients | parameters: what the student group splits between its ranks

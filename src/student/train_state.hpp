@@ -8,22 +8,12 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "student/checkpoint_config.hpp"
 #include "model/safetensors.hpp"
 #include "student/optimizer_shard.hpp"
 #include "student/student_parts.hpp"
 
 namespace wd::student {
-
-/// `[checkpoint]` section and `--resume`: when training state is saved and where a run resumes.
-struct CheckpointConfig {
-  std::int64_t every = 0;  ///< steps between checkpoints; 0 = only at the end and on SIGUSR1
-  std::int64_t keep = 3;   ///< newest checkpoints kept; 0 = all
-  std::string dir;         ///< empty: <run-dir>/checkpoints
-  std::string resume;      ///< "" = start fresh, "auto" = newest good checkpoint if any, or a path
-
-  void bind(OptionTable& t);
-  void validate(ConfigProblems& p) const;
-};
 
 /// Where training stands. The data order and noise are pure functions of (seed, step), so the
 /// step is also the data cursor.

@@ -255,8 +255,8 @@ TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
     d["out"] = torch::full({5}, static_cast<double>(step), torch::kDouble).to(device);
     return d;
   };
-  for (const std::string mode : {"scatter", "broadcast"}) {
-    SCOPED_TRACE(mode);
+  for (const auto mode : {CommMode::kScatter, CommMode::kBroadcast}) {
+    SCOPED_TRACE(name_of(mode));
     CommConfig config;
     config.mode = mode;
     config.prefetch_depth = 2;
@@ -265,7 +265,7 @@ TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
     if (layout.role_of(rank) == Role::kTeacher) {
       auto transport = make_sender(end, spec, config, 0, 6, device, nullptr);
       for (std::int64_t s = 0; s < 6; ++s) {
-        if (mode == "scatter") {
+        if (mode == CommMode::kScatter) {
           transport->send(s, {message(s)});
         } else {
           transport->broadcast(s, message(s));

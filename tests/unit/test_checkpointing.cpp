@@ -123,12 +123,19 @@ TEST(CheckpointPolicy, RejectsEverythingElseNamingTheOption) {
           << e.what();
     }
   }
+  // Bound into the options table, the key is parsed with the options: a bad value stops the parse.
   StudentConfig s;
-  s.checkpointing = "every:0";
-  ConfigProblems p;
-  s.validate(p);
-  ASSERT_EQ(p.list().size(), 1u);
-  EXPECT_NE(p.list()[0].find("student.checkpointing(every:0)"), std::string::npos);
+  OptionTable table("student");
+  s.bind(table);
+  try {
+    parse_options({"--student.checkpointing", "every:0"}, table);
+    ADD_FAILURE() << "accepted every:0";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("student.checkpointing(every:0)"), std::string::npos) << e.what();
+  }
+  parse_options({"--student.checkpointing", "every:3"}, table);
+  EXPECT_EQ(s.checkpointing.mode, CheckpointPolicy::Mode::kEvery);
+  EXPECT_EQ(s.checkpointing.every, 3);
 }
 
 TEST(Checkpointing, TheBlockBecomesOneNodeAndMatchesRunBlock) {

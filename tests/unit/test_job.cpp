@@ -17,6 +17,7 @@
 #include "job/startup.hpp"
 #include "job/plan_input.hpp"
 #include "plan/speed.hpp"
+#include "run_config_words.hpp"
 #include "test_util.hpp"
 
 namespace wd {
@@ -25,16 +26,7 @@ namespace {
 using job::RunConfig;
 
 /// A run config as `train` parses these words.
-RunConfig config(const std::string& words) {
-  RunConfig cfg;
-  OptionTable table("train");
-  cfg.bind(table);
-  std::vector<std::string> args;
-  std::istringstream in(words);
-  for (std::string w; in >> w;) args.push_back(w);
-  parse_options(args, table);
-  return cfg;
-}
+RunConfig config(const std::string& words) { return test::run_config(words); }
 
 /// The builtin tiny teacher and data set, made once by the stage `train` runs first.
 const test::TempDir& builtin() {

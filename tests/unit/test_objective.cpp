@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "job/run_config.hpp"
 #include "objective/objective_spec.hpp"
+#include "run_config_words.hpp"
 #include "test_util.hpp"
 
 namespace wd {
@@ -35,17 +36,8 @@ class AddTeacherX0 : public ::testing::Environment {
 };
 const auto* const kAdded = ::testing::AddGlobalTestEnvironment(new AddTeacherX0);
 
-/// A run config as `train` parses these words (throws what parsing throws).
-RunConfig config(const std::string& words) {
-  RunConfig cfg;
-  OptionTable table("train");
-  cfg.bind(table);
-  std::vector<std::string> args;
-  std::istringstream in(words);
-  for (std::string w; in >> w;) args.push_back(w);
-  parse_options(args, table);
-  return cfg;
-}
+/// A run config as `train` parses these words.
+RunConfig config(const std::string& words) { return test::run_config(words); }
 
 /// `train --help`'s option table with its line wrapping undone (runs of blanks as one space).
 std::string help() {
