@@ -1,6 +1,4 @@
 // train.objective flow: flow-matching training on the data alone (target ε − x0), no teacher.
-#include <sstream>
-
 #include "objective/builtin.hpp"
 
 namespace wd::objective {
@@ -26,10 +24,8 @@ class Flow final : public ObjectiveSpec {
                 "checkpoint");
   }
   void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const override {
-    std::ostringstream v;
-    v << k.train.cond_dropout;
-    p.check(k.train.cond_dropout == 0, "train.cond_dropout(" + v.str() +
-                                           ") drops contexts of the data: it needs train.objective flow, not " + active);
+    p.check(k.train.cond_dropout == 0, "train.cond_dropout" + config_value(k.train.cond_dropout) +
+                                           " drops contexts of the data: it needs train.objective flow, not " + active);
   }
 
  private:

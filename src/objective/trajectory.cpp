@@ -1,7 +1,5 @@
 // train.objective trajectory: the teacher samples from seeded noise; the student learns the jumps
 // between its student.steps σ (a few-step student).
-#include <sstream>
-
 #include "objective/builtin.hpp"
 #include "teacher/trajectory.hpp"
 
@@ -19,10 +17,8 @@ class Trajectory final : public ObjectiveSpec {
 
   void check(const Keys& k, ConfigProblems& p) const override { trajectory_spec(k).validate(p); }
   void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const override {
-    std::ostringstream v;
-    v << k.train.trajectory_rollout;
-    p.check(k.train.trajectory_rollout == 0, "train.trajectory_rollout(" + v.str() +
-                                                 ") rolls the student out along teacher trajectories: it needs "
+    p.check(k.train.trajectory_rollout == 0, "train.trajectory_rollout" + config_value(k.train.trajectory_rollout) +
+                                                 " rolls the student out along teacher trajectories: it needs "
                                                  "train.objective trajectory, not " + active);
   }
   bool start_states(const Keys& k) const override { return k.train.trajectory_rollout > 0; }
