@@ -2,8 +2,8 @@
 # Installs what wan-distill needs (missing Debian 12 packages; the pinned PyPI packages in an
 # ignored .venv/) and builds it: build/ against Debian's LibTorch 1.13 (CPU), and for `cuda` or
 # `all` also build-cuda/ against the CUDA LibTorch 2.11 of the pinned torch wheel. `cpu` leaves
-# out .venv/ (the quickstart needs none), `venv` installs only that (the tests of either tree
-# need it).
+# out .venv/ and the test-only packages (clang, SLURM, python3-venv: the quickstart needs none),
+# `venv` installs only those (the tests of either tree need them).
 # Usage: bash launch/setup.sh [cpu|cuda|all|venv]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
 #        BUILD_TYPE, JOBS may be set; BUILD_TARGET builds one target of build/ instead of all
 #        (the quickstart: wan-distill); WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 which=${1:-cpu}
 case $which in cpu | cuda | all | venv) ;; *) echo "setup: unknown build '$which' (cpu, cuda, all or venv)" >&2; exit 2 ;; esac
 
+# What the program needs (every build); `cpu` (the quickstart) installs only these.
 PACKAGES=(
   build-essential cmake git ninja-build ccache
   libtorch-dev                   # LibTorch 1.13 (CPU)
@@ -21,10 +22,16 @@ PACKAGES=(
   libhdf5-dev                    # data sets
   libboost-program-options-dev   # options and config files
   libspdlog-dev nlohmann-json3-dev libgtest-dev
-  clang libclang-rt-dev          # libFuzzer and its sanitizers (launch/fuzz.sh)
-  slurmctld slurmd slurm-client munge  # SLURM tests (tests/slurm: a private cluster here)
-  python3 python3-venv           # .venv/ for the pinned PyPI packages (launch/requirements.txt)
+  python3                        # the configure finds it (the source-length checks)
 )
+# What only the tests and the CUDA tree need: `venv`, `cuda` and `all` (launch/test.sh) add these.
+if [[ $which != cpu ]]; then
+  PACKAGES+=(
+    clang libclang-rt-dev          # libFuzzer and its sanitizers (launch/fuzz.sh, launch/asan.sh)
+    slurmctld slurmd slurm-client munge  # SLURM tests (tests/slurm: a private cluster here)
+    python3-venv                   # .venv/ for the pinned PyPI packages (launch/requirements.txt)
+  )
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

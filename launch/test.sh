@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite (what CI runs): set up and build both trees if needed, every CTest test of
-# the Debian LibTorch 1.13 build (build/), the unit and MPI tests of the CUDA LibTorch 2.11 build
+# the Debian LibTorch 1.13 build (build/), the `libtorch` entries of the CUDA LibTorch 2.11 build
 # (build-cuda/, on the CPU; GPU tests skip without a GPU), then the data tests under
 # AddressSanitizer (launch/asan.sh) and a short fuzz run of the safetensors parser
 # (launch/fuzz.sh). Each stage prints its summary; the script fails if any stage failed.
@@ -32,15 +32,21 @@ stage() {
   summary+=("$name: $verdict, $((SECONDS - start)) s")
 }
 
-# Two tests at a time (CTEST_PARALLEL): most multi-rank tests spend their time waiting (deadlines,
-# mpirun's stop sequence), and every one has its own timeout.
-stage "ctest (LibTorch 1.13 CPU build)" ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure \
-  --timeout 600 --parallel "${CTEST_PARALLEL:-2}" "$@"
-# The SLURM tests check the sbatch templates and the job's launch, not LibTorch, and the toy bench
-# checks an objective, not the build: once is enough.
+# Two busy tests at a time, one per core (tests/ctest-resources.json's two `cpus` slots), and a
+# third slot for the failure cases, which mostly wait out deadlines and mpirun's kill grace and
+# hold no `cpus` slot (tests/CMakeLists.txt, wd_cpu_slot). Every entry has its own timeout.
+ctest_args=(--output-on-failure --timeout 600 --parallel "${CTEST_PARALLEL:-3}"
+  --resource-spec-file "$PWD/tests/ctest-resources.json")
+stage "ctest (LibTorch 1.13 CPU build)" ctest --test-dir "${BUILD_DIR:-build}" "${ctest_args[@]}" "$@"
+# The CUDA tree runs what can differ between the two LibTorch builds (label `libtorch`,
+# tests/CMakeLists.txt): unit, N-rank, NCCL and reference entries and one launch case per path
+# LibTorch's version can change. The rest (the failure matrix, SLURM, the Python tools, the toy
+# bench, most launch cases) checks MPI, signals, scripts and arithmetic that are the same code in
+# both trees: once is enough. CUDA_CTEST_ARGS replaces the selection ('-LE slurm|bench': all the rest, as before).
 if [[ -z ${SKIP_CUDA:-} ]]; then
+  # shellcheck disable=SC2086
   stage "ctest (LibTorch 2.11 CUDA build, on the CPU)" ctest --test-dir "${CUDA_BUILD_DIR:-build-cuda}" \
-    --output-on-failure --timeout 600 --parallel "${CTEST_PARALLEL:-2}" -LE 'slurm|bench' "$@"
+    "${ctest_args[@]}" ${CUDA_CTEST_ARGS:--L libtorch} "$@"
 fi
 if [[ -z ${SKIP_ASAN:-} ]]; then stage "asan data tests" bash launch/asan.sh; fi
 if [[ -z ${SKIP_FUZZ:-} ]]; then stage "fuzz safetensors" bash launch/fuzz.sh "${FUZZ_SECONDS:-60}"; fi
