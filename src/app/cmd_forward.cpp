@@ -18,7 +18,7 @@ struct ForwardConfig {
   std::string model_config;
   std::string inputs;
   std::string output;
-  std::string dtype = "auto";
+  DtypeChoice dtype = DtypeChoice::kAuto;
   std::string latent = "1,3,16,16";
   std::uint64_t seed = 0;
   std::int64_t timestep = 500;
@@ -35,7 +35,7 @@ struct ForwardConfig {
               "inputs safetensors (x, t or t_tokens, context, context_lens, seq_len[, y]); "
               "empty = random inputs of shape --latent")
         .bind("output", output, "write `out` (or out.0, out.1, ...) to this safetensors file")
-        .bind("dtype", dtype, "weight dtype: auto (as stored) | fp32 | bf16 | fp16")
+        .bind("dtype", dtype, "weight dtype (auto: as stored)")
         .bind("latent", latent, "random inputs only: B,F,H,W of the latent (C = in_dim)")
         .bind("seed", seed, "random inputs only: generator seed")
         .bind("timestep", timestep, "random inputs only: timestep t in [0, 1000]");
@@ -45,8 +45,6 @@ struct ForwardConfig {
 
   void validate() const {
     ConfigProblems p;
-    p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
-            "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
     p.check(timestep >= 0 && timestep <= 1000,
             "timestep(" + std::to_string(timestep) + ") must be in [0, 1000]");
     log.validate(p);
@@ -133,8 +131,7 @@ int run_forward(const std::vector<std::string>& args) {
   cfg.runtime.apply();
 
   const auto ck = WanCheckpoint::open(cfg.weights, cfg.model_config);
-  const std::optional<c10::ScalarType> dtype =
-      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+  const auto dtype = dtype_of(cfg.dtype);
   auto model = load_wan_dit(ck, dtype);
   spdlog::info("model: {} ({} layout)", ck.config().summary(), layout_name(ck.layout()));
 

@@ -8,7 +8,9 @@
 namespace wd::app {
 
 int run_make_dataset(const std::vector<std::string>& args) {
-  std::string output, latent = "16,3,16,16", dtype = "fp32", kind = "smooth";
+  std::string output, latent = "16,3,16,16";
+  DtypeChoice dtype = DtypeChoice::kFp32;
+  DatasetKind kind = DatasetKind::kSmooth;
   std::int64_t samples = 64, text_len = 16, text_dim = 64, classes = 6;
   std::uint64_t seed = 0;
   bool contexts_only = false;
@@ -19,10 +21,10 @@ int run_make_dataset(const std::vector<std::string>& args) {
       .bind("latent", latent, "C,F,H,W of each latent")
       .bind("text-len", text_len, "context rows L (lengths vary in 1..L)")
       .bind("text-dim", text_dim, "context feature size")
-      .bind("dtype", dtype, "stored float type: fp32 | fp16")
+      .bind("dtype", dtype, "stored float type: fp32 or fp16")
       .bind("seed", seed, "generator seed")
       .bind("kind", kind,
-            "smooth (random smooth latents, random contexts) | classes (a teacher can learn something: "
+            "smooth (random smooth latents, random contexts) or classes (a teacher can learn something: "
             "sample i is class i mod K, its class's smooth pattern shifted, moving, scaled and noised, with "
             "the class's context; writes /labels and /class_patterns; docs/objectives.md)")
       .bind("classes", classes, "kind classes: the number of classes K")
@@ -42,7 +44,8 @@ int run_make_dataset(const std::vector<std::string>& args) {
   p.check(samples >= 1, "samples(" + std::to_string(samples) + ") must be >= 1");
   p.check(text_len >= 1, "text-len(" + std::to_string(text_len) + ") must be >= 1");
   p.check(text_dim >= 1, "text-dim(" + std::to_string(text_dim) + ") must be >= 1");
-  p.check(dtype == "fp32" || dtype == "fp16", "dtype(" + dtype + ") must be fp32 or fp16");
+  p.check(dtype == DtypeChoice::kFp32 || dtype == DtypeChoice::kFp16,
+          std::string("dtype(") + name_of(dtype) + ") must be fp32 or fp16");
   log.validate(p);
   p.throw_if_any("make-dataset");
   init_logging(Topology::single_process(), log.level);
@@ -54,7 +57,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   spec.text_len = text_len;
   spec.text_dim = text_dim;
   spec.seed = seed;
-  spec.half = dtype == "fp16";
+  spec.half = dtype == DtypeChoice::kFp16;
   spec.kind = kind;
   spec.classes = classes;
   spec.contexts_only = contexts_only;

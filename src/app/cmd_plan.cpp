@@ -89,7 +89,7 @@ struct PlanOptions {
   bool cpu = false, json = false;
   double teacher_gflops = 0, student_gflops = 0;
   int cores = -1;
-  std::string calibrate = "auto";
+  Calibrate calibrate = Calibrate::kAuto;
 
   void bind(OptionTable& own) {
     own.bind("gpu-memory", gpu_memory, "memory of one GPU")
@@ -113,8 +113,8 @@ struct PlanOptions {
         .bind("calibrate", calibrate,
               "with --cpu, or on a machine with a GPU (cuda:0, taken to be like the job's): time one "
               "teacher forward and one student step of this job there (random "
-              "weights) for the speed prediction: yes, no, or auto (yes when the forward of one batch "
-              "is estimated under 60 s)")
+              "weights) for the speed prediction (auto: when the forward of one batch is estimated under "
+              "60 s)")
         .bind("experts", experts, "MoE experts held by each teacher rank (Wan 2.2 A14B has 2); "
                                   "0 = 2 when teacher.checkpoint is a two-expert folder, else 1");
   }
@@ -122,8 +122,6 @@ struct PlanOptions {
     ConfigProblems p;
     p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
     p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
-    p.check(calibrate == "auto" || calibrate == "yes" || calibrate == "no",
-            "calibrate(" + calibrate + ") must be auto, yes or no");
     p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
     p.throw_if_any("plan");
   }
@@ -140,7 +138,8 @@ struct PlannedTeacher {
 
 PlannedTeacher planned_teacher(const job::RunConfig& cfg, const PlanOptions& o) {
   PlannedTeacher t;
-  t.stored_bytes = cfg.teacher.dtype == "auto" ? 2 : elem_bytes(parse_dtype(cfg.teacher.dtype));
+  const auto dtype = dtype_of(cfg.teacher.dtype);
+  t.stored_bytes = dtype ? elem_bytes(*dtype) : 2;
   t.experts = o.experts;
   if (!o.preset.empty()) {
     t.config = WanConfig::preset(o.preset);

@@ -40,13 +40,13 @@ struct SampleConfig {
   std::uint64_t seed = 0;
   std::int64_t steps = 40;
   double shift = 12.0;
-  std::string solver = "unipc";
+  Solver solver = Solver::kUnipc;
   double guidance = 1.0;
   std::string negative;
   double collapse_ratio = 0.1;
   std::string output;
   bool trajectory = false;
-  std::string dtype = "fp32";
+  DtypeChoice dtype = DtypeChoice::kFp32;
   std::string device = "cpu";
   teacher::SamplingPlacement placement;
   LogConfig log;
@@ -64,7 +64,7 @@ struct SampleConfig {
         .bind("seed", seed, "seed of the noise (per sample index) and of random contexts")
         .bind("steps", steps, "sampling steps (official Wan 2.2: 40 t2v/i2v, 50 ti2v)")
         .bind("shift", shift, "σ shift: σ' = shift·σ / (1 + (shift−1)·σ) (official: 12 t2v-A14B, 5 i2v / ti2v)")
-        .bind("solver", solver, "euler | unipc (UniPC bh2, order 2, as the official sampler)")
+        .bind("solver", solver, "Euler steps, or UniPC (bh2, order 2, as the official sampler)")
         .bind("guidance", guidance, "classifier-free guidance scale g: v_neg + g·(v − v_neg); 1 = off")
         .bind("negative", negative,
               "safetensors with `context` [L,text_dim] or [1,L,text_dim]: the negative context; empty = zeros")
@@ -72,7 +72,7 @@ struct SampleConfig {
               "the student is flagged when a channel's std falls below this fraction of the teacher's")
         .bind("output", output, "directory for latents.safetensors, report.json (and trajectory.safetensors)")
         .bind("trajectory", trajectory, "also write every step's latents of both models")
-        .bind("dtype", dtype, "weight dtype of both models: fp32 | bf16 | fp16 | auto (as stored)")
+        .bind("dtype", dtype, "weight dtype of both models (auto: as stored)")
         .bind("device", device, "cpu | cuda | cuda:N");
     placement.bind(t);
     log.bind(t);
@@ -88,12 +88,9 @@ struct SampleConfig {
     };
     p.check(steps >= 1, "steps(" + std::to_string(steps) + ") must be >= 1");
     p.check(shift > 0, "shift(" + show(shift) + ") must be > 0");
-    p.check(solver == "euler" || solver == "unipc", "solver(" + solver + ") must be euler or unipc");
     p.check(collapse_ratio > 0 && collapse_ratio < 1, "collapse-ratio(" + show(collapse_ratio) + ") must be in (0, 1)");
     p.check(count >= 1, "count(" + std::to_string(count) + ") must be >= 1");
     p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
-    p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
-            "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
     placement.validate(p, device);
     log.validate(p);
     runtime.validate(p);
@@ -112,8 +109,7 @@ std::string show_channels(const std::vector<double>& v) {
 
 /// The teacher (one or two experts) and, with --student, the student with its projections.
 std::pair<SamplingModel, std::optional<SamplingModel>> load_models(const SampleConfig& cfg, const c10::Device& device) {
-  const std::optional<c10::ScalarType> dtype =
-      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+  const auto dtype = dtype_of(cfg.dtype);
   auto teacher = teacher::load_sampling_teacher(
       {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   if (cfg.student.empty()) return {std::move(teacher), std::nullopt};
@@ -205,7 +201,7 @@ int run_sample(const std::vector<std::string>& args) {
   torch::Tensor xt = cond.noise, xs = cond.noise;
   TensorMap trajectory{{"teacher.0", xt}};
   if (student) trajectory["student.0"] = xs;
-  nlohmann::json report{{"solver", cfg.solver}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", cfg.guidance},
+  nlohmann::json report{{"solver", name_of(cfg.solver)}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", cfg.guidance},
                         {"sigmas", sigmas}, {"samples", cond.indices}};
   for (std::int64_t i = 0; i < cfg.steps; ++i) {
     const double sigma = sigmas[static_cast<std::size_t>(i)];
@@ -231,7 +227,7 @@ int run_sample(const std::vector<std::string>& args) {
   report_classes(cfg, cond, latents, report);
   if (!cfg.output.empty()) {
     fs::create_directories(cfg.output);
-    const std::map<std::string, std::string> meta{{"producer", "wan-distill sample"}, {"solver", cfg.solver}};
+    const std::map<std::string, std::string> meta{{"producer", "wan-distill sample"}, {"solver", name_of(cfg.solver)}};
     write_safetensors((fs::path(cfg.output) / "latents.safetensors").string(), latents, meta);
     if (cfg.trajectory) write_safetensors((fs::path(cfg.output) / "trajectory.safetensors").string(), trajectory, meta);
     std::ofstream((fs::path(cfg.output) / "report.json").string()) << report.dump(2) << "\n";

@@ -77,11 +77,9 @@ std::vector<RankDevice> gather_devices(MPI_Comm comm, int world_rank, const c10:
   return ends;
 }
 
-BackendChoice choose_backend(const std::string& requested, const std::vector<RankDevice>& ends,
+BackendChoice choose_backend(CommBackend requested, const std::vector<RankDevice>& ends,
                              bool nccl_available, const std::string& what) {
-  WD_CHECK_AS(ConfigError, requested == "auto" || requested == "mpi" || requested == "nccl",
-              "comm.backend(" << requested << ") must be auto, mpi or nccl");
-  if (requested == "mpi") return {Backend::kMpi, "comm.backend mpi"};
+  if (requested == CommBackend::kMpi) return {Backend::kMpi, "comm.backend mpi"};
   // The first reason NCCL cannot carry this group, or "" when it can.
   std::string obstacle;
   for (std::size_t i = 0; i < ends.size() && obstacle.empty(); ++i) {
@@ -100,7 +98,7 @@ BackendChoice choose_backend(const std::string& requested, const std::vector<Ran
   if (obstacle.empty() && !nccl_available) {
     obstacle = "this build has no NCCL transport (LibTorch without CUDA, or -DWD_NCCL=OFF)";
   }
-  if (requested == "nccl") {
+  if (requested == CommBackend::kNccl) {
     WD_CHECK_AS(ConfigError, obstacle.empty(),
                 "comm.backend(nccl) cannot carry " << what << ": " << obstacle
                                                    << "; use comm.backend auto or mpi");

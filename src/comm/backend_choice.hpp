@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/choices.hpp"
+
 namespace wd::comm {
 
 class HealthChannel;
@@ -55,7 +57,7 @@ struct BackendChoice {
 /// gives MPI; nccl gives NCCL or throws ConfigError naming the ranks and devices that rule it
 /// out (a host member, two members on one GPU (same_gpu), no NCCL in the build); auto gives
 /// NCCL where nccl would not throw, MPI otherwise. `what` names the group in messages.
-BackendChoice choose_backend(const std::string& requested, const std::vector<RankDevice>& ends,
+BackendChoice choose_backend(CommBackend requested, const std::vector<RankDevice>& ends,
                              bool nccl_available, const std::string& what);
 
 /// The members of `ends` other than `world_rank` whose tensors sit on `world_rank`'s GPU

@@ -46,8 +46,6 @@ void CommConfig::validate(ConfigProblems& problems) const {
   problems.check(prefetch_depth >= 1,
                  "comm.prefetch_depth(" + std::to_string(prefetch_depth) + ") must be >= 1");
   problems.check(timeout_s > 0, "comm.timeout_s(" + config_number(timeout_s) + ") must be > 0");
-  problems.check(backend == "auto" || backend == "mpi" || backend == "nccl",
-                 "comm.backend(" + backend + ") must be auto, mpi or nccl");
   // MPI counts are ints: a bucket holds at most 2^31-1 floats (8 GiB).
   problems.check(bucket_mb > 0 && bucket_mb <= 8192,
                  "comm.bucket_mb(" + config_number(bucket_mb) + ") must be > 0 and <= 8192");

@@ -16,7 +16,7 @@ struct CommConfig {
   CommMode mode = CommMode::kScatter;  ///< scatter: each student its slice | broadcast: all the same
   double bucket_mb = 25.0;         ///< gradient all-reduce bucket size
   double watchdog_s = 0;           ///< 0: 2 x timeout_s + 90
-  std::string backend = "auto";    ///< auto | mpi | nccl (backend_choice.hpp)
+  CommBackend backend = CommBackend::kAuto;  ///< backend_choice.hpp
   /// Binds every field to its `comm.*` option.
   void bind(OptionTable& table);
   /// Seconds without progress after which the watchdog ends the rank.

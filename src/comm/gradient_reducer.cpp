@@ -10,6 +10,7 @@
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/nccl_gradient_reducer.hpp"
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace wd::comm {
@@ -124,7 +125,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
                                                        std::uint64_t bucket_bytes,
                                                        double timeout_s, int world_rank,
                                                        const c10::Device& device,
-                                                       const std::string& backend,
+                                                       CommBackend backend,
                                                        HealthChannel* health) {
   WD_CHECK(students != MPI_COMM_NULL,
            "gradient reduction runs in the student group; rank " << world_rank << " is not in it");
@@ -133,7 +134,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
   if (size == 1) {
     spdlog::info("gradient all-reduce: none (a group of one student: its gradients are the average; "
                  "comm.backend {} has nothing to carry)",
-                 backend);
+                 name_of(backend));
     return std::make_unique<LocalGradientReducer>(std::move(params), health);
   }
   const auto ends = gather_devices(students, world_rank, device, timeout_s, "gradient all-reduce", health);

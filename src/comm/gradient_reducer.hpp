@@ -108,7 +108,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(MPI_Comm students,
                                                        std::uint64_t bucket_bytes,
                                                        double timeout_s, int world_rank,
                                                        const c10::Device& device,
-                                                       const std::string& backend,
+                                                       CommBackend backend,
                                                        HealthChannel* health);
 
 }  // namespace wd::comm

@@ -55,4 +55,51 @@ const std::vector<std::pair<DmdStart, const char*>>& choices(DmdStart) {
   return names;
 }
 
+const std::vector<std::pair<Solver, const char*>>& choices(Solver) {
+  static const std::vector<std::pair<Solver, const char*>> names{{Solver::kEuler, "euler"}, {Solver::kUnipc, "unipc"}};
+  return names;
+}
+
+const std::vector<std::pair<DtypeChoice, const char*>>& choices(DtypeChoice) {
+  static const std::vector<std::pair<DtypeChoice, const char*>> names{
+      {DtypeChoice::kBf16, "bf16"}, {DtypeChoice::kFp16, "fp16"}, {DtypeChoice::kFp32, "fp32"}, {DtypeChoice::kAuto, "auto"}};
+  return names;
+}
+
+const std::vector<std::pair<TeacherCompute, const char*>>& choices(TeacherCompute) {
+  static const std::vector<std::pair<TeacherCompute, const char*>> names{
+      {TeacherCompute::kAuto, "auto"}, {TeacherCompute::kWeights, "weights"}, {TeacherCompute::kFp32, "fp32"}};
+  return names;
+}
+
+const std::vector<std::pair<CommBackend, const char*>>& choices(CommBackend) {
+  static const std::vector<std::pair<CommBackend, const char*>> names{
+      {CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}};
+  return names;
+}
+
+const std::vector<std::pair<DeviceChoice, const char*>>& choices(DeviceChoice) {
+  static const std::vector<std::pair<DeviceChoice, const char*>> names{
+      {DeviceChoice::kAuto, "auto"}, {DeviceChoice::kCpu, "cpu"}, {DeviceChoice::kCuda, "cuda"}};
+  return names;
+}
+
+const std::vector<std::pair<NoiseSampler, const char*>>& choices(NoiseSampler) {
+  static const std::vector<std::pair<NoiseSampler, const char*>> names{{NoiseSampler::kUniform, "uniform"},
+                                                                        {NoiseSampler::kLogitNormal, "logit-normal"}};
+  return names;
+}
+
+const std::vector<std::pair<Calibrate, const char*>>& choices(Calibrate) {
+  static const std::vector<std::pair<Calibrate, const char*>> names{
+      {Calibrate::kAuto, "auto"}, {Calibrate::kYes, "yes"}, {Calibrate::kNo, "no"}};
+  return names;
+}
+
+const std::vector<std::pair<DatasetKind, const char*>>& choices(DatasetKind) {
+  static const std::vector<std::pair<DatasetKind, const char*>> names{{DatasetKind::kSmooth, "smooth"},
+                                                                       {DatasetKind::kClasses, "classes"}};
+  return names;
+}
+
 }  // namespace wd

@@ -41,4 +41,39 @@ const std::vector<std::pair<CriticInit, const char*>>& choices(CriticInit);
 enum class DmdStart { kSimulate, kData };
 const std::vector<std::pair<DmdStart, const char*>>& choices(DmdStart);
 
+/// The samplers' solver (teacher.solver, sample's and evaluate's solvers, the loop's probe): Euler
+/// steps | UniPC (bh2, order 2, as the official sampler).
+enum class Solver { kUnipc, kEuler };
+const std::vector<std::pair<Solver, const char*>>& choices(Solver);
+
+/// A model's dtype as asked (teacher.dtype; sample's, evaluate's and forward's dtype): bf16 | fp16 |
+/// fp32 | auto (each tensor as stored).
+enum class DtypeChoice { kBf16, kFp16, kFp32, kAuto };
+const std::vector<std::pair<DtypeChoice, const char*>>& choices(DtypeChoice);
+
+/// teacher.compute: the teacher's matmul dtype: auto (measured) | weights (teacher.dtype) | fp32.
+enum class TeacherCompute { kAuto, kWeights, kFp32 };
+const std::vector<std::pair<TeacherCompute, const char*>>& choices(TeacherCompute);
+
+/// comm.backend: how GPU tensors travel between ranks: auto | mpi | nccl (comm/backend_choice.hpp).
+enum class CommBackend { kAuto, kMpi, kNccl };
+const std::vector<std::pair<CommBackend, const char*>>& choices(CommBackend);
+
+/// student.device: auto (a GPU where there is one) | cpu | cuda.
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+const std::vector<std::pair<DeviceChoice, const char*>>& choices(DeviceChoice);
+
+/// noise.sampler: how the training σ is drawn: logit-normal | uniform.
+enum class NoiseSampler { kLogitNormal, kUniform };
+const std::vector<std::pair<NoiseSampler, const char*>>& choices(NoiseSampler);
+
+/// plan --calibrate: time this job's forward and step here: auto (when a batch's forward is
+/// estimated under a minute) | yes | no.
+enum class Calibrate { kAuto, kYes, kNo };
+const std::vector<std::pair<Calibrate, const char*>>& choices(Calibrate);
+
+/// make-dataset --kind: smooth (random smooth latents) | classes (the objectives' bench data).
+enum class DatasetKind { kSmooth, kClasses };
+const std::vector<std::pair<DatasetKind, const char*>>& choices(DatasetKind);
+
 }  // namespace wd

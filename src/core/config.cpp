@@ -13,23 +13,6 @@
 
 namespace wd {
 
-OptionTable& OptionTable::choice(const std::string& key, std::string& field,
-                                 std::function<std::vector<std::string>()> names, const std::string& help) {
-  std::string listed;
-  for (const auto& n : names()) listed += (listed.empty() ? "" : " | ") + n;
-  const auto check = [key, names](const std::string& value) {
-    const auto allowed = names();
-    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
-    std::string list;
-    for (const auto& n : allowed) list += (list.empty() ? "" : ", ") + n;
-    throw ConfigError(key + "(" + value + ") must be one of " + list);
-  };
-  desc_.add_options()(key.c_str(), po::value<std::string>(&field)->default_value(field, show(field))->notifier(check),
-                      (help + " (one of: " + listed + ")").c_str());
-  values_.push_back({key, [&field] { return field; }});
-  return *this;
-}
-
 std::string config_value(double value) {
   std::ostringstream os;
   os << value;

@@ -108,12 +108,6 @@ class OptionTable {
     return *this;
   }
 
-  /// Binds a closed choice: `names` gives the allowed values (when the help is made and when the
-  /// options are parsed); --help lists them after `help`, and any other value is a ConfigError at
-  /// parse time naming the key and every allowed value.
-  OptionTable& choice(const std::string& key, std::string& field, std::function<std::vector<std::string>()> names,
-                      const std::string& help);
-
   /// Binds an option that must be given (no default).
   OptionTable& require(const std::string& key, std::string& field, const std::string& help) {
     desc_.add_options()(key.c_str(), po::value<std::string>(&field)->required(),

@@ -22,16 +22,14 @@ std::vector<double> sampling_sigmas(std::int64_t steps, double shift) {
   return sigmas;
 }
 
-FlowSampler::FlowSampler(std::string solver, std::vector<double> sigmas)
-    : solver_(std::move(solver)), sigmas_(std::move(sigmas)) {
-  WD_CHECK(solver_ == "euler" || solver_ == "unipc", "sampler: solver(" << solver_ << ") must be euler or unipc");
+FlowSampler::FlowSampler(Solver solver, std::vector<double> sigmas) : solver_(solver), sigmas_(std::move(sigmas)) {
   WD_CHECK(sigmas_.size() >= 2 && sigmas_.back() == 0.0, "sampler: the schedule must have >= 2 σ ending at 0");
 }
 
 torch::Tensor FlowSampler::step(std::int64_t i, const torch::Tensor& x, const torch::Tensor& velocity) {
   WD_CHECK(i == next_ && i < steps(), "sampler: step " << i << " out of order (expected " << next_ << " of " << steps() << ")");
   ++next_;
-  if (solver_ == "unipc") {
+  if (solver_ == Solver::kUnipc) {
     // At least fp32 as diffusers (which upcasts the sample); fp64 stays fp64.
     const auto type = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
     return unipc_step(i, x.to(type), velocity.to(type));
@@ -108,7 +106,7 @@ torch::Tensor FlowSampler::unipc_step(std::int64_t i, torch::Tensor x, const tor
   return out;
 }
 
-torch::Tensor sample_flow(const std::string& solver, const std::vector<double>& sigmas,
+torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas,
                           const torch::Tensor& noise, const VelocityFn& velocity) {
   FlowSampler sampler(solver, sigmas);
   torch::Tensor x = noise;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/choices.hpp"
+
 namespace wd::data {
 
 /// σ' = s·σ / (1 + (s−1)·σ).
@@ -23,8 +25,7 @@ std::vector<double> sampling_sigmas(std::int64_t steps, double shift);
 /// with v the model's velocity (ε − x0) at (x, σ_i); it returns x at σ_{i+1}.
 class FlowSampler {
  public:
-  /// `solver`: euler | unipc.
-  FlowSampler(std::string solver, std::vector<double> sigmas);
+  FlowSampler(Solver solver, std::vector<double> sigmas);
   std::int64_t steps() const { return static_cast<std::int64_t>(sigmas_.size()) - 1; }
   double sigma(std::int64_t i) const { return sigmas_.at(static_cast<std::size_t>(i)); }
   torch::Tensor step(std::int64_t i, const torch::Tensor& x, const torch::Tensor& velocity);
@@ -33,7 +34,7 @@ class FlowSampler {
   torch::Tensor unipc_step(std::int64_t i, torch::Tensor x, const torch::Tensor& velocity);
   double lambda(std::int64_t i) const;
 
-  std::string solver_;
+  Solver solver_;
   std::vector<double> sigmas_;
   std::int64_t next_ = 0;
   // UniPC: the x0 predictions of the last two steps (newest last), the sample the last
@@ -47,7 +48,7 @@ class FlowSampler {
 using VelocityFn = std::function<torch::Tensor(const torch::Tensor& x, double sigma)>;
 
 /// Runs a whole trajectory from `noise` (at σ_0) and returns x at σ_N = 0.
-torch::Tensor sample_flow(const std::string& solver, const std::vector<double>& sigmas,
+torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas,
                           const torch::Tensor& noise, const VelocityFn& velocity);
 
 /// Classifier-free guidance: v_uncond + g·(v_cond − v_uncond).

@@ -4,13 +4,14 @@
 
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 
 namespace wd::data {
 
 /// `[noise]` section of the config.
 struct NoiseConfig {
-  std::string sampler = "logit-normal";  ///< uniform | logit-normal
+  NoiseSampler sampler = NoiseSampler::kLogitNormal;
   double logit_mean = 0.0;               ///< logit-normal: mean of the normal
   double logit_std = 1.0;                ///< logit-normal: std of the normal
   double shift = 1.0;                    ///< σ' = s·σ / (1 + (s−1)·σ); 1 = no shift

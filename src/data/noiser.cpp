@@ -48,8 +48,6 @@ void NoiseConfig::bind(OptionTable& table) {
 }
 
 void NoiseConfig::validate(ConfigProblems& problems) const {
-  problems.check(sampler == "uniform" || sampler == "logit-normal",
-                 "noise.sampler(" + sampler + ") must be uniform or logit-normal");
   problems.check(std::isfinite(logit_mean),
                  "noise.logit_mean(" + show(logit_mean) + ") must be finite");
   problems.check(logit_std > 0 && std::isfinite(logit_std),
@@ -98,7 +96,7 @@ FlowMatchingNoiser::FlowMatchingNoiser(NoiseConfig config, std::uint64_t seed, T
 
 double FlowMatchingNoiser::draw(SplitMix64& rng) const {
   double s = 0;
-  if (config_.sampler == "uniform") {
+  if (config_.sampler == NoiseSampler::kUniform) {
     s = rng.uniform();
   } else {
     const double z = config_.logit_mean + config_.logit_std * rng.normal();

@@ -115,8 +115,7 @@ torch::Tensor class_latent(const torch::Tensor& pattern, std::int64_t i, std::ui
 
 void check_spec(const SyntheticDatasetSpec& spec) {
   ConfigProblems problems;
-  problems.check(spec.kind == "smooth" || spec.kind == "classes", "kind(" + spec.kind + ") must be smooth or classes");
-  problems.check(spec.kind != "classes" || spec.classes >= 2,
+  problems.check(spec.kind != DatasetKind::kClasses || spec.classes >= 2,
                  "classes(" + std::to_string(spec.classes) + ") must be >= 2");
   problems.check(!spec.output.empty(), "output must be given");
   problems.check(spec.samples >= 1, "samples(" + std::to_string(spec.samples) + ") must be >= 1");
@@ -221,7 +220,7 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
     std::vector<std::int32_t> lens(n);
     std::vector<std::string> prompts(n);
     // classes: each class's pattern and context, from generators of their own.
-    const bool classes = spec.kind == "classes";
+    const bool classes = spec.kind == DatasetKind::kClasses;
     std::vector<torch::Tensor> patterns, class_contexts;
     std::vector<std::int32_t> labels(classes ? n : 0);
     for (std::int64_t k = 0; classes && k < spec.classes; ++k) {

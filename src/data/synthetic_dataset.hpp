@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/choices.hpp"
+
 namespace wd::data {
 
 /// Parameters of `wan-distill make-dataset`.
@@ -20,7 +22,7 @@ struct SyntheticDatasetSpec {
   /// own smooth pattern and context; sample i is class i mod K, its pattern shifted (circularly,
   /// up to a quarter of H and W), moving by up to one row and column a frame, scaled by 0.8-1.2,
   /// plus noise of std 0.05; /labels and /class_patterns are written too (data/classes.hpp).
-  std::string kind = "smooth";
+  DatasetKind kind = DatasetKind::kSmooth;
   std::int64_t classes = 6;
   /// No /latents: the contexts (and classes) alone, the latent shape declared in the root
   /// attribute latent_shape (the input of train.objective trajectory; docs/data-format.md).

@@ -34,12 +34,12 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("count", count, "samples per row when --samples is empty (192 or more: the paired error is heavy-tailed)")
       .bind("seed", seed, "seed of the rows' noise (per sample index); the reference's second set uses seed + 1")
       .bind("teacher.steps", teacher_steps, "the reference's sampling steps")
-      .bind("teacher.solver", teacher_solver, "the reference's sampler: unipc | euler")
+      .bind("teacher.solver", teacher_solver, "the reference's sampler")
       .bind("teacher.guidance", teacher_guidance, "the reference's guidance scale g (teacher_at_k's too)")
       .bind("teacher.shift", shift, "σ shift of every row's schedule")
       .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
       .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
-      .bind("student.solver", student_solver, "the student's sampler: euler (a few-step student) | unipc")
+      .bind("student.solver", student_solver, "the student's sampler (euler: a few-step student)")
       .bind("reuse", reuse,
             "an earlier evaluate's --output: its teacher rows (reference, its other-noise set, teacher_unguided, and "
             "teacher_at_k at the same student.steps) are read instead of sampled again; its teacher settings must "
@@ -49,7 +49,7 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("collapse-ratio", collapse_ratio,
             "a row is flagged collapsed when a channel's std falls below this fraction of the reference's")
       .bind("output", output, "directory for report.json and latents.safetensors")
-      .bind("dtype", dtype, "weight dtype of the models: fp32 | bf16 | fp16 | auto (as stored)")
+      .bind("dtype", dtype, "weight dtype of the models (auto: as stored)")
       .bind("device", device, "cpu | cuda | cuda:N");
   placement.bind(t);
   log.bind(t);
@@ -66,18 +66,12 @@ void EvaluateConfig::validate() const {
   p.check(count >= 2, "count(" + std::to_string(count) + ") must be >= 2 (a Fréchet distance needs two samples)");
   p.check(teacher_steps >= 1, "teacher.steps(" + std::to_string(teacher_steps) + ") must be >= 1");
   p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
-  p.check(teacher_solver == "unipc" || teacher_solver == "euler",
-          "teacher.solver(" + teacher_solver + ") must be unipc or euler");
-  p.check(student_solver == "unipc" || student_solver == "euler",
-          "student.solver(" + student_solver + ") must be unipc or euler");
   p.check(teacher_guidance > 0, "teacher.guidance(" + show(teacher_guidance) + ") must be > 0");
   p.check(student_guidance > 0, "student.guidance(" + show(student_guidance) + ") must be > 0");
   p.check(shift > 0, "teacher.shift(" + show(shift) + ") must be > 0");
   p.check(batch >= 1, "batch(" + std::to_string(batch) + ") must be >= 1");
   p.check(collapse_ratio > 0 && collapse_ratio < 1, "collapse-ratio(" + show(collapse_ratio) + ") must be in (0, 1)");
   p.check(boundary >= 0 && boundary < 1, "teacher.boundary(" + show(boundary) + ") must be in [0, 1)");
-  p.check(dtype == "auto" || dtype == "fp32" || dtype == "bf16" || dtype == "fp16",
-          "dtype(" + dtype + ") must be auto, fp32, bf16 or fp16");
   placement.validate(p, device);
   log.validate(p);
   runtime.validate(p);
@@ -91,7 +85,7 @@ struct RowSpec {
   std::string name;
   SamplingModel* model;
   std::int64_t steps;
-  std::string solver;
+  Solver solver;
   double guidance;
   const SamplingConditions* cond;
 };
@@ -110,7 +104,7 @@ torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
     const auto done = std::min(n, lo + batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{}: {}/{} samples ({} {} steps, g {}), {:.0f} s, ETA {:.0f} s", row.name, done, n, row.steps,
-                 row.solver, row.guidance, s, s / static_cast<double>(done) * static_cast<double>(n - done));
+                 name_of(row.solver), row.guidance, s, s / static_cast<double>(done) * static_cast<double>(n - done));
   }
   return torch::cat(out);
 }
@@ -207,8 +201,7 @@ void take_teacher_rows(const std::string& dir, const nlohmann::json& settings, T
 
 nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   const c10::Device device(cfg.device);
-  const std::optional<c10::ScalarType> dtype =
-      cfg.dtype == "auto" ? std::nullopt : std::optional<c10::ScalarType>(parse_dtype(cfg.dtype));
+  const auto dtype = dtype_of(cfg.dtype);
   auto teacher = teacher::load_sampling_teacher(
       {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
   std::optional<SamplingModel> student;
@@ -230,12 +223,12 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   std::vector<RowSpec> rows{{"reference", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &cond},
                             {"reference_other_noise", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &other},
                             {"teacher_unguided", &teacher, cfg.teacher_steps, cfg.teacher_solver, 1.0, &cond},
-                            {"teacher_at_k", &teacher, k, "euler", g, &cond}};
+                            {"teacher_at_k", &teacher, k, Solver::kEuler, g, &cond}};
   if (student) rows.push_back({"student", &*student, k, cfg.student_solver, cfg.student_guidance, &cond});
 
   TensorMap latents{{"noise", cond.noise.cpu()}};
   nlohmann::json settings{{"samples", cond.indices}, {"seed", cfg.seed}, {"shift", cfg.shift},
-                          {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", cfg.teacher_solver},
+                          {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", name_of(cfg.teacher_solver)},
                           {"teacher_guidance", g}, {"student_steps", k}, {"teacher", cfg.teacher},
                           {"negative", cfg.negative}};
   if (!cfg.reuse.empty()) take_teacher_rows(cfg.reuse, settings, latents);
@@ -249,7 +242,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   nlohmann::json report = settings;
   report["count"] = cond.indices.size();
   report["student_guidance"] = cfg.student_guidance;
-  report["student_solver"] = cfg.student_solver;
+  report["student_solver"] = name_of(cfg.student_solver);
   const auto ref_features = features(ref);
   report["frechet_floor"] = frechet_distance(ref_features, other_features);
   report["frechet_floor_spread"] = frechet_spread(ref_features, other_features);
@@ -265,7 +258,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
     const auto paired = paired_error(x, ref);
     const auto flat = collapsed_channels(x, ref, cfg.collapse_ratio);
     const auto x_features = features(x);
-    nlohmann::json r{{"steps", row.steps}, {"solver", row.solver}, {"guidance", row.guidance},
+    nlohmann::json r{{"steps", row.steps}, {"solver", name_of(row.solver)}, {"guidance", row.guidance},
                      {"paired_rel_mse", paired.rel_mse}, {"paired_rel_mse_median", paired.median},
                      {"frechet", frechet_distance(x_features, other_features)},
                      {"frechet_spread", frechet_spread(x_features, other_features)},

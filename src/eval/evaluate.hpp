@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 #include "teacher/sampling_teacher.hpp"
 
@@ -21,18 +22,18 @@ struct EvaluateConfig {
   std::int64_t count = 192;
   std::uint64_t seed = 7;  ///< the rows' noise; the reference's second set draws from seed + 1
   std::int64_t teacher_steps = 40;
-  std::string teacher_solver = "unipc";
+  Solver teacher_solver = Solver::kUnipc;
   double teacher_guidance = 5.0;
   double shift = 5.0;
   std::int64_t student_steps = 4;
   double student_guidance = 1.0;
-  std::string student_solver = "euler";
+  Solver student_solver = Solver::kEuler;
   std::string reuse;  ///< an earlier evaluate's OUTPUT whose teacher rows are taken (same settings)
   std::string negative;
   std::int64_t batch = 32;
   double collapse_ratio = 0.5;
   std::string output;
-  std::string dtype = "fp32";
+  DtypeChoice dtype = DtypeChoice::kFp32;
   std::string device = "cpu";
   teacher::SamplingPlacement placement;
   LogConfig log;

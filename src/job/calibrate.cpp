@@ -170,7 +170,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
                                               c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
                                               int world, std::optional<c10::Device> device, int cores,
                                               double teacher_gflops, double student_gflops,
-                                              const std::string& calibrate) {
+                                              Calibrate calibrate) {
   plan::SpeedInput s;
   s.teacher = in.teacher;
   s.student = in.student;
@@ -208,7 +208,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   const double batch_forward_s =
       plan::dit_forward_flops(in.teacher, in.tokens, in.context_len) * static_cast<double>(in.batch) /
       (s.teacher_gflops * 1e9);
-  if (calibrate == "yes" || (calibrate == "auto" && batch_forward_s < 60)) {
+  if (calibrate == Calibrate::kYes || (calibrate == Calibrate::kAuto && batch_forward_s < 60)) {
     spdlog::info("timing the teacher forward and the student step of this job on {} ({} thread(s))", device->str(),
                  threads);
     // The largest replica batch of the layouts: one teacher rank feeding every other rank's

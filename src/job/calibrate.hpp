@@ -64,6 +64,6 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
                                               c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
                                               int world, std::optional<c10::Device> device, int cores,
                                               double teacher_gflops, double student_gflops,
-                                              const std::string& calibrate);
+                                              Calibrate calibrate);
 
 }  // namespace wd::job

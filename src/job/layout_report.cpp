@@ -59,7 +59,7 @@ std::string rank_rows(const comm::Layout& layout, const std::vector<RankPlace>& 
 }
 
 /// Each replica's batches, then the activations down each replica's stages.
-std::string link_lines(const comm::Layout& layout, const std::vector<RankPlace>& places, const std::string& backend) {
+std::string link_lines(const comm::Layout& layout, const std::vector<RankPlace>& places, CommBackend backend) {
   if (layout.colocated()) return "";
   const auto at = [&](int r) { return places[static_cast<std::size_t>(r)].device; };
   std::string out;
@@ -93,7 +93,7 @@ std::string link_lines(const comm::Layout& layout, const std::vector<RankPlace>&
 }  // namespace
 
 std::string describe_layout(const comm::Layout& layout, const std::vector<RankPlace>& places,
-                            const std::string& backend) {
+                            CommBackend backend) {
   auto out = headline(layout, places) + rank_rows(layout, places) + link_lines(layout, places, backend);
   std::vector<comm::RankDevice> students;
   for (int r : layout.student_world_ranks()) students.push_back(places[static_cast<std::size_t>(r)].device);

@@ -22,6 +22,6 @@ struct RankPlace {
 /// gradient all-reduce, and why (comm::choose_backend with comm.backend `backend`). `places`
 /// has one entry per world rank; a node is named by its ranks' host.
 std::string describe_layout(const comm::Layout& layout, const std::vector<RankPlace>& places,
-                            const std::string& backend);
+                            CommBackend backend);
 
 }  // namespace wd::job

@@ -83,8 +83,7 @@ std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t
 }
 
 std::optional<c10::ScalarType> teacher_dtype(const RunConfig& cfg) {
-  if (cfg.teacher.dtype == "auto") return std::nullopt;
-  return parse_dtype(cfg.teacher.dtype);
+  return dtype_of(cfg.teacher.dtype);
 }
 
 c10::ScalarType timed_weight_dtype(const RunConfig& cfg, std::int64_t stored_elem_bytes) {

@@ -169,7 +169,7 @@ LayoutChoice choose_layout(const RunConfig& cfg, int world) {
   const auto ctx = plan_context(cfg, experts, world, device);
   const auto in = make_plan_input(cfg, ctx);
   const auto weights = timed_weight_dtype(cfg, ctx.stored_elem_bytes);
-  const auto speed = speed_input(cfg, in, ctx.teacher, weights, ctx.latent, world, device, -1, 0, 0, "yes");
+  const auto speed = speed_input(cfg, in, ctx.teacher, weights, ctx.latent, world, device, -1, 0, 0, Calibrate::kYes);
   const auto layouts = plan::predict_layouts(*speed);
   spdlog::info("teacher.layout auto:\n{}", plan::format_speeds(*speed, layouts));
   const auto* pick = fastest_suitable(cfg, layouts, colocated_misfit(in, ctx));
@@ -242,7 +242,7 @@ comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int wo
 int planned_gpu(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank, int gpus) {
   const auto on_gpu = gpu_of_local_rank(local_rank, gpus);
   if (role == Role::kStudent || cfg.students_only()) {
-    return cfg.student.device == "cpu" ? -1 : on_gpu;
+    return cfg.student.device == DeviceChoice::kCpu ? -1 : on_gpu;
   }
   if (placement == plan::Placement::kCpu) return -1;
   if (!cfg.teacher.device.empty()) {

@@ -49,7 +49,7 @@ c10::Device take_student_device(const TrainJob& job, RoleServices& services) {
   warn_if_gpu_shared(job, device, services.health);
   if (job.world_rank() == job.layout.student_world_ranks().front()) {
     spdlog::info("students train on {} (student.device {})", device.is_cuda() ? "their GPUs" : "the host",
-                 cfg.student.device);
+                 name_of(cfg.student.device));
   }
   return device;
 }

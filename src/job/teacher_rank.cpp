@@ -61,7 +61,7 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     const auto spec = job.trajectory_spec();
     spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the "
                  "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
-                 job.cfg.train.objective, spec.teacher_steps, spec.solver, spec.shift, spec.student_steps, job.cfg.teacher_forwards());
+                 job.cfg.train.objective, spec.teacher_steps, name_of(spec.solver), spec.shift, spec.student_steps, job.cfg.teacher_forwards());
     if (!spec.intervals.empty()) {
       std::string list;
       for (const auto i : spec.intervals) list += (list.empty() ? "" : ", ") + std::to_string(i);

@@ -128,7 +128,8 @@ memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int r
 FailureSetup failure_setup_for(const TrainJob& job) {
   const auto& cfg = job.cfg;
   FailureSetup setup;
-  setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing.str(), cfg.student.precision,
+  setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing.str(),
+                    cfg.student.checkpointing.mode == student::CheckpointPolicy::Mode::kAll, cfg.student.precision,
                     cfg.train.batch_size, cfg.train.grad_accum, cfg.train.lr, cfg.train.grad_clip,
                     cfg.comm.timeout_s,
                     cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()

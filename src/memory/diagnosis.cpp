@@ -88,7 +88,7 @@ struct OomFacts {
 using OomRule = void (*)(const OomFacts& f, std::vector<Remedy>& out);
 
 void student_checkpointing(const OomFacts& f, std::vector<Remedy>& out) {
-  if (f.ctx.checkpointing == "all" || !f.activations_matter) return;
+  if (f.ctx.checkpoints_every_block || !f.activations_matter) return;
   out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
                              "recomputes each block in the backward (measured: 80% less activation "
                              "memory for 29% more step time, bench/results/checkpointing.md)",
@@ -145,7 +145,7 @@ void student_shard_parameters(const OomFacts& f, std::vector<Remedy>& out) {
                        "loss curve, docs/training.md), freeing about {}",
                        f.who, bytes(weights), n, bytes(weights - weights / n)),
            {{"student.shard", "parameters"}}};
-  if (f.ctx.checkpointing != "all") r.changes.emplace_back("student.checkpointing", "all");
+  if (!f.ctx.checkpoints_every_block) r.changes.emplace_back("student.checkpointing", "all");
   out.push_back(std::move(r));
 }
 
@@ -171,7 +171,7 @@ void student_bf16(const OomFacts& f, std::vector<Remedy>& out) {
 std::uint64_t teacher_weights(const OomFacts& f) { return f.known ? f.failed->memory.teacher_weights_bytes : 0; }
 
 void teacher_bf16(const OomFacts& f, std::vector<Remedy>& out) {
-  if (f.ctx.teacher_dtype != "fp32") return;
+  if (f.ctx.teacher_dtype != DtypeChoice::kFp32) return;
   out.push_back({fmt::format("{} holds {} of fp32 teacher weights: --teacher.dtype bf16 frees {}", f.who,
                              bytes(teacher_weights(f)), bytes(teacher_weights(f) / 2)),
                  {{"teacher.dtype", "bf16"}}});
@@ -258,7 +258,7 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
 void numerical_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {
   const auto& ctx = in.context;
   if (in.failed_role == Role::kTeacher) {
-    if (ctx.teacher_dtype == "fp16") {
+    if (ctx.teacher_dtype == DtypeChoice::kFp16) {
       out.push_back({"fp16 overflows in the Wan DiT's activations: --teacher.dtype bf16 has fp32's range",
                      {{"teacher.dtype", "bf16"}}});
     }

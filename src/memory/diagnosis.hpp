@@ -28,8 +28,9 @@ struct RankFailureState {
 
 /// The settings remedies are computed from, and the command line they adjust.
 struct RemedyContext {
-  std::string teacher_dtype = "bf16";
-  std::string checkpointing = "off";
+  DtypeChoice teacher_dtype = DtypeChoice::kBf16;
+  std::string checkpointing = "off";         ///< student.checkpointing as written (for the messages)
+  bool checkpoints_every_block = false;      ///< student.checkpointing all
   Precision precision = Precision::kFp32;
   std::int64_t batch_size = 1;
   std::int64_t grad_accum = 1;

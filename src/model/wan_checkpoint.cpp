@@ -40,6 +40,20 @@ c10::ScalarType parse_dtype(const std::string& name) {
   throw ConfigError("dtype(" + name + ") must be fp32, bf16 or fp16");
 }
 
+std::optional<c10::ScalarType> dtype_of(DtypeChoice choice) {
+  switch (choice) {
+    case DtypeChoice::kBf16:
+      return torch::kBFloat16;
+    case DtypeChoice::kFp16:
+      return torch::kHalf;
+    case DtypeChoice::kFp32:
+      return torch::kFloat;
+    case DtypeChoice::kAuto:
+      break;
+  }
+  return std::nullopt;
+}
+
 const char* dtype_name(c10::ScalarType dtype) {
   switch (dtype) {
     case torch::kFloat:

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/choices.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_config.hpp"
 #include "model/wan_dit.hpp"
@@ -121,5 +122,7 @@ ShardedWriteResult write_random_wan_checkpoint(const std::string& dir, const Wan
 /// Parses "fp32|bf16|fp16" (also "float32", "bfloat16", "float16").
 c10::ScalarType parse_dtype(const std::string& name);
 const char* dtype_name(c10::ScalarType dtype);
+/// A dtype option's value as a dtype; nullopt for auto (each tensor as stored).
+std::optional<c10::ScalarType> dtype_of(DtypeChoice choice);
 
 }  // namespace wd

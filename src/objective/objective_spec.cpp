@@ -50,7 +50,7 @@ student::TrainConfig ObjectiveSpec::loop_train(const Keys& k) const {
   if (traits_.few_step) {
     t.sample_steps = k.student.steps;
     t.sample_shift = k.teacher.shift;
-    t.sample_solver = "euler";
+    t.sample_solver = Solver::kEuler;
   }
   t.interval_metrics = trajectory_stream(k);
   return t;
@@ -83,9 +83,15 @@ void add(std::unique_ptr<ObjectiveSpec> spec) {
 }
 
 void bind(OptionTable& t, std::string& field) {
-  std::string help;
-  for (const auto& s : table()) help += (help.empty() ? "" : " | ") + s->name() + " (" + s->summary() + ")";
-  t.choice("train.objective", field, names, help + "; docs/objectives.md");
+  std::string help, listed;
+  for (const auto& s : table()) {
+    help += (help.empty() ? "" : " | ") + s->name() + " (" + s->summary() + ")";
+    listed += (listed.empty() ? "" : " | ") + s->name();
+  }
+  // find's ConfigError (the name and every name of the table) stops the parse.
+  t.bind_parsed<std::string>(
+      "train.objective", field, [](const std::string& text) { return find(text).name(); },
+      [](const std::string& name) { return name; }, help + "; docs/objectives.md (one of: " + listed + ")");
 }
 
 void check(const Keys& k, ConfigProblems& p) {

@@ -25,7 +25,7 @@ void report_probe(const SampleProbe& p, std::int64_t step, const TrainConfig& tr
                   step, train.collapse_ratio, fmt::join(p.flat_channels, ","), fmt::join(p.static_channels, ","));
   } else {
     spdlog::info("sample probe at step {} ({} {} steps, shift {}): smallest std ratio to the teacher {:.3f} (final), "
-                 "{:.3f} (added to the noise)", step, train.sample_steps, train.sample_solver == "euler" ? "Euler" : "UniPC",
+                 "{:.3f} (added to the noise)", step, train.sample_steps, train.sample_solver == Solver::kEuler ? "Euler" : "UniPC",
                  train.sample_shift, p.final_ratio, p.moved_ratio);
   }
   metrics.append({{"sample_step", step}, {"std_ratio", p.final_ratio}, {"moved_std_ratio", p.moved_ratio},

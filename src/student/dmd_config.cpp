@@ -1,10 +1,22 @@
 // Binding and checks of train.objective dmd's keys.
 #include "student/dmd_config.hpp"
 
+#include <array>
 #include <sstream>
 #include <utility>
 
 namespace wd::student {
+namespace {
+
+/// The critic's own dims, each with its key: 0 means the student's.
+std::array<std::pair<std::string, std::int64_t>, 4> critic_dim_keys(const DmdConfig& c) {
+  return {{{"critic.dim", c.critic_dim},
+           {"critic.ffn_dim", c.critic_ffn_dim},
+           {"critic.num_heads", c.critic_num_heads},
+           {"critic.num_layers", c.critic_num_layers}}};
+}
+
+}  // namespace
 
 void DmdConfig::bind(OptionTable& t) {
   t.bind("train.dmd_start", start,
@@ -57,10 +69,7 @@ void DmdConfig::validate(ConfigProblems& p) const {
   p.check(gan_weight == 0 || critic_gan_weight > 0,
           "train.gan_weight" + config_value(gan_weight) + " needs the critic's classifier: set critic.gan_weight > 0 (DMD2: 1e-2 "
           "for the critic, 3e-3 for the generator)");
-  for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
-                                    {"critic.ffn_dim", critic_ffn_dim},
-                                    {"critic.num_heads", critic_num_heads},
-                                    {"critic.num_layers", critic_num_layers}}) {
+  for (const auto& [key, value] : critic_dim_keys(*this)) {
     p.check(value >= 0, key + config_value(static_cast<double>(value)) + " must be >= 0 (0 = the student's)");
   }
   p.check(critic_gan_block >= -1, "critic.gan_block" + config_value(static_cast<double>(critic_gan_block)) +
@@ -77,10 +86,7 @@ void DmdConfig::check_objective(bool active, const std::string& objective, std::
                                        {"train.gan_weight", gan_weight}}) {
       p.check(weight == 0, key + config_value(weight) + " weighs a term of train.objective dmd's losses, not " + objective);
     }
-    for (const auto& [key, value] : {std::pair<std::string, std::int64_t>{"critic.dim", critic_dim},
-                                      {"critic.ffn_dim", critic_ffn_dim},
-                                      {"critic.num_heads", critic_num_heads},
-                                      {"critic.num_layers", critic_num_layers}}) {
+    for (const auto& [key, value] : critic_dim_keys(*this)) {
       p.check(value == 0, key + config_value(static_cast<double>(value)) + " sizes train.objective dmd's critic, not " + objective);
     }
     return;

@@ -40,7 +40,7 @@ void StudentConfig::bind(OptionTable& t) {
             "on Hopper, 10-bit mantissa inputs, fp32 accumulation); false keeps exact fp32. No "
             "effect on the host (docs/gpu-numerics.md)")
       .bind("student.device", device,
-            "auto | cpu | cuda: where each student trains. auto: a GPU when this build has CUDA "
+            "where each student trains. auto: a GPU when this build has CUDA "
             "and the rank sees one, else the host. A rank uses GPU <node-local rank mod GPUs on "
             "the node>, so ranks share a GPU (with a warning) only when a node has fewer GPUs "
             "than ranks")
@@ -113,11 +113,9 @@ void StudentConfig::validate(ConfigProblems& p) const {
                                      ") is not built with it");
     p.check(lora_rank == 0, "student.shard parameters with a LoRA student (student.lora_rank " +
                                 std::to_string(lora_rank) + "): the adapters are small, shard gradients instead");
-    p.check(device != "cuda", "student.shard parameters runs on host students (MPI all-gathers from the backward); "
+    p.check(device != DeviceChoice::kCuda, "student.shard parameters runs on host students (MPI all-gathers from the backward); "
                               "student.device(cuda) students shard gradients (student.shard gradients)");
   }
-  p.check(device == "auto" || device == "cpu" || device == "cuda",
-          "student.device(" + device + ") must be auto, cpu or cuda");
   bool features_ok = true;
   try {
     for (const auto& [s, t] : feature_pairs()) features_ok = features_ok && s >= 0 && t >= 0;

@@ -34,8 +34,7 @@ struct StudentConfig {
   ShardMode shard = ShardMode::kNone;
   /// fp32 matmuls on a CUDA student may use TF32 (false: exact fp32; no effect on the host)
   bool tf32 = true;
-  /// auto | cpu | cuda (student_device.hpp)
-  std::string device = "auto";
+  DeviceChoice device = DeviceChoice::kAuto;  ///< student_device.hpp
   /// trained | frozen: the channel projections used when in/out channels differ from the teacher's
   Projection projection = Projection::kTrained;
   /// feature distillation pairs "s:t,s:t" (student block s matched to teacher block t); empty = off
@@ -99,7 +98,7 @@ struct TrainConfig {
   /// Set by the objective (RunConfig::student_train), not keys: the sampling probe's solver
   /// (euler for students of student.steps jumps), and whether evaluations also report each of
   /// the student's sampling intervals (students of the teacher's trajectories).
-  std::string sample_solver = "unipc";
+  Solver sample_solver = Solver::kUnipc;
   bool interval_metrics = false;
 
   /// Binds every [train] key but train.objective, which the objective table binds (its names

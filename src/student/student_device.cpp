@@ -7,12 +7,10 @@
 
 namespace wd::student {
 
-c10::Device student_device(const std::string& setting, int local_rank) {
-  WD_CHECK_AS(ConfigError, setting == "auto" || setting == "cpu" || setting == "cuda",
-              "student.device(" << setting << ") must be auto, cpu or cuda");
-  if (setting == "cpu") return torch::kCPU;
+c10::Device student_device(DeviceChoice setting, int local_rank) {
+  if (setting == DeviceChoice::kCpu) return torch::kCPU;
   if (!compat::cuda_available()) {
-    WD_CHECK_AS(ConfigError, setting == "auto",
+    WD_CHECK_AS(ConfigError, setting == DeviceChoice::kAuto,
                 "student.device(cuda): "
                     << (compat::kHasCuda ? "this rank sees no GPU (CUDA_VISIBLE_DEVICES, the driver)"
                                          : "this build's LibTorch has no CUDA")

@@ -28,14 +28,13 @@ double matmul_gflops(c10::ScalarType dtype, const c10::Device& device) {
   return 2.0 * kRows * kIn * kOut / std::max(seconds[1], 1e-9) / 1e9;
 }
 
-ComputeChoice choose_compute(const std::string& setting, c10::ScalarType weights, const c10::Device& device) {
+ComputeChoice choose_compute(TeacherCompute setting, c10::ScalarType weights, const c10::Device& device) {
   const std::string name = c10::toString(weights);
-  if (setting == "weights") return {std::nullopt, "teacher.compute weights: matmuls in " + name};
-  if (setting == "fp32") {
+  if (setting == TeacherCompute::kWeights) return {std::nullopt, "teacher.compute weights: matmuls in " + name};
+  if (setting == TeacherCompute::kFp32) {
     return {weights == torch::kFloat ? std::nullopt : std::optional<c10::ScalarType>(torch::kFloat),
             "teacher.compute fp32: matmuls in fp32 (weights stay " + name + ")"};
   }
-  WD_CHECK(setting == "auto", "teacher.compute(" << setting << ") must be auto, weights or fp32");
   if (weights == torch::kFloat || !device.is_cpu()) {
     return {std::nullopt, "teacher.compute auto: matmuls in " + name + " on " + device.str()};
   }

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "core/choices.hpp"
+
 namespace wd::teacher {
 
 /// What teacher.compute decided for one device.
@@ -21,9 +23,9 @@ struct ComputeChoice {
 /// this thread's intra-op threads (the median of 3 after one warm-up; about 0.3 s at worst).
 double matmul_gflops(c10::ScalarType dtype, const c10::Device& device);
 
-/// Decides teacher.compute (`auto` | `weights` | `fp32`) for weights of dtype `weights` on
+/// Decides teacher.compute for weights of dtype `weights` on
 /// `device`. `auto` measures on a CPU with half-precision weights and picks fp32 when it runs
 /// at least 1.5x the weights' dtype; it keeps the weights' dtype on a GPU and for fp32 weights.
-ComputeChoice choose_compute(const std::string& setting, c10::ScalarType weights, const c10::Device& device);
+ComputeChoice choose_compute(TeacherCompute setting, c10::ScalarType weights, const c10::Device& device);
 
 }  // namespace wd::teacher

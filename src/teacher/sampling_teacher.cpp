@@ -21,16 +21,25 @@ void SamplingPlacement::bind(OptionTable& t) {
 }
 
 void SamplingPlacement::validate(ConfigProblems& p, const std::string& device) const {
-  p.check(placement == "auto" || placement == "gpu" || placement == "cpu" || placement == "stream",
-          "teacher.placement(" + placement + ") must be auto, gpu, cpu or stream (shard and colocated are train's)");
+  p.check(placement != TeacherPlacement::kShard && placement != TeacherPlacement::kColocated,
+          std::string("teacher.placement(") + name_of(placement) +
+              ") must be auto, gpu, cpu or stream (shard and colocated are train's)");
   p.check(stream_ahead >= 1, "teacher.stream_ahead(" + std::to_string(stream_ahead) + ") must be >= 1");
-  p.check(placement != "gpu" || device.rfind("cuda", 0) == 0,
+  p.check(placement != TeacherPlacement::kGpu || device.rfind("cuda", 0) == 0,
           "teacher.placement(gpu) needs a CUDA --device (device is " + device + "); cpu or stream here");
 }
 
 plan::Placement SamplingPlacement::resolve(const c10::Device& device) const {
-  if (placement == "auto") return device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
-  return parse_placement(placement);
+  switch (placement) {
+    case TeacherPlacement::kGpu:
+      return plan::Placement::kGpu;
+    case TeacherPlacement::kStream:
+      return plan::Placement::kStream;
+    case TeacherPlacement::kCpu:
+      return plan::Placement::kCpu;
+    default:  // auto (validate refused the others)
+      return device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
+  }
 }
 
 SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/config.hpp"
 #include "model/sampling_model.hpp"
 #include "plan/planner.hpp"
@@ -16,7 +17,7 @@ namespace wd::teacher {
 
 /// `--teacher.placement` and `--teacher.stream_ahead` of the sampling commands.
 struct SamplingPlacement {
-  std::string placement = "auto";  ///< auto | gpu | cpu | stream
+  TeacherPlacement placement = TeacherPlacement::kAuto;  ///< auto, gpu, cpu or stream
   int stream_ahead = 2;
 
   void bind(OptionTable& t);

@@ -15,10 +15,10 @@ struct TeacherConfig {
   /// Checkpoint directory / .safetensors file, or `builtin:tiny` (generated into the run's cache).
   std::string checkpoint = "builtin:tiny";
   std::string model_config;     ///< config.json override (default: beside the checkpoint)
-  std::string dtype = "bf16";   ///< compute / weight dtype: bf16 | fp16 | fp32 | auto (as stored)
+  DtypeChoice dtype = DtypeChoice::kBf16;  ///< compute / weight dtype (auto: each tensor as stored)
   /// Dtype of the matmuls: auto (fp32 where the weights' dtype multiplies slowly, measured at
   /// start: a CPU without bf16 instructions) | weights | fp32. The weights keep teacher.dtype.
-  std::string compute = "auto";
+  TeacherCompute compute = TeacherCompute::kAuto;
   /// Samples per teacher forward: a step's batch is computed in slices of this size (0 = all at
   /// once; auto = the fastest of the batch and its halvings, timed at start-up). Outputs equal
   /// the unsplit batch's up to the BLAS's rounding; smaller slices can be faster on a CPU.
@@ -52,7 +52,7 @@ struct TeacherConfig {
   /// schedule the trajectories run (docs/objectives.md#trajectory).
   std::int64_t steps = 40;
   double shift = 5.0;
-  std::string solver = "unipc";
+  Solver solver = Solver::kUnipc;
 
   /// teacher.micro_batch as a number of samples; nullopt for auto or a value that is not one.
   std::optional<std::int64_t> micro_batch_samples() const {
@@ -69,11 +69,12 @@ struct TeacherConfig {
            "teacher checkpoint (directory or .safetensors), or builtin:tiny")
         .bind("teacher.model_config", model_config, "config.json override for the checkpoint")
         .bind("teacher.dtype", dtype,
-              "teacher weight and compute dtype: bf16 | fp16 | fp32 | auto (each tensor as stored, "
-              "so a `convert`ed file keeps its fp32 islands)")
+              "teacher weight and compute dtype (auto: each tensor as stored, so a `convert`ed file keeps "
+              "its fp32 islands)")
         .bind("teacher.compute", compute,
               "matmul dtype: auto (fp32 where the weight dtype's matmul is slow: measured at start, "
-              "e.g. bf16 on a CPU without bf16 instructions) | weights | fp32; weights keep teacher.dtype")
+              "e.g. bf16 on a CPU without bf16 instructions), weights (teacher.dtype) or fp32; the weights "
+              "keep teacher.dtype")
         .bind("teacher.micro_batch", micro_batch,
               "samples per teacher forward (a step's batch in slices): N, 0 (the whole batch at once) "
               "or auto (world rank 0 times the job's teacher on the batch and its halvings at start-up "
@@ -112,13 +113,9 @@ struct TeacherConfig {
         .bind("teacher.shift", shift,
               "train.objective trajectory: σ shift of the teacher's and the student's schedules "
               "(Wan 2.2 samples with 5; 12 for t2v-A14B)")
-        .bind("teacher.solver", solver, "train.objective trajectory: the teacher's sampler, unipc | euler");
+        .bind("teacher.solver", solver, "train.objective trajectory: the teacher's sampler");
   }
   void validate(ConfigProblems& p) const {
-    p.check(dtype == "bf16" || dtype == "fp16" || dtype == "fp32" || dtype == "auto",
-            "teacher.dtype(" + dtype + ") must be bf16, fp16, fp32 or auto");
-    p.check(compute == "auto" || compute == "weights" || compute == "fp32",
-            "teacher.compute(" + compute + ") must be auto, weights or fp32");
     p.check(micro_batch == "auto" || micro_batch_samples().has_value(),
             "teacher.micro_batch(" + micro_batch + ") must be auto or a number of samples >= 0");
     p.check(ranks >= 0, "teacher.ranks(" + std::to_string(ranks) + ") must be >= 0 (0: no teacher, train.objective flow)");

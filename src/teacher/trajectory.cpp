@@ -27,7 +27,6 @@ std::uint64_t round_key(std::uint64_t seed, std::uint64_t stream, bool eval, std
 }  // namespace
 
 void TrajectorySpec::validate(ConfigProblems& p) const {
-  p.check(solver == "euler" || solver == "unipc", "teacher.solver(" + solver + ") must be euler or unipc");
   p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
   p.check(shift > 0, "teacher.shift(" + std::to_string(shift) + ") must be > 0");
   p.check(teacher_steps >= 1 && student_steps >= 1 && teacher_steps % student_steps == 0,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/stream_plan.hpp"
+#include "core/choices.hpp"
 #include "core/config.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
@@ -25,7 +26,7 @@ namespace wd::teacher {
 /// schedule at k steps. With teacher_steps a multiple of k the student's σ are exactly the
 /// teacher's σ at every (teacher_steps / k)-th step, so no state is interpolated.
 struct TrajectorySpec {
-  std::string solver = "unipc";     ///< the teacher's sampler: euler | unipc
+  Solver solver = Solver::kUnipc;   ///< the teacher's sampler
   std::int64_t teacher_steps = 40;  ///< teacher.steps
   std::int64_t student_steps = 4;   ///< student.steps (k)
   double shift = 5.0;               ///< teacher.shift (the student samples with the same)

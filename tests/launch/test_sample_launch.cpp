@@ -75,10 +75,14 @@ TEST(SampleLaunch, HelpShowsTheDefaultsAndBadValuesAreRefused) {
     EXPECT_NE(help.find(option), std::string::npos) << option << "\n" << help;
   }
   EXPECT_NE(help.find("unipc"), std::string::npos) << help;
-  const auto [bad, message] = cli("sample --teacher.checkpoint x --solver heun --steps 0");
+  // A name outside a closed choice stops the parse; values are checked together after it.
+  auto [bad, message] = cli("sample --teacher.checkpoint x --solver heun");
   EXPECT_EQ(bad, 2) << message;
-  EXPECT_NE(message.find("solver(heun)"), std::string::npos) << message;
+  EXPECT_NE(message.find("solver(heun) must be one of euler, unipc"), std::string::npos) << message;
+  std::tie(bad, message) = cli("sample --teacher.checkpoint x --steps 0 --shift 0");
+  EXPECT_EQ(bad, 2) << message;
   EXPECT_NE(message.find("steps(0)"), std::string::npos) << message;
+  EXPECT_NE(message.find("shift(0)"), std::string::npos) << message;
 }
 
 TEST(SampleLaunch, AClassesDataSetScoresEachModelsSamplesByClass) {

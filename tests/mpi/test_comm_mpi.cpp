@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/gradient_reducer.hpp"
+#include "core/config.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "comm/process_groups.hpp"
 #include "comm/mpi_transport.hpp"
@@ -678,11 +679,11 @@ TEST(GradientReducer, FactoryChoosesMpiForHostParametersAndRefusesNccl) {
   if (l.role_of(rank) == Role::kTeacher) return;
   auto model = tiny_model();
   auto reducer = make_gradient_reducer(g.students(), model->parameters(), 1 << 20, 30, rank,
-                                       c10::Device(c10::kCPU), "auto", nullptr);
+                                       c10::Device(c10::kCPU), CommBackend::kAuto, nullptr);
   EXPECT_STREQ(reducer->backend(), "mpi");
   try {
     make_gradient_reducer(g.students(), model->parameters(), 1 << 20, 30, rank,
-                          c10::Device(c10::kCPU), "nccl", nullptr);
+                          c10::Device(c10::kCPU), CommBackend::kNccl, nullptr);
     ADD_FAILURE() << "comm.backend nccl was accepted for host parameters";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("comm.backend(nccl) cannot carry the gradient all-reduce"),
@@ -708,8 +709,8 @@ TEST(GradientReducer, AGroupOfOneMovesNothingAndLeavesGradientsBitIdentical) {
   std::vector<torch::Tensor> before;
   for (const auto& p : model->parameters()) before.push_back(p.grad().clone());
 
-  for (const char* backend : {"auto", "mpi", "nccl"}) {
-    SCOPED_TRACE(backend);
+  for (const auto backend : {CommBackend::kAuto, CommBackend::kMpi, CommBackend::kNccl}) {
+    SCOPED_TRACE(name_of(backend));
     auto local = make_gradient_reducer(MPI_COMM_SELF, params, 1 << 20, 30, rank, c10::Device(c10::kCPU),
                                        backend, nullptr);
     EXPECT_STREQ(local->backend(), "none");

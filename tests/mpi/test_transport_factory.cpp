@@ -81,7 +81,7 @@ TEST(TransportFactory, NcclForHostTensorsIsAConfigErrorOnEveryRank) {
   ProcessGroups groups(layout, rank);
   CommConfig config;
   config.timeout_s = 30;
-  config.backend = "nccl";
+  config.backend = CommBackend::kNccl;
   try {
     if (layout.role_of(rank) == Role::kTeacher) {
       link_sender(groups, rank, config, 3);

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   stage.set_guidance(kGuidance);  // zeros as the negative context
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const std::string solver : {"unipc", "euler"}) {
-    const teacher::TrajectorySpec s{solver, kTeacherSteps, kK, 3.0};
+    const teacher::TrajectorySpec s{parse_choice<Solver>("solver", solver), kTeacherSteps, kK, 3.0};
     teacher::TrajectoryRounds rounds({stage, reader, schedule, plan, s, 0, 1, kB, 4, 3});
     std::vector<torch::Tensor> x, t, v;
     std::vector<std::int64_t> traj, interval;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/backend_choice.hpp"
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace wd::comm {
@@ -17,7 +18,7 @@ std::vector<RankDevice> group(std::vector<RankDevice> ends) { return ends; }
 /// The ConfigError's message of choose_backend(nccl, ...); fails the test when it does not throw.
 std::string nccl_error(const std::vector<RankDevice>& ends, bool built = true) {
   try {
-    choose_backend("nccl", ends, built, "the link");
+    choose_backend(CommBackend::kNccl, ends, built, "the link");
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -28,16 +29,16 @@ std::string nccl_error(const std::vector<RankDevice>& ends, bool built = true) {
 TEST(BackendChoice, DistinctGpusGetNcclUnderAutoAndNccl) {
   // Two nodes: the same index on different hosts is two GPUs.
   const auto ends = group({{0, "a", 0}, {1, "a", 1}, {2, "b", 0}, {3, "b", 1}});
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kNccl);
   EXPECT_EQ(automatic.reason, "all 4 rank(s) on distinct GPUs");
-  EXPECT_EQ(choose_backend("nccl", ends, true, "the link").backend, Backend::kNccl);
-  EXPECT_EQ(choose_backend("mpi", ends, true, "the link").backend, Backend::kMpi);
+  EXPECT_EQ(choose_backend(CommBackend::kNccl, ends, true, "the link").backend, Backend::kNccl);
+  EXPECT_EQ(choose_backend(CommBackend::kMpi, ends, true, "the link").backend, Backend::kMpi);
 }
 
 TEST(BackendChoice, AHostRankMeansMpiAndNcclNamesIt) {
   const auto ends = group({{0, "a", -1}, {1, "a", 0}, {2, "a", 1}});
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   EXPECT_EQ(automatic.reason, "rank 0 (host on a) holds host tensors");
   EXPECT_EQ(nccl_error(ends).rfind("comm.backend(nccl) cannot carry the link: rank 0 (host on a) holds "
@@ -48,7 +49,7 @@ TEST(BackendChoice, AHostRankMeansMpiAndNcclNamesIt) {
 
 TEST(BackendChoice, TwoRanksOnOneGpuMeansMpiAndNcclNamesBoth) {
   const auto ends = group({{0, "a", 0}, {1, "a", 1}, {2, "a", 0}});
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   const std::string want = "rank 0 (cuda:0 on a) and rank 2 (cuda:0 on a) share one GPU";
   EXPECT_EQ(automatic.reason.rfind(want, 0), 0u) << automatic.reason;
@@ -57,7 +58,7 @@ TEST(BackendChoice, TwoRanksOnOneGpuMeansMpiAndNcclNamesBoth) {
 
 TEST(BackendChoice, NoNcclInTheBuildMeansMpi) {
   const auto ends = group({{0, "a", 0}, {1, "a", 1}});
-  const auto automatic = choose_backend("auto", ends, false, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, false, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   EXPECT_NE(automatic.reason.find("this build has no NCCL transport"), std::string::npos);
   EXPECT_NE(nccl_error(ends, false).find("this build has no NCCL transport"), std::string::npos);
@@ -77,10 +78,10 @@ std::vector<RankDevice> bound_node(const std::string& host, int first_rank, int 
 
 TEST(BackendChoice, EightRanksEachSeeingCuda0WithDistinctBusIdsGetNccl) {
   const auto ends = bound_node("a", 0, 8);
-  const auto automatic = choose_backend("auto", ends, true, "the gradient all-reduce");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the gradient all-reduce");
   EXPECT_EQ(automatic.backend, Backend::kNccl) << automatic.reason;
   EXPECT_EQ(automatic.reason, "all 8 rank(s) on distinct GPUs");
-  EXPECT_EQ(choose_backend("nccl", ends, true, "the gradient all-reduce").backend, Backend::kNccl);
+  EXPECT_EQ(choose_backend(CommBackend::kNccl, ends, true, "the gradient all-reduce").backend, Backend::kNccl);
   for (const auto& e : ends) EXPECT_TRUE(sharing_gpu_with(ends, e.world_rank).empty()) << e.describe();
 }
 
@@ -88,7 +89,7 @@ TEST(BackendChoice, OneBusIdUnderTwoIndicesIsOneGpu) {
   // Rank 1 sees the node's GPUs in another order (CUDA_VISIBLE_DEVICES=1,0): its cuda:1 is
   // rank 0's cuda:0. Indices differ, the bus id says it is one GPU.
   const std::vector<RankDevice> ends{{0, "a", 0, "0000:18:00.0"}, {1, "a", 1, "0000:18:00.0"}};
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   const std::string want =
       "rank 0 (cuda:0 [0000:18:00.0] on a) and rank 1 (cuda:1 [0000:18:00.0] on a) share one GPU "
@@ -100,7 +101,7 @@ TEST(BackendChoice, OneBusIdUnderTwoIndicesIsOneGpu) {
 TEST(BackendChoice, TwoRanksWithOneBusIdAmongBoundRanksMeanMpi) {
   auto ends = bound_node("a", 0, 4);
   ends[3].bus_id = ends[1].bus_id;  // ranks 1 and 3 were bound to one GPU
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   EXPECT_EQ(automatic.reason.rfind("rank 1 (cuda:0 [0000:28:00.0] on a) and rank 3 (cuda:0 [0000:28:00.0] on a) "
                                    "share one GPU",
@@ -117,10 +118,10 @@ TEST(BackendChoice, BoundNodesRepeatBusIdsAcrossHosts) {
   // Two nodes of one model: the same bus ids on each, one rank per GPU, all seeing cuda:0.
   auto ends = bound_node("a", 0, 4);
   for (const auto& e : bound_node("b", 4, 4)) ends.push_back(e);
-  EXPECT_EQ(choose_backend("auto", ends, true, "the link").backend, Backend::kNccl);
+  EXPECT_EQ(choose_backend(CommBackend::kAuto, ends, true, "the link").backend, Backend::kNccl);
   // A ninth rank bound to a GPU of node b that rank 6 holds: shared there, not on node a.
   ends.push_back({8, "b", 0, ends[6].bus_id});
-  const auto automatic = choose_backend("auto", ends, true, "the link");
+  const auto automatic = choose_backend(CommBackend::kAuto, ends, true, "the link");
   EXPECT_EQ(automatic.backend, Backend::kMpi);
   EXPECT_EQ(automatic.reason.rfind("rank 6 (cuda:0 [0000:38:00.0] on b) and rank 8 (cuda:0 [0000:38:00.0] on b)", 0),
             0u)
@@ -156,7 +157,7 @@ TEST(BackendChoice, CudaDevicesHaveABusIdWhereTheRuntimeKnowsIt) {
 }
 
 TEST(BackendChoice, UnknownBackendIsAConfigError) {
-  EXPECT_THROW(choose_backend("gloo", group({{0, "a", 0}}), true, "the link"), ConfigError);
+  EXPECT_THROW(parse_choice<CommBackend>("comm.backend", "gloo"), ConfigError);
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ namespace {
 data::SyntheticDatasetSpec classes_spec(const test::TempDir& dir) {
   data::SyntheticDatasetSpec spec;
   spec.output = dir.str("classes.h5");
-  spec.kind = "classes";
+  spec.kind = DatasetKind::kClasses;
   spec.classes = 5;
   spec.samples = 40;
   spec.latent = {4, 2, 16, 16};
@@ -71,7 +71,7 @@ TEST(Classes, TheClassifierIgnoresPlaceAndStrengthButNotShape) {
 TEST(Classes, ASmoothDataSetHasNoClasses) {
   test::TempDir dir("no-classes");
   auto spec = classes_spec(dir);
-  spec.kind = "smooth";
+  spec.kind = DatasetKind::kSmooth;
   data::write_synthetic_dataset(spec);
   EXPECT_FALSE(data::read_dataset_classes(spec.output).present());
 }

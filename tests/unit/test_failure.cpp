@@ -238,6 +238,7 @@ memory::DiagnosisInput student_oom() {
   in.ranks[3].memory.peak_rss_bytes = 2500 * kMiB;
   in.ranks[3].memory.model.weights_bytes = 400 * kMiB;
   in.context.checkpointing = "off";
+  in.context.checkpoints_every_block = false;
   in.context.batch_size = 8;
   in.context.grad_accum = 1;
   in.context.args = {"--config", "job.ini", "--train.batch_size", "8"};
@@ -266,6 +267,7 @@ TEST(Diagnosis, OutOfMemoryRemediesUseTheRanksNumbers) {
 TEST(Diagnosis, RemediesFollowTheConfig) {
   auto in = student_oom();
   in.context.checkpointing = "all";
+  in.context.checkpoints_every_block = true;
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   const auto none = memory::compute_remedies(in);
@@ -275,12 +277,12 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
   in.failed_rank = 0;
   in.failed_role = Role::kTeacher;
   in.ranks[0].memory.teacher_weights_bytes = 2000 * kMiB;
-  in.context.teacher_dtype = "fp32";
+  in.context.teacher_dtype = DtypeChoice::kFp32;
   const auto teacher = memory::compute_remedies(in);
   EXPECT_TRUE(test::contains(teacher[0].text, "--teacher.dtype bf16 frees 1000.00 MiB")) << teacher[0].text;
 
   // Placements: a GPU-resident teacher is offered streaming, two replicas a 2-stage shard.
-  in.context.teacher_dtype = "bf16";
+  in.context.teacher_dtype = DtypeChoice::kBf16;
   in.context.teacher_placement = TeacherPlacement::kGpu;
   in.context.teacher_ranks = 2;
   const auto placed = memory::compute_remedies(in);
@@ -308,6 +310,7 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
 TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   auto in = student_oom();
   in.context.checkpointing = "all";
+  in.context.checkpoints_every_block = true;
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   in.context.student_ranks = 3;
@@ -341,6 +344,7 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
 TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
   auto in = student_oom();
   in.context.checkpointing = "off";
+  in.context.checkpoints_every_block = false;
   in.context.batch_size = 1;
   in.context.student_shard = ShardMode::kGradients;
   in.context.student_ranks = 4;
@@ -373,6 +377,7 @@ TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
 TEST(Diagnosis, ALoraPairIsOfferedOneJobPerExpert) {
   auto in = student_oom();
   in.context.checkpointing = "all";
+  in.context.checkpoints_every_block = true;
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   in.ranks[3].memory.teacher_weights_bytes = 1000 * kMiB;  // the two bases: 40% of the 2500 MiB peak

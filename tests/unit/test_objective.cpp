@@ -121,7 +121,7 @@ TEST(ObjectiveTable, EachBuiltInAnswersWhatTheRunConfigsPredicatesAnswered) {
     EXPECT_EQ(spec.start_states(cfg.keys()), e.start_states);
     EXPECT_DOUBLE_EQ(cfg.teacher_forwards(), e.teacher_forwards);
     const auto loop = cfg.student_train();
-    EXPECT_EQ(loop.sample_solver, e.solver);
+    EXPECT_EQ(name_of(loop.sample_solver), e.solver);
     EXPECT_EQ(loop.interval_metrics, e.trajectory_stream);
     if (spec.traits().few_step) {
       EXPECT_EQ(loop.sample_steps, cfg.student.steps);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/config.hpp"
 #include "core/errors.hpp"
 #include "data/flow_sampler.hpp"
 
@@ -45,7 +46,7 @@ TEST_P(ExactEndpoint, PointMassDataIsReachedExactly) {
   const auto eps = torch::randn({2, 4, 1, 2, 2}, torch::kDouble);
   for (const std::int64_t steps : {1, 2, 3, 7, 40}) {
     const auto sigmas = sampling_sigmas(steps, 12.0);
-    const auto out = sample_flow(GetParam(), sigmas, point_mass_start(x0, eps, sigmas[0]),
+    const auto out = sample_flow(parse_choice<Solver>("solver", GetParam()), sigmas, point_mass_start(x0, eps, sigmas[0]),
                                  [&](const torch::Tensor& x, double s) { return (x - x0) / s; });
     EXPECT_LT((out - x0).abs().max().item<double>(), 1e-12) << GetParam() << " steps " << steps;
   }
@@ -56,7 +57,7 @@ TEST_P(ExactEndpoint, ConstantVelocityIsIntegratedExactly) {
   const auto v = torch::full({1, 2, 1, 1, 1}, 0.75, torch::kDouble);
   const auto start = torch::full({1, 2, 1, 1, 1}, 2.0, torch::kDouble);
   const auto sigmas = sampling_sigmas(5, 3.0);
-  const auto out = sample_flow(GetParam(), sigmas, start, [&](const torch::Tensor&, double) { return v; });
+  const auto out = sample_flow(parse_choice<Solver>("solver", GetParam()), sigmas, start, [&](const torch::Tensor&, double) { return v; });
   EXPECT_NEAR(out[0][0][0][0][0].item<double>(), 2.0 - sigmas[0] * 0.75, 1e-12) << GetParam();
 }
 
@@ -92,23 +93,23 @@ const std::vector<UniPCReference> kUniPCReference{
 TEST(SamplerUniPC, MatchesDiffusersOnAGaussianFlow) {
   for (const auto& ref : kUniPCReference) {
     const auto start = torch::linspace(-2, 2, 9, torch::kDouble).view({1, 1, 1, 3, 3});
-    const auto out = sample_flow("unipc", ref.sigmas, start, gaussian_velocity).flatten();
+    const auto out = sample_flow(Solver::kUnipc, ref.sigmas, start, gaussian_velocity).flatten();
     for (std::size_t k = 0; k < ref.endpoint.size(); ++k) {
       // diffusers forms its step coefficients from fp32 σ tensors: agreement to ~1e-7.
       EXPECT_NEAR(out[static_cast<std::int64_t>(k)].item<double>(), ref.endpoint[k], 1e-6)
           << ref.sigmas.size() - 1 << " steps, element " << k;
     }
     // And not by accident: Euler on the same schedule lands elsewhere.
-    const auto euler = sample_flow("euler", ref.sigmas, start, gaussian_velocity).flatten();
+    const auto euler = sample_flow(Solver::kEuler, ref.sigmas, start, gaussian_velocity).flatten();
     EXPECT_GT((euler - out).abs().max().item<double>(), 1e-3);
   }
 }
 
 TEST(Sampler, StepsMustComeInOrder) {
-  FlowSampler sampler("euler", sampling_sigmas(3, 1.0));
+  FlowSampler sampler(Solver::kEuler, sampling_sigmas(3, 1.0));
   const auto x = torch::zeros({1, 1, 1, 1, 1});
   EXPECT_THROW(sampler.step(1, x, x), Error);
-  EXPECT_THROW(FlowSampler("heun", sampling_sigmas(3, 1.0)), Error);
+  EXPECT_THROW(parse_choice<Solver>("teacher.solver", "heun"), ConfigError);
 }
 
 TEST(Sampler, GuidanceAndStatistics) {
