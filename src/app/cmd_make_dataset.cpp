@@ -6,10 +6,21 @@
 #include "data/synthetic_dataset.hpp"
 
 namespace wd::app {
+namespace {
+
+/// --dtype: the stored float type.
+enum class StoredFloat { kFp32, kFp16 };
+const std::vector<std::pair<StoredFloat, const char*>>& choices(StoredFloat) {
+  static const std::vector<std::pair<StoredFloat, const char*>> names{{StoredFloat::kFp32, "fp32"},
+                                                                       {StoredFloat::kFp16, "fp16"}};
+  return names;
+}
+
+}  // namespace
 
 int run_make_dataset(const std::vector<std::string>& args) {
   std::string output, latent = "16,3,16,16";
-  DtypeChoice dtype = DtypeChoice::kFp32;
+  StoredFloat dtype = StoredFloat::kFp32;
   DatasetKind kind = DatasetKind::kSmooth;
   std::int64_t samples = 64, text_len = 16, text_dim = 64, classes = 6;
   std::uint64_t seed = 0;
@@ -21,7 +32,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
       .bind("latent", latent, "C,F,H,W of each latent")
       .bind("text-len", text_len, "context rows L (lengths vary in 1..L)")
       .bind("text-dim", text_dim, "context feature size")
-      .bind("dtype", dtype, "stored float type: fp32 or fp16")
+      .bind("dtype", dtype, "stored float type")
       .bind("seed", seed, "generator seed")
       .bind("kind", kind,
             "smooth (random smooth latents, random contexts) or classes (a teacher can learn something: "
@@ -44,8 +55,6 @@ int run_make_dataset(const std::vector<std::string>& args) {
   p.check(samples >= 1, "samples(" + std::to_string(samples) + ") must be >= 1");
   p.check(text_len >= 1, "text-len(" + std::to_string(text_len) + ") must be >= 1");
   p.check(text_dim >= 1, "text-dim(" + std::to_string(text_dim) + ") must be >= 1");
-  p.check(dtype == DtypeChoice::kFp32 || dtype == DtypeChoice::kFp16,
-          std::string("dtype(") + name_of(dtype) + ") must be fp32 or fp16");
   log.validate(p);
   p.throw_if_any("make-dataset");
   init_logging(Topology::single_process(), log.level);
@@ -57,7 +66,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   spec.text_len = text_len;
   spec.text_dim = text_dim;
   spec.seed = seed;
-  spec.half = dtype == DtypeChoice::kFp16;
+  spec.half = dtype == StoredFloat::kFp16;
   spec.kind = kind;
   spec.classes = classes;
   spec.contexts_only = contexts_only;

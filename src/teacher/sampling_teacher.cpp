@@ -12,34 +12,41 @@
 
 namespace wd::teacher {
 
+const std::vector<std::pair<SamplingPlacementChoice, const char*>>& choices(SamplingPlacementChoice) {
+  static const std::vector<std::pair<SamplingPlacementChoice, const char*>> names{
+      {SamplingPlacementChoice::kAuto, "auto"},
+      {SamplingPlacementChoice::kGpu, "gpu"},
+      {SamplingPlacementChoice::kCpu, "cpu"},
+      {SamplingPlacementChoice::kStream, "stream"}};
+  return names;
+}
+
 void SamplingPlacement::bind(OptionTable& t) {
   t.bind("teacher.placement", placement,
          "where the teacher computes: gpu (every weight on --device), cpu (on the host, whatever --device), "
          "stream (blocks stay mapped on the host and are copied to --device ahead of use: a teacher larger "
-         "than the GPU), auto (gpu on a CUDA --device, else cpu)")
+         "than the GPU), auto (gpu on a CUDA --device, else cpu); shard and colocated are train's")
       .bind("teacher.stream_ahead", stream_ahead, "stream: blocks copied ahead of the one computing");
 }
 
 void SamplingPlacement::validate(ConfigProblems& p, const std::string& device) const {
-  p.check(placement != TeacherPlacement::kShard && placement != TeacherPlacement::kColocated,
-          std::string("teacher.placement(") + name_of(placement) +
-              ") must be auto, gpu, cpu or stream (shard and colocated are train's)");
   p.check(stream_ahead >= 1, "teacher.stream_ahead(" + std::to_string(stream_ahead) + ") must be >= 1");
-  p.check(placement != TeacherPlacement::kGpu || device.rfind("cuda", 0) == 0,
+  p.check(placement != SamplingPlacementChoice::kGpu || device.rfind("cuda", 0) == 0,
           "teacher.placement(gpu) needs a CUDA --device (device is " + device + "); cpu or stream here");
 }
 
 plan::Placement SamplingPlacement::resolve(const c10::Device& device) const {
   switch (placement) {
-    case TeacherPlacement::kGpu:
+    case SamplingPlacementChoice::kGpu:
       return plan::Placement::kGpu;
-    case TeacherPlacement::kStream:
+    case SamplingPlacementChoice::kStream:
       return plan::Placement::kStream;
-    case TeacherPlacement::kCpu:
+    case SamplingPlacementChoice::kCpu:
       return plan::Placement::kCpu;
-    default:  // auto (validate refused the others)
-      return device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
+    case SamplingPlacementChoice::kAuto:
+      break;
   }
+  return device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
 }
 
 SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how) {

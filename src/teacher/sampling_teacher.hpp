@@ -7,17 +7,23 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "core/choices.hpp"
 #include "core/config.hpp"
 #include "model/sampling_model.hpp"
 #include "plan/planner.hpp"
 
 namespace wd::teacher {
 
+/// The placements `sample` and `evaluate` take: train's but shard and colocated (one process
+/// holds the whole teacher).
+enum class SamplingPlacementChoice { kAuto, kGpu, kCpu, kStream };
+const std::vector<std::pair<SamplingPlacementChoice, const char*>>& choices(SamplingPlacementChoice);
+
 /// `--teacher.placement` and `--teacher.stream_ahead` of the sampling commands.
 struct SamplingPlacement {
-  TeacherPlacement placement = TeacherPlacement::kAuto;  ///< auto, gpu, cpu or stream
+  SamplingPlacementChoice placement = SamplingPlacementChoice::kAuto;
   int stream_ahead = 2;
 
   void bind(OptionTable& t);
