@@ -97,7 +97,7 @@ struct StepSample {
 };
 
 StepSample measure_step(WanDiT& model, const WanInputs& in, const std::vector<torch::Tensor>& target,
-                        const student::CheckpointPolicy& policy, const c10::Device& device) {
+                        const CheckpointPolicy& policy, const c10::Device& device) {
   for (auto& p : model->parameters()) {
     if (p.grad().defined()) p.grad().zero_();  // keep the buffers: they belong to the baseline
   }
@@ -140,8 +140,8 @@ int run(const std::vector<std::string>& args) {
     return 0;
   }
   cfg.validate();
-  std::vector<student::CheckpointPolicy> policies;
-  for (const auto& p : split_list(cfg.policies)) policies.push_back(student::CheckpointPolicy::parse(p));
+  std::vector<CheckpointPolicy> policies;
+  for (const auto& p : split_list(cfg.policies)) policies.push_back(CheckpointPolicy::parse(p));
   init_logging(Topology::single_process(), cfg.log.level);
   // glibc otherwise raises its mmap threshold to the largest block freed so far (up to 32 MiB),
   // keeping freed activations in the heap, where RSS would count them after they died.

@@ -1,7 +1,6 @@
 // RunConfig's binding, checks and derived values (run_config.hpp).
 #include "job/run_config.hpp"
 
-#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -64,8 +63,6 @@ void RunConfig::check_objective(ConfigProblems& p) const {
                                      "the first student alone, and every block's gather needs all of them");
   }
 }
-
-teacher::TrajectorySpec RunConfig::trajectory_spec() const { return objective::trajectory_spec(keys()); }
 
 WanConfig RunConfig::critic_model_config(const WanConfig& teacher_model) const {
   auto c = student.model_config(teacher_model);

@@ -52,8 +52,6 @@ struct RunConfig {
   bool students_only() const { return teacher.placement == TeacherPlacement::kColocated || !has_teacher(); }
   /// Every objective's checks (objective::check), and what student.shard parameters excludes.
   void check_objective(ConfigProblems& p) const;
-  /// The teacher's trajectories' schedules (teacher.steps/shift/solver, student.steps).
-  teacher::TrajectorySpec trajectory_spec() const;
   /// Whether the teacher's batches come from its trajectories.
   bool trajectory_stream() const { return objective().trajectory_stream(keys()); }
   /// The [train] section as the student loop uses it (ObjectiveSpec::loop_train).

@@ -27,6 +27,7 @@
 #include "student/student_device.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -369,7 +370,7 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
   const auto range = expert_range(expert, experts);
   // Ranges nothing reaches stop the job here: the student's steps, or the noise's σ distribution.
   if (cfg.trajectory_stream()) {
-    static_cast<void>(cfg.trajectory_spec().intervals_in(range));
+    static_cast<void>(objective::trajectory_spec(cfg.keys()).intervals_in(range));
   } else {
     static_cast<void>(data::FlowMatchingNoiser(cfg.noise, cfg.train.seed, range));
   }

@@ -55,31 +55,31 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
                         RoleServices& services, const c10::Device& device) {
   loop.checkpoint_every = job.cfg.checkpoint.every;
   student::EmaWeights* ema = loop.ema;
-  student::DmdTrainer* dmd = loop.dmd;
+  student::StudentMethod* method = loop.method;
   student::OptimizerShard* shard = loop.shard;
   if (!job.resume_path.empty()) {
-    loop.restore = [&job, &parts, ema, dmd, shard](torch::optim::AdamW& optimizer) {
+    loop.restore = [&job, &parts, ema, method, shard](torch::optim::AdamW& optimizer) {
       student::WholeWeights whole(shard);  // student.shard parameters: the load writes whole tensors
       const auto cursor = student::load_train_state(job.resume_path, parts, optimizer, shard);
       whole.adopt();
       WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
                     "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
       if (ema) ema->restore(job.resume_path, parts);
-      if (dmd) dmd->restore(job.resume_path);
+      if (method) method->restore(job.resume_path);
     };
   }
-  loop.save = [&job, &parts, ema, dmd, shard, &services, device](std::int64_t step, torch::optim::AdamW& optimizer) {
-    // Every student joins the gathers (the dmd cycle's request inputs, student.shard parameters'
-    // whole weights) and the slices' step counts; the first one writes, the others add their
-    // moment slices.
-    const student::WholeWeights whole(shard), critic_whole(dmd ? dmd->critic_shard() : nullptr);
-    const auto pending = dmd ? dmd->gather_pending(step) : TensorMap{};
+  loop.save = [&job, &parts, ema, method, shard, &services, device](std::int64_t step,
+                                                                   torch::optim::AdamW& optimizer) {
+    // Every student joins the gathers (student.shard parameters' whole weights, the method's
+    // share: dmd's cycle request inputs) and the slices' step counts; the first one writes, the
+    // others add their moment slices.
+    const student::WholeWeights whole(shard);
+    const auto share = method ? method->begin_save(step) : std::make_unique<student::MethodCheckpoint>();
     const auto slice = shard ? std::optional(shard->moment_slice(optimizer, step)) : std::nullopt;
-    const auto critic_slice = dmd ? dmd->critic_moment_slice(step) : std::nullopt;
-    const bool sliced = slice || critic_slice;
+    const bool sliced = slice || share->sliced();
     const auto write_slices = [&](const std::string& dir) {
       if (slice) student::write_moment_slice(dir, *slice);
-      if (critic_slice) student::write_moment_slice(student::DmdTrainer::critic_dir(dir), *critic_slice);
+      share->write_slice(dir);
     };
     if (!job.store) {
       if (sliced) write_slices_together(job, "", step, &services.health, write_slices);
@@ -89,7 +89,7 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
       // With a weight average, checkpoints keep both and student/ holds the average.
       student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr,
                                 slice ? &*slice : nullptr);
-      if (dmd) dmd->save(dir, step, job.config_ini, pending, critic_slice ? &*critic_slice : nullptr);
+      share->write(dir, job.config_ini);
       if (ema) {
         ema->save(dir, parts);
         ema->with_averaged(parts, [&] { parts.save((fs::path(dir) / student::TrainStateFiles::kStudent).string()); });

@@ -113,6 +113,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           &services.health,
                           shard};
   side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
+  side.method = std::make_unique<student::DmdMethod>(*side.trainer, *side.score, side.train, group_rank == 0);
 }
 
 }  // namespace wd::job

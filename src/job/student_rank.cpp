@@ -109,9 +109,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   loop.tracked_memory = &services.memory.model;
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
-  loop.dmd = dmd.trainer.get();
+  loop.method = dmd.method.get();
   loop.shard = reduction.shard.get();
-  if (dmd.score) loop.extra_wait = [score = dmd.score.get()] { return score->wait_seconds(); };
   attach_checkpoints(loop, job, parts, services, device);
   const auto stats = student::run_student(loop);
   const student::WholeWeights whole(loop.shard);  // student.shard parameters: the first student writes them all

@@ -27,14 +27,12 @@ namespace wd::job {
 /// no two of them start alike.
 std::uint64_t init_seed(const RunConfig& cfg, bool critic, std::optional<std::size_t> expert = std::nullopt);
 
-struct OwnTeacher;
-struct OwnTargets;
+struct OwnStream;
 
-/// Where a student's batches come from: its teacher rank's link, its own teacher (colocated) or
-/// its own targets (flow).
+/// Where a student's batches come from: its teacher rank's link, or the batches it makes itself
+/// (its own teacher, colocated; or the data alone, flow).
 struct StudentStream {
-  std::unique_ptr<OwnTeacher> own;
-  std::unique_ptr<OwnTargets> targets;
+  std::unique_ptr<OwnStream> own;
   std::unique_ptr<comm::Receiver> link;
   comm::Receiver* transport = nullptr;
 
@@ -85,6 +83,7 @@ struct DmdSide {
   std::unique_ptr<torch::optim::AdamW> optimizer;
   Reduction reduction;  ///< the critic's reducer and (student.shard) its slice
   std::unique_ptr<student::DmdTrainer> trainer;
+  std::unique_ptr<student::DmdMethod> method;  ///< the loop's method (StudentJob::method)
 };
 
 /// The channel to the teacher (dedicated layouts; right after the link, as the teacher makes it).

@@ -1,10 +1,10 @@
-// A student rank's stream of batches: its teacher rank's link, or the messages it computes
-// itself (a colocated teacher, or flow's targets), and a colocated teacher's real score (dmd).
+// A student rank's stream of batches: its teacher rank's link, or the messages it makes itself
+// with the objective's source (a colocated teacher, or flow's targets), and a colocated
+// teacher's real score (dmd).
 #include "comm/transport_factory.hpp"
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
-#include "teacher/colocated_teacher.hpp"
-#include "teacher/flow_targets.hpp"
+#include "teacher/target_source.hpp"
 
 namespace wd::job {
 
@@ -53,27 +53,27 @@ class LocalScore final : public student::RealScore {
 
 }  // namespace
 
-/// teacher.placement = colocated: this rank's own teacher (all blocks on the student's device,
-/// teacher.compute and micro_batch as on a teacher rank) and its data: the messages a teacher
-/// rank would have sent it, computed here.
-struct OwnTeacher {
-  teacher::TeacherStage stage;
+/// A rank that makes its own batches (teacher.placement colocated, or an objective without a
+/// teacher): its own teacher when the objective has one (all blocks on the student's device,
+/// teacher.compute and micro_batch as on a teacher rank), its share of the data, and the
+/// objective's source, which makes the messages a teacher rank would have sent it.
+struct OwnStream {
+  std::optional<teacher::TeacherStage> stage;
   LocalData data;
-  std::unique_ptr<teacher::TrajectoryRounds> trajectory;  ///< train.objective trajectory
-  teacher::ColocatedTeacher transport;
+  std::unique_ptr<teacher::TargetSource> source;
+  teacher::LocalReceiver transport;
 
-  OwnTeacher(const TrainJob& job, const c10::Device& device, RankMemory& memory)
-      : stage(load_teacher_stage(job, load_for(job, device), memory)),
+  OwnStream(const TrainJob& job, const c10::Device& device, RankMemory& memory)
+      : stage(job.cfg.has_teacher() ? std::optional<teacher::TeacherStage>(
+                                          load_teacher_stage(job, load_for(job, device), memory))
+                                    : std::nullopt),
         data(job),
-        trajectory(job.cfg.trajectory_stream() ? std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
-                                                    stage, data.reader, data.schedule, job.plan,
-                                                    job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
-                                                    job.layout.replicas, job.per_replica, job.train_samples,
-                                                    job.cfg.train.seed})
-                                              : nullptr),
-        transport({stage, data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan,
-                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples, device,
-                   trajectory.get()}) {}
+        source(job.cfg.objective().source(
+            job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser,
+                              job.layout.replica_of(job.world_rank()), job.layout.replicas, job.per_replica,
+                              job.train_samples},
+                             stage ? &*stage : nullptr, job.plan, job.model.patch_size, job.student_range()})),
+        transport(stage ? "colocated teacher" : "local targets", *source, job.plan, device, stage.has_value()) {}
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
     teacher::StageLoad how;
@@ -86,33 +86,18 @@ struct OwnTeacher {
   }
 };
 
-/// train.objective flow: this rank's targets from its share of the data (no teacher).
-struct OwnTargets {
-  LocalData data;
-  teacher::FlowTargets transport;
-
-  OwnTargets(const TrainJob& job, const c10::Device& device)
-      : data(job),
-        transport({data.reader, data.schedule, data.noiser, data.eval_noiser, job.plan, job.model.patch_size,
-                   job.layout.replica_of(job.world_rank()), job.layout.replicas, job.train_samples,
-                   job.cfg.train.cond_dropout, job.cfg.train.seed, device}) {}
-};
-
 StudentStream::StudentStream() = default;
 StudentStream::StudentStream(StudentStream&&) noexcept = default;
 StudentStream::~StudentStream() = default;
 
-teacher::TeacherStage* StudentStream::own_stage() const { return own ? &own->stage : nullptr; }
+teacher::TeacherStage* StudentStream::own_stage() const { return own && own->stage ? &*own->stage : nullptr; }
 
 StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleServices& services) {
   const auto& cfg = job.cfg;
   const auto& plan = job.plan;
   StudentStream s;
-  if (!cfg.has_teacher()) {
-    s.targets = std::make_unique<OwnTargets>(job, device);
-    s.transport = &s.targets->transport;
-  } else if (job.layout.colocated()) {
-    s.own = std::make_unique<OwnTeacher>(job, device, services.memory);
+  if (cfg.students_only()) {
+    s.own = std::make_unique<OwnStream>(job, device, services.memory);
     s.transport = &s.own->transport;
   } else {
     s.link = comm::make_receiver(comm::link_end(*job.groups, job.world_rank(), cfg.comm), plan.message_spec(),

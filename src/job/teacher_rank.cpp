@@ -1,7 +1,6 @@
 // run_teacher_rank: a teacher rank's wiring (device, link, stage model, stage links) and its loop.
 #include <spdlog/spdlog.h>
 
-#include <cmath>
 #include <optional>
 
 #include "job/plan_input.hpp"
@@ -57,44 +56,7 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
                    job.cfg.train.objective, cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
     }
   }
-  if (job.cfg.trajectory_stream() && job.world_rank() == 0) {
-    const auto spec = job.trajectory_spec();
-    spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the "
-                 "student learns the jumps between its {} σ, {} teacher forwards a trained sample",
-                 job.cfg.train.objective, spec.teacher_steps, name_of(spec.solver), spec.shift, spec.student_steps, job.cfg.teacher_forwards());
-    if (!spec.intervals.empty()) {
-      std::string list;
-      for (const auto i : spec.intervals) list += (list.empty() ? "" : ", ") + std::to_string(i);
-      spdlog::info("student.expert {}: the student learns intervals {} of {} (those starting at {}); the teacher "
-                   "samples as far as the last one's end",
-                   job.cfg.student.expert, list, spec.student_steps, job.student_range().describe());
-    }
-    const auto& train = job.cfg.train;
-    if (train.trajectory_rollout > 0) {
-      spdlog::info("train.trajectory_rollout {}: the first {} of each student's {} samples start from the state the "
-                   "student's own jumps reach from the trajectory's noise (x_start sent with each batch)",
-                   train.trajectory_rollout,
-                   std::llround(train.trajectory_rollout * static_cast<double>(train.batch_size)), train.batch_size);
-    }
-  }
-  if (job.cfg.objective().traits().real_score && job.world_rank() == 0) {
-    const auto& train = job.cfg.dmd;
-    spdlog::info("train.objective dmd: the generator samples in {} Euler steps (train.dmd_start {}); {} critic "
-                 "updates per generator update; {} answers each update's real-score request",
-                 job.cfg.student.steps, name_of(train.start), train.critic_ratio,
-                 job.layout.colocated() ? "each student's own teacher" : "the replica's teacher rank");
-    if (train.gan()) {
-      spdlog::info("dmd GAN term (DMD2): the critic's realism classifier after {} block learns the stream's x_t (real) "
-                   "from the generator's samples noised to the same t (fake), weight {:g}; the generator's GAN loss "
-                   "weight {:g}",
-                   train.critic_gan_block < 0 ? std::string("its last") : "its " + std::to_string(train.critic_gan_block),
-                   train.critic_gan_weight, train.gan_weight);
-    }
-    if (!job.plan.train_targets) {
-      spdlog::info("train.objective dmd without a regression term: training batches carry the data alone (no teacher "
-                   "forward); the teacher's forwards go to the held-out batches and the real-score requests");
-    }
-  }
+  if (job.world_rank() == 0) job.cfg.objective().log_teacher(job.cfg.keys(), job.student_range(), job.layout.colocated());
   return stage;
 }
 
@@ -105,17 +67,6 @@ std::uint64_t service_bytes(const comm::StreamPlan& plan, const comm::CommConfig
   const auto depth = static_cast<std::uint64_t>(comm.prefetch_depth);
   return (comm::request_spec(plan).bytes() + comm::answer_spec(plan).bytes()) * depth *
          static_cast<std::uint64_t>(students);
-}
-
-/// train.objective trajectory: this replica's trajectory rounds (a whole teacher: stage 0 reads).
-std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const TrainJob& job, teacher::TeacherStage& stage,
-                                                             data::DatasetReader* reader,
-                                                             const data::SampleSchedule& schedule) {
-  if (!job.cfg.trajectory_stream()) return nullptr;
-  WD_CHECK(reader, "train.objective trajectory: the teacher rank has no data reader");
-  return std::make_unique<teacher::TrajectoryRounds>(teacher::TrajectorySource{
-      stage, *reader, schedule, job.plan, job.trajectory_spec(), job.layout.replica_of(job.world_rank()),
-      job.layout.replicas, job.per_replica, job.train_samples, job.cfg.train.seed});
 }
 
 /// The last stage's links to its students: the batch stream and, for dmd, the real-score channel
@@ -186,20 +137,23 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   }
 
   std::optional<data::DatasetReader> reader;
-  if (stage == 0) reader.emplace(*job.info);
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
   data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed, job.student_range());
   data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL, job.student_range());
-  const auto trajectory = trajectory_rounds(job, stage_model, reader ? &*reader : nullptr, schedule);
-  teacher::TeacherJob loop{stage_model, reader ? &*reader : nullptr, schedule, noiser, eval_noiser,
-                           transport.get(), job.plan, layout.replica_of(rank), layout.replicas,
-                           layout.students_per_replica(), job.train_samples, job.broadcast};
+  std::unique_ptr<teacher::TargetSource> source;  // the first stage's: the objective's batches
+  if (stage == 0) {
+    source = cfg.objective().source(cfg.keys(), {{reader.emplace(*job.info), schedule, noiser, eval_noiser,
+                                                  layout.replica_of(rank), layout.replicas, job.per_replica,
+                                                  job.train_samples},
+                                                 &stage_model, job.plan, job.model.patch_size, job.student_range()});
+  }
+  teacher::TeacherJob loop{stage_model, source.get(), transport.get(), job.plan, layout.students_per_replica(),
+                           job.broadcast};
   loop.memory = &services.monitor;
   loop.health = &services.health;
   loop.faults = &services.faults;
   loop.from_previous = links.from_previous.get();
   loop.to_next = links.to_next.get();
-  loop.trajectory = trajectory.get();
   std::optional<teacher::ScoreServer> server;
   if (service) {
     loop.server = &server.emplace(stage_model, *service, service_schedule(job.cfg, job.plan));

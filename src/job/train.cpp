@@ -123,18 +123,28 @@ memory::MemoryMonitor::AsyncGather gather_memory_reports(double timeout_s, int r
   return g;
 }
 
+/// The resolved teacher placement as the remedies compare it (teacher.placement's enum).
+TeacherPlacement placement_choice(plan::Placement p) {
+  switch (p) {
+    case plan::Placement::kGpu: return TeacherPlacement::kGpu;
+    case plan::Placement::kCpu: return TeacherPlacement::kCpu;
+    case plan::Placement::kStream: return TeacherPlacement::kStream;
+    case plan::Placement::kShard: return TeacherPlacement::kShard;
+  }
+  return TeacherPlacement::kCpu;
+}
+
 /// What the failure handler needs besides the exception: the remedies' config values, the
 /// deadline, where the diagnosis goes.
 FailureSetup failure_setup_for(const TrainJob& job) {
   const auto& cfg = job.cfg;
   FailureSetup setup;
-  setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing.str(),
-                    cfg.student.checkpointing.mode == student::CheckpointPolicy::Mode::kAll, cfg.student.precision,
+  setup.remedies = {cfg.teacher.dtype, cfg.student.checkpointing, cfg.student.precision,
                     cfg.train.batch_size, cfg.train.grad_accum, cfg.train.lr, cfg.train.grad_clip,
                     cfg.comm.timeout_s,
                     cfg.checkpoint.every > 0 || !cfg.checkpoint.resume.empty()
                         ? "checkpoints in " + cfg.checkpoint_root() : "",
-                    job.args, parse_choice<TeacherPlacement>("teacher.placement", plan::placement_name(job.placement)),
+                    job.args, placement_choice(job.placement),
                     job.layout.teacher_ranks,
                     job.layout.stages, cfg.teacher.stream_ahead, cfg.student.shard, job.layout.student_ranks};
   // A colocated teacher holds both experts whichever the students train: one job per expert frees nothing.

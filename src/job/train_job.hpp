@@ -24,7 +24,6 @@
 #include "model/wan_experts.hpp"
 #include "plan/planner.hpp"
 #include "teacher/teacher_stage.hpp"
-#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -81,14 +80,6 @@ struct TrainJob {
   /// A LoRA student of a two-expert teacher without student.expert: one adapter set per expert,
   /// each over its own expert's base and trained on the samples the teacher routes to it.
   bool lora_pair() const { return cfg.lora_pair(experts ? experts->size() : 0); }
-  /// train.objective trajectory's spec; with student.expert its intervals cut to those starting
-  /// in student_range() (otherwise empty: all of them).
-  teacher::TrajectorySpec trajectory_spec() const {
-    auto spec = cfg.trajectory_spec();
-    const auto range = student_range();
-    if (range.side != data::TimestepRange::kAll) spec.intervals = spec.intervals_in(range);
-    return spec;
-  }
   int world_rank() const { return topo.rank; }
 };
 

@@ -88,7 +88,7 @@ struct OomFacts {
 using OomRule = void (*)(const OomFacts& f, std::vector<Remedy>& out);
 
 void student_checkpointing(const OomFacts& f, std::vector<Remedy>& out) {
-  if (f.ctx.checkpoints_every_block || !f.activations_matter) return;
+  if (f.ctx.checkpointing.mode == CheckpointPolicy::Mode::kAll || !f.activations_matter) return;
   out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.checkpointing all "
                              "recomputes each block in the backward (measured: 80% less activation "
                              "memory for 29% more step time, bench/results/checkpointing.md)",
@@ -145,7 +145,7 @@ void student_shard_parameters(const OomFacts& f, std::vector<Remedy>& out) {
                        "loss curve, docs/training.md), freeing about {}",
                        f.who, bytes(weights), n, bytes(weights - weights / n)),
            {{"student.shard", "parameters"}}};
-  if (!f.ctx.checkpoints_every_block) r.changes.emplace_back("student.checkpointing", "all");
+  if (f.ctx.checkpointing.mode != CheckpointPolicy::Mode::kAll) r.changes.emplace_back("student.checkpointing", "all");
   out.push_back(std::move(r));
 }
 
@@ -244,7 +244,7 @@ void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) 
   if (!out.empty()) return;
   const auto why =
       f.activations_matter
-          ? fmt::format("batch {} per student, checkpointing {}", f.ctx.batch_size, f.ctx.checkpointing)
+          ? fmt::format("batch {} per student, checkpointing {}", f.ctx.batch_size, f.ctx.checkpointing.str())
           : fmt::format("its activations are {}, {:.1f}% of its {} peak{}: checkpointing or a smaller batch frees "
                         "too little to matter",
                         bytes(f.transient), std::floor(1000 * f.share) / 10, bytes(f.peak),

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint_policy.hpp"
 #include "core/choices.hpp"
 #include "core/failure.hpp"
 #include "core/topology.hpp"
@@ -29,8 +30,7 @@ struct RankFailureState {
 /// The settings remedies are computed from, and the command line they adjust.
 struct RemedyContext {
   DtypeChoice teacher_dtype = DtypeChoice::kBf16;
-  std::string checkpointing = "off";         ///< student.checkpointing as written (for the messages)
-  bool checkpoints_every_block = false;      ///< student.checkpointing all
+  CheckpointPolicy checkpointing;            ///< student.checkpointing
   Precision precision = Precision::kFp32;
   std::int64_t batch_size = 1;
   std::int64_t grad_accum = 1;

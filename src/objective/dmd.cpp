@@ -1,6 +1,8 @@
 // train.objective dmd: distribution matching (DMD2). The student samples in student.steps, a
 // critic learns its samples, the teacher answers the guided score at them; its keys are
 // student::DmdConfig (critic.*, train.dmd_*, the GAN terms).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "objective/builtin.hpp"
@@ -27,6 +29,25 @@ class Dmd final : public ObjectiveSpec {
   }
   void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const override {
     k.dmd.check_objective(false, active, k.train.grad_accum, p);
+  }
+  void log_teacher(const Keys& k, const data::TimestepRange& range, bool colocated) const override {
+    ObjectiveSpec::log_teacher(k, range, colocated);
+    const auto& dmd = k.dmd;
+    spdlog::info("train.objective dmd: the generator samples in {} Euler steps (train.dmd_start {}); {} critic "
+                 "updates per generator update; {} answers each update's real-score request",
+                 k.student.steps, name_of(dmd.start), dmd.critic_ratio,
+                 colocated ? "each student's own teacher" : "the replica's teacher rank");
+    if (dmd.gan()) {
+      spdlog::info("dmd GAN term (DMD2): the critic's realism classifier after {} block learns the stream's x_t (real) "
+                   "from the generator's samples noised to the same t (fake), weight {:g}; the generator's GAN loss "
+                   "weight {:g}",
+                   dmd.critic_gan_block < 0 ? std::string("its last") : "its " + std::to_string(dmd.critic_gan_block),
+                   dmd.critic_gan_weight, dmd.gan_weight);
+    }
+    if (!train_targets(k)) {
+      spdlog::info("train.objective dmd without a regression term: training batches carry the data alone (no teacher "
+                   "forward); the teacher's forwards go to the held-out batches and the real-score requests");
+    }
   }
   /// With a regression term the stream carries the teacher's trajectories; without, the data alone.
   bool trajectory_stream(const Keys& k) const override { return k.dmd.regression_weight > 0; }

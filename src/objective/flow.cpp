@@ -1,5 +1,6 @@
 // train.objective flow: flow-matching training on the data alone (target ε − x0), no teacher.
 #include "objective/builtin.hpp"
+#include "teacher/flow_targets.hpp"
 
 namespace wd::objective {
 
@@ -22,6 +23,11 @@ class Flow final : public ObjectiveSpec {
             "student.init(" + k.student.init +
                 ") copies teacher blocks; train.objective flow has no teacher: random, or weights:PATH to fine-tune a "
                 "checkpoint");
+  }
+  /// The data alone: each batch's target is the velocity of its own noising path.
+  std::unique_ptr<teacher::TargetSource> source(const Keys& k, const teacher::SourceParts& parts) const override {
+    return std::make_unique<teacher::FlowTargets>(
+        teacher::FlowSource{parts.samples, parts.plan, parts.patch, k.train.cond_dropout, k.train.seed});
   }
   void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const override {
     p.check(k.train.cond_dropout == 0, "train.cond_dropout" + config_value(k.train.cond_dropout) +

@@ -1,9 +1,14 @@
 // The objective table and what every spec computes from its traits.
 #include "objective/objective_spec.hpp"
 
-#include <algorithm>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "core/errors.hpp"
 #include "objective/builtin.hpp"
+#include "teacher/target_source.hpp"
 #include "teacher/trajectory.hpp"
 
 namespace wd::objective {
@@ -56,8 +61,45 @@ student::TrainConfig ObjectiveSpec::loop_train(const Keys& k) const {
   return t;
 }
 
+std::unique_ptr<teacher::TargetSource> ObjectiveSpec::source(const Keys& k, const teacher::SourceParts& parts) const {
+  WD_CHECK(parts.stage, "train.objective " << name_ << ": its batches need a teacher stage on this rank");
+  if (!trajectory_stream(k)) return std::make_unique<teacher::StageTargets>(parts.samples, *parts.stage, parts.plan);
+  const auto& s = parts.samples;
+  return std::make_unique<teacher::TrajectoryRounds>(
+      teacher::TrajectorySource{*parts.stage, s.reader, s.schedule, parts.plan, trajectory_spec(k, parts.range),
+                                s.replica, s.replicas, s.per_replica, s.train_samples, k.train.seed});
+}
+
+void ObjectiveSpec::log_teacher(const Keys& k, const data::TimestepRange& range, bool) const {
+  if (!trajectory_stream(k)) return;
+  const auto spec = trajectory_spec(k, range);
+  spdlog::info("train.objective {}: the teacher samples {} {} steps (shift {}) from seeded noise; the student learns "
+               "the jumps between its {} σ, {} teacher forwards a trained sample",
+               name_, spec.teacher_steps, name_of(spec.solver), spec.shift, spec.student_steps, teacher_forwards(k));
+  if (!spec.intervals.empty()) {
+    std::string list;
+    for (const auto i : spec.intervals) list += (list.empty() ? "" : ", ") + std::to_string(i);
+    spdlog::info("student.expert {}: the student learns intervals {} of {} (those starting at {}); the teacher "
+                 "samples as far as the last one's end",
+                 k.student.expert, list, spec.student_steps, range.describe());
+  }
+  if (k.train.trajectory_rollout > 0) {
+    spdlog::info("train.trajectory_rollout {}: the first {} of each student's {} samples start from the state the "
+                 "student's own jumps reach from the trajectory's noise (x_start sent with each batch)",
+                 k.train.trajectory_rollout,
+                 std::llround(k.train.trajectory_rollout * static_cast<double>(k.train.batch_size)),
+                 k.train.batch_size);
+  }
+}
+
 teacher::TrajectorySpec trajectory_spec(const Keys& k) {
   return {k.teacher.solver, k.teacher.steps, k.student.steps, k.teacher.shift};
+}
+
+teacher::TrajectorySpec trajectory_spec(const Keys& k, const data::TimestepRange& range) {
+  auto spec = trajectory_spec(k);
+  if (range.side != data::TimestepRange::kAll) spec.intervals = spec.intervals_in(range);
+  return spec;
 }
 
 const ObjectiveSpec& find(const std::string& name) {

@@ -14,8 +14,14 @@
 #include "student/student_config.hpp"
 #include "teacher/teacher_config.hpp"
 
+namespace wd::data {
+struct TimestepRange;
+}  // namespace wd::data
+
 namespace wd::teacher {
 struct TrajectorySpec;
+struct SourceParts;
+class TargetSource;
 }  // namespace wd::teacher
 
 namespace wd::objective {
@@ -87,6 +93,16 @@ class ObjectiveSpec {
   /// `critic_cost` is a critic forward in student forwards (dmd).
   virtual double student_extra_forwards(const Keys& k, double critic_cost) const { return 0.0; }
 
+  /// The source of one replica's batches, made on the rank that makes them (a teacher rank's
+  /// first stage, or a student computing its own): by default the teacher's trajectories when
+  /// trajectory_stream(), else the data and the stage's forward (teacher/target_source.hpp).
+  virtual std::unique_ptr<teacher::TargetSource> source(const Keys& k, const teacher::SourceParts& parts) const;
+
+  /// Logs what the teacher does for it at start-up (rank 0 of a teacher or colocated job): the
+  /// trajectories it samples (trajectory streams); `range` is the student's timesteps
+  /// (student.expert), `colocated` whether each student has its own teacher.
+  virtual void log_teacher(const Keys& k, const data::TimestepRange& range, bool colocated) const;
+
   /// Whether the teacher's forwards are guided, by Traits::guidance and teacher.guidance.
   bool guided(const Keys& k) const;
   /// Teacher forwards (in samples) per trained sample: 1 per target (teacher.steps / student.steps
@@ -107,6 +123,9 @@ class ObjectiveSpec {
 
 /// The schedules of the teacher's trajectories (teacher.steps, solver and shift; student.steps).
 teacher::TrajectorySpec trajectory_spec(const Keys& k);
+/// The same, with the intervals cut to those starting in `range` (student.expert's side; every
+/// interval when the range is all of t).
+teacher::TrajectorySpec trajectory_spec(const Keys& k, const data::TimestepRange& range);
 
 /// The spec named `name`; a ConfigError naming train.objective and every name of the table
 /// otherwise.

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/wan_dit.hpp"
-#include "student/checkpoint_policy.hpp"
+#include "core/checkpoint_policy.hpp"
 
 namespace wd::student {
 

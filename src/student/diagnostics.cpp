@@ -190,11 +190,11 @@ memory::ModelMemory Diagnostics::model_memory() const {
   memory::ModelMemory m{job_.shard ? job_.shard->weight_bytes() : memory::tensor_bytes(params),
                         memory::grad_bytes(params) + (job_.shard ? job_.shard->gradient_bytes() : 0),
                         memory::optimizer_state_bytes(optimizer_)};
-  if (job_.dmd) {  // the critic trains beside the student: its weights, gradients and AdamW moments
-    const auto critic = job_.dmd->critic_memory();
-    m.weights_bytes += critic.weights_bytes;
-    m.grads_bytes += critic.grads_bytes;
-    m.optimizer_state_bytes += critic.optimizer_state_bytes;
+  if (job_.method) {  // what the method trains beside the student (dmd: the critic)
+    const auto extra = job_.method->extra_memory();
+    m.weights_bytes += extra.weights_bytes;
+    m.grads_bytes += extra.grads_bytes;
+    m.optimizer_state_bytes += extra.optimizer_state_bytes;
   }
   return m;
 }

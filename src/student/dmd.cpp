@@ -371,4 +371,50 @@ void DmdTrainer::restore(const std::string& dir) {
   pending_cycle_ = cycle;
 }
 
+double DmdMethod::step(StepContext& context, std::int64_t step, double /*lr: the trainer's own*/,
+                       MicroBatches& batches) {
+  const auto losses = trainer_.step(context, step, batches.take(step, 0));
+  batches.release(step, 0);
+  if (losses.generator && leader_ && (step + 1) % train_.log_every == 0) {
+    spdlog::info("dmd step {}: generator loss {:.5f} (this rank), critic loss {:.5f}", step + 1, *losses.generator,
+                 losses.critic);
+  }
+  return losses.critic;
+}
+
+namespace {
+
+/// dmd's share of a checkpoint: the critic's training state (whole while it is written, under
+/// student.shard parameters; with each student's moment slice under student.shard), and the
+/// cycle's request inputs gathered from every student when the checkpoint falls inside a cycle.
+class DmdCheckpoint final : public MethodCheckpoint {
+ public:
+  DmdCheckpoint(const DmdTrainer& trainer, std::int64_t steps_done)
+      : trainer_(trainer),
+        steps_done_(steps_done),
+        whole_(trainer.critic_shard()),
+        pending_(trainer.gather_pending(steps_done)),
+        slice_(trainer.critic_moment_slice(steps_done)) {}
+  bool sliced() const override { return slice_.has_value(); }
+  void write(const std::string& dir, const std::string& config_ini) override {
+    trainer_.save(dir, steps_done_, config_ini, pending_, slice_ ? &*slice_ : nullptr);
+  }
+  void write_slice(const std::string& dir) override {
+    if (slice_) write_moment_slice(DmdTrainer::critic_dir(dir), *slice_);
+  }
+
+ private:
+  const DmdTrainer& trainer_;
+  std::int64_t steps_done_;
+  WholeWeights whole_;
+  TensorMap pending_;
+  std::optional<MomentSlice> slice_;
+};
+
+}  // namespace
+
+std::unique_ptr<MethodCheckpoint> DmdMethod::begin_save(std::int64_t steps_done) {
+  return std::make_unique<DmdCheckpoint>(trainer_, steps_done);
+}
+
 }  // namespace wd::student

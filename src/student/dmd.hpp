@@ -27,6 +27,7 @@
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
 #include "student/optimizer_shard.hpp"
+#include "student/student_method.hpp"
 #include "student/train_step.hpp"
 
 namespace wd::student {
@@ -185,6 +186,28 @@ class DmdTrainer {
   DmdParts p_;
   comm::TensorDict pending_;  ///< the current cycle's request inputs (copies)
   std::int64_t pending_cycle_ = -1;
+};
+
+/// dmd as the student's method: every step a critic update, the cycle's last also the
+/// generator's (logged beside the critic's loss, which is the step's); the weight average follows
+/// the generator's updates; the critic and the cycle's request inputs go into every checkpoint.
+class DmdMethod final : public StudentMethod {
+ public:
+  /// `leader`: this rank logs the generator's losses (every train.log_every steps).
+  DmdMethod(DmdTrainer& trainer, RealScore& score, const TrainConfig& train, bool leader)
+      : trainer_(trainer), score_(score), train_(train), leader_(leader) {}
+  double step(StepContext& context, std::int64_t step, double lr, MicroBatches& batches) override;
+  bool averages_after(std::int64_t step) const override { return trainer_.generator_step(step); }
+  double wait_seconds() const override { return score_.wait_seconds(); }
+  memory::ModelMemory extra_memory() const override { return trainer_.critic_memory(); }
+  void restore(const std::string& dir) override { trainer_.restore(dir); }
+  std::unique_ptr<MethodCheckpoint> begin_save(std::int64_t steps_done) override;
+
+ private:
+  DmdTrainer& trainer_;
+  RealScore& score_;
+  const TrainConfig& train_;
+  bool leader_;
 };
 
 }  // namespace wd::student

@@ -8,7 +8,7 @@
 
 #include "core/choices.hpp"
 #include "core/config.hpp"
-#include "student/checkpoint_policy.hpp"
+#include "core/checkpoint_policy.hpp"
 #include "model/wan_config.hpp"
 
 namespace wd::student {

@@ -61,20 +61,6 @@ std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill
                                             job.train.trajectory_rollout);
 }
 
-/// Step `step`'s update: the distillation step, or dmd's critic (and generator) update, whose
-/// generator loss is logged beside the critic's. Returns this rank's loss (dmd: the critic's).
-double update(StudentJob& job, StepContext& context, std::int64_t step, MicroBatches& batches) {
-  const double lr = job.train.lr_at(step);
-  if (!job.dmd) return train_step(context, step, lr, batches);
-  const auto losses = job.dmd->step(context, step, batches.take(step, 0));
-  batches.release(step, 0);
-  if (losses.generator && job.leader && (step + 1) % job.train.log_every == 0) {
-    spdlog::info("dmd step {}: generator loss {:.5f} (this rank), critic loss {:.5f}", step + 1, *losses.generator,
-                 losses.critic);
-  }
-  return losses.critic;
-}
-
 }  // namespace
 
 StudentStats run_student(StudentJob& job) {
@@ -89,6 +75,8 @@ StudentStats run_student(StudentJob& job) {
   const auto rollout = rollout_of(job, distill);
   Objective& objective = rollout ? static_cast<Objective&>(*rollout) : distill;
   StreamBatches batches(job);
+  DistillMethod distill_step;
+  StudentMethod& method = job.method ? *job.method : distill_step;
   StepContext context{objective, optimizer, &job.reducer, job.train.grad_clip, job.world_rank,
                       [&] { diagnostics.track_memory(); }, job.shard};
   const auto device = job.parts.trainable().front().device();
@@ -98,9 +86,8 @@ StudentStats run_student(StudentJob& job) {
     if (job.faults) job.faults->at_step(step + 1, device);
     if (job.health) job.health->check();
     const double lr = job.train.lr_at(step);
-    const auto [loss, stop] = share_step(job, step, update(job, context, step, batches));
-    // dmd: the average follows the generator's updates only.
-    if (job.ema && (!job.dmd || job.dmd->generator_step(step))) job.ema->update(job.parts, step + 1);
+    const auto [loss, stop] = share_step(job, step, method.step(context, step, lr, batches));
+    if (job.ema && method.averages_after(step)) job.ema->update(job.parts, step + 1);
     stats.losses.push_back(loss);
     diagnostics.after_step(step, lr, loss, stop);
     const bool due = job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0;
@@ -120,7 +107,7 @@ StudentStats run_student(StudentJob& job) {
   }
   if (stats.stopped_after < 0) stats.final_eval_rel_mse = diagnostics.after_training();
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  stats.wait_seconds = job.transport.wait_seconds() + (job.extra_wait ? job.extra_wait() : 0.0);
+  stats.wait_seconds = job.transport.wait_seconds() + method.wait_seconds();
   return stats;
 }
 

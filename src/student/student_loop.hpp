@@ -19,8 +19,9 @@
 #include "model/wan_dit.hpp"
 #include "student/ema.hpp"
 #include "student/checkpointing.hpp"
-#include "student/dmd.hpp"
+#include "student/optimizer_shard.hpp"
 #include "student/student_config.hpp"
+#include "student/student_method.hpp"
 #include "student/student_parts.hpp"
 
 namespace wd::student {
@@ -59,11 +60,9 @@ struct StudentJob {
   EmaWeights* ema = nullptr;
   /// student.shard optimizer: the optimizer steps this rank's slice; null = unsharded.
   OptimizerShard* shard = nullptr;
-  /// train.objective dmd: the critic and real-score steps (each step a critic update, a
-  /// generator update at the end of a cycle); null = the distillation step.
-  DmdTrainer* dmd = nullptr;
-  /// dmd: seconds blocked on the teacher's answers (added to wait_seconds); null = none.
-  std::function<double()> extra_wait;
+  /// The objective's student method (dmd's cycle of critic and generator updates); null = the
+  /// distillation step (DistillMethod).
+  StudentMethod* method = nullptr;
 };
 
 struct StudentStats {

@@ -12,24 +12,26 @@ bool context_dropped(std::uint64_t seed, std::int64_t sample, std::int64_t posit
   return static_cast<double>(h >> 11) * 0x1.0p-53 < p;
 }
 
-comm::TensorDict FlowTargets::compute(std::int64_t step) {
-  const auto at = local_samples(src_.plan, src_.schedule, src_.replica, src_.replicas, src_.train_samples, step);
-  auto clean = src_.reader.read(at.indices);
-  const auto& noiser = at.eval ? src_.eval_noiser : src_.noiser;
-  auto noisy = noiser.apply(clean.latents, clean.indices, at.noise_step, src_.plan.per_token_seq_len, src_.patch);
+StageBatch FlowTargets::make(std::int64_t position, bool eval) {
+  const auto& samples = src_.samples;
+  auto clean = samples.reader.read(samples.indices(position, eval));
+  auto noisy = samples.noiser_for(eval).apply(clean.latents, clean.indices, position, src_.plan.per_token_seq_len,
+                                              src_.patch);
   auto context = clean.context;
-  if (!at.eval && src_.cond_dropout > 0) {
+  if (!eval && src_.cond_dropout > 0) {
     for (std::size_t i = 0; i < clean.indices.size(); ++i) {
-      if (context_dropped(src_.seed, clean.indices[i], at.noise_step, src_.cond_dropout)) {
+      if (context_dropped(src_.seed, clean.indices[i], position, src_.cond_dropout)) {
         context[static_cast<std::int64_t>(i)].zero_();
       }
     }
   }
-  return {{"x_t", noisy.x_t},
-          {"t", noisy.t},
-          {"context", context},
-          {"context_lens", clean.context_lens},
-          {"teacher_out", noisy.noise - clean.latents}};
+  StageBatch b;
+  b.x_t = noisy.x_t;
+  b.t = noisy.t;
+  b.context = context;
+  b.context_lens = clean.context_lens;
+  b.out = noisy.noise - clean.latents;
+  return b;
 }
 
 }  // namespace wd::teacher

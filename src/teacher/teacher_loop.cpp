@@ -43,10 +43,8 @@ void check_finite(const torch::Tensor& produced, std::int64_t step, const char* 
                        std::to_string(bad) + " NaN/Inf values of " + std::to_string(produced.numel()));
 }
 
-/// Runs this rank's share of one batch (unless `computed`: a trajectory batch comes with its
-/// target) and passes it on (next stage or students).
-void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison, bool computed = false) {
-  if (!computed) job.stage.run(batch);
+/// Checks one made batch and passes it on (next stage or students).
+void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) {
   auto& produced = job.stage.last() ? batch.out : batch.hidden;
   if (poison) produced.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
   check_finite(produced, step, job.stage.last() ? "output" : "hidden state");
@@ -68,25 +66,18 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison, 
   }
 }
 
-/// One transport step: obtain the batch (read or receive), process it, free the receive slot.
-void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int64_t>& idx,
-                 std::int64_t noise_step, const data::FlowMatchingNoiser& noiser, bool poison,
+/// One transport step: make the batch (first stage: the source) or receive it and run this
+/// stage's blocks, pass it on, free the receive slot.
+void stream_step(TeacherJob& job, std::int64_t step, std::int64_t position, bool eval, bool poison,
                  TeacherStats& stats) {
-  if (job.trajectory) {
+  if (job.source) {
     const auto t = Clock::now();
-    process(job, step, job.trajectory->batch(noise_step, &noiser == &job.eval_noiser), poison, true);
-    stats.busy_seconds += since(t);
-  } else if (job.stage.first()) {
-    const auto t = Clock::now();
-    auto batch = read_stage_batch(*job.reader, job.stage, job.plan, idx, noise_step, noiser);
-    // No target for a training message (StreamPlan::train_targets): the data alone goes out.
-    const bool untargeted = !job.plan.train_targets && &noiser != &job.eval_noiser;
-    if (untargeted) batch.out = untargeted_out(job.plan, batch.x_t.size(0));
-    process(job, step, std::move(batch), poison, untargeted);
+    process(job, step, job.source->make(position, eval), poison);
     stats.busy_seconds += since(t);
   } else {
     auto batch = receive_batch(job, step);  // waiting on the previous stage, not busy
     const auto t = Clock::now();
+    job.stage.run(batch);
     process(job, step, std::move(batch), poison);
     stats.busy_seconds += since(t);
     job.from_previous->release(step);
@@ -94,35 +85,6 @@ void stream_step(TeacherJob& job, std::int64_t step, const std::vector<std::int6
 }
 
 }  // namespace
-
-StageBatch read_stage_batch(data::DatasetReader& reader, const TeacherStage& stage, const comm::StreamPlan& plan,
-                            const std::vector<std::int64_t>& idx, std::int64_t noise_step,
-                            const data::FlowMatchingNoiser& noiser) {
-  auto clean = reader.read(idx);
-  const auto& cfg = stage.experts().front().model->config();
-  auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, plan.per_token_seq_len, cfg.patch_size);
-  StageBatch b;
-  b.x_t = noisy.x_t;
-  b.t = noisy.t;
-  b.context = clean.context;
-  b.context_lens = clean.context_lens;
-  return b;
-}
-
-torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples) {
-  return torch::zeros({samples, plan.out_channels, plan.latent[1], plan.latent[2], plan.latent[3]});
-}
-
-comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::int64_t hi) {
-  comm::TensorDict m{{"x_t", batch.x_t.slice(0, lo, hi)},
-                     {"t", batch.t.slice(0, lo, hi)},
-                     {"context", batch.context.slice(0, lo, hi)},
-                     {"context_lens", batch.context_lens.slice(0, lo, hi)},
-                     {"teacher_out", batch.out.slice(0, lo, hi)}};
-  for (const auto& [j, h] : batch.features) m["feat." + std::to_string(j)] = h.slice(0, lo, hi);
-  if (batch.start.defined()) m["x_start"] = batch.start.slice(0, lo, hi);
-  return m;
-}
 
 comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t samples,
                                      const std::vector<std::int64_t>& features) {
@@ -138,30 +100,17 @@ comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t 
   return spec;
 }
 
-std::vector<std::int64_t> eval_indices(std::int64_t e, int replica, std::int64_t per_replica,
-                                       int replicas, std::int64_t train_samples) {
-  std::vector<std::int64_t> idx;
-  const auto start = train_samples + (e * replicas + replica) * per_replica;
-  for (std::int64_t i = 0; i < per_replica; ++i) idx.push_back(start + i);
-  return idx;
-}
-
 TeacherStats run_teacher(TeacherJob& job) {
-  WD_CHECK(!job.stage.first() || job.reader, "the first teacher stage needs the data set");
+  WD_CHECK(job.stage.first() == (job.source != nullptr),
+           "the first teacher stage, and it alone, makes its batches with the objective's source");
   WD_CHECK(job.stage.first() || job.from_previous, "a later teacher stage needs the previous stage's stream");
   WD_CHECK(!job.stage.last() || job.transport, "the last teacher stage needs the students' transport");
   WD_CHECK(job.stage.last() || job.to_next, "a teacher stage before the last needs the next stage's stream");
-  WD_CHECK(!job.trajectory || (job.stage.first() && job.stage.last()),
-           "train.objective trajectory needs the whole teacher on one rank");
   TeacherStats stats;
   const auto t0 = Clock::now();
   const auto per_replica = job.broadcast ? job.plan.batch_per_student
                                          : job.plan.batch_per_student * job.students_per_replica;
-  for (std::int64_t e = 0; e < job.plan.eval_messages; ++e) {
-    stream_step(job, e, job.stage.first() ? eval_indices(e, job.replica, per_replica, job.replicas, job.train_samples)
-                                          : std::vector<std::int64_t>{},
-                e, job.eval_noiser, false, stats);
-  }
+  for (std::int64_t e = 0; e < job.plan.eval_messages; ++e) stream_step(job, e, e, true, false, stats);
   const auto device = job.stage.experts().front().model->parameters().front().device();
   try {
     for (std::int64_t step = job.plan.first_step; step < job.plan.train_steps; ++step) {
@@ -171,9 +120,8 @@ TeacherStats run_teacher(TeacherJob& job) {
       for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
         // Each micro-batch is its own transport step, so stages pipeline at that grain.
         const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position
-        stream_step(job, job.plan.transport_step(step, micro),
-                    job.stage.first() ? job.schedule.indices(batch, job.replica) : std::vector<std::int64_t>{},
-                    batch, job.noiser, micro == 0 && job.faults && job.faults->nan_due(step + 1), stats);
+        stream_step(job, job.plan.transport_step(step, micro), batch, false,
+                    micro == 0 && job.faults && job.faults->nan_due(step + 1), stats);
         stats.samples += per_replica;
       }
       // The memory report is collective over all ranks: teachers join at the students' steps,

@@ -9,7 +9,6 @@
 #include "core/errors.hpp"
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
-#include "teacher/teacher_loop.hpp"
 
 namespace wd::teacher {
 
@@ -155,7 +154,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-StageBatch TrajectoryRounds::batch(std::int64_t position, bool eval) {
+StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
   const auto m = static_cast<std::int64_t>(intervals_.size());
   const auto round = position / m, slot = position % m;
   if (round_.index != round || round_.eval != eval) sample_round(round, eval);

@@ -17,6 +17,7 @@
 #include "data/dataset_reader.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "teacher/target_source.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::teacher {
@@ -69,14 +70,15 @@ struct TrajectorySource {
 /// them deals B pairs to each of the round's m positions, so every batch mixes intervals and
 /// trajectories. A batch depends on its position only: a resumed run recomputes its round and
 /// gets the same batches.
-class TrajectoryRounds {
+class TrajectoryRounds final : public TargetSource {
  public:
+  /// The stage must be the whole teacher (one rank holds every block).
   explicit TrajectoryRounds(TrajectorySource source);
   /// The batch of training stream position `position` (eval = false) or of held-out message
   /// `position` (eval = true): x_t = the teacher's state at σ_i, t = 1000·σ_i ([B] or, per-token
   /// layouts, [B,S]), context, out = (x_{i+1} − x_i) / (σ_{i+1} − σ_i), and the teacher's
   /// features at (x_i, σ_i) when plan.feature_blocks asks for them.
-  StageBatch batch(std::int64_t position, bool eval);
+  StageBatch make(std::int64_t position, bool eval) override;
   /// Seconds spent sampling trajectories.
   double sampling_seconds() const { return seconds_; }
   /// Round `round`'s deal: place j -> pair b·m + n (trajectory b, trained interval n); places

@@ -89,7 +89,7 @@ TEST(HostSyncs, OnePerOptimizerStepNonePerMicroBatch) {
   SeededBatches batches(plan.message_spec());
   comm::MpiGradientReducer reducer(MPI_COMM_WORLD, parts.trainable(), 25'000'000ULL, 60, 0, nullptr);
   student::StudentJob job{parts, batches, reducer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
-                          student::CheckpointPolicy::parse("all")};
+                          CheckpointPolicy::parse("all")};
   const auto before = host_sync_count();
   const auto stats = student::run_student(job);
   ASSERT_EQ(stats.losses.size(), 4u);
@@ -124,7 +124,7 @@ TEST(HostSyncs, PerStepFilesReadTheDeviceOnlyThroughTheCounter) {
   for (const char* file : {"src/student/student_loop.cpp", "src/student/train_step.cpp",
                            "src/student/student_parts.cpp", "src/student/checkpointing.cpp",
                            "src/comm/staging_transport.cpp", "src/comm/gradient_reducer.cpp",
-                           "src/comm/grad_buckets.cpp", "src/teacher/colocated_teacher.cpp"}) {
+                           "src/comm/grad_buckets.cpp", "src/teacher/target_source.cpp", "src/teacher/flow_targets.cpp"}) {
     const auto more = uncounted_reads(src / file);
     found.insert(found.end(), more.begin(), more.end());
   }

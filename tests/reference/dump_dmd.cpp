@@ -61,7 +61,7 @@ TensorMap defined_grads(const std::vector<std::string>& names, const std::vector
 /// its loss and the critic's gradients, and the generator's GAN gradient in x0.
 nlohmann::ordered_json dump_gan(const fs::path& out, const WanConfig& cfg, student::PartsSetup setup,
                                 const comm::TensorDict& batch, const student::DmdSpec& spec, const torch::Tensor& x0,
-                                const torch::Tensor& t, const student::CheckpointPolicy& policy) {
+                                const torch::Tensor& t, const CheckpointPolicy& policy) {
   setup.seed = kCriticSeed;
   setup.gan = true;
   setup.gan_block = kGanBlock;
@@ -143,7 +143,7 @@ void dump(const fs::path& out) {
   spec.seed = 7;
   spec.student = 0;
   spec.latent = {cfg.in_dim, 2, 8, 8};
-  const auto policy = student::CheckpointPolicy::parse("off");
+  const auto policy = CheckpointPolicy::parse("off");
 
   // The generator's sample, and the same k Euler jumps from generate's own noise by hand.
   const auto x0 = student::generate(generator, batch, spec, kKey, /*grad=*/false, policy);

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     std::vector<torch::Tensor> x, t, v;
     std::vector<std::int64_t> traj, interval;
     for (std::int64_t slot = 0; slot < kK; ++slot) {
-      const auto b = rounds.batch(slot, false);
+      const auto b = rounds.make(slot, false);
       x.push_back(b.x_t);
       t.push_back(b.t);
       v.push_back(b.out);

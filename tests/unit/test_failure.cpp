@@ -237,8 +237,7 @@ memory::DiagnosisInput student_oom() {
   in.ranks[3].own = FailureKind::kOutOfMemory;
   in.ranks[3].memory.peak_rss_bytes = 2500 * kMiB;
   in.ranks[3].memory.model.weights_bytes = 400 * kMiB;
-  in.context.checkpointing = "off";
-  in.context.checkpoints_every_block = false;
+  in.context.checkpointing = CheckpointPolicy::parse("off");
   in.context.batch_size = 8;
   in.context.grad_accum = 1;
   in.context.args = {"--config", "job.ini", "--train.batch_size", "8"};
@@ -266,8 +265,7 @@ TEST(Diagnosis, OutOfMemoryRemediesUseTheRanksNumbers) {
 
 TEST(Diagnosis, RemediesFollowTheConfig) {
   auto in = student_oom();
-  in.context.checkpointing = "all";
-  in.context.checkpoints_every_block = true;
+  in.context.checkpointing = CheckpointPolicy::parse("all");
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   const auto none = memory::compute_remedies(in);
@@ -309,8 +307,7 @@ TEST(Diagnosis, RemediesFollowTheConfig) {
 // offered with what it frees; not once it is on, nor for a single student.
 TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
   auto in = student_oom();
-  in.context.checkpointing = "all";
-  in.context.checkpoints_every_block = true;
+  in.context.checkpointing = CheckpointPolicy::parse("all");
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   in.context.student_ranks = 3;
@@ -343,8 +340,7 @@ TEST(Diagnosis, ShardingIsOfferedWhereTheMomentsAndGradientsMatter) {
 // (with every block checkpointed, which it needs); not once it is on, nor on a GPU.
 TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
   auto in = student_oom();
-  in.context.checkpointing = "off";
-  in.context.checkpoints_every_block = false;
+  in.context.checkpointing = CheckpointPolicy::parse("off");
   in.context.batch_size = 1;
   in.context.student_shard = ShardMode::kGradients;
   in.context.student_ranks = 4;
@@ -376,8 +372,7 @@ TEST(Diagnosis, ParameterShardingIsOfferedWhereAHostStudentsWeightsMatter) {
 // offered where they matter; not for a student that is no pair.
 TEST(Diagnosis, ALoraPairIsOfferedOneJobPerExpert) {
   auto in = student_oom();
-  in.context.checkpointing = "all";
-  in.context.checkpoints_every_block = true;
+  in.context.checkpointing = CheckpointPolicy::parse("all");
   in.context.batch_size = 1;
   in.context.precision = Precision::kBf16Mixed;
   in.ranks[3].memory.teacher_weights_bytes = 1000 * kMiB;  // the two bases: 40% of the 2500 MiB peak

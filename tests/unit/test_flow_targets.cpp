@@ -8,8 +8,8 @@
 #include "data/dataset_info.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/synthetic_dataset.hpp"
-#include "teacher/colocated_teacher.hpp"
 #include "teacher/flow_targets.hpp"
+#include "teacher/target_source.hpp"
 #include "test_util.hpp"
 
 namespace wd {
@@ -40,18 +40,19 @@ struct Fixture {
   }
 };
 
-/// Every message of steps [0, steps) of a FlowTargets over `fx` with dropout `p`.
+/// Every message of steps [0, steps) of FlowTargets over `fx` with dropout `p`, as the student
+/// receives them (the local receiver).
 std::vector<comm::TensorDict> messages(Fixture& fx, double p, std::int64_t steps) {
   data::DatasetReader reader(fx.info);
   const data::SampleSchedule schedule(20, 2, 1, 11);
   const data::FlowMatchingNoiser noiser(fx.noise, 11), eval_noiser(fx.noise, 12);
-  teacher::FlowTargets targets({reader, schedule, noiser, eval_noiser, fx.plan, {1, 2, 2}, 0, 1, 20, p, 11,
-                                torch::kCPU});
+  teacher::FlowTargets targets({{reader, schedule, noiser, eval_noiser, 0, 1, 2, 20}, fx.plan, {1, 2, 2}, p, 11});
+  teacher::LocalReceiver receiver("flow targets", targets, fx.plan, torch::kCPU, false);
   std::vector<comm::TensorDict> out;
   for (std::int64_t s = 0; s < steps; ++s) {
     comm::TensorDict copy;
-    for (const auto& [name, t] : targets.recv(s).tensors) copy[name] = t.clone();
-    targets.release(s);
+    for (const auto& [name, t] : receiver.recv(s).tensors) copy[name] = t.clone();
+    receiver.release(s);
     out.push_back(copy);
   }
   return out;
@@ -62,9 +63,11 @@ TEST(FlowTargets, EachTargetIsTheVelocityOfItsOwnNoisingPath) {
   const auto got = messages(fx, 0.0, 6);
   data::DatasetReader reader(fx.info);
   const data::SampleSchedule schedule(20, 2, 1, 11);
+  const data::FlowMatchingNoiser noiser(fx.noise, 11), eval_noiser(fx.noise, 12);
+  const teacher::SampleStream samples{reader, schedule, noiser, eval_noiser, 0, 1, 2, 20};
   for (std::int64_t s = 0; s < 6; ++s) {
-    const auto at = teacher::local_samples(fx.plan, schedule, 0, 1, 20, s);
-    const auto x0 = reader.read(at.indices).latents;
+    const auto at = teacher::stream_position(fx.plan, s);
+    const auto x0 = reader.read(samples.indices(at.position, at.eval)).latents;
     const auto& m = got[static_cast<std::size_t>(s)];
     const auto sigma = (m.at("t") / 1000.0).view({-1, 1, 1, 1, 1});
     // x_t = (1 − σ)·x0 + σ·ε  =>  ε = (x_t − (1 − σ)·x0) / σ, and the target is ε − x0.

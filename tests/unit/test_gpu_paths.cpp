@@ -6,7 +6,7 @@
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
 #include "student/train_step.hpp"
-#include "teacher/colocated_teacher.hpp"
+#include "teacher/target_source.hpp"
 
 namespace {
 

@@ -107,7 +107,7 @@ TEST(Lora, OnlyAdaptersLearnAndCheckpointedBlocksGiveTheSameGradients) {
   int k = 0;
   for (const char* policy : {"off", "all"}) {
     model->zero_grad();
-    auto out = student::student_forward(model, in, student::CheckpointPolicy::parse(policy), nullptr);
+    auto out = student::student_forward(model, in, CheckpointPolicy::parse(policy), nullptr);
     auto loss = torch::zeros({});
     for (const auto& o : out) loss = loss + o.pow(2).mean();
     loss.backward();
@@ -189,7 +189,7 @@ TEST(Lora, APairSendsEachSampleToItsExpertAndTrainsOnlyThatExpertsAdapters) {
   noisy["t"] = torch::tensor({990.f, 900.f, 875.f});
   noisy["teacher_out"] = torch::randn({3, c.out_dim, 1, 4, 4}, gen);
   parts.zero_grad();
-  parts.micro_step(noisy, 1.0, student::CheckpointPolicy::parse("all"));
+  parts.micro_step(noisy, 1.0, CheckpointPolicy::parse("all"));
   for (std::size_t i = 0; i < parts.trainable().size(); ++i) {
     const auto& g = parts.trainable()[i].grad();
     if (i < per_model) {

@@ -2,15 +2,19 @@
 // names in --help; each built-in spec answers what the run config's predicates answered before
 // the wing (a table of expected answers); and a sixth objective, defined here alone, is added to
 // the table from this test binary and is parsed, checked and costed with no edit outside
-// src/objective and this file.
+// src/objective and this file: parsed, checked, costed, and its own source makes its batches.
 #include <gtest/gtest.h>
 
 #include <sstream>
 
 #include "core/config.hpp"
 #include "core/errors.hpp"
+#include "data/dataset_info.hpp"
+#include "data/synthetic_dataset.hpp"
 #include "job/run_config.hpp"
+#include "model/wan_checkpoint.hpp"
 #include "objective/objective_spec.hpp"
+#include "teacher/target_source.hpp"
 #include "run_config_words.hpp"
 #include "test_util.hpp"
 
@@ -19,6 +23,21 @@ namespace {
 
 using job::RunConfig;
 
+/// x0's batches: the data and the teacher's velocity v (the built-in source), then the target
+/// x_t − σ·v with σ = t / 1000.
+class X0Targets final : public teacher::TargetSource {
+ public:
+  explicit X0Targets(std::unique_ptr<teacher::TargetSource> velocity) : velocity_(std::move(velocity)) {}
+  teacher::StageBatch make(std::int64_t position, bool eval) override {
+    auto b = velocity_->make(position, eval);
+    b.out = b.x_t - (b.t / 1000.0).view({-1, 1, 1, 1, 1}) * b.out;
+    return b;
+  }
+
+ private:
+  std::unique_ptr<teacher::TargetSource> velocity_;
+};
+
 /// A test-only objective: the teacher's clean-sample prediction x0 = x_t − σ·v as the target.
 /// One teacher forward a sample, never guided, any placement; teacher.guidance must stay 1.
 class TeacherX0 final : public objective::ObjectiveSpec {
@@ -26,6 +45,10 @@ class TeacherX0 final : public objective::ObjectiveSpec {
   TeacherX0() : ObjectiveSpec("x0", "test only: the teacher's clean-sample prediction as the target", {}) {}
   void check(const objective::Keys& k, ConfigProblems& p) const override {
     p.check(k.teacher.guidance == 1.0, "train.objective x0 takes the teacher's unguided x0: teacher.guidance must be 1");
+  }
+  std::unique_ptr<teacher::TargetSource> source(const objective::Keys& k,
+                                                const teacher::SourceParts& parts) const override {
+    return std::make_unique<X0Targets>(ObjectiveSpec::source(k, parts));
   }
 };
 
@@ -175,6 +198,52 @@ TEST(ObjectiveTable, CostsComeFromTheSpec) {
   const auto x0 = config("--train.objective x0");
   EXPECT_DOUBLE_EQ(x0.objective().student_extra_forwards(x0.keys(), 1.0), 0.0);
   EXPECT_DOUBLE_EQ(x0.objective().requests(x0.keys()), 0.0);
+}
+
+TEST(ObjectiveTable, TheAddedObjectivesSourceMakesItsOwnTargetsFromTheTeachersForward) {
+  test::TempDir dir{"wd-objective-source"};
+  auto model = WanConfig::preset("tiny");
+  model.num_layers = 2;
+  write_random_wan_checkpoint(dir.str("teacher"), model, torch::kFloat, 1ull << 20, 7);
+  data::SyntheticDatasetSpec spec;
+  spec.output = dir.str("data.h5");
+  spec.samples = 12;
+  spec.latent = {model.in_dim, 1, 4, 4};
+  spec.text_len = 5;
+  spec.text_dim = model.text_dim;
+  data::write_synthetic_dataset(spec);
+  const auto info = data::validate_dataset(spec.output, {});
+  comm::StreamPlan plan;
+  plan.batch_per_student = 2;
+  plan.eval_messages = 1;
+  plan.train_steps = 4;
+  plan.latent = info.latent_shape;
+  teacher::StageLoad how;
+  how.dtype = torch::kFloat;
+  how.blocks = {0, model.num_layers};
+  std::vector<teacher::StageModel> models;
+  models.push_back(teacher::load_stage_model(WanCheckpoint::open(dir.str("teacher")), how));
+  teacher::TeacherStage stage(std::move(models), nullptr, how.blocks, {});
+  data::DatasetReader reader(info);
+  const data::SampleSchedule schedule(10, 2, 1, 3);
+  const data::NoiseConfig noise;
+  const data::FlowMatchingNoiser noiser(noise, 3), eval_noiser(noise, 4);
+  const teacher::SourceParts parts{{reader, schedule, noiser, eval_noiser, 0, 1, 2, 10}, &stage, plan};
+
+  const auto cfg = config("--train.objective x0 --teacher.guidance 1");
+  const auto x0 = cfg.objective().source(cfg.keys(), parts);
+  const auto velocity = objective::find("velocity").source(cfg.keys(), parts);
+  teacher::LocalReceiver receiver("x0 teacher", *x0, plan, torch::kCPU, true);
+  for (std::int64_t step = 0; step < 3; ++step) {  // the held-out message, then two training batches
+    const auto at = teacher::stream_position(plan, step);
+    const auto v = velocity->make(at.position, at.eval);
+    const auto& m = receiver.recv(step);
+    ASSERT_TRUE(torch::equal(m.at("x_t"), v.x_t)) << "step " << step;
+    const auto sigma = (v.t / 1000.0).view({-1, 1, 1, 1, 1});
+    EXPECT_TRUE(torch::allclose(m.at("teacher_out"), v.x_t - sigma * v.out, 1e-6, 1e-6)) << "step " << step;
+    EXPECT_FALSE(torch::allclose(m.at("teacher_out"), v.out)) << "the target is x0, not the velocity";
+    receiver.release(step);
+  }
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include "data/flow_sampler.hpp"
 #include "data/synthetic_dataset.hpp"
 #include "model/wan_checkpoint.hpp"
-#include "teacher/teacher_loop.hpp"
+#include "teacher/target_source.hpp"
 #include "teacher/trajectory.hpp"
 #include "test_util.hpp"
 
@@ -72,7 +72,7 @@ std::map<std::pair<std::int64_t, std::int64_t>, Pair> round_pairs(TrajectoryRoun
                                                                   std::int64_t k, bool eval = false) {
   std::map<std::pair<std::int64_t, std::int64_t>, Pair> pairs;
   for (std::int64_t slot = 0; slot < k; ++slot) {
-    const auto b = rounds.batch(slot, eval);
+    const auto b = rounds.make(slot, eval);
     for (std::int64_t s = 0; s < B; ++s) {
       const auto key = rounds.pair_at(0, eval, slot * B + s);
       EXPECT_TRUE(pairs.count(key) == 0) << "pair (" << key.first << "," << key.second << ") dealt twice";
@@ -155,11 +155,11 @@ TEST(Trajectory, BatchesMixIntervalsAndTrajectoriesAndDependOnTheirPositionOnly)
   const std::int64_t B = 4, k = 2;
   TrajectoryRounds sequential({stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
   std::vector<StageBatch> seen;
-  for (std::int64_t pos = 0; pos < 6; ++pos) seen.push_back(sequential.batch(pos, false));
+  for (std::int64_t pos = 0; pos < 6; ++pos) seen.push_back(sequential.make(pos, false));
   // A resumed run starts mid-round: its own object recomputes the round.
   TrajectoryRounds resumed({stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
   for (std::int64_t pos : {5, 3}) {
-    const auto b = resumed.batch(pos, false);
+    const auto b = resumed.make(pos, false);
     EXPECT_TRUE(torch::equal(b.x_t, seen[static_cast<std::size_t>(pos)].x_t)) << "position " << pos;
     EXPECT_TRUE(torch::equal(b.out, seen[static_cast<std::size_t>(pos)].out)) << "position " << pos;
   }
@@ -189,7 +189,7 @@ TEST(Trajectory, HeldOutRoundsUseTheHeldOutContexts) {
   for (std::int64_t b = 0; b < B; ++b) {
     EXPECT_TRUE(torch::equal(pairs.at({b, 0}).context, held_out.context[b])) << "trajectory " << b;
   }
-  EXPECT_FALSE(torch::equal(rounds.batch(0, true).x_t, rounds.batch(0, false).x_t));
+  EXPECT_FALSE(torch::equal(rounds.make(0, true).x_t, rounds.make(0, false).x_t));
 }
 
 TEST(Trajectory, AnExpertsStudentGetsTheIntervalsStartingInItsRangeCutFromTheSameTrajectories) {
@@ -221,8 +221,8 @@ TEST(Trajectory, AnExpertsStudentGetsTheIntervalsStartingInItsRangeCutFromTheSam
       EXPECT_TRUE(torch::allclose(pair.v, every.at(key).v, 1e-6, 1e-6));
     }
     // Round 1 follows m positions later.
-    const auto next = rounds.batch(m, false);
-    EXPECT_FALSE(torch::equal(next.x_t, rounds.batch(0, false).x_t));
+    const auto next = rounds.make(m, false);
+    EXPECT_FALSE(torch::equal(next.x_t, rounds.make(0, false).x_t));
   }
 }
 

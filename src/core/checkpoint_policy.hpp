@@ -1,11 +1,12 @@
 // CheckpointPolicy: which student blocks recompute their activations in the backward
-// (`student.checkpointing`), parsed once when the options are (student_config.cpp binds it).
+// (`student.checkpointing`), parsed once when the options are (student_config.cpp binds it). In
+// core so that the memory diagnosis reads the policy itself, not a copy of its text.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-namespace wd::student {
+namespace wd {
 
 /// Which blocks keep only their inputs in the forward and recompute the rest in the backward:
 /// `off`, `all`, or `every:k` (blocks whose index is a multiple of k).
@@ -22,4 +23,4 @@ struct CheckpointPolicy {
   std::string str() const;
 };
 
-}  // namespace wd::student
+}  // namespace wd
