@@ -66,6 +66,9 @@ class WanCheckpoint {
   void release(const std::string& native_key) const;
   /// The adapters merged into this checkpoint's tensors (a LoRA student folder), else null.
   const LoraFolder* lora() const { return lora_.get(); }
+  /// Whether tensor(native_key) is a base weight with its adapters merged (computed in fp32, then
+  /// given the base's stored dtype unless another is asked).
+  bool merges(const std::string& native_key) const { return merged_.count(native_key) > 0; }
 
  private:
   struct Entry {

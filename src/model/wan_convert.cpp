@@ -227,8 +227,12 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
                          const auto [file, stored] = input.location(plan.name);
                          torch::Tensor converted;
                          try {
-                           const auto source = input.tensor(plan.name);
-                           if (plan.from == plan.to) {
+                           // A LoRA folder's adapted weight converts from its fp32 merge:
+                           // the merge rounded to the base's dtype first would lose what a
+                           // wider output keeps (--dtype fp32 over a bf16 base).
+                           const bool merged = input.merges(plan.name);
+                           const auto source = merged ? input.tensor(plan.name, torch::kFloat) : input.tensor(plan.name);
+                           if (plan.from == plan.to && !merged) {
                              converted = source;
                              written_as_views.push_back(plan.name);
                            } else {

@@ -10,6 +10,7 @@
 #include "core/errors.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_convert.hpp"
 #include "model/wan_lora.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_parts.hpp"
@@ -235,6 +236,38 @@ TEST(Lora, AFolderRoundTripsAndOpensAsTheMergedModel) {
   fs::rename(d.dir / "base", d.dir / "moved");
   expect_throw_contains<DataError>([&] { WanCheckpoint::open((d.dir / "student").string()); },
                                          "lora.json: base: names a base checkpoint that does not open");
+}
+
+TEST(Lora, AFolderOverABf16BaseConvertsToItsFp32MergeNotTheMergeRoundedToBf16) {
+  test::TempDir tmp{"lora-bf16"};
+  const auto config = small_config();
+  const auto lora = adapted(config);
+  write_random_wan_checkpoint(tmp.str("base"), config, torch::kBFloat16, 1ULL << 30, 3);
+  write_lora_folder(*lora, tmp.str("student"), tmp.str("base"));
+  const auto folder = WanCheckpoint::open(tmp.str("student"));
+  const auto base = WanCheckpoint::open(tmp.str("base"));
+  ConvertOptions fp32;
+  fp32.dtype = torch::kFloat;
+  convert_wan_checkpoint(folder, tmp.str("fp32"), fp32);
+  ConvertOptions bf16;
+  convert_wan_checkpoint(folder, tmp.str("bf16"), bf16);
+  const auto wide = WanCheckpoint::open(tmp.str("fp32"));
+  const auto narrow = WanCheckpoint::open(tmp.str("bf16"));
+  auto params = lora->named_parameters();
+  for (const auto& linear : lora->lora().targets) {
+    const auto key = linear + ".weight";
+    ASSERT_TRUE(folder.merges(key)) << key;
+    const auto want = base.tensor(key).to(torch::kFloat) +
+                      lora->lora().scale() * torch::mm(params[linear + ".lora_up"], params[linear + ".lora_down"]);
+    EXPECT_EQ(wide.tensor(key).scalar_type(), torch::kFloat) << key;
+    EXPECT_TRUE(torch::allclose(wide.tensor(key), want, 0, 1e-6)) << key << ": the fp32 output is the fp32 merge";
+    EXPECT_FALSE(torch::equal(wide.tensor(key), want.to(torch::kBFloat16).to(torch::kFloat))) << key;
+    // A bf16 output rounds the fp32 merge once, as reading the folder in its base's dtype does.
+    EXPECT_TRUE(torch::equal(narrow.tensor(key), want.to(torch::kBFloat16))) << key;
+    EXPECT_TRUE(torch::equal(narrow.tensor(key), folder.tensor(key))) << key;
+  }
+  EXPECT_FALSE(folder.merges("blocks.0.modulation"));
+  EXPECT_TRUE(torch::equal(wide.tensor("blocks.0.modulation"), base.tensor("blocks.0.modulation").to(torch::kFloat)));
 }
 
 TEST(Lora, FilesOfEveryLayoutImportWithTheirScale) {
