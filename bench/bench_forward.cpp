@@ -103,14 +103,18 @@ WanConfig bench_size(const std::string& name) {
 
 /// Matmul FLOPs of one forward of `batch` samples of `S` tokens (2 per multiply-add), following
 /// the forward in wan_dit.cpp. Elementwise work (norms, RoPE, GELU, modulation) is left out.
-/// The time MLP runs per token because the Wan 2.2 forward expands t to [B, S].
+/// The time MLP runs once per sample: the bench's t is [B], and wan_dit.cpp's embed_time runs the
+/// MLP on one row a sample where the official code expands t to [B, S] (per-token t, TI2V's
+/// image mode, would run it on S rows). Before 2026-11-28 it was counted per token, ~1% of a
+/// TI2V-5B forward's count at 8190 tokens.
 double forward_flops(const WanConfig& c, double S, double batch) {
   const double D = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_dim);
   const double L = static_cast<double>(c.text_len);  // contexts are padded to text_len
   const double patch = static_cast<double>(c.in_dim * c.patch_volume());
   const double head = static_cast<double>(c.out_dim * c.patch_volume());
+  const double time_rows = 1;                                    // per-sample t
   double f = 2 * S * patch * D                                   // patch embedding
-             + 2 * S * (c.freq_dim * D + D * D + D * 6 * D)      // time MLP + projection
+             + 2 * time_rows * (c.freq_dim * D + D * D + D * 6 * D)  // time MLP + projection
              + 2 * L * (c.text_dim * D + D * D)                  // text embedding
              + 2 * S * D * head;                                 // head
   const double block = 2 * S * 4 * D * D + 4 * S * S * D         // self-attn: q,k,v,o; QKᵀ, PV
@@ -207,7 +211,7 @@ int run(const std::vector<std::string>& args) {
   }
   std::printf("\nGFLOP counts matmul work only (2 per multiply-add): linear layers on S tokens "
               "(text embedding and cross-attention k/v on text_len rows), self-attention "
-              "4·S²·D and cross-attention 4·S·text_len·D per layer, and the per-token time MLP.\n");
+              "4·S²·D and cross-attention 4·S·text_len·D per layer, and the time MLP once a sample.\n");
   return 0;
 }
 
