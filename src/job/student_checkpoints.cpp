@@ -59,26 +59,21 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
   student::OptimizerShard* shard = loop.shard;
   if (!job.resume_path.empty()) {
     loop.restore = [&job, &parts, ema, method, shard](torch::optim::AdamW& optimizer) {
-      student::WholeWeights whole(shard);  // student.shard parameters: the load writes whole tensors
-      const auto cursor = student::load_train_state(job.resume_path, parts, optimizer, shard);
-      whole.adopt();
-      WD_CHECK_DATA(cursor.step == job.plan.first_step, job.resume_path, "trainer.json",
-                    "step " << cursor.step << " differs from the manifest's step " << job.plan.first_step);
+      student::Trainable{parts, optimizer, shard}.restore(job.resume_path, job.plan.first_step, "the manifest's");
       if (ema) ema->restore(job.resume_path, parts);
       if (method) method->restore(job.resume_path);
     };
   }
   loop.save = [&job, &parts, ema, method, shard, &services, device](std::int64_t step,
                                                                    torch::optim::AdamW& optimizer) {
-    // Every student joins the gathers (student.shard parameters' whole weights, the method's
-    // share: dmd's cycle request inputs) and the slices' step counts; the first one writes, the
-    // others add their moment slices.
-    const student::WholeWeights whole(shard);
+    // Every student joins the gathers (student.shard parameters' whole weights and the slices'
+    // step counts, the student's and then the method's share: dmd's critic and cycle request
+    // inputs); the first one writes, the others add their moment slices.
+    const student::TrainableSave own(student::Trainable{parts, optimizer, shard}, step);
     const auto share = method ? method->begin_save(step) : std::make_unique<student::MethodCheckpoint>();
-    const auto slice = shard ? std::optional(shard->moment_slice(optimizer, step)) : std::nullopt;
-    const bool sliced = slice || share->sliced();
+    const bool sliced = own.sliced() || share->sliced();
     const auto write_slices = [&](const std::string& dir) {
-      if (slice) student::write_moment_slice(dir, *slice);
+      own.write_slice(dir);
       share->write_slice(dir);
     };
     if (!job.store) {
@@ -87,8 +82,7 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
     }
     const auto path = job.store->save(step, [&](const std::string& dir) {
       // With a weight average, checkpoints keep both and student/ holds the average.
-      student::save_train_state(dir, parts, optimizer, {step}, job.config_ini, /*export_student=*/ema == nullptr,
-                                slice ? &*slice : nullptr);
+      own.write(dir, job.config_ini, /*export_student=*/ema == nullptr);
       share->write(dir, job.config_ini);
       if (ema) {
         ema->save(dir, parts);

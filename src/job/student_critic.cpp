@@ -95,7 +95,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   auto* shard = side.reduction.shard.get();
   side.optimizer =
       student::make_adamw(side.critic->trainable(), shard, cfg.dmd.critic_lr > 0 ? cfg.dmd.critic_lr : train.lr, train);
-  services.memory.model.weights_bytes += shard ? shard->weight_bytes() : memory::tensor_bytes(side.critic->trainable());
+  services.memory.model.weights_bytes += student::kept_weight_bytes(side.critic->trainable(), shard);
   student::DmdParts parts{generator,
                           *side.critic,
                           *side.optimizer,

@@ -89,7 +89,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   auto reduction = make_reduction(job, parts, device, services);
   // The weights this rank keeps (student.shard parameters: its slice and the blocks' outside).
   services.memory.model.weights_bytes =
-      reduction.shard ? reduction.shard->weight_bytes() : memory::tensor_bytes(parts.trainable());
+      student::kept_weight_bytes(parts.trainable(), reduction.shard.get());
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;

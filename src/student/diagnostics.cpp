@@ -184,12 +184,7 @@ void Diagnostics::log_window(std::int64_t step, double lr, double loss) {
 }
 
 memory::ModelMemory Diagnostics::model_memory() const {
-  const auto& params = job_.parts.trainable();
-  // student.shard gradients: the .grad are gone between steps; the shard's slice is what stays.
-  // student.shard parameters: the blocks' weights are the shard's slice between uses.
-  memory::ModelMemory m{job_.shard ? job_.shard->weight_bytes() : memory::tensor_bytes(params),
-                        memory::grad_bytes(params) + (job_.shard ? job_.shard->gradient_bytes() : 0),
-                        memory::optimizer_state_bytes(optimizer_)};
+  auto m = student::model_memory(job_.parts.trainable(), job_.shard, optimizer_);
   if (job_.method) {  // what the method trains beside the student (dmd: the critic)
     const auto extra = job_.method->extra_memory();
     m.weights_bytes += extra.weights_bytes;

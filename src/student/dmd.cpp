@@ -265,10 +265,7 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
 }
 
 memory::ModelMemory DmdTrainer::critic_memory() const {
-  const auto& params = p_.critic.trainable();
-  return {p_.critic_shard ? p_.critic_shard->weight_bytes() : memory::tensor_bytes(params),
-          memory::grad_bytes(params) + (p_.critic_shard ? p_.critic_shard->gradient_bytes() : 0),
-          memory::optimizer_state_bytes(p_.critic_optimizer)};
+  return model_memory(p_.critic.trainable(), p_.critic_shard, p_.critic_optimizer);
 }
 
 DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {
@@ -310,19 +307,9 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
   return out;
 }
 
-std::optional<MomentSlice> DmdTrainer::critic_moment_slice(std::int64_t steps_done) const {
-  if (!p_.critic_shard) return std::nullopt;
-  return p_.critic_shard->moment_slice(p_.critic_optimizer, steps_done);
-}
-
 std::string DmdTrainer::critic_dir(const std::string& dir) { return (fs::path(dir) / kCriticDir).string(); }
 
-void DmdTrainer::save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-                      const TensorMap& pending, const MomentSlice* critic_slice) const {
-  const auto critic_dir = fs::path(dir) / kCriticDir;
-  fs::create_directories(critic_dir);
-  save_train_state(critic_dir.string(), p_.critic, p_.critic_optimizer, {steps_done}, config_ini,
-                   /*export_student=*/false, critic_slice);
+void DmdTrainer::write_pending(const std::string& dir, const TensorMap& pending) const {
   if (pending.empty()) return;
   write_safetensors((fs::path(dir) / kPendingFile).string(), pending,
                     {{"cycle", std::to_string(pending_cycle_)}, {"producer", "wan-distill train (dmd)"}});
@@ -332,12 +319,8 @@ void DmdTrainer::restore(const std::string& dir) {
   const auto critic_dir = (fs::path(dir) / kCriticDir).string();
   WD_CHECK_DATA(fs::is_directory(critic_dir), dir, kCriticDir,
                 "is missing: a train.objective dmd checkpoint holds the critic's training state there");
-  WholeWeights whole(p_.critic_shard);  // student.shard parameters: the load writes whole tensors
-  const auto cursor = load_train_state(critic_dir, p_.critic, p_.critic_optimizer, p_.critic_shard);
-  whole.adopt();
   const auto first = p_.schedule.first_step;
-  WD_CHECK_DATA(cursor.step == first, critic_dir, TrainStateFiles::kTrainer,
-                "step " << cursor.step << " differs from the generator's step " << first);
+  critic_state().restore(critic_dir, first, "the generator's");
   const auto cycle = p_.schedule.cycle_of(first);
   if (first % p_.schedule.ratio == 0 || cycle >= p_.schedule.end_cycle()) return;
   const auto path = (fs::path(dir) / kPendingFile).string();
@@ -384,31 +367,27 @@ double DmdMethod::step(StepContext& context, std::int64_t step, double /*lr: the
 
 namespace {
 
-/// dmd's share of a checkpoint: the critic's training state (whole while it is written, under
-/// student.shard parameters; with each student's moment slice under student.shard), and the
-/// cycle's request inputs gathered from every student when the checkpoint falls inside a cycle.
+/// dmd's share of a checkpoint: the critic's training state, through the trainables' one path
+/// (whole while it is written under student.shard parameters; each student's moment slice under
+/// student.shard), and the cycle's request inputs gathered from every student when the
+/// checkpoint falls inside a cycle.
 class DmdCheckpoint final : public MethodCheckpoint {
  public:
   DmdCheckpoint(const DmdTrainer& trainer, std::int64_t steps_done)
-      : trainer_(trainer),
-        steps_done_(steps_done),
-        whole_(trainer.critic_shard()),
-        pending_(trainer.gather_pending(steps_done)),
-        slice_(trainer.critic_moment_slice(steps_done)) {}
-  bool sliced() const override { return slice_.has_value(); }
+      : trainer_(trainer), critic_(trainer.critic_state(), steps_done), pending_(trainer.gather_pending(steps_done)) {}
+  bool sliced() const override { return critic_.sliced(); }
   void write(const std::string& dir, const std::string& config_ini) override {
-    trainer_.save(dir, steps_done_, config_ini, pending_, slice_ ? &*slice_ : nullptr);
+    const auto critic_dir = DmdTrainer::critic_dir(dir);
+    fs::create_directories(critic_dir);
+    critic_.write(critic_dir, config_ini, /*export_student=*/false);
+    trainer_.write_pending(dir, pending_);
   }
-  void write_slice(const std::string& dir) override {
-    if (slice_) write_moment_slice(DmdTrainer::critic_dir(dir), *slice_);
-  }
+  void write_slice(const std::string& dir) override { critic_.write_slice(DmdTrainer::critic_dir(dir)); }
 
  private:
   const DmdTrainer& trainer_;
-  std::int64_t steps_done_;
-  WholeWeights whole_;
+  TrainableSave critic_;
   TensorMap pending_;
-  std::optional<MomentSlice> slice_;
 };
 
 }  // namespace

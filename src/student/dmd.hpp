@@ -28,6 +28,7 @@
 #include "student/student_parts.hpp"
 #include "student/optimizer_shard.hpp"
 #include "student/student_method.hpp"
+#include "student/train_state.hpp"
 #include "student/train_step.hpp"
 
 namespace wd::student {
@@ -156,20 +157,16 @@ class DmdTrainer {
   /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
   /// the student group, with the loop's deadline.
   TensorMap gather_pending(std::int64_t steps_done) const;
-  /// student.shard: this rank's slice of the critic's AdamW moments (OptimizerShard::
-  /// moment_slice); nullopt when the critic is not sharded. Collective.
-  std::optional<MomentSlice> critic_moment_slice(std::int64_t steps_done) const;
   /// The directory under a checkpoint that holds the critic's training state.
   static std::string critic_dir(const std::string& dir);
-  /// The critic's slice of the optimizer (student.shard), or null.
-  OptimizerShard* critic_shard() const { return p_.critic_shard; }
-  /// Writes the critic's training state into critic_dir(dir) (with this rank's `critic_slice`
-  /// when sharded) and, when there is one, `pending` (gather_pending) into
-  /// `dir`/dmd_pending.safetensors.
-  void save(const std::string& dir, std::int64_t steps_done, const std::string& config_ini,
-            const TensorMap& pending, const MomentSlice* critic_slice = nullptr) const;
-  /// Restores what save() wrote for a run resuming at schedule.first_step: the critic, and this
-  /// student's share of the pending request inputs when the run resumes mid-cycle.
+  /// The critic's training state (its parts, AdamW and, under student.shard, slice): saved into
+  /// critic_dir() of every checkpoint through the trainables' one path (TrainableSave).
+  Trainable critic_state() const { return {p_.critic, p_.critic_optimizer, p_.critic_shard}; }
+  /// Writes `pending` (gather_pending), when there is any, into `dir`/dmd_pending.safetensors.
+  void write_pending(const std::string& dir, const TensorMap& pending) const;
+  /// Restores what a checkpoint holds of dmd for a run resuming at schedule.first_step: the
+  /// critic, and this student's share of the pending request inputs when the run resumes
+  /// mid-cycle.
   void restore(const std::string& dir);
 
   /// The critic's weights, gradients and AdamW state (memory reports and the OOM diagnosis).

@@ -243,4 +243,14 @@ MomentSlice OptimizerShard::moment_slice(const torch::optim::AdamW& optimizer, s
   return out;
 }
 
+std::uint64_t kept_weight_bytes(const std::vector<torch::Tensor>& params, const OptimizerShard* shard) {
+  return shard ? shard->weight_bytes() : memory::tensor_bytes(params);
+}
+
+memory::ModelMemory model_memory(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
+                                 const torch::optim::Optimizer& optimizer) {
+  return {kept_weight_bytes(params, shard), memory::grad_bytes(params) + (shard ? shard->gradient_bytes() : 0),
+          memory::optimizer_state_bytes(optimizer)};
+}
+
 }  // namespace wd::student

@@ -19,6 +19,7 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/health_channel.hpp"
 #include "comm/wait.hpp"
+#include "memory/memory_report.hpp"
 #include "student/gradient_scatter.hpp"
 #include "student/parameter_gather.hpp"
 
@@ -141,6 +142,15 @@ class OptimizerShard {
   comm::HealthChannel* health_;
   comm::FaultHook fault_hook_;
 };
+
+/// The weights of a trainable model (`params`) this rank keeps between steps: `shard`'s (its
+/// slice under student.shard parameters, and the blocks' outside), or all of them without one.
+std::uint64_t kept_weight_bytes(const std::vector<torch::Tensor>& params, const OptimizerShard* shard);
+/// A trainable model's weights, gradients and optimizer state on this rank (the memory reports,
+/// the OOM diagnosis): under student.shard gradients the .grad are gone between steps and the
+/// shard's gradient slice is what stays.
+memory::ModelMemory model_memory(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
+                                 const torch::optim::Optimizer& optimizer);
 
 /// student.shard parameters: every block of `shard`'s model whole while this guard lives (a
 /// checkpoint's write, a resume's read: collective over the students), let go after; nothing for

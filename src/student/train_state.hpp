@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/config.hpp"
@@ -69,5 +70,38 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
 /// needs, whatever the number of slices then and now.
 TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
                              const OptimizerShard* shard = nullptr);
+
+/// One trainable model's training state on this rank (the student, dmd's critic): its parts, its
+/// AdamW and, under student.shard, its slice (null: whole). Every trainable saves (TrainableSave)
+/// and restores through this one path.
+struct Trainable {
+  StudentParts& parts;
+  torch::optim::AdamW& optimizer;
+  OptimizerShard* shard = nullptr;
+
+  /// Restores what a TrainableSave wrote into `dir` (load_train_state, every block whole while it
+  /// loads under student.shard parameters: collective over the students). A wd::DataError naming
+  /// `dir`'s trainer.json when its step is not `step`, "differs from <whose> step" (e.g. "the
+  /// manifest's").
+  void restore(const std::string& dir, std::int64_t step, const std::string& whose) const;
+};
+
+/// A trainable's share of one checkpoint after `steps_done` steps. Begun on every student at the
+/// same point: under student.shard parameters its blocks are whole while it lives, and under
+/// student.shard its moment slice is taken (both collective). The first student writes it
+/// (write: save_train_state), each student its slice (write_slice).
+class TrainableSave {
+ public:
+  TrainableSave(const Trainable& trainable, std::int64_t steps_done);
+  bool sliced() const { return slice_.has_value(); }
+  void write(const std::string& dir, const std::string& config_ini, bool export_student) const;
+  void write_slice(const std::string& dir) const;
+
+ private:
+  Trainable trainable_;
+  std::int64_t steps_done_;
+  WholeWeights whole_;
+  std::optional<MomentSlice> slice_;
+};
 
 }  // namespace wd::student
