@@ -16,11 +16,21 @@ std::vector<std::int64_t> eval_indices(std::int64_t e, int replica, std::int64_t
   return idx;
 }
 
-std::vector<std::int64_t> SampleStream::indices(std::int64_t position, bool eval) const {
+std::vector<std::int64_t> replica_indices(const data::SampleSchedule& schedule, int replica, int replicas,
+                                          std::int64_t per_replica, std::int64_t train_samples,
+                                          std::int64_t position, bool eval) {
   return eval ? eval_indices(position, replica, per_replica, replicas, train_samples)
               : schedule.indices(position, replica);
 }
 
+std::vector<std::int64_t> SampleStream::indices(std::int64_t position, bool eval) const {
+  return replica_indices(schedule, replica, replicas, per_replica, train_samples, position, eval);
+}
+
+namespace {
+
+/// Stage 0's input: the samples `idx` read from `reader`, noised for stream position
+/// `noise_step` (noise depends on the sample index and the position only, not on the batch).
 StageBatch read_stage_batch(data::DatasetReader& reader, const comm::StreamPlan& plan,
                             const std::array<std::int64_t, 3>& patch, const std::vector<std::int64_t>& idx,
                             std::int64_t noise_step, const data::FlowMatchingNoiser& noiser) {
@@ -34,9 +44,13 @@ StageBatch read_stage_batch(data::DatasetReader& reader, const comm::StreamPlan&
   return b;
 }
 
+/// The out of a training batch the plan computes no target for (StreamPlan::train_targets
+/// false): zeros [samples, out_channels, F, H, W].
 torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples) {
   return torch::zeros({samples, plan.out_channels, plan.latent[1], plan.latent[2], plan.latent[3]});
 }
+
+}  // namespace
 
 StageBatch StageTargets::make(std::int64_t position, bool eval) {
   const auto& patch = stage_.experts().front().model->config().patch_size;

@@ -44,6 +44,13 @@ struct SampleStream {
 std::vector<std::int64_t> eval_indices(std::int64_t e, int replica, std::int64_t per_replica, int replicas,
                                        std::int64_t train_samples);
 
+/// The samples replica `replica` of `replicas` reads at training position `position` (batch
+/// `position` of `schedule`, whose batch_per_replica is `per_replica`) or, when `eval`, at
+/// held-out message `position` (eval_indices): what SampleStream and the trajectory rounds read.
+std::vector<std::int64_t> replica_indices(const data::SampleSchedule& schedule, int replica, int replicas,
+                                          std::int64_t per_replica, std::int64_t train_samples,
+                                          std::int64_t position, bool eval);
+
 /// The batches of one replica's stream, one per objective (ObjectiveSpec::source). A batch is a
 /// function of its position alone, so a resumed run gets the same batches.
 class TargetSource {
@@ -79,16 +86,6 @@ class StageTargets final : public TargetSource {
   TeacherStage& stage_;
   const comm::StreamPlan& plan_;
 };
-
-/// Stage 0's input: the samples `idx` read from `reader`, noised for stream position
-/// `noise_step` (noise depends on the sample index and the position only, not on the batch).
-StageBatch read_stage_batch(data::DatasetReader& reader, const comm::StreamPlan& plan,
-                            const std::array<std::int64_t, 3>& patch, const std::vector<std::int64_t>& idx,
-                            std::int64_t noise_step, const data::FlowMatchingNoiser& noiser);
-
-/// The teacher_out of a training message the plan computes no target for
-/// (StreamPlan::train_targets false): zeros [samples, out_channels, F, H, W].
-torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples);
 
 /// The training message of samples [lo, hi) of a made batch: x_t, t, context, context_lens,
 /// teacher_out, feat.<j> and x_start where made (views of `batch`). Every student message, from a

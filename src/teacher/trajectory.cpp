@@ -111,9 +111,8 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto B = src_.per_replica;
   const auto last = intervals_.back() + 1;  // the teacher samples as far as the last trained interval's end
-  const auto idx = eval ? eval_indices(round, src_.replica, B, src_.replicas, src_.train_samples)
-                        : src_.schedule.indices(round, src_.replica);
-  auto clean = src_.reader.read(idx);
+  auto clean = src_.reader.read(
+      replica_indices(src_.schedule, src_.replica, src_.replicas, B, src_.train_samples, round, eval));
   Round r;
   r.eval = eval;
   r.index = round;
