@@ -33,6 +33,9 @@ struct StreamPlan {
   /// without a regression term reads only the contexts, and x_t with dmd_start data; its teacher
   /// spends its forwards on the real-score requests). Held-out messages always carry it.
   bool train_targets = true;
+  /// Students ask their teacher for scores at their own samples, over a request channel beside
+  /// the stream (train.objective dmd's real score).
+  bool score_requests = false;
 
   std::int64_t end_step() const { return eval_messages + (train_steps - first_step) * micro_batches; }
   /// Transport step of micro-batch `micro` of optimizer step `train_step` (>= first_step).

@@ -176,7 +176,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.student = in.student;
   s.tokens = in.tokens;
   s.teacher_forwards = cfg.teacher_forwards();  // guided: [cond; neg]; trajectory: teacher.steps / student.steps
-  s.whole_teacher = cfg.whole_teacher();  // no shard stages (check_job)
+  s.whole_teacher = in.whole_teacher;  // no shard stages (check_job)
   s.student_extra_forwards = cfg.objective().student_extra_forwards(cfg.keys(), dmd_critic_cost(in));
   s.context_len = in.context_len;
   s.batch = in.batch;

@@ -8,6 +8,7 @@
 #include "core/torch_compat.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "objective/dmd.hpp"
 #include "plan/speed.hpp"
 #include "student/checkpointing.hpp"
 #include "teacher/placement.hpp"
@@ -44,7 +45,7 @@ void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages
                          "is not in the data schema yet (t2v and ti2v teachers are supported)");
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
-  if (cfg.dmd.critic_dims()) cfg.critic_model_config(tc).validate("critic config (critic.*)");
+  if (cfg.dmd.critic_dims()) objective::critic_model_config(cfg.keys(), tc).validate("critic config (critic.*)");
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
             "student.features(" + cfg.student.features + ") pairs student block " + std::to_string(s) +
@@ -119,9 +120,7 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   stream.tokens = tokens_per_sample(tc, latent);
   stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
   stream.teacher_dim = tc.dim;
-  const auto& objective = cfg.objective();
-  stream.start_states = objective.start_states(cfg.keys());
-  stream.train_targets = objective.train_targets(cfg.keys());
+  cfg.objective().shape_stream(cfg.keys(), stream);
   for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);
   std::sort(stream.feature_blocks.begin(), stream.feature_blocks.end());
   stream.feature_blocks.erase(std::unique(stream.feature_blocks.begin(), stream.feature_blocks.end()),
@@ -160,9 +159,9 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
   // dmd: the critic, a second student (its weights, gradients and AdamW moments), or adapters over
   // the base a LoRA student holds anyway (critic.lora_rank).
-  const auto critic = cfg.critic_lora(tc.num_layers);
+  const auto critic = objective::critic_lora(cfg.keys(), tc.num_layers);
   const bool critic_lora = critic.rank > 0;
-  if (cfg.objective().traits().real_score) {
+  if (stream.score_requests) {
     const auto model = dmd_critic_config(cfg, tc);
     if (!critic_lora) in.student_extra_params += wan_param_count(model);
     in.critic = dit_shape(model, 1);
@@ -189,8 +188,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.tokens = stream.tokens;
   in.context_len = tc.text_len;  // the model pads every context to text_len
   in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
-  in.teacher_forwards = cfg.teacher_guided() ? 2 : 1;  // [cond; neg] as one batch
-  in.whole_teacher = cfg.whole_teacher();
+  cfg.objective().shape_plan(cfg.keys(), in);
   in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
   in.prefetch_depth = cfg.comm.prefetch_depth;
   in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;
@@ -209,7 +207,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
 }
 
 WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc) {
-  return cfg.critic_lora(tc.num_layers).rank > 0 ? tc : cfg.critic_model_config(tc);
+  return objective::critic_lora(cfg.keys(), tc.num_layers).rank > 0 ? tc : objective::critic_model_config(cfg.keys(), tc);
 }
 
 double dmd_critic_cost(const plan::PlanInput& in) {

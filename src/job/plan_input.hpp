@@ -60,7 +60,7 @@ std::int64_t tokens_per_sample(const WanConfig& c, const std::array<std::int64_t
 /// comm.prefetch_depth stream steps of lead before an answer).
 comm::ServiceSchedule service_schedule(const RunConfig& cfg, const comm::StreamPlan& plan);
 
-/// The dmd critic's architecture: RunConfig::critic_model_config's, or the teacher's when it is
+/// The dmd critic's architecture: objective::critic_model_config's, or the teacher's when it is
 /// adapters over the teacher's base (critic.lora_rank, or a LoRA student's).
 WanConfig dmd_critic_config(const RunConfig& cfg, const WanConfig& tc);
 

@@ -64,24 +64,4 @@ void RunConfig::check_objective(ConfigProblems& p) const {
   }
 }
 
-WanConfig RunConfig::critic_model_config(const WanConfig& teacher_model) const {
-  auto c = student.model_config(teacher_model);
-  if (dmd.critic_init == CriticInit::kTeacher) {
-    c.dim = teacher_model.dim;
-    c.ffn_dim = teacher_model.ffn_dim;
-    c.num_heads = teacher_model.num_heads;
-    c.num_layers = teacher_model.num_layers;
-  }
-  if (dmd.critic_dim) c.dim = dmd.critic_dim;
-  if (dmd.critic_ffn_dim) c.ffn_dim = dmd.critic_ffn_dim;
-  if (dmd.critic_num_heads) c.num_heads = dmd.critic_num_heads;
-  if (dmd.critic_num_layers) c.num_layers = dmd.critic_num_layers;
-  return c;
-}
-
-LoraSpec RunConfig::critic_lora(std::int64_t num_layers) const {
-  if (!objective().traits().real_score || (dmd.critic_lora_rank <= 0 && student.lora_rank <= 0)) return {};
-  return student.lora_spec(num_layers, dmd.critic_lora_rank);
-}
-
 }  // namespace wd::job

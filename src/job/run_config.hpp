@@ -52,25 +52,13 @@ struct RunConfig {
   bool students_only() const { return teacher.placement == TeacherPlacement::kColocated || !has_teacher(); }
   /// Every objective's checks (objective::check), and what student.shard parameters excludes.
   void check_objective(ConfigProblems& p) const;
-  /// Whether the teacher's batches come from its trajectories.
-  bool trajectory_stream() const { return objective().trajectory_stream(keys()); }
   /// The [train] section as the student loop uses it (ObjectiveSpec::loop_train).
   student::TrainConfig student_train() const { return objective().loop_train(keys()); }
-  /// Whether the teacher's forwards are guided ([cond; neg] in one batch).
-  bool teacher_guided() const { return objective().guided(keys()); }
-  /// Whether the teacher must be whole on one rank (no shard stages).
-  bool whole_teacher() const { return !objective().traits().whole_teacher.empty(); }
   /// A LoRA pair: a LoRA student of a two-expert teacher (`teacher_experts` 2) without
   /// student.expert, one adapter set per expert over that expert's base.
   bool lora_pair(std::size_t teacher_experts) const {
     return student.lora_rank > 0 && teacher_experts == 2 && student.expert.empty();
   }
-  /// The dmd critic's architecture (a full DiT): the student's (critic.init teacher: the teacher's
-  /// dims), with the critic.* dims that are set.
-  WanConfig critic_model_config(const WanConfig& teacher_model) const;
-  /// train.objective dmd's critic as adapters over the teacher's base: critic.lora_rank, else a
-  /// LoRA student's rank (student.lora_alpha and lora_targets); rank 0 when the critic is a full DiT.
-  LoraSpec critic_lora(std::int64_t num_layers) const;
   /// Teacher forwards (in samples) per trained sample (ObjectiveSpec::teacher_forwards).
   double teacher_forwards() const { return objective().teacher_forwards(keys()); }
   std::string cache(const std::string& name) const { return (std::filesystem::path(run_dir) / "cache" / name).string(); }

@@ -114,8 +114,7 @@ void take_roles(TrainJob& job, const comm::Layout& layout, const comm::MpiRuntim
 /// depend on the replica's size, so a single replica (always a valid split) serves until then;
 /// on several nodes the final layout may move a role.
 comm::Layout provisional_layout(const RunConfig& cfg, int world, const std::vector<int>& nodes) {
-  if (cfg.students_only()) return comm::Layout::colocated(world);
-  return comm::Layout::make(world, cfg.teacher.ranks, std::max(1, cfg.teacher.ranks), nodes);
+  return layout_with_stages(cfg, world, std::max(1, cfg.teacher.ranks), nodes);
 }
 
 /// The roles of the decided layout; world rank 0 logs the rank table (layout_report.hpp: what
@@ -186,7 +185,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
 /// teacher, or a colocated student: where the teacher computes).
 std::int64_t agreed_micro_batch(const TrainJob& job) {
   const auto& cfg = job.cfg;
-  if (!cfg.has_teacher()) return 0;
+  if (!job.experts) return 0;  // no teacher
   if (const auto n = cfg.teacher.micro_batch_samples()) return *n;
   return decided_by<std::int64_t>(0, "choosing the teacher micro-batch (teacher.micro_batch auto)", cfg, [&] {
     const auto role = job.layout.colocated() ? Role::kStudent : Role::kTeacher;

@@ -15,19 +15,16 @@
 #include "comm/score_channel.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
-#include "data/noiser.hpp"
 #include "data/synthetic_dataset.hpp"
 #include "job/calibrate.hpp"
 #include "job/plan_input.hpp"
 #include "memory/host_memory.hpp"
-#include "model/negative_context.hpp"
 #include "model/wan_lora.hpp"
 #include "model/safetensors.hpp"
 #include "plan/speed.hpp"
 #include "student/student_device.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
-#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -236,8 +233,12 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
 
 comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int world,
                          const std::vector<int>& node_of_rank) {
+  return layout_with_stages(cfg, world, teacher::stages_for(cfg.teacher, placement), node_of_rank);
+}
+
+comm::Layout layout_with_stages(const RunConfig& cfg, int world, int stages, const std::vector<int>& node_of_rank) {
   if (cfg.students_only()) return comm::Layout::colocated(world);
-  return comm::Layout::make(world, cfg.teacher.ranks, teacher::stages_for(cfg.teacher, placement), node_of_rank);
+  return comm::Layout::make(world, cfg.teacher.ranks, stages, node_of_rank);
 }
 
 int planned_gpu(const RunConfig& cfg, plan::Placement placement, Role role, int local_rank, int gpus) {
@@ -315,23 +316,11 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
   }
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
-  const auto& objective = cfg.objective();
-  const auto& traits = objective.traits();
-  p.check(traits.whole_teacher.empty() || layout.stages <= 1,
-          "train.objective " + objective.name() + traits.whole_teacher + "; teacher.placement shard splits it over " +
-              std::to_string(layout.stages) + " stages (use gpu, cpu, stream or colocated)");
-  p.check(!traits.samples_teacher_latents || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
-          "train.objective " + objective.name() + "'s generator samples the teacher's latents from noise: it needs a "
-          "t2v teacher whose in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
-              std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
-  p.check(cfg.student.lora_rank == 0 || traits.no_lora_student.empty(),
-          "student.lora_rank(" + std::to_string(cfg.student.lora_rank) + ") with train.objective " + objective.name() +
-              ": " + traits.no_lora_student);
+  cfg.objective().check_teacher(cfg.keys(), teacher, layout.stages, p);
   p.throw_if_any("train config");
-  // The negative context's file, read where it will be used: a bad one stops the job here.
-  if (cfg.teacher_guided() && !cfg.teacher.negative.empty()) {
-    static_cast<void>(load_negative_context(cfg.teacher.negative, teacher.text_dim));
-  }
+  // Files the teacher's forwards read (a guided teacher's negative context), read where they will
+  // be used: a bad one stops the job here.
+  cfg.objective().check_teacher_files(cfg.keys(), teacher.text_dim);
 }
 
 void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
@@ -357,31 +346,20 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
     return;
   }
   ConfigProblems p;
-  p.check(!cfg.objective().traits().samples_teacher_latents,
-          "student.expert(" + expert + ") with train.objective " + cfg.train.objective + ": the generator samples across "
-          "both experts' t ranges; train both experts' adapters in one job (a LoRA student without student.expert, "
-          "docs/lora.md#two-expert-teachers)");
+  cfg.objective().check_expert(cfg.keys(), p);
   p.check(cfg.train.trajectory_rollout == 0,
           "student.expert(" + expert + ") with train.trajectory_rollout > 0: a rollout runs the student from noise "
           "through every interval, the other expert's too");
   p.check(cfg.train.sample_every == 0, "student.expert(" + expert + ") with train.sample_every > 0: a sampling probe "
                                        "runs the student from noise through every t, the other expert's too");
   p.throw_if_any("train config");
-  const auto range = expert_range(expert, experts);
   // Ranges nothing reaches stop the job here: the student's steps, or the noise's σ distribution.
-  if (cfg.trajectory_stream()) {
-    static_cast<void>(objective::trajectory_spec(cfg.keys()).intervals_in(range));
-  } else {
-    static_cast<void>(data::FlowMatchingNoiser(cfg.noise, cfg.train.seed, range));
-  }
+  cfg.objective().check_range(cfg.keys(), cfg.noise, expert_range(expert, experts));
 }
 
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
   auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
-  WD_CHECK_DATA(info.has_latents || !cfg.objective().needs_latents(cfg.keys()), info.path, "/latents",
-                "is missing: the file holds contexts only (make-dataset --contexts-only, prepare_data.py captions); "
-                "train.objective " << cfg.train.objective << " needs the latents of videos, train.objective trajectory "
-                "trains from contexts alone");
+  cfg.objective().check_data(cfg.keys(), info);
   WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, info.has_latents ? "/latents" : "/context",
                 "has " << info.samples << " samples; train.eval_samples(" << cfg.train.eval_samples
                        << ") leaves none for training");

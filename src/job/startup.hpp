@@ -75,9 +75,11 @@ void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher);
 /// a placement this build or machine cannot run (gpu without CUDA, a bad teacher.device).
 PlacementChoice choose_placement(const RunConfig& cfg, int world);
 
-/// Every rank's role for a decided placement: colocated, or teacher.ranks teachers in replicas
-/// of stages_for(placement) stages, each replica on one node where `node_of_rank` allows.
-/// ConfigError naming the counts that do not divide.
+/// Every rank's role with replicas of `stages` stages: every rank a student (teacher.placement
+/// colocated, or no teacher), or teacher.ranks teachers, each replica on one node where
+/// `node_of_rank` allows. ConfigError naming the counts that do not divide.
+comm::Layout layout_with_stages(const RunConfig& cfg, int world, int stages, const std::vector<int>& node_of_rank);
+/// Every rank's role for a decided placement: layout_with_stages with stages_for(placement).
 comm::Layout make_layout(const RunConfig& cfg, plan::Placement placement, int world,
                          const std::vector<int>& node_of_rank);
 

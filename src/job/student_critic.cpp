@@ -4,6 +4,7 @@
 
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
+#include "objective/dmd.hpp"
 #include "student/student_model.hpp"
 
 namespace wd::job {
@@ -17,11 +18,11 @@ WanDiT lora_over(const TrainJob& job, const WanDiT& base, std::uint64_t seed) {
     if (!WanDiTImpl::is_lora_name(p.key())) critic->bind_parameter(p.key(), p.value());
   }
   for (auto& p : critic->parameters()) p.set_requires_grad(false);
-  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), seed);
+  critic->add_lora(objective::critic_lora(job.cfg.keys(), job.model.num_layers), seed);
   return critic;
 }
 
-/// The critic DiT of `sc` (RunConfig::critic_model_config): critic.init student starts it as the
+/// The critic DiT of `sc` (objective::critic_model_config): critic.init student starts it as the
 /// generator starts, teacher as the teacher (every block of student.expert's model), random from
 /// its own seed.
 WanDiT build_critic(const TrainJob& job, const WanConfig& sc) {
@@ -46,7 +47,7 @@ WanDiT make_lora_critic(const TrainJob& job, student::StudentParts& generator) {
   const auto seed = init_seed(job.cfg, true);
   if (generator.model()->lora().rank > 0) return lora_over(job, generator.model(), seed);
   auto critic = load_frozen_base(job, "critic.lora_rank");
-  critic->add_lora(job.cfg.critic_lora(job.model.num_layers), seed);
+  critic->add_lora(objective::critic_lora(job.cfg.keys(), job.model.num_layers), seed);
   return critic;
 }
 
@@ -57,17 +58,17 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   setup.feature_pairs.clear();  // the critic matches no teacher features
   setup.gan = cfg.dmd.gan();
   setup.gan_block = cfg.dmd.critic_gan_block;
-  if (cfg.critic_lora(job.model.num_layers).rank > 0 && generator.is_pair()) {
+  if (objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0 && generator.is_pair()) {
     // A pair's critic is a pair too: adapters over each expert's base, routed as the generator.
     const auto models = generator.models();  // {high, low}
     return student::StudentParts::pair(lora_over(job, models[0], init_seed(cfg, true, WanExperts::kHigh)),
                                        lora_over(job, models[1], init_seed(cfg, true, WanExperts::kLow)), setup);
   }
-  if (cfg.critic_lora(job.model.num_layers).rank > 0) {
+  if (objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0) {
     setup.lora_base = job.student_base().path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
   }
-  const auto sc = cfg.critic_model_config(job.model);
+  const auto sc = objective::critic_model_config(cfg.keys(), job.model);
   if (cfg.dmd.critic_dims() && job.world_rank() == job.layout.student_world_ranks().front()) {
     spdlog::info("dmd critic of its own dims: dim {}, ffn {}, {} heads, {} blocks ({} parameters; the student's: {})",
                  sc.dim, sc.ffn_dim, sc.num_heads, sc.num_layers, wan_param_count(sc),

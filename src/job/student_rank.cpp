@@ -65,7 +65,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   // are created in one order everywhere (docs/transport.md).
   auto stream = open_stream(job, device, services);
   DmdSide dmd;
-  const bool real_score = cfg.objective().traits().real_score;
+  const bool real_score = job.plan.score_requests;
   if (real_score && stream.link) open_service(dmd, job, device, services);
   if (real_score && stream.own) dmd.score = local_score(*stream.own_stage());
   auto parts = make_student_parts(job, device, stream.own_stage());

@@ -64,7 +64,7 @@ struct OwnStream {
   teacher::LocalReceiver transport;
 
   OwnStream(const TrainJob& job, const c10::Device& device, RankMemory& memory)
-      : stage(job.cfg.has_teacher() ? std::optional<teacher::TeacherStage>(
+      : stage(job.experts ? std::optional<teacher::TeacherStage>(
                                           load_teacher_stage(job, load_for(job, device), memory))
                                     : std::nullopt),
         data(job),
@@ -96,7 +96,7 @@ StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleSe
   const auto& cfg = job.cfg;
   const auto& plan = job.plan;
   StudentStream s;
-  if (cfg.students_only()) {
+  if (job.layout.colocated()) {  // teacher.placement colocated, or no teacher
     s.own = std::make_unique<OwnStream>(job, device, services.memory);
     s.transport = &s.own->transport;
   } else {

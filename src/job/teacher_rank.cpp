@@ -5,7 +5,6 @@
 
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
-#include "model/negative_context.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/score_channel.hpp"
 #include "comm/transport_factory.hpp"
@@ -22,7 +21,7 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   // student.expert without trajectories (dmd is refused with it): every t the teacher sees is on
   // that expert's side (the noisers redraw the rest), so the other expert never runs: not loaded.
   const bool one_expert = job.experts->two_experts() && !job.cfg.student.expert.empty() &&
-                          !job.cfg.trajectory_stream() && !job.cfg.objective().traits().samples_teacher_latents;
+                          !job.cfg.objective().reaches_every_expert(job.cfg.keys());
   std::vector<const WanCheckpoint*> load;
   if (one_expert) {
     load.push_back(&job.student_base());
@@ -47,16 +46,8 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
   }
   teacher::TeacherStage stage(std::move(models), router, how.blocks, job.plan.feature_blocks);
   stage.set_micro_batch(job.micro_batch);
-  if (job.cfg.teacher_guided()) {
-    const auto& cfg = job.cfg.teacher;
-    stage.set_guidance(cfg.guidance, cfg.negative.empty() ? torch::Tensor()
-                                                          : load_negative_context(cfg.negative, job.model.text_dim));
-    if (job.world_rank() == 0) {
-      spdlog::info("train.objective {}: the teacher's velocity is v_neg + {}*(v_cond - v_neg), the negative context {}",
-                   job.cfg.train.objective, cfg.guidance, cfg.negative.empty() ? std::string("zeros") : cfg.negative);
-    }
-  }
-  if (job.world_rank() == 0) job.cfg.objective().log_teacher(job.cfg.keys(), job.student_range(), job.layout.colocated());
+  job.cfg.objective().prepare_stage(job.cfg.keys(), stage, job.model.text_dim, job.student_range(),
+                                    job.layout.colocated(), job.world_rank() == 0);
   return stage;
 }
 
@@ -83,7 +74,7 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
   services.memory.transport_bytes = job.plan.message_spec().bytes() *
                                     static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
                                     static_cast<std::uint64_t>(students);
-  if (!cfg.objective().traits().real_score) return out;
+  if (!job.plan.score_requests) return out;
   out.second = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm, device,
                                      &services.health);
   services.memory.transport_bytes += service_bytes(job.plan, cfg.comm, students);

@@ -148,7 +148,7 @@ FailureSetup failure_setup_for(const TrainJob& job) {
                     job.layout.teacher_ranks,
                     job.layout.stages, cfg.teacher.stream_ahead, cfg.student.shard, job.layout.student_ranks};
   // A colocated teacher holds both experts whichever the students train: one job per expert frees nothing.
-  setup.remedies.lora_pair = job.lora_pair() && !cfg.students_only();
+  setup.remedies.lora_pair = job.lora_pair() && !job.layout.colocated();
   setup.timeout_s = cfg.comm.timeout_s;
   setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
   for (int r = 0; r < job.layout.world_size; ++r) setup.roles.push_back(job.layout.role_of(r));

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "objective/builtin.hpp"
+#include "objective/dmd.hpp"
 #include "teacher/trajectory.hpp"
 
 namespace wd::objective {
@@ -85,5 +86,27 @@ class Dmd final : public ObjectiveSpec {
 }  // namespace
 
 std::unique_ptr<ObjectiveSpec> make_dmd() { return std::make_unique<Dmd>(); }
+
+WanConfig critic_model_config(const Keys& k, const WanConfig& teacher_model) {
+  const auto& dmd = k.dmd;
+  auto c = k.student.model_config(teacher_model);
+  if (dmd.critic_init == CriticInit::kTeacher) {
+    c.dim = teacher_model.dim;
+    c.ffn_dim = teacher_model.ffn_dim;
+    c.num_heads = teacher_model.num_heads;
+    c.num_layers = teacher_model.num_layers;
+  }
+  if (dmd.critic_dim) c.dim = dmd.critic_dim;
+  if (dmd.critic_ffn_dim) c.ffn_dim = dmd.critic_ffn_dim;
+  if (dmd.critic_num_heads) c.num_heads = dmd.critic_num_heads;
+  if (dmd.critic_num_layers) c.num_layers = dmd.critic_num_layers;
+  return c;
+}
+
+LoraSpec critic_lora(const Keys& k, std::int64_t num_layers) {
+  const bool critic = find(k.train.objective).traits().real_score;
+  if (!critic || (k.dmd.critic_lora_rank <= 0 && k.student.lora_rank <= 0)) return {};
+  return k.student.lora_spec(num_layers, k.dmd.critic_lora_rank);
+}
 
 }  // namespace wd::objective

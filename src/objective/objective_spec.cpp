@@ -6,9 +6,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "comm/stream_plan.hpp"
 #include "core/errors.hpp"
+#include "data/dataset_info.hpp"
+#include "data/noiser.hpp"
+#include "model/negative_context.hpp"
+#include "model/wan_config.hpp"
 #include "objective/builtin.hpp"
+#include "plan/planner.hpp"
 #include "teacher/target_source.hpp"
+#include "teacher/teacher_stage.hpp"
 #include "teacher/trajectory.hpp"
 
 namespace wd::objective {
@@ -90,6 +97,69 @@ void ObjectiveSpec::log_teacher(const Keys& k, const data::TimestepRange& range,
                  std::llround(k.train.trajectory_rollout * static_cast<double>(k.train.batch_size)),
                  k.train.batch_size);
   }
+}
+
+void ObjectiveSpec::check_teacher(const Keys& k, const WanConfig& teacher, int stages, ConfigProblems& p) const {
+  p.check(traits_.whole_teacher.empty() || stages <= 1,
+          "train.objective " + name_ + traits_.whole_teacher + "; teacher.placement shard splits it over " +
+              std::to_string(stages) + " stages (use gpu, cpu, stream or colocated)");
+  p.check(!traits_.samples_teacher_latents || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
+          "train.objective " + name_ + "'s generator samples the teacher's latents from noise: it needs a "
+          "t2v teacher whose in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
+              std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
+  p.check(k.student.lora_rank == 0 || traits_.no_lora_student.empty(),
+          "student.lora_rank(" + std::to_string(k.student.lora_rank) + ") with train.objective " + name_ + ": " +
+              traits_.no_lora_student);
+}
+
+void ObjectiveSpec::check_teacher_files(const Keys& k, std::int64_t text_dim) const {
+  if (guided(k) && !k.teacher.negative.empty()) static_cast<void>(load_negative_context(k.teacher.negative, text_dim));
+}
+
+void ObjectiveSpec::check_expert(const Keys& k, ConfigProblems& p) const {
+  p.check(!traits_.samples_teacher_latents,
+          "student.expert(" + k.student.expert + ") with train.objective " + name_ + ": the generator samples across "
+          "both experts' t ranges; train both experts' adapters in one job (a LoRA student without student.expert, "
+          "docs/lora.md#two-expert-teachers)");
+}
+
+void ObjectiveSpec::check_range(const Keys& k, const data::NoiseConfig& noise, const data::TimestepRange& range) const {
+  if (trajectory_stream(k)) {
+    static_cast<void>(trajectory_spec(k).intervals_in(range));
+  } else {
+    static_cast<void>(data::FlowMatchingNoiser(noise, k.train.seed, range));
+  }
+}
+
+void ObjectiveSpec::check_data(const Keys& k, const data::DatasetInfo& info) const {
+  WD_CHECK_DATA(info.has_latents || !needs_latents(k), info.path, "/latents",
+                "is missing: the file holds contexts only (make-dataset --contexts-only, prepare_data.py captions); "
+                "train.objective " << name_ << " needs the latents of videos, train.objective trajectory "
+                "trains from contexts alone");
+}
+
+void ObjectiveSpec::prepare_stage(const Keys& k, teacher::TeacherStage& stage, std::int64_t text_dim,
+                                  const data::TimestepRange& range, bool colocated, bool log) const {
+  if (guided(k)) {
+    const auto& t = k.teacher;
+    stage.set_guidance(t.guidance, t.negative.empty() ? torch::Tensor() : load_negative_context(t.negative, text_dim));
+    if (log) {
+      spdlog::info("train.objective {}: the teacher's velocity is v_neg + {}*(v_cond - v_neg), the negative context {}",
+                   name_, t.guidance, t.negative.empty() ? std::string("zeros") : t.negative);
+    }
+  }
+  if (log) log_teacher(k, range, colocated);
+}
+
+void ObjectiveSpec::shape_stream(const Keys& k, comm::StreamPlan& plan) const {
+  plan.start_states = start_states(k);
+  plan.train_targets = train_targets(k);
+  plan.score_requests = traits_.real_score;
+}
+
+void ObjectiveSpec::shape_plan(const Keys& k, plan::PlanInput& in) const {
+  in.teacher_forwards = guided(k) ? 2 : 1;  // [cond; neg] as one batch
+  in.whole_teacher = !traits_.whole_teacher.empty();
 }
 
 teacher::TrajectorySpec trajectory_spec(const Keys& k) {

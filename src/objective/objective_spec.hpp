@@ -14,14 +14,29 @@
 #include "student/student_config.hpp"
 #include "teacher/teacher_config.hpp"
 
+namespace wd {
+struct WanConfig;
+}  // namespace wd
+
+namespace wd::comm {
+struct StreamPlan;
+}  // namespace wd::comm
+
 namespace wd::data {
 struct TimestepRange;
+struct DatasetInfo;
+struct NoiseConfig;
 }  // namespace wd::data
+
+namespace wd::plan {
+struct PlanInput;
+}  // namespace wd::plan
 
 namespace wd::teacher {
 struct TrajectorySpec;
 struct SourceParts;
 class TargetSource;
+class TeacherStage;
 }  // namespace wd::teacher
 
 namespace wd::objective {
@@ -80,6 +95,19 @@ class ObjectiveSpec {
   virtual void check(const Keys& k, ConfigProblems& p) const {}
   /// Its own keys' problems when `active` trains instead: they must keep their defaults.
   virtual void check_unused(const Keys& k, const std::string& active, ConfigProblems& p) const {}
+  /// Its problems once the teacher's architecture and the layout's pipeline stages are known:
+  /// what its traits ask of them (whole_teacher, samples_teacher_latents, no_lora_student).
+  void check_teacher(const Keys& k, const WanConfig& teacher, int stages, ConfigProblems& p) const;
+  /// Reads the files its teacher forwards need beyond the checkpoint (a guided teacher's
+  /// teacher.negative, `text_dim` wide), so that a bad one stops the job before anything is loaded.
+  void check_teacher_files(const Keys& k, std::int64_t text_dim) const;
+  /// Its problems with student.expert set (one expert's side of t).
+  void check_expert(const Keys& k, ConfigProblems& p) const;
+  /// Stops the job when nothing of student.expert's `range` is trained: none of the student's
+  /// intervals starts there (trajectory streams), or the noise's σ distribution never reaches it.
+  void check_range(const Keys& k, const data::NoiseConfig& noise, const data::TimestepRange& range) const;
+  /// Stops the job when the data set lacks what it trains from (the latents, unless trajectory_stream()).
+  void check_data(const Keys& k, const data::DatasetInfo& info) const;
   /// Whether the teacher's batches are its trajectories (teacher.steps forwards serve the
   /// student's student.steps intervals, and the data set may hold contexts alone).
   virtual bool trajectory_stream(const Keys& k) const { return traits_.trajectories; }
@@ -102,6 +130,22 @@ class ObjectiveSpec {
   /// trajectories it samples (trajectory streams); `range` is the student's timesteps
   /// (student.expert), `colocated` whether each student has its own teacher.
   virtual void log_teacher(const Keys& k, const data::TimestepRange& range, bool colocated) const;
+  /// Sets what a teacher stage's forwards need for it: the guidance (teacher.guidance, the
+  /// negative context of teacher.negative, `text_dim` wide, or zeros) when guided(); when `log`,
+  /// logs that and log_teacher's lines.
+  void prepare_stage(const Keys& k, teacher::TeacherStage& stage, std::int64_t text_dim,
+                     const data::TimestepRange& range, bool colocated, bool log) const;
+  /// Whether the teacher's forwards reach every t whatever student.expert (its trajectories from
+  /// noise, or the generator's samples): when false a student.expert job loads that expert alone.
+  bool reaches_every_expert(const Keys& k) const {
+    return trajectory_stream(k) || traits_.samples_teacher_latents;
+  }
+  /// What its batches carry beyond the data's shapes (start states, teacher targets, the
+  /// real-score channel), set into the stream's plan.
+  void shape_stream(const Keys& k, comm::StreamPlan& plan) const;
+  /// What it asks of the planner: the teacher's forwards per batch ([cond; neg] when guided) and
+  /// whether the teacher must stay whole on one rank.
+  void shape_plan(const Keys& k, plan::PlanInput& in) const;
 
   /// Whether the teacher's forwards are guided, by Traits::guidance and teacher.guidance.
   bool guided(const Keys& k) const;

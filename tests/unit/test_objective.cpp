@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "comm/stream_plan.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "data/dataset_info.hpp"
@@ -14,6 +15,7 @@
 #include "job/run_config.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "objective/objective_spec.hpp"
+#include "plan/planner.hpp"
 #include "teacher/target_source.hpp"
 #include "run_config_words.hpp"
 #include "test_util.hpp"
@@ -136,12 +138,20 @@ TEST(ObjectiveTable, EachBuiltInAnswersWhatTheRunConfigsPredicatesAnswered) {
     EXPECT_NO_THROW(cfg.validate());
     const auto& spec = cfg.objective();
     EXPECT_EQ(cfg.has_teacher(), e.has_teacher);
-    EXPECT_EQ(cfg.whole_teacher(), e.whole_teacher);
-    EXPECT_EQ(cfg.teacher_guided(), e.guided);
-    EXPECT_EQ(cfg.trajectory_stream(), e.trajectory_stream);
+    EXPECT_EQ(spec.guided(cfg.keys()), e.guided);
+    EXPECT_EQ(spec.trajectory_stream(cfg.keys()), e.trajectory_stream);
+    EXPECT_EQ(spec.reaches_every_expert(cfg.keys()), e.trajectory_stream || spec.name() == "dmd");
     EXPECT_EQ(spec.needs_latents(cfg.keys()), e.needs_latents);
-    EXPECT_EQ(spec.train_targets(cfg.keys()), e.train_targets);
-    EXPECT_EQ(spec.start_states(cfg.keys()), e.start_states);
+    // What the planner and the stream's plan take from it.
+    plan::PlanInput in;
+    spec.shape_plan(cfg.keys(), in);
+    EXPECT_EQ(in.whole_teacher, e.whole_teacher);
+    EXPECT_EQ(in.teacher_forwards, e.guided ? 2 : 1);
+    comm::StreamPlan stream;
+    spec.shape_stream(cfg.keys(), stream);
+    EXPECT_EQ(stream.train_targets, e.train_targets);
+    EXPECT_EQ(stream.start_states, e.start_states);
+    EXPECT_EQ(stream.score_requests, spec.name() == "dmd");
     EXPECT_DOUBLE_EQ(cfg.teacher_forwards(), e.teacher_forwards);
     const auto loop = cfg.student_train();
     EXPECT_EQ(name_of(loop.sample_solver), e.solver);
