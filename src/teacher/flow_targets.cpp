@@ -13,24 +13,17 @@ bool context_dropped(std::uint64_t seed, std::int64_t sample, std::int64_t posit
 }
 
 StageBatch FlowTargets::make(std::int64_t position, bool eval) {
-  const auto& samples = src_.samples;
-  auto clean = samples.reader.read(samples.indices(position, eval));
-  auto noisy = samples.noiser_for(eval).apply(clean.latents, clean.indices, position, src_.plan.per_token_seq_len,
-                                              src_.patch);
-  auto context = clean.context;
+  const auto read = src_.samples.read(position, eval, src_.plan.per_token_seq_len, src_.patch);
+  auto b = read.stage_input();
   if (!eval && src_.cond_dropout > 0) {
-    for (std::size_t i = 0; i < clean.indices.size(); ++i) {
-      if (context_dropped(src_.seed, clean.indices[i], position, src_.cond_dropout)) {
-        context[static_cast<std::int64_t>(i)].zero_();
+    const auto& indices = read.clean.indices;
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      if (context_dropped(src_.seed, indices[i], position, src_.cond_dropout)) {
+        b.context[static_cast<std::int64_t>(i)].zero_();
       }
     }
   }
-  StageBatch b;
-  b.x_t = noisy.x_t;
-  b.t = noisy.t;
-  b.context = context;
-  b.context_lens = clean.context_lens;
-  b.out = noisy.noise - clean.latents;
+  b.out = read.noisy.noise - read.clean.latents;
   return b;
 }
 

@@ -27,15 +27,22 @@ std::vector<std::int64_t> SampleStream::indices(std::int64_t position, bool eval
   return replica_indices(schedule, replica, replicas, per_replica, train_samples, position, eval);
 }
 
-namespace {
+void check_finite(const torch::Tensor& produced, std::int64_t step, const std::string& what) {
+  if (read_scalar<bool>(torch::isfinite(produced).all(), "teacher output finite check")) return;
+  const auto bad = read_scalar<std::int64_t>((~torch::isfinite(produced)).sum(), "teacher output NaN count");
+  throw NumericalError("the " + what + " for batch " + std::to_string(step) + " has " + std::to_string(bad) +
+                       " NaN/Inf values of " + std::to_string(produced.numel()));
+}
 
-/// Stage 0's input: the samples `idx` read from `reader`, noised for stream position
-/// `noise_step` (noise depends on the sample index and the position only, not on the batch).
-StageBatch read_stage_batch(data::DatasetReader& reader, const comm::StreamPlan& plan,
-                            const std::array<std::int64_t, 3>& patch, const std::vector<std::int64_t>& idx,
-                            std::int64_t noise_step, const data::FlowMatchingNoiser& noiser) {
-  auto clean = reader.read(idx);
-  auto noisy = noiser.apply(clean.latents, clean.indices, noise_step, plan.per_token_seq_len, patch);
+NoisedSamples SampleStream::read(std::int64_t position, bool eval, std::int64_t per_token_seq_len,
+                                 const std::array<std::int64_t, 3>& patch) const {
+  NoisedSamples s;
+  s.clean = reader.read(indices(position, eval));
+  s.noisy = noiser_for(eval).apply(s.clean.latents, s.clean.indices, position, per_token_seq_len, patch);
+  return s;
+}
+
+StageBatch NoisedSamples::stage_input() const {
   StageBatch b;
   b.x_t = noisy.x_t;
   b.t = noisy.t;
@@ -43,6 +50,8 @@ StageBatch read_stage_batch(data::DatasetReader& reader, const comm::StreamPlan&
   b.context_lens = clean.context_lens;
   return b;
 }
+
+namespace {
 
 /// The out of a training batch the plan computes no target for (StreamPlan::train_targets
 /// false): zeros [samples, out_channels, F, H, W].
@@ -54,8 +63,7 @@ torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples)
 
 StageBatch StageTargets::make(std::int64_t position, bool eval) {
   const auto& patch = stage_.experts().front().model->config().patch_size;
-  auto batch = read_stage_batch(samples_.reader, plan_, patch, samples_.indices(position, eval), position,
-                                samples_.noiser_for(eval));
+  auto batch = samples_.read(position, eval, plan_.per_token_seq_len, patch).stage_input();
   if (!plan_.train_targets && !eval) {  // nothing of the teacher's is read (StreamPlan::train_targets)
     batch.out = untargeted_out(plan_, batch.x_t.size(0));
   } else {
@@ -97,9 +105,7 @@ const comm::Message& LocalReceiver::recv(std::int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto at = stream_position(plan_, step);
   const auto batch = source_.make(at.position, at.eval);
-  if (check_finite_ && !read_scalar<bool>(torch::isfinite(batch.out).all(), "local target finite check")) {
-    throw NumericalError("the " + what_ + "'s output for step " + std::to_string(step) + " has NaN/Inf values");
-  }
+  if (check_finite_) check_finite(batch.out, step, what_ + "'s output");
   // Made on the host or the teacher's device: the student gets it all on its own device.
   held_.tensors = message_on_device(student_message(batch, 0, plan_.batch_per_student), device_);
   held_.step = step;

@@ -19,6 +19,19 @@
 
 namespace wd::teacher {
 
+/// The samples of one stream position, read and noised (SampleStream::read).
+struct NoisedSamples {
+  data::CleanBatch clean;  ///< as the data set holds them: latents, context, lengths, indices
+  data::NoisyBatch noisy;  ///< x_t, t and σ, and the noise ε they were made with
+  /// A first stage's input: x_t, t, context and context_lens.
+  StageBatch stage_input() const;
+};
+
+/// Stops the stream at a non-finite teacher output (`what`: "teacher's output", a stage's "hidden
+/// state"), which would silently poison every student: a NumericalError naming it, stream step
+/// `step` and how many of its values are NaN/Inf. One counted host read when all are finite.
+void check_finite(const torch::Tensor& produced, std::int64_t step, const std::string& what);
+
 /// Which samples one replica reads at each stream position, and their noise; owned by the caller.
 /// The rank is replica `replica` of `replicas`: a teacher replica (per_replica = the samples of
 /// all its students, or one student's under comm.mode broadcast) or, computing its own messages,
@@ -38,6 +51,12 @@ struct SampleStream {
   /// message `position` (eval_indices).
   std::vector<std::int64_t> indices(std::int64_t position, bool eval) const;
   const data::FlowMatchingNoiser& noiser_for(bool eval) const { return eval ? eval_noiser : noiser; }
+  /// The samples of `position` (indices()) read, and noised by noiser_for(eval) for that position
+  /// (the noise depends on the sample index and the position only, not on the batch), t shaped by
+  /// `per_token_seq_len` (comm::StreamPlan) and the DiT's `patch`: the one place a source reads
+  /// its data.
+  NoisedSamples read(std::int64_t position, bool eval, std::int64_t per_token_seq_len,
+                     const std::array<std::int64_t, 3>& patch) const;
 };
 
 /// The held-out samples of (replica, eval message e): contiguous positions after train_samples.

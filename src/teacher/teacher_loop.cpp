@@ -35,19 +35,11 @@ StageBatch receive_batch(TeacherJob& job, std::int64_t step) {
   return b;
 }
 
-/// A non-finite teacher output would silently poison every student: stop here instead.
-void check_finite(const torch::Tensor& produced, std::int64_t step, const char* what) {
-  if (torch::isfinite(produced).all().item<bool>()) return;
-  const auto bad = (~torch::isfinite(produced)).sum().item<std::int64_t>();
-  throw NumericalError(std::string("the teacher's ") + what + " for batch " + std::to_string(step) + " has " +
-                       std::to_string(bad) + " NaN/Inf values of " + std::to_string(produced.numel()));
-}
-
 /// Checks one made batch and passes it on (next stage or students).
 void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) {
   auto& produced = job.stage.last() ? batch.out : batch.hidden;
   if (poison) produced.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
-  check_finite(produced, step, job.stage.last() ? "output" : "hidden state");
+  check_finite(produced, step, job.stage.last() ? "teacher's output" : "teacher's hidden state");
   if (!job.stage.last()) {
     comm::TensorDict m{{"x_t", batch.x_t}, {"t", batch.t}, {"context", batch.context},
                        {"context_lens", batch.context_lens}, {"hidden", batch.hidden}};
