@@ -153,8 +153,7 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   // The training students' set-up (their seed too; a LoRA base is not needed for the timing).
   const auto setup = parts_setup(cfg, C, message.at("teacher_out").size(1), teacher.dim, device);
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
-  const auto adamw = student::make_adamw(parts.trainable(), nullptr, cfg.train.lr, cfg.train);
-  auto& optimizer = *adamw;
+  student::TrainOptimizer optimizer(parts.trainable(), student::TrainOptimizer::options(cfg.train.lr, cfg.train));
   student::DistillObjective objective(parts, cfg.student.checkpointing);
   student::FixedBatches batches({message});
   student::StepContext step{objective, optimizer, nullptr, cfg.train.grad_clip};

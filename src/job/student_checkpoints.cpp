@@ -56,20 +56,18 @@ void attach_checkpoints(student::StudentJob& loop, TrainJob& job, student::Stude
   loop.checkpoint_every = job.cfg.checkpoint.every;
   student::EmaWeights* ema = loop.ema;
   student::StudentMethod* method = loop.method;
-  student::OptimizerShard* shard = loop.shard;
   if (!job.resume_path.empty()) {
-    loop.restore = [&job, &parts, ema, method, shard](torch::optim::AdamW& optimizer) {
-      student::Trainable{parts, optimizer, shard}.restore(job.resume_path, job.plan.first_step, "the manifest's");
+    loop.restore = [&job, &parts, ema, method](student::TrainOptimizer& optimizer) {
+      student::Trainable{parts, optimizer}.restore(job.resume_path, job.plan.first_step, "the manifest's");
       if (ema) ema->restore(job.resume_path, parts);
       if (method) method->restore(job.resume_path);
     };
   }
-  loop.save = [&job, &parts, ema, method, shard, &services, device](std::int64_t step,
-                                                                   torch::optim::AdamW& optimizer) {
+  loop.save = [&job, &parts, ema, method, &services, device](std::int64_t step, student::TrainOptimizer& optimizer) {
     // Every student joins the gathers (student.shard parameters' whole weights and the slices'
     // step counts, the student's and then the method's share: dmd's critic and cycle request
     // inputs); the first one writes, the others add their moment slices.
-    const student::TrainableSave own(student::Trainable{parts, optimizer, shard}, step);
+    const student::TrainableSave own(student::Trainable{parts, optimizer}, step);
     const auto share = method ? method->begin_save(step) : std::make_unique<student::MethodCheckpoint>();
     const bool sliced = own.sliced() || share->sliced();
     const auto write_slices = [&](const std::string& dir) {

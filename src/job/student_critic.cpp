@@ -94,8 +94,9 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   // The critic shards as the student does (the same code: a trainable model and its optimizer).
   side.reduction = make_reduction(job, *side.critic, device, services, "the dmd critic");
   auto* shard = side.reduction.shard.get();
-  side.optimizer =
-      student::make_adamw(side.critic->trainable(), shard, cfg.dmd.critic_lr > 0 ? cfg.dmd.critic_lr : train.lr, train);
+  side.optimizer = std::make_unique<student::TrainOptimizer>(
+      side.critic->trainable(),
+      student::TrainOptimizer::options(cfg.dmd.critic_lr > 0 ? cfg.dmd.critic_lr : train.lr, train), shard);
   services.memory.model.weights_bytes += student::kept_weight_bytes(side.critic->trainable(), shard);
   student::DmdParts parts{generator,
                           *side.critic,
@@ -111,8 +112,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           job.groups->students(),
                           cfg.comm.timeout_s,
                           peers,
-                          &services.health,
-                          shard};
+                          &services.health};
   side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
   side.method = std::make_unique<student::DmdMethod>(*side.trainer, *side.score, side.train, group_rank == 0);
 }

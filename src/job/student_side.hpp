@@ -80,7 +80,7 @@ struct DmdSide {
   std::optional<comm::StudentService> service;
   std::unique_ptr<student::RealScore> score;
   std::unique_ptr<student::StudentParts> critic;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<student::TrainOptimizer> optimizer;
   Reduction reduction;  ///< the critic's reducer and (student.shard) its slice
   std::unique_ptr<student::DmdTrainer> trainer;
   std::unique_ptr<student::DmdMethod> method;  ///< the loop's method (StudentJob::method)

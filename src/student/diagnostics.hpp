@@ -16,6 +16,7 @@
 namespace wd::student {
 
 struct StudentJob;
+class TrainOptimizer;
 
 /// Sums `values` over the student group in place (with deadline; `op` names the wait).
 void sum_over_students(const StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op);
@@ -27,7 +28,7 @@ class Diagnostics {
  public:
   /// Receives the held-out batches (the stream's first plan.eval_messages) and keeps copies.
   /// `optimizer` is read for the memory reports.
-  Diagnostics(StudentJob& job, const torch::optim::AdamW& optimizer);
+  Diagnostics(StudentJob& job, const TrainOptimizer& optimizer);
 
   /// Evaluates the untrained student; the relative MSE, or -1 without held-out batches.
   double before_training();
@@ -64,7 +65,7 @@ class Diagnostics {
   memory::ModelMemory model_memory() const;
 
   StudentJob& job_;
-  const torch::optim::AdamW& optimizer_;
+  const TrainOptimizer& optimizer_;
   metrics::MetricsWriter metrics_;  ///< metrics.jsonl and TensorBoard (the leader's; a no-op elsewhere)
   std::vector<comm::TensorDict> eval_set_;
   double first_eval_ = -1;

@@ -241,8 +241,7 @@ void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
 
 double DmdTrainer::update_critic(std::int64_t step, const comm::TensorDict& batch) {
   CriticObjective objective(p_, step);
-  StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {},
-                  p_.critic_shard};
+  StepContext ctx{objective, p_.critic_optimizer, p_.critic_reducer, p_.train.grad_clip, p_.world_rank, {}};
   FixedBatches batches({batch});
   return train_step(ctx, step, p_.dmd.critic_lr_at(p_.train.lr_at(step), p_.train.lr), batches);
 }
@@ -255,7 +254,7 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
   GeneratorObjective objective(p_, cycle, p_.score.answer(cycle),
                                p_.dmd.regression_weight > 0 ? &batch : nullptr);
   StepContext ctx{objective,           generator.optimizer,  generator.reducer, generator.grad_clip,
-                  generator.world_rank, generator.after_step, generator.shard};
+                  generator.world_rank, generator.after_step};
   FixedBatches batches({pending_});
   const double loss = train_step(ctx, step, p_.train.lr_at(step), batches);
   p_.score.release(cycle);
@@ -265,7 +264,7 @@ double DmdTrainer::update_generator(StepContext& generator, std::int64_t step, c
 }
 
 memory::ModelMemory DmdTrainer::critic_memory() const {
-  return model_memory(p_.critic.trainable(), p_.critic_shard, p_.critic_optimizer);
+  return model_memory(p_.critic.trainable(), p_.critic_optimizer.shard(), p_.critic_optimizer.adamw());
 }
 
 DmdLosses DmdTrainer::step(StepContext& generator, std::int64_t step, const comm::TensorDict& batch) {

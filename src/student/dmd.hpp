@@ -27,6 +27,7 @@
 #include "student/student_config.hpp"
 #include "student/student_parts.hpp"
 #include "student/optimizer_shard.hpp"
+#include "student/train_optimizer.hpp"
 #include "student/student_method.hpp"
 #include "student/train_state.hpp"
 #include "student/train_step.hpp"
@@ -118,7 +119,7 @@ class RemoteScore final : public RealScore {
 struct DmdParts {
   StudentParts& generator;  ///< the student (its optimizer and reducer come with each step's context)
   StudentParts& critic;
-  torch::optim::AdamW& critic_optimizer;
+  TrainOptimizer& critic_optimizer;  ///< whole, or under student.shard over the critic's slice
   comm::GradientReducer* critic_reducer = nullptr;  ///< null: alone
   RealScore& score;
   DmdSpec spec;
@@ -132,8 +133,6 @@ struct DmdParts {
   double timeout_s = 120;
   std::vector<int> peers;              ///< world ranks of the other students (named on a timeout)
   comm::HealthChannel* health = nullptr;
-  /// student.shard optimizer: the critic's optimizer steps this rank's slice; null = whole.
-  OptimizerShard* critic_shard = nullptr;
 };
 
 /// Losses of one dmd step (this rank's).
@@ -161,7 +160,7 @@ class DmdTrainer {
   static std::string critic_dir(const std::string& dir);
   /// The critic's training state (its parts, AdamW and, under student.shard, slice): saved into
   /// critic_dir() of every checkpoint through the trainables' one path (TrainableSave).
-  Trainable critic_state() const { return {p_.critic, p_.critic_optimizer, p_.critic_shard}; }
+  Trainable critic_state() const { return {p_.critic, p_.critic_optimizer}; }
   /// Writes `pending` (gather_pending), when there is any, into `dir`/dmd_pending.safetensors.
   void write_pending(const std::string& dir, const TensorMap& pending) const;
   /// Restores what a checkpoint holds of dmd for a run resuming at schedule.first_step: the

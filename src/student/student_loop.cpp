@@ -66,8 +66,7 @@ std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
-  const auto adamw = make_adamw(job.parts.trainable(), job.shard, job.train.lr, job.train);
-  auto& optimizer = *adamw;
+  TrainOptimizer optimizer(job.parts.trainable(), TrainOptimizer::options(job.train.lr, job.train), job.shard);
   if (job.restore) job.restore(optimizer);
   Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();
@@ -78,7 +77,7 @@ StudentStats run_student(StudentJob& job) {
   DistillMethod distill_step;
   StudentMethod& method = job.method ? *job.method : distill_step;
   StepContext context{objective, optimizer, &job.reducer, job.train.grad_clip, job.world_rank,
-                      [&] { diagnostics.track_memory(); }, job.shard};
+                      [&] { diagnostics.track_memory(); }};
   const auto device = job.parts.trainable().front().device();
   const auto last = job.plan.train_steps;
   for (std::int64_t step = job.plan.first_step; step < last; ++step) {

@@ -20,6 +20,7 @@
 #include "student/ema.hpp"
 #include "student/checkpointing.hpp"
 #include "student/optimizer_shard.hpp"
+#include "student/train_optimizer.hpp"
 #include "student/student_config.hpp"
 #include "student/student_method.hpp"
 #include "student/student_parts.hpp"
@@ -48,17 +49,17 @@ struct StudentJob {
   /// World ranks of the teachers: told where training stops after a requeue request.
   std::vector<int> teachers;
   /// Called once with the optimizer before the first step (a resume restores state here).
-  std::function<void(torch::optim::AdamW&)> restore;
+  std::function<void(TrainOptimizer&)> restore;
   /// Writes a checkpoint after optimizer step `step` (1-based count of steps done). Called on
   /// every student at the same steps (the implementation decides who writes).
-  std::function<void(std::int64_t step, torch::optim::AdamW&)> save;
+  std::function<void(std::int64_t step, TrainOptimizer&)> save;
   std::int64_t checkpoint_every = 0;  ///< 0: only at the end and on a requeue
   /// Updated after every optimizer step with the weights/grads/optimizer bytes, so a failure
   /// report can name them after the stack unwound; null = not tracked.
   memory::ModelMemory* tracked_memory = nullptr;
   /// train.ema_decay: the weight average, updated after every optimizer step; null = off.
   EmaWeights* ema = nullptr;
-  /// student.shard optimizer: the optimizer steps this rank's slice; null = unsharded.
+  /// student.shard: the slice the student's optimizer steps (TrainOptimizer); null = whole.
   OptimizerShard* shard = nullptr;
   /// The objective's student method (dmd's cycle of critic and generator updates); null = the
   /// distillation step (DistillMethod).

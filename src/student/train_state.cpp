@@ -420,8 +420,8 @@ TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch:
 }
 
 void Trainable::restore(const std::string& dir, std::int64_t step, const std::string& whose) const {
-  WholeWeights whole(shard);  // student.shard parameters: the load writes whole tensors
-  const auto cursor = load_train_state(dir, parts, optimizer, shard);
+  WholeWeights whole(optimizer.shard());  // student.shard parameters: the load writes whole tensors
+  const auto cursor = load_train_state(dir, parts, optimizer.adamw(), optimizer.shard());
   whole.adopt();
   WD_CHECK_DATA(cursor.step == step, dir, TrainStateFiles::kTrainer,
                 "step " << cursor.step << " differs from " << whose << " step " << step);
@@ -430,12 +430,13 @@ void Trainable::restore(const std::string& dir, std::int64_t step, const std::st
 TrainableSave::TrainableSave(const Trainable& trainable, std::int64_t steps_done)
     : trainable_(trainable),
       steps_done_(steps_done),
-      whole_(trainable.shard),
-      slice_(trainable.shard ? std::optional(trainable.shard->moment_slice(trainable.optimizer, steps_done))
-                             : std::nullopt) {}
+      whole_(trainable.optimizer.shard()),
+      slice_(trainable.optimizer.shard()
+                 ? std::optional(trainable.optimizer.shard()->moment_slice(trainable.optimizer.adamw(), steps_done))
+                 : std::nullopt) {}
 
 void TrainableSave::write(const std::string& dir, const std::string& config_ini, bool export_student) const {
-  save_train_state(dir, trainable_.parts, trainable_.optimizer, {steps_done_}, config_ini, export_student,
+  save_train_state(dir, trainable_.parts, trainable_.optimizer.adamw(), {steps_done_}, config_ini, export_student,
                    slice_ ? &*slice_ : nullptr);
 }
 

@@ -13,6 +13,7 @@
 #include "model/safetensors.hpp"
 #include "student/optimizer_shard.hpp"
 #include "student/student_parts.hpp"
+#include "student/train_optimizer.hpp"
 
 namespace wd::student {
 
@@ -71,13 +72,12 @@ void expect_saved_tensor(const SafetensorsFile& file, const std::string& name, c
 TrainCursor load_train_state(const std::string& dir, StudentParts& parts, torch::optim::AdamW& optimizer,
                              const OptimizerShard* shard = nullptr);
 
-/// One trainable model's training state on this rank (the student, dmd's critic): its parts, its
-/// AdamW and, under student.shard, its slice (null: whole). Every trainable saves (TrainableSave)
-/// and restores through this one path.
+/// One trainable model's training state on this rank (the student, dmd's critic): its parts and
+/// its optimizer (whole, or under student.shard over its slice). Every trainable saves
+/// (TrainableSave) and restores through this one path.
 struct Trainable {
   StudentParts& parts;
-  torch::optim::AdamW& optimizer;
-  OptimizerShard* shard = nullptr;
+  TrainOptimizer& optimizer;
 
   /// Restores what a TrainableSave wrote into `dir` (load_train_state, every block whole while it
   /// loads under student.shard parameters: collective over the students). A wd::DataError naming

@@ -5,23 +5,13 @@
 
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
-#include "core/torch_compat.hpp"
 
 namespace wd::student {
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
-                                                double lr, const TrainConfig& train) {
-  return std::make_unique<torch::optim::AdamW>(
-      shard ? shard->views() : params,
-      torch::optim::AdamWOptions(lr).betas({train.beta1, train.beta2}).weight_decay(train.weight_decay));
-}
-
 double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& batches) {
-  for (auto& group : ctx.optimizer.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
+  ctx.optimizer.set_lr(lr);
   ctx.objective.zero_grad();
-  if (ctx.shard) ctx.shard->begin_step();  // student.shard gradients: the scatter's hooks listen
+  ctx.optimizer.begin_step();  // student.shard gradients: the scatter's hooks listen
   const auto count = batches.count();
   const double micro_scale = 1.0 / static_cast<double>(count);
   std::vector<torch::Tensor> micro_losses;  // on the device until the step reads them once
@@ -47,17 +37,9 @@ double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& 
     mean += micro_scale * loss;
   }
   if (ctx.reducer) ctx.reducer->average(step);
-  if (ctx.grad_clip > 0) {
-    // With sharded gradients the norm is the global one, over every rank's slice.
-    if (ctx.shard && ctx.shard->owns_gradients()) {
-      ctx.shard->clip_grad_norm(ctx.grad_clip, step);
-    } else {
-      clip_grad_norm(ctx.objective.parameters(), ctx.grad_clip);
-    }
-  }
-  // CUDA students: LibTorch's fused multi-tensor AdamW; the host keeps the exact per-parameter one.
-  if (!compat::fused_adamw_step(ctx.optimizer)) ctx.optimizer.step();
-  if (ctx.shard) ctx.shard->gather(step);
+  // The global norm either way: over every rank's slice when the shard owns the gradients.
+  if (ctx.grad_clip > 0) ctx.optimizer.clip(ctx.objective.parameters(), ctx.grad_clip, step);
+  ctx.optimizer.step(step);
   ctx.objective.after_step();
   if (ctx.after_step) ctx.after_step();
   return mean;

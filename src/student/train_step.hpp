@@ -13,6 +13,7 @@
 #include "comm/gradient_reducer.hpp"
 #include "comm/message_spec.hpp"
 #include "student/optimizer_shard.hpp"
+#include "student/train_optimizer.hpp"
 #include "student/student_config.hpp"
 
 namespace wd::student {
@@ -62,27 +63,18 @@ class FixedBatches final : public MicroBatches {
 /// What train_step works with; owned by the caller, the same for every step of a run.
 struct StepContext {
   Objective& objective;
-  torch::optim::AdamW& optimizer;
+  TrainOptimizer& optimizer;                 ///< whole or sharded: the step does not ask which
   comm::GradientReducer* reducer = nullptr;  ///< averages over the student group; null: alone
   double grad_clip = 0;                      ///< largest global gradient 2-norm; 0: no clipping
   int world_rank = 0;                        ///< named when a loss is not finite
   std::function<void()> after_step;          ///< the caller's hook after the update; may be empty
-  /// student.shard optimizer|gradients: the optimizer steps this rank's slice (the shard's views),
-  /// and the slices are all-gathered after it (gradients: the reducer is the shard's reduce-scatter
-  /// and the clip takes the global norm of the slices); null: the optimizer steps every parameter.
-  OptimizerShard* shard = nullptr;
 };
-
-/// The AdamW of a trainable model, the one place one is made: over `params`, or with a shard over
-/// its views of this rank's slice (student.shard), at learning rate `lr` with [train]'s betas and
-/// weight decay.
-std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const OptimizerShard* shard,
-                                                double lr, const TrainConfig& train);
 
 /// Optimizer step `step` (0-based) at learning rate `lr`: each micro-batch's backward of
 /// loss / count, one host read of the losses (the step's one counted sync), a NumericalError on
-/// NaN/Inf before the gradients leave this rank, the reduce, the clip, AdamW (fused on CUDA; with
-/// a shard on this rank's slice, then the all-gather), then the objective's and the caller's
+/// NaN/Inf before the gradients leave this rank, the reduce, the clip and the optimizer's step
+/// (TrainOptimizer: AdamW, fused on CUDA; under student.shard on this rank's slice, then the
+/// all-gather), then the objective's and the caller's
 /// after-step hooks. Returns this rank's mean loss.
 double train_step(StepContext& ctx, std::int64_t step, double lr, MicroBatches& batches);
 

@@ -169,7 +169,8 @@ void dump(const fs::path& out) {
   std::vector<double> lrs;
   torch::optim::AdamWOptions options;
   job.checkpoint_every = 1;
-  job.save = [&](std::int64_t step, torch::optim::AdamW& optimizer) {
+  job.save = [&](std::int64_t step, student::TrainOptimizer& trained) {
+    auto& optimizer = trained.adamw();
     std::vector<torch::Tensor> grads;
     for (const auto& p : params) grads.push_back(p.grad());
     const auto dir = step_dir(out, step);

@@ -78,7 +78,7 @@ TEST(StudentParts, NothingIsCreatedAfterStepZero) {
   s.feature_weight = 1.0;
   s.mixed_bf16 = true;
   StudentParts parts(WanDiT(testing::small_student(6, 2), WanInit::kRandom, torch::kFloat, 2), s);
-  torch::optim::AdamW opt(parts.trainable(), torch::optim::AdamWOptions(1e-3));
+  TrainOptimizer opt(parts.trainable(), torch::optim::AdamWOptions(1e-3));
   const auto modules = parts.module_count();
   const auto params = parts.parameter_count();
   std::vector<void*> ptrs;

@@ -50,7 +50,7 @@ struct Trainee {
     // 6 and 2 channels against the teacher's 4: the projections are trained too.
     parts = std::make_unique<StudentParts>(
         WanDiT(testing::small_student(6, 2, o.dim), WanInit::kRandom, torch::kFloat, init_seed), s);
-    optimizer = std::make_unique<torch::optim::AdamW>(
+    optimizer = std::make_unique<TrainOptimizer>(
         parts->trainable(),
         torch::optim::AdamWOptions(1e-2).betas({0.9, 0.99}).weight_decay(0.05).amsgrad(o.amsgrad));
   }
@@ -67,13 +67,13 @@ struct Trainee {
   }
 
   const torch::optim::AdamWParamState& state(std::size_t i) const {
-    const auto it = optimizer->state().find(compat::optimizer_state_key(parts->trainable()[i]));
-    EXPECT_NE(it, optimizer->state().end()) << parts->trainable_names()[i];
+    const auto it = optimizer->adamw().state().find(compat::optimizer_state_key(parts->trainable()[i]));
+    EXPECT_NE(it, optimizer->adamw().state().end()) << parts->trainable_names()[i];
     return static_cast<const torch::optim::AdamWParamState&>(*it->second);
   }
 
   std::unique_ptr<StudentParts> parts;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<TrainOptimizer> optimizer;
 };
 
 void expect_exact_resume(const Options& o) {
@@ -92,14 +92,14 @@ void expect_exact_resume(const Options& o) {
     torch::manual_seed(11);
     for (std::int64_t s = 0; s < kHalf; ++s) losses.push_back(first.step(s));
     saved = store.save(kHalf, [&](const std::string& dir) {
-      save_train_state(dir, *first.parts, *first.optimizer, TrainCursor{kHalf}, "[train]\nsteps = 6\n");
+      save_train_state(dir, *first.parts, first.optimizer->adamw(), TrainCursor{kHalf}, "[train]\nsteps = 6\n");
     });
   }
   // As a new process would be: other initial weights, the generator elsewhere.
   Trainee resumed(o, 99);
   torch::randn({17});
   ASSERT_EQ(store.latest_good()->path, saved);
-  const auto cursor = load_train_state(saved, *resumed.parts, *resumed.optimizer);
+  const auto cursor = load_train_state(saved, *resumed.parts, resumed.optimizer->adamw());
   EXPECT_EQ(cursor.step, kHalf);
   for (std::int64_t s = cursor.step; s < 2 * kHalf; ++s) losses.push_back(resumed.step(s));
 
@@ -147,11 +147,11 @@ TEST(TrainState, TrainableNamesAreUniqueAndMatchTheTensors) {
 TEST(TrainState, SaveBeforeTheFirstStepHasNoOptimizerState) {
   test::TempDir tmp("wd-train-state");
   Trainee source({}, 1);
-  save_train_state(tmp.str(), *source.parts, *source.optimizer, TrainCursor{0}, "", false);
+  save_train_state(tmp.str(), *source.parts, source.optimizer->adamw(), TrainCursor{0}, "", false);
   EXPECT_FALSE(fs::exists(tmp.str("student")));
   Trainee target({}, 2);
-  EXPECT_EQ(load_train_state(tmp.str(), *target.parts, *target.optimizer).step, 0);
-  EXPECT_TRUE(target.optimizer->state().empty());
+  EXPECT_EQ(load_train_state(tmp.str(), *target.parts, target.optimizer->adamw()).step, 0);
+  EXPECT_TRUE(target.optimizer->adamw().state().empty());
   for (std::size_t i = 0; i < source.parts->trainable().size(); ++i) {
     EXPECT_TRUE(torch::equal(source.parts->trainable()[i], target.parts->trainable()[i]));
   }
@@ -163,14 +163,14 @@ DataError load_error(const Options& saved, const Options& loaded) {
   Trainee source(saved, 1);
   torch::manual_seed(2);
   source.step(0);
-  save_train_state(tmp.str(), *source.parts, *source.optimizer, TrainCursor{1}, "", false);
+  save_train_state(tmp.str(), *source.parts, source.optimizer->adamw(), TrainCursor{1}, "", false);
   Trainee target(loaded, 3);
   const auto before = target.parts->trainable().front().clone();
   try {
-    load_train_state(tmp.str(), *target.parts, *target.optimizer);
+    load_train_state(tmp.str(), *target.parts, target.optimizer->adamw());
   } catch (const DataError& e) {
     EXPECT_TRUE(torch::equal(before, target.parts->trainable().front())) << "a refused load changed the parts";
-    EXPECT_TRUE(target.optimizer->state().empty());
+    EXPECT_TRUE(target.optimizer->adamw().state().empty());
     return e;
   }
   ADD_FAILURE() << "load_train_state accepted a mismatching checkpoint";
@@ -227,7 +227,7 @@ TEST(Ema, AveragesTheStepsResumesExactlyAndLendsItsWeights) {
       expected[i] = d * expected[i] + (1 - d) * straight.parts->trainable()[i].detach().to(torch::kDouble);
     }
     if (s + 1 == 3) {  // save_train_state keeps the generator: the resumed steps see the same noise
-      save_train_state(tmp.str(), *straight.parts, *straight.optimizer, TrainCursor{3}, "", false);
+      save_train_state(tmp.str(), *straight.parts, straight.optimizer->adamw(), TrainCursor{3}, "", false);
       ema.save(tmp.str(), *straight.parts);
     }
   }
@@ -239,7 +239,7 @@ TEST(Ema, AveragesTheStepsResumesExactlyAndLendsItsWeights) {
   // Resumed from step 3 as a new process would be: the same average at step 6, bit for bit.
   Trainee resumed(o, 99);
   EmaWeights again(*resumed.parts, 0.8);
-  ASSERT_EQ(load_train_state(tmp.str(), *resumed.parts, *resumed.optimizer).step, 3);
+  ASSERT_EQ(load_train_state(tmp.str(), *resumed.parts, resumed.optimizer->adamw()).step, 3);
   again.restore(tmp.str(), *resumed.parts);
   for (std::int64_t s = 3; s < 6; ++s) {
     resumed.step(s);
@@ -265,7 +265,7 @@ TEST(Ema, AveragesTheStepsResumesExactlyAndLendsItsWeights) {
   fs::remove(fs::path(tmp.str()) / EmaWeights::kFile);
   Trainee plain(o, 5);
   EmaWeights fresh(*plain.parts, 0.8);
-  load_train_state(tmp.str(), *plain.parts, *plain.optimizer);
+  load_train_state(tmp.str(), *plain.parts, plain.optimizer->adamw());
   fresh.restore(tmp.str(), *plain.parts);
   for (std::size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(torch::equal(fresh.tensors()[i], plain.parts->trainable()[i])) << names[i];
 }

@@ -126,8 +126,8 @@ struct HandAdamW {
 void expect_steps_match(double clip) {
   constexpr double kWd = 0.1, kBeta1 = 0.9, kBeta2 = 0.99, kEps = 1e-8;
   LineFit fit(0.5, -0.25);
-  torch::optim::AdamW optimizer(fit.parameters(),
-                                torch::optim::AdamWOptions(1.0).betas({kBeta1, kBeta2}).eps(kEps).weight_decay(kWd));
+  TrainOptimizer optimizer(fit.parameters(),
+                           torch::optim::AdamWOptions(1.0).betas({kBeta1, kBeta2}).eps(kEps).weight_decay(kWd));
   ScalingReducer reducer(fit.parameters(), 0.5);
   int hooks = 0;
   StepContext context{fit, optimizer, &reducer, clip, 0, [&] { ++hooks; }};
@@ -161,7 +161,7 @@ TEST(TrainStep, ClipsTheReducedGradientsBeforeTheUpdate) {
 
 TEST(TrainStep, ANonFiniteLossThrowsBeforeTheReduceAndTheUpdate) {
   LineFit fit(0.5, -0.25);
-  torch::optim::AdamW optimizer(fit.parameters(), torch::optim::AdamWOptions(0.1));
+  TrainOptimizer optimizer(fit.parameters(), torch::optim::AdamWOptions(0.1));
   ScalingReducer reducer(fit.parameters(), 0.5);
   StepContext context{fit, optimizer, &reducer, 1.0, 3};
   auto micro = kMicro;
@@ -177,7 +177,7 @@ TEST(TrainStep, ANonFiniteLossThrowsBeforeTheReduceAndTheUpdate) {
   EXPECT_EQ(fit.after_steps, 0);
   EXPECT_EQ(fit.w(), 0.5);
   EXPECT_EQ(fit.b(), -0.25);
-  EXPECT_TRUE(optimizer.state().empty());
+  EXPECT_TRUE(optimizer.adamw().state().empty());
 }
 
 }  // namespace
