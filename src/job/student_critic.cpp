@@ -92,16 +92,14 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device, generator));
   const auto& train = cfg.train;
   // The critic shards as the student does (the same code: a trainable model and its optimizer).
-  side.reduction = make_reduction(job, *side.critic, device, services, "the dmd critic");
-  auto* shard = side.reduction.shard.get();
-  side.optimizer = std::make_unique<student::TrainOptimizer>(
-      side.critic->trainable(),
-      student::TrainOptimizer::options(cfg.dmd.critic_lr > 0 ? cfg.dmd.critic_lr : train.lr, train), shard);
-  services.memory.model.weights_bytes += student::kept_weight_bytes(side.critic->trainable(), shard);
+  side.training = make_training(job, *side.critic, device, services,
+                                cfg.dmd.critic_lr > 0 ? cfg.dmd.critic_lr : train.lr, "the dmd critic");
+  services.memory.model.weights_bytes +=
+      student::kept_weight_bytes(side.critic->trainable(), side.training.optimizer->shard());
   student::DmdParts parts{generator,
                           *side.critic,
-                          *side.optimizer,
-                          side.reduction.reducer.get(),
+                          *side.training.optimizer,
+                          side.training.reducer.get(),
                           *side.score,
                           student::DmdSpec::from(cfg.student_train(), cfg.dmd, job.plan.latent, group_rank),
                           service_schedule(cfg, job.plan),

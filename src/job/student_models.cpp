@@ -153,13 +153,13 @@ student::StudentParts make_student_parts(const TrainJob& job, const c10::Device&
       student::build_student(sc, cfg.student, job.experts ? &job.student_base() : nullptr, cfg.train.seed), setup);
 }
 
-Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
-                         RoleServices& services, const char* what) {
+Training make_training(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
+                       RoleServices& services, double lr, const char* what) {
   const auto& cfg = job.cfg;
   const auto mode = cfg.student.shard;
   int students = 1;
   WD_CHECK_MPI(MPI_Comm_size(job.groups->students(), &students));
-  Reduction r;
+  Training r;
   const bool weights = mode == student::ShardMode::kParameters;
   WD_CHECK_AS(ConfigError, !weights || device.is_cpu(),
               "student.shard parameters runs on host students (MPI all-gathers from the backward); this student "
@@ -207,6 +207,8 @@ Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, cons
       faults.at(FaultSpec::Point::kAllgather, step + 1, device);
     });
   }
+  r.optimizer = std::make_unique<student::TrainOptimizer>(parts.trainable(),
+                                                          student::TrainOptimizer::options(lr, cfg.train), r.shard.get());
   return r;
 }
 

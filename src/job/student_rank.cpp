@@ -86,10 +86,11 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     }
     services.memory.teacher_weights_bytes += memory::tensor_bytes(base);
   }
-  auto reduction = make_reduction(job, parts, device, services);
+  const auto train = cfg.student_train();
+  auto training = make_training(job, parts, device, services, train.lr);
   // The weights this rank keeps (student.shard parameters: its slice and the blocks' outside).
   services.memory.model.weights_bytes =
-      student::kept_weight_bytes(parts.trainable(), reduction.shard.get());
+      student::kept_weight_bytes(parts.trainable(), training.optimizer->shard());
   int group_rank = 0;
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &group_rank));
   std::vector<int> peers;
@@ -97,8 +98,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
     if (r != rank) peers.push_back(r);
   }
   if (real_score) make_dmd_trainer(dmd, job, parts, device, group_rank, peers, services);
-  const auto train = cfg.student_train();
-  student::StudentJob loop{parts, *stream.transport, *reduction.reducer, job.plan, train, job.groups->students(),
+  student::StudentJob loop{parts, *stream.transport, *training.reducer, *training.optimizer, job.plan, train,
+                           job.groups->students(),
                            cfg.comm.timeout_s, rank, peers, group_rank == 0,
                            (fs::path(cfg.run_dir) / "metrics.jsonl").string(),
                            cfg.student.checkpointing};
@@ -110,10 +111,9 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
   loop.method = dmd.method.get();
-  loop.shard = reduction.shard.get();
   attach_checkpoints(loop, job, parts, services, device);
   const auto stats = student::run_student(loop);
-  const student::WholeWeights whole(loop.shard);  // student.shard parameters: the first student writes them all
+  const student::WholeWeights whole(training.optimizer->shard());  // student.shard parameters: the first student writes them all
   return finish_student(job, stats, parts, loop.ema, group_rank == 0);
 }
 

@@ -62,16 +62,20 @@ WanDiT load_frozen_base(const TrainJob& job, const char* key, std::optional<std:
 student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device,
                                         const teacher::TeacherStage* own);
 
-/// A trainable model's gradient reduction over the student group and, with student.shard, its
-/// slice of the optimizer (optimizer: over the reducer's bound buckets; gradients: the shard owns
-/// the gradient slice and the reducer is its reduce-scatter). Collective over the students.
-struct Reduction {
+/// How a trainable model trains on this rank, made by one factory for the student and dmd's
+/// critic alike: its gradient reduction over the student group, under student.shard this rank's
+/// slice (optimizer: over the reducer's bound buckets; gradients: the shard owns the gradient
+/// slice and the reducer is its reduce-scatter), and its optimizer over the whole or the slice.
+struct Training {
   std::unique_ptr<student::OptimizerShard> shard;  ///< null: whole (no sharding, or one student)
   std::unique_ptr<comm::GradientReducer> reducer;
+  std::unique_ptr<student::TrainOptimizer> optimizer;  ///< AdamW at the factory's lr, [train]'s betas and decay
 };
 
-Reduction make_reduction(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
-                         RoleServices& services, const char* what = "the student");
+/// `parts`' Training at learning rate `lr` (`what` names the model in the log). Collective over
+/// the students.
+Training make_training(const TrainJob& job, student::StudentParts& parts, const c10::Device& device,
+                       RoleServices& services, double lr, const char* what = "the student");
 
 /// train.objective dmd on a student rank: the critic (its parts, AdamW, gradient reducer), the
 /// real score (the channel to the replica's teacher, or the colocated teacher) and the trainer.
@@ -80,8 +84,7 @@ struct DmdSide {
   std::optional<comm::StudentService> service;
   std::unique_ptr<student::RealScore> score;
   std::unique_ptr<student::StudentParts> critic;
-  std::unique_ptr<student::TrainOptimizer> optimizer;
-  Reduction reduction;  ///< the critic's reducer and (student.shard) its slice
+  Training training;  ///< the critic's reducer, (student.shard) slice and optimizer
   std::unique_ptr<student::DmdTrainer> trainer;
   std::unique_ptr<student::DmdMethod> method;  ///< the loop's method (StudentJob::method)
 };

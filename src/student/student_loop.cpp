@@ -66,7 +66,7 @@ std::unique_ptr<RolloutObjective> rollout_of(StudentJob& job, Objective& distill
 StudentStats run_student(StudentJob& job) {
   StudentStats stats;
   const auto t0 = Clock::now();
-  TrainOptimizer optimizer(job.parts.trainable(), TrainOptimizer::options(job.train.lr, job.train), job.shard);
+  auto& optimizer = job.optimizer;
   if (job.restore) job.restore(optimizer);
   Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();

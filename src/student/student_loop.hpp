@@ -32,6 +32,7 @@ struct StudentJob {
   StudentParts& parts;
   comm::Receiver& transport;
   comm::GradientReducer& reducer;
+  TrainOptimizer& optimizer;  ///< whole, or under student.shard over this rank's slice
   const comm::StreamPlan& plan;
   const TrainConfig& train;
   MPI_Comm students;          ///< for the loss / eval reductions
@@ -59,8 +60,6 @@ struct StudentJob {
   memory::ModelMemory* tracked_memory = nullptr;
   /// train.ema_decay: the weight average, updated after every optimizer step; null = off.
   EmaWeights* ema = nullptr;
-  /// student.shard: the slice the student's optimizer steps (TrainOptimizer); null = whole.
-  OptimizerShard* shard = nullptr;
   /// The objective's student method (dmd's cycle of critic and generator updates); null = the
   /// distillation step (DistillMethod).
   StudentMethod* method = nullptr;

@@ -88,7 +88,8 @@ TEST(HostSyncs, OnePerOptimizerStepNonePerMicroBatch) {
   student::StudentParts parts(WanDiT(tc, WanInit::kRandom, torch::kFloat, 3), setup);
   SeededBatches batches(plan.message_spec());
   comm::MpiGradientReducer reducer(MPI_COMM_WORLD, parts.trainable(), 25'000'000ULL, 60, 0, nullptr);
-  student::StudentJob job{parts, batches, reducer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
+  student::TrainOptimizer optimizer(parts.trainable(), student::TrainOptimizer::options(train.lr, train));
+  student::StudentJob job{parts, batches, reducer, optimizer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
                           CheckpointPolicy::parse("all")};
   const auto before = host_sync_count();
   const auto stats = student::run_student(job);

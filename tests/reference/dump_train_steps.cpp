@@ -162,7 +162,8 @@ void dump(const fs::path& out) {
 
   SeededBatches batches(plan.message_spec());
   comm::MpiGradientReducer reducer(MPI_COMM_WORLD, params, 25'000'000ULL, 60, 0, nullptr);
-  student::StudentJob job{parts, batches, reducer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
+  student::TrainOptimizer optimizer(params, student::TrainOptimizer::options(train.lr, train));
+  student::StudentJob job{parts, batches, reducer, optimizer, plan, train, MPI_COMM_WORLD, 60, 0, {}, true, "",
                           scfg.checkpointing};
   // The loop saves after every optimizer step: the grads are then those the optimizer used
   // (averaged, clipped), and the training state holds the parameters and moments it produced.
