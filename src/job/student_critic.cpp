@@ -58,13 +58,14 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   setup.feature_pairs.clear();  // the critic matches no teacher features
   setup.gan = cfg.dmd.gan();
   setup.gan_block = cfg.dmd.critic_gan_block;
-  if (objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0 && generator.is_pair()) {
+  const bool lora = objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0;
+  if (lora && generator.is_pair()) {
     // A pair's critic is a pair too: adapters over each expert's base, routed as the generator.
     const auto models = generator.models();  // {high, low}
     return student::StudentParts::pair(lora_over(job, models[0], init_seed(cfg, true, WanExperts::kHigh)),
                                        lora_over(job, models[1], init_seed(cfg, true, WanExperts::kLow)), setup);
   }
-  if (objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0) {
+  if (lora) {
     setup.lora_base = job.student_base().path();
     return student::StudentParts(make_lora_critic(job, generator), setup);
   }

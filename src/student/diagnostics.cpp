@@ -51,8 +51,8 @@ void sum_over_students(const StudentJob& job, std::vector<double>& values, std::
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer[static_cast<std::int64_t>(i)].item<double>();
 }
 
-Diagnostics::Diagnostics(StudentJob& job, const TrainOptimizer& optimizer)
-    : job_(job), optimizer_(optimizer), metrics_(job.leader ? job.metrics_path : "") {
+Diagnostics::Diagnostics(StudentJob& job)
+    : job_(job), metrics_(job.leader ? job.metrics_path : "") {
   MPI_Comm_size(job_.students, &group_size_);
   // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
   for (std::int64_t e = 0; e < job_.plan.eval_messages; ++e) {
@@ -184,7 +184,7 @@ void Diagnostics::log_window(std::int64_t step, double lr, double loss) {
 }
 
 memory::ModelMemory Diagnostics::model_memory() const {
-  auto m = student::model_memory(job_.parts.trainable(), optimizer_.shard(), optimizer_.adamw());
+  auto m = student::model_memory(job_.parts.trainable(), job_.optimizer.shard(), job_.optimizer.adamw());
   if (job_.method) {  // what the method trains beside the student (dmd: the critic)
     const auto extra = job_.method->extra_memory();
     m.weights_bytes += extra.weights_bytes;

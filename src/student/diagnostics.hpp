@@ -16,7 +16,6 @@
 namespace wd::student {
 
 struct StudentJob;
-class TrainOptimizer;
 
 /// Sums `values` over the student group in place (with deadline; `op` names the wait).
 void sum_over_students(const StudentJob& job, std::vector<double>& values, std::int64_t step, const char* op);
@@ -27,8 +26,8 @@ void sum_over_students(const StudentJob& job, std::vector<double>& values, std::
 class Diagnostics {
  public:
   /// Receives the held-out batches (the stream's first plan.eval_messages) and keeps copies.
-  /// `optimizer` is read for the memory reports.
-  Diagnostics(StudentJob& job, const TrainOptimizer& optimizer);
+  /// job.optimizer is read for the memory reports.
+  explicit Diagnostics(StudentJob& job);
 
   /// Evaluates the untrained student; the relative MSE, or -1 without held-out batches.
   double before_training();
@@ -65,7 +64,6 @@ class Diagnostics {
   memory::ModelMemory model_memory() const;
 
   StudentJob& job_;
-  const TrainOptimizer& optimizer_;
   metrics::MetricsWriter metrics_;  ///< metrics.jsonl and TensorBoard (the leader's; a no-op elsewhere)
   std::vector<comm::TensorDict> eval_set_;
   double first_eval_ = -1;

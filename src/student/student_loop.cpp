@@ -68,7 +68,7 @@ StudentStats run_student(StudentJob& job) {
   const auto t0 = Clock::now();
   auto& optimizer = job.optimizer;
   if (job.restore) job.restore(optimizer);
-  Diagnostics diagnostics(job, optimizer);  // receives the held-out batches
+  Diagnostics diagnostics(job);  // receives the held-out batches
   stats.first_eval_rel_mse = diagnostics.before_training();
   DistillObjective distill(job.parts, job.checkpointing);
   const auto rollout = rollout_of(job, distill);
