@@ -131,7 +131,8 @@ WanConfig model_for_data(const data::DatasetInfo& info) {
 
 void prepare_run_dir(const RunConfig& cfg) {
   fs::create_directories(fs::path(cfg.run_dir) / "cache");
-  if (cfg.has_teacher() && cfg.teacher.checkpoint == kBuiltin &&
+  const bool has_teacher = cfg.has_teacher();
+  if (has_teacher && cfg.teacher.checkpoint == kBuiltin &&
       !fs::exists(fs::path(cfg.teacher_path()) / "config.json")) {
     spdlog::info("generating the builtin tiny teacher in {}", cfg.teacher_path());
     write_random_wan_checkpoint(cfg.teacher_path(), WanConfig::preset("tiny"), torch::kBFloat16,
@@ -139,7 +140,7 @@ void prepare_run_dir(const RunConfig& cfg) {
   }
   if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
     // A two-expert folder's shapes too; without a teacher, the tiny model's.
-    const auto tc = cfg.has_teacher() ? open_teacher(cfg).config() : WanConfig::preset("tiny");
+    const auto tc = has_teacher ? open_teacher(cfg).config() : WanConfig::preset("tiny");
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;
@@ -202,10 +203,11 @@ void apply_layout(const LayoutChoice& choice, teacher::TeacherConfig& teacher) {
 
 PlacementChoice choose_placement(const RunConfig& cfg, int world) {
   PlacementChoice choice;
-  c10::Device device(torch::kCPU);
   // A colocated teacher lives where the student computes; without a teacher (flow) that device
   // is all there is to record.
-  if (cfg.students_only()) {
+  const bool teacherless = !cfg.has_teacher();
+  c10::Device device(torch::kCPU);
+  if (teacherless || cfg.teacher.placement == TeacherPlacement::kColocated) {
     device = student::student_device(cfg.student.device, 0);
     choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
   } else {
@@ -217,7 +219,7 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
     device = teacher::teacher_device(cfg.teacher, choice.placement, 0);
   }
   compat::set_current_device(device);
-  if (!cfg.has_teacher()) {
+  if (teacherless) {
     spdlog::info("train.objective {}: no teacher; the students train on the data alone", cfg.train.objective);
     return choice;
   }

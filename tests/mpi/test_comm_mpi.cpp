@@ -13,7 +13,7 @@
 #include "comm/mpi_transport.hpp"
 #include "mpi_test_util.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_comm_mpi {
 namespace {
 
 using test::world_rank;
@@ -739,4 +739,4 @@ TEST(GradientReducer, AGroupOfOneMovesNothingAndLeavesGradientsBitIdentical) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_comm_mpi

@@ -10,7 +10,7 @@
 #include "mpi_test_util.hpp"
 #include "student/optimizer_shard.hpp"
 
-namespace wd::student {
+namespace wd::student::test_gradient_scatter {
 namespace {
 
 using test::world_rank;
@@ -170,4 +170,4 @@ TEST(GradientScatter, TheAllGatherHandsEveryRankTheWholeUpdate) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_gradient_scatter

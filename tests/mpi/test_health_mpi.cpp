@@ -14,7 +14,7 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/signals.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_health_mpi {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -192,4 +192,4 @@ TEST(Health, AStopAfterMessageEndsATeachersWait) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_health_mpi

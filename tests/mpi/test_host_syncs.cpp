@@ -24,6 +24,7 @@
 #include "student/student_loop.hpp"
 #include "student/student_parts.hpp"
 
+namespace test_host_syncs {
 namespace {
 
 using namespace wd;
@@ -138,3 +139,5 @@ TEST(HostSyncs, PerStepFilesReadTheDeviceOnlyThroughTheCounter) {
 }
 
 }  // namespace
+
+}  // namespace test_host_syncs

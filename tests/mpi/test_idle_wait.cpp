@@ -11,7 +11,7 @@
 #include "comm/health_channel.hpp"
 #include "comm/mpi_runtime.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_idle_wait {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -103,4 +103,4 @@ TEST(IdleWait, TheHealthBarrierWaitingForALateRankUsesUnderFivePercentOfACore) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_idle_wait

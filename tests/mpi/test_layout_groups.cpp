@@ -9,6 +9,7 @@
 #include "comm/process_groups.hpp"
 #include "mpi_test_util.hpp"
 
+namespace test_layout_groups {
 namespace {
 
 using wd::Role;
@@ -93,3 +94,5 @@ TEST(LayoutGroups, ReplicasPlacedByNodeKeepEveryGroupsOrder) {
 }
 
 }  // namespace
+
+}  // namespace test_layout_groups

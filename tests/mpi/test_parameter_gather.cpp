@@ -8,7 +8,7 @@
 #include "mpi_test_util.hpp"
 #include "student/optimizer_shard.hpp"
 
-namespace wd::student {
+namespace wd::student::test_parameter_gather {
 namespace {
 
 using test::world_rank;
@@ -128,4 +128,4 @@ TEST(ParameterGather, GradientsOfGatheredBlocksReachTheSlices) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_parameter_gather

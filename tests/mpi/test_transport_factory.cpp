@@ -13,7 +13,7 @@
 #include "comm/transport_factory.hpp"
 #include "mpi_test_util.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_transport_factory {
 namespace {
 
 using test::world_rank;
@@ -184,4 +184,4 @@ TEST(TransportFactory, StageLinksCarryEachStepDownThePipeline) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_transport_factory

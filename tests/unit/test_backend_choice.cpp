@@ -10,7 +10,7 @@
 #include "core/config.hpp"
 #include "core/errors.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_backend_choice {
 namespace {
 
 std::vector<RankDevice> group(std::vector<RankDevice> ends) { return ends; }
@@ -161,4 +161,4 @@ TEST(BackendChoice, UnknownBackendIsAConfigError) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_backend_choice

@@ -8,7 +8,7 @@
 #include "model/wan_checkpoint.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -154,4 +154,4 @@ TEST(WanCheckpointTest, BadDirectoriesAndIndexesGiveClearErrors) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_checkpoint

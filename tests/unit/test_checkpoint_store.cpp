@@ -13,7 +13,7 @@
 #include "core/errors.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_checkpoint_store {
 namespace {
 
 namespace fs = std::filesystem;
@@ -272,4 +272,4 @@ TEST(CheckpointStore, SaveKilledMidwayLeavesThePreviousCheckpointIntact) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_checkpoint_store

@@ -9,7 +9,7 @@
 #include "student/checkpointing.hpp"
 #include "student/student_config.hpp"
 
-namespace wd::student {
+namespace wd::student::test_checkpointing {
 namespace {
 
 constexpr double kTol = 1e-6;  // the bound for fp32
@@ -315,4 +315,4 @@ TEST(Checkpointing, BackwardLeavesTheCallersRandomStreamAlone) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_checkpointing

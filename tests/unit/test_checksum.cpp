@@ -10,7 +10,7 @@
 #include "core/errors.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_checksum {
 namespace {
 
 /// The buffer of xxHash's own sanity check (xxhsum.c, BMK_sanityCheck): 101 bytes.
@@ -101,4 +101,4 @@ TEST(Xxh64, FileHashReadsPastTheChunkSize) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_checksum

@@ -9,7 +9,7 @@
 #include "data/synthetic_dataset.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_classes {
 namespace {
 
 data::SyntheticDatasetSpec classes_spec(const test::TempDir& dir) {
@@ -77,4 +77,4 @@ TEST(Classes, ASmoothDataSetHasNoClasses) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_classes

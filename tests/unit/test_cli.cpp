@@ -11,7 +11,7 @@
 #include "model/safetensors.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_cli {
 namespace {
 
 namespace fs = std::filesystem;
@@ -218,4 +218,4 @@ TEST(Cli, PlanPrintsEveryPlacementAndRecommendsOne) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_cli

@@ -8,7 +8,7 @@
 #include "core/logging.hpp"
 #include "core/topology.hpp"
 
-namespace wd {
+namespace wd::test_config {
 namespace {
 
 // A component shaped like the ones later issues add (teacher.*, train.*).
@@ -129,4 +129,4 @@ TEST(Logging, RejectsUnknownLevelsAndFormatsBytes) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_config

@@ -9,7 +9,7 @@
 #include "model/wan_convert.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_convert {
 namespace {
 
 namespace fs = std::filesystem;
@@ -287,4 +287,4 @@ TEST(Convert, ConvertedForwardMatchesTheOriginalWithinBf16Tolerance) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_convert

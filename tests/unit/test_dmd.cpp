@@ -8,7 +8,7 @@
 #include "student/dmd.hpp"
 #include "student_batches.hpp"
 
-namespace wd::student {
+namespace wd::student::test_dmd {
 namespace {
 
 comm::ServiceSchedule schedule(std::int64_t ratio, std::int64_t lead, std::int64_t first, std::int64_t steps) {
@@ -109,4 +109,4 @@ TEST(Dmd, TheGradientIsNormalisedPerSampleAndFiniteWhereTheTeacherAgrees) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_dmd

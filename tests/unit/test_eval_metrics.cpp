@@ -9,7 +9,7 @@
 #include "data/synthetic_dataset.hpp"
 #include "eval/metrics.hpp"
 
-namespace wd::eval {
+namespace wd::eval::test_eval_metrics {
 namespace {
 
 TEST(Frechet, MatchesTheClosedFormsOfGaussians) {
@@ -165,4 +165,4 @@ TEST(ClassDiversity, SeesLostPositionsAmplitudesAndDistances) {
 }
 
 }  // namespace
-}  // namespace wd::eval
+}  // namespace wd::eval::test_eval_metrics

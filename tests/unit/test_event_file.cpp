@@ -11,7 +11,7 @@
 #include "metrics/metrics_writer.hpp"
 #include "test_util.hpp"
 
-namespace wd::metrics {
+namespace wd::metrics::test_event_file {
 namespace {
 
 namespace fs = std::filesystem;
@@ -300,4 +300,4 @@ TEST(MetricsWriter, AppendsJsonLinesAndARunPerKindEachProcessStartingAFileOfItsO
 }
 
 }  // namespace
-}  // namespace wd::metrics
+}  // namespace wd::metrics::test_event_file

@@ -14,6 +14,7 @@
 
 #include "test_util.hpp"
 
+namespace test_example_configs {
 namespace {
 
 namespace fs = std::filesystem;
@@ -69,3 +70,5 @@ TEST(ExampleConfigs, PlanRecommendsAPlacementForEachOnItsHardware) {
 }
 
 }  // namespace
+
+}  // namespace test_example_configs

@@ -11,7 +11,7 @@
 #include "model/wan_experts.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_experts {
 namespace {
 
 namespace fs = std::filesystem;
@@ -385,4 +385,4 @@ TEST(WanExpertsCli, InitTeacherWritesTwoExpertsThatOpenAndInspect) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_experts

@@ -15,7 +15,7 @@
 #include "memory/diagnosis.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_failure {
 namespace {
 
 template <typename E>
@@ -477,4 +477,4 @@ TEST(Diagnosis, TheAdjustedCommandReplacesOrAppendsAndQuotes) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_failure

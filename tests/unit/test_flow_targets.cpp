@@ -12,7 +12,7 @@
 #include "teacher/target_source.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_flow_targets {
 namespace {
 
 struct Fixture {
@@ -114,4 +114,4 @@ TEST(FlowTargets, TheDropDecisionIsAFixedHashOfSeedSampleAndPosition) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_flow_targets

@@ -8,6 +8,7 @@
 #include "student/train_step.hpp"
 #include "teacher/target_source.hpp"
 
+namespace test_gpu_paths {
 namespace {
 
 using namespace wd;
@@ -123,3 +124,5 @@ TEST(FusedAdamW, HostParametersKeepThePerParameterUpdate) {
 }
 
 }  // namespace
+
+}  // namespace test_gpu_paths

@@ -7,7 +7,7 @@
 
 #include "comm/group_guard.hpp"
 
-namespace wd::comm {
+namespace wd::comm::test_group_guard {
 namespace {
 
 /// Imitates NCCL's per-thread group depth and records every call.
@@ -95,4 +95,4 @@ TEST(GroupGuard, NestedGroupsCloseInnermostFirst) {
 }
 
 }  // namespace
-}  // namespace wd::comm
+}  // namespace wd::comm::test_group_guard

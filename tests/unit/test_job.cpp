@@ -20,7 +20,7 @@
 #include "run_config_words.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_job {
 namespace {
 
 using job::RunConfig;
@@ -360,4 +360,4 @@ TEST(JobStartup, ANewRunResumesAtStepZero) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_job

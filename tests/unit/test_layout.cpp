@@ -14,6 +14,7 @@
 #include "core/errors.hpp"
 #include "test_util.hpp"
 
+namespace test_layout {
 namespace {
 
 const std::string kCli = WD_CLI;
@@ -357,3 +358,5 @@ TEST(Layout, ANodeListOfTheWrongLengthIsRefused) {
 }
 
 }  // namespace
+
+}  // namespace test_layout

@@ -16,7 +16,7 @@
 #include "student/student_parts.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_lora {
 namespace {
 
 namespace fs = std::filesystem;
@@ -341,4 +341,4 @@ TEST(Lora, BadFilesAreRefusedNamingTheKey) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_lora

@@ -6,7 +6,7 @@
 #include "core/torch_compat.hpp"
 #include "teacher/matmul_probe.hpp"
 
-namespace wd::teacher {
+namespace wd::teacher::test_matmul_probe {
 namespace {
 
 TEST(MatmulProbe, OnTheHostTimesTheSmallProductByTheHostClock) {
@@ -43,4 +43,4 @@ TEST(MatmulProbe, OnAGpuTimesLargeBf16ProductsWithCudaEvents) {
 }
 
 }  // namespace
-}  // namespace wd::teacher
+}  // namespace wd::teacher::test_matmul_probe

@@ -12,7 +12,7 @@
 #include "memory/memory_monitor.hpp"
 #include "test_util.hpp"
 
-namespace wd::memory {
+namespace wd::memory::test_memory {
 namespace {
 
 constexpr std::uint64_t kMiB = 1024 * 1024;
@@ -205,4 +205,4 @@ TEST(MemoryMonitor, ZeroTurnsItOffAndNegativeValuesAreRejected) {
 }
 
 }  // namespace
-}  // namespace wd::memory
+}  // namespace wd::memory::test_memory

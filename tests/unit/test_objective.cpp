@@ -20,7 +20,7 @@
 #include "run_config_words.hpp"
 #include "test_util.hpp"
 
-namespace wd {
+namespace wd::test_objective {
 namespace {
 
 using job::RunConfig;
@@ -257,4 +257,4 @@ TEST(ObjectiveTable, TheAddedObjectivesSourceMakesItsOwnTargetsFromTheTeachersFo
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_objective

@@ -10,7 +10,7 @@
 #include "teacher/teacher_stage.hpp"
 #include "test_util.hpp"
 
-namespace wd::teacher {
+namespace wd::teacher::test_placement {
 namespace {
 
 using plan::Placement;
@@ -434,9 +434,9 @@ TEST(PipelineStages, ExpertsRouteSamplesAndMergeInBatchOrder) {
 }
 
 }  // namespace
-}  // namespace wd::teacher
+}  // namespace wd::teacher::test_placement
 
-namespace wd::teacher {
+namespace wd::teacher::test_placement {
 namespace {
 
 /// `b`'s inputs with `negative` ([L',D]; undefined: zeros of b's context) as every sample's
@@ -490,4 +490,4 @@ TEST(Guidance, NeedsTheWholeTeacherOnOneRank) {
 }
 
 }  // namespace
-}  // namespace wd::teacher
+}  // namespace wd::teacher::test_placement

@@ -7,7 +7,7 @@
 #include "plan/planner.hpp"
 #include "plan/speed.hpp"
 
-namespace wd::plan {
+namespace wd::plan::test_planner {
 namespace {
 
 constexpr std::uint64_t kGiB = 1ull << 30;
@@ -342,9 +342,9 @@ TEST(Planner, RecommendsTheFastestPlacementThatFits) {
 }
 
 }  // namespace
-}  // namespace wd::plan
+}  // namespace wd::plan::test_planner
 
-namespace wd::plan {
+namespace wd::plan::test_planner {
 namespace {
 
 DitShape dit(std::int64_t dim, std::int64_t ffn, std::int64_t heads, std::int64_t layers, std::int64_t freq) {
@@ -559,4 +559,4 @@ TEST(PlannerSpeed, AWholeTeacherObjectiveListsNoShardStages) {
 }
 
 }  // namespace
-}  // namespace wd::plan
+}  // namespace wd::plan::test_planner

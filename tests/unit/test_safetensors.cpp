@@ -18,6 +18,7 @@
 
 namespace fs = std::filesystem;
 
+namespace test_safetensors {
 namespace {
 
 using wd::test::contains;
@@ -616,3 +617,5 @@ TEST(SafetensorsGolden, WanTinyWeightsOpen) {
 }
 
 }  // namespace
+
+}  // namespace test_safetensors

@@ -5,7 +5,7 @@
 #include "student/sample_probe.hpp"
 #include "student_batches.hpp"
 
-namespace wd::student {
+namespace wd::student::test_sample_probe {
 namespace {
 
 StudentParts make_parts() {
@@ -53,4 +53,4 @@ TEST(SampleProbe, DeterministicAndTheTrainingRngIsUntouched) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_sample_probe

@@ -9,7 +9,7 @@
 #include "core/errors.hpp"
 #include "data/flow_sampler.hpp"
 
-namespace wd::data {
+namespace wd::data::test_sampler {
 namespace {
 
 TEST(SamplerSchedule, ShiftedSigmasMatchHandComputedValues) {
@@ -133,4 +133,4 @@ TEST(Sampler, GuidanceAndStatistics) {
 }
 
 }  // namespace
-}  // namespace wd::data
+}  // namespace wd::data::test_sampler

@@ -8,7 +8,7 @@
 #include "student/student_model.hpp"
 #include "test_util.hpp"
 
-namespace wd::student {
+namespace wd::student::test_student {
 namespace {
 
 namespace fs = std::filesystem;
@@ -137,4 +137,4 @@ TEST(StudentModel, InitFromWeightsCopiesEveryTensorOfACheckpointOfTheStudentsDim
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_student

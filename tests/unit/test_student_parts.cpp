@@ -8,7 +8,7 @@
 #include "student/train_step.hpp"
 #include "student_batches.hpp"
 
-namespace wd::student {
+namespace wd::student::test_student_parts {
 namespace {
 
 using testing::batch;
@@ -136,4 +136,4 @@ TEST(StudentParts, FeatureHeadsLearnFromTheTeachersHiddenStates) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_student_parts

@@ -17,7 +17,7 @@
 #include "student_batches.hpp"
 #include "test_util.hpp"
 
-namespace wd::student {
+namespace wd::student::test_train_state {
 namespace {
 
 namespace fs = std::filesystem;
@@ -290,4 +290,4 @@ TEST(Ema, AnAverageOfAnotherStudentIsRefusedNamingTheTensor) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_train_state

@@ -15,7 +15,7 @@
 #include "core/host_sync.hpp"
 #include "student/train_step.hpp"
 
-namespace wd::student {
+namespace wd::student::test_train_step {
 namespace {
 
 /// Two points per micro-batch: (x, y) pairs of the line fit.
@@ -181,4 +181,4 @@ TEST(TrainStep, ANonFiniteLossThrowsBeforeTheReduceAndTheUpdate) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_train_step

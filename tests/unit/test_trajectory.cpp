@@ -19,7 +19,7 @@
 #include "teacher/trajectory.hpp"
 #include "test_util.hpp"
 
-namespace wd::teacher {
+namespace wd::teacher::test_trajectory {
 namespace {
 
 constexpr std::int64_t kTrain = 20;  // samples [20, 24) are held out
@@ -266,4 +266,4 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
 }
 
 }  // namespace
-}  // namespace wd::teacher
+}  // namespace wd::teacher::test_trajectory

@@ -9,7 +9,7 @@
 #include "student_batches.hpp"
 #include "test_util.hpp"
 
-namespace wd::student {
+namespace wd::student::test_trajectory_rollout {
 namespace {
 
 struct Fixture {
@@ -100,4 +100,4 @@ TEST(TrajectoryRollout, NothingChosenIsThePlainBatchAndAMissingNoiseIsNamed) {
 }
 
 }  // namespace
-}  // namespace wd::student
+}  // namespace wd::student::test_trajectory_rollout

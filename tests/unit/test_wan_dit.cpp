@@ -7,7 +7,7 @@
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_dit.hpp"
 
-namespace wd {
+namespace wd::test_wan_dit {
 namespace {
 
 const std::string kFixtures = WD_FIXTURES;
@@ -421,4 +421,4 @@ TEST(WanConfigTest, DiffusersConfigRoundTripsEveryField) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_wan_dit
