@@ -1,7 +1,8 @@
-# Fails unless PROGRAM's --gtest_list_tests names exactly the cases in the file CASES (one
-# GoogleTest full name a line): the entries wd_add_launch_test registered from the sources.
-# Usage: cmake -DPROGRAM=<driver> -DCASES=<file> -P check_cases.cmake
-execute_process(COMMAND ${PROGRAM} --gtest_list_tests OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+# Fails unless PROGRAM's --gtest_list_tests, for the driver's suites (FILTER, a --gtest_filter),
+# names exactly the cases in the file CASES (one GoogleTest full name a line): the entries
+# wd_add_launch_test registered from the driver's sources.
+# Usage: cmake -DPROGRAM=<program> -DFILTER=<filter> -DCASES=<file> -P check_cases.cmake
+execute_process(COMMAND ${PROGRAM} --gtest_list_tests --gtest_filter=${FILTER} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${PROGRAM} --gtest_list_tests exited with ${rc}:\n${out}")
 endif()

@@ -16,7 +16,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_failures {
 namespace {
 
 using test::count_of;
@@ -236,4 +236,4 @@ TEST(FailureDiagnosis, ARequestBeyondTheMachineIsCalledAWrongShape) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_failures

@@ -9,7 +9,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_layout_launch {
 namespace {
 
 /// This host's name, as MPI_Get_processor_name gives it to train.
@@ -72,4 +72,4 @@ TEST(Layout, ColocatedMatchesTrain) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_layout_launch

@@ -11,7 +11,7 @@
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 
-namespace wd {
+namespace wd::test_lora_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -419,4 +419,4 @@ TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_lora_launch

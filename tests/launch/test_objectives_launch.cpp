@@ -19,7 +19,7 @@
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 
-namespace wd {
+namespace wd::test_objectives_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -485,4 +485,4 @@ TEST(Dmd, RefusesWhatItCannotTrain) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_objectives_launch

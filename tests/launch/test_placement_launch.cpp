@@ -16,7 +16,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_placement_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -268,4 +268,4 @@ TEST(Placement, AFailingFirstStageStopsEveryRankWithOneDiagnosis) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_placement_launch

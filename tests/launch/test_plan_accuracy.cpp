@@ -10,7 +10,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_plan_accuracy {
 namespace {
 
 namespace fs = std::filesystem;
@@ -122,4 +122,4 @@ TEST(PlanAccuracy, FormulasOfALargeStudent) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_plan_accuracy

@@ -9,7 +9,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_resume {
 namespace {
 
 namespace fs = std::filesystem;
@@ -167,4 +167,4 @@ TEST(Resume, ASigkillDuringASaveLeavesThePreviousCheckpointAndAutoResumeFinishes
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_resume

@@ -14,7 +14,7 @@
 #include "launch_util.hpp"
 #include "model/safetensors.hpp"
 
-namespace wd {
+namespace wd::test_sample_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -305,4 +305,4 @@ TEST(SampleLaunch, TrainingLowersTheErrorAndAZeroHeadIsFlagged) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_sample_launch

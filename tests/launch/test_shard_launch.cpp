@@ -15,7 +15,7 @@
 
 #include "launch_util.hpp"
 
-namespace wd {
+namespace wd::test_shard_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -335,4 +335,4 @@ TEST(Shard, RefusesWhatItDoesNotDo) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_shard_launch

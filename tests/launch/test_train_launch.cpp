@@ -17,7 +17,7 @@
 #include "core/torch_compat.hpp"
 #include "model/wan_checkpoint.hpp"
 
-namespace wd {
+namespace wd::test_train_launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -166,4 +166,4 @@ TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
 }
 
 }  // namespace
-}  // namespace wd
+}  // namespace wd::test_train_launch
