@@ -48,7 +48,7 @@ fi
 require() {
   if [[ ! -x "$build/$1" ]]; then
     echo "run.sh: $build/$1 not found; build it first:" >&2
-    echo "  cmake -S . -B $build && cmake --build $build --target $2" >&2
+    echo "  cmake -S . -B $build -DWD_BUILD_BENCH=ON && cmake --build $build --target $2" >&2
     exit 1
   fi
 }

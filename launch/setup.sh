@@ -6,7 +6,8 @@
 # `venv` installs only those (the tests of either tree need them).
 # Usage: bash launch/setup.sh [cpu|cuda|all|venv]   (default cpu; BUILD_DIR, CUDA_BUILD_DIR,
 #        BUILD_TYPE, JOBS may be set; BUILD_TARGET builds one target of build/ instead of all
-#        (the quickstart: wan-distill); WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
+#        (the quickstart: wan-distill); WD_BUILD_BENCH=OFF|ON leaves bench/ out of build/ or
+#        puts it back (launch/test.sh: OFF); WD_CCACHE=0 builds without ccache; WD_CUDA_OPT sets the
 #        optimisation of build-cuda/, default -O3: launch/test.sh builds it at -O1, see there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,8 @@ jobs=${JOBS:-$(nproc)}
 
 if [[ $which == cpu || $which == all ]]; then
   BUILD_DIR=${BUILD_DIR:-build}
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${launcher[@]}"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${launcher[@]}" \
+    ${WD_BUILD_BENCH:+-DWD_BUILD_BENCH="$WD_BUILD_BENCH"}
   cmake --build "$BUILD_DIR" -j"$jobs" ${BUILD_TARGET:+--target "$BUILD_TARGET"}
 fi
 

@@ -12,6 +12,9 @@ start=$SECONDS
 # build-cuda/ runs its tests on the CPU, where the work is inside LibTorch: -O1 compiles our code
 # about 40% faster than -O3 (bench/results/ci.md). A GPU build (launch/gpu/build.sh) stays -O3.
 export WD_CUDA_OPT=${WD_CUDA_OPT:--O1}
+# No test runs the benchmark programs: build-cuda/ compiles them (the LibTorch a GPU machine
+# runs them with), build/ leaves them out (about 50 s of a cold build on 2 cores).
+export WD_BUILD_BENCH=${WD_BUILD_BENCH:-OFF}
 if [[ -z ${SKIP_CUDA:-} ]]; then bash launch/setup.sh all; else bash launch/setup.sh cpu && bash launch/setup.sh venv; fi
 echo "=== set-up and builds: $((SECONDS - start)) s"
 # One BLAS / OpenMP thread per process: tests run ranks side by side on few cores.
