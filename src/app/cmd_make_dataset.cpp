@@ -25,6 +25,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   std::int64_t samples = 64, text_len = 16, text_dim = 64, classes = 6;
   std::uint64_t seed = 0;
   bool contexts_only = false;
+  ImageCondition condition = ImageCondition::kNone;
   LogConfig log;
   OptionTable table("make-dataset options");
   table.require("output", output, "HDF5 file to write")
@@ -41,7 +42,10 @@ int run_make_dataset(const std::vector<std::string>& args) {
       .bind("classes", classes, "kind classes: the number of classes K")
       .bind("contexts-only", contexts_only,
             "write no /latents, only the contexts (and classes) with the latent shape declared in the root "
-            "attribute latent_shape: prompts without videos, what train.objective trajectory trains from");
+            "attribute latent_shape: prompts without videos, what train.objective trajectory trains from")
+      .bind("image-condition", condition,
+            "write /condition, each sample's image condition: i2v (its first latent frame followed by zero "
+            "frames, what an i2v teacher takes) or ti2v (its first latent frame; TI2V-5B's image mode)");
   log.bind(table);
   if (parse_options(args, table).help) {
     print_help("wan-distill make-dataset --output FILE [--samples N] [--latent C,F,H,W] [--text-len L] [--text-dim D]",
@@ -70,6 +74,7 @@ int run_make_dataset(const std::vector<std::string>& args) {
   spec.kind = kind;
   spec.classes = classes;
   spec.contexts_only = contexts_only;
+  spec.condition = condition;
   data::write_synthetic_dataset(spec);
   spdlog::info("wrote {} ({} samples)", output, samples);
   return kExitOk;

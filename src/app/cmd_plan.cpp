@@ -175,14 +175,14 @@ std::pair<std::array<std::int64_t, 4>, std::int64_t> planned_latent(const job::R
   std::int64_t context_len = tc.text_len;
   const std::string data_path = cfg.data_path();
   if (o.latent.empty() && fs::exists(data_path)) {
-    const auto info = data::validate_dataset(data_path, job::dataset_expectations(tc));
+    const auto info = data::validate_dataset(data_path, job::dataset_expectations(tc, cfg.data.ignore_condition));
     lat = info.latent_shape;
     context_len = info.context_len;
   } else if (!o.latent.empty()) {
     const auto d = parse_dims(o.latent, 4, "latent");
     lat = {d[0], d[1], d[2], d[3]};
   } else if (cfg.data.path == job::kBuiltin) {
-    lat = {tc.in_dim, 3, 16, 16};
+    lat = {job::image_condition_of(tc) == ImageCondition::kI2v ? tc.out_dim : tc.in_dim, 3, 16, 16};
   } else {
     throw ConfigError("data.path(" + cfg.data.path + ") does not exist here; give the latent size with --latent C,F,H,W");
   }

@@ -15,6 +15,9 @@ MessageSpec StreamPlan::message_spec() const {
   spec.tensors.push_back(
       {"teacher_out", torch::kFloat, {b, out_channels, latent[1], latent[2], latent[3]}});
   if (start_states) spec.tensors.push_back({"x_start", torch::kFloat, {b, latent[0], latent[1], latent[2], latent[3]}});
+  if (condition_channels > 0) {
+    spec.tensors.push_back({"y", torch::kFloat, {b, condition_channels, latent[1], latent[2], latent[3]}});
+  }
   for (const auto j : feature_blocks) {
     spec.tensors.push_back({"feat." + std::to_string(j), torch::kFloat, {b, tokens, teacher_dim}});
   }

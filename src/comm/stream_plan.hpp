@@ -23,6 +23,9 @@ struct StreamPlan {
   std::int64_t context_len = 0;           ///< L (context rows sent, zero-padded)
   std::int64_t text_dim = 0;
   std::int64_t per_token_seq_len = 0;     ///< > 0: t is [b,S] per token; 0: t is [b]
+  /// > 0: an i2v teacher's image condition y [b, condition_channels, F, H, W] (its mask and image
+  /// latent channels) goes with every message, for the students' forwards.
+  std::int64_t condition_channels = 0;
   /// Teacher blocks whose hidden states are sent as `feat.<block>` [b, tokens, teacher_dim].
   std::vector<std::int64_t> feature_blocks;
   std::int64_t tokens = 0;       ///< tokens per sample
@@ -49,8 +52,8 @@ struct StreamPlan {
     if (offset < 0 || offset % micro_batches != 0) return -1;
     return first_step + offset / micro_batches;
   }
-  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>, and
-  /// x_start when start_states.
+  /// Tensors of one student message: x_t, t, context, context_lens, teacher_out, feat.<j>,
+  /// x_start when start_states, and y when condition_channels.
   MessageSpec message_spec() const;
 };
 

@@ -102,4 +102,10 @@ const std::vector<std::pair<DatasetKind, const char*>>& choices(DatasetKind) {
   return names;
 }
 
+const std::vector<std::pair<ImageCondition, const char*>>& choices(ImageCondition) {
+  static const std::vector<std::pair<ImageCondition, const char*>> names{
+      {ImageCondition::kNone, "none"}, {ImageCondition::kI2v, "i2v"}, {ImageCondition::kTi2v, "ti2v"}};
+  return names;
+}
+
 }  // namespace wd

@@ -76,4 +76,10 @@ const std::vector<std::pair<Calibrate, const char*>>& choices(Calibrate);
 enum class DatasetKind { kSmooth, kClasses };
 const std::vector<std::pair<DatasetKind, const char*>>& choices(DatasetKind);
 
+/// A data set's image condition (/condition, docs/data-format.md) and the kind a teacher takes
+/// (make-dataset --image-condition): none | i2v (the first frame's latent followed by zero frames,
+/// Wan 2.2 I2V-A14B's y with its mask) | ti2v (the first frame's latent, TI2V-5B's image mode).
+enum class ImageCondition { kNone, kI2v, kTi2v };
+const std::vector<std::pair<ImageCondition, const char*>>& choices(ImageCondition);
+
 }  // namespace wd

@@ -12,10 +12,16 @@ struct DataConfig {
   /// HDF5 file, or `builtin:tiny` for the synthetic set generated into the run's cache.
   std::string path = "builtin:tiny";
   std::int64_t builtin_samples = 72;  ///< size of the generated builtin set
+  /// A t2v teacher's data set may hold image conditions (/condition): true trains on the videos
+  /// alone, false (the default) refuses the data set, naming the dataset.
+  bool ignore_condition = false;
 
   void bind(OptionTable& table) {
     table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
-        .bind("data.builtin_samples", builtin_samples, "samples in the generated builtin:tiny set");
+        .bind("data.builtin_samples", builtin_samples, "samples in the generated builtin:tiny set")
+        .bind("data.ignore_condition", ignore_condition,
+              "a t2v teacher's data set with image conditions (/condition): train on the videos alone "
+              "instead of refusing it");
   }
   void validate(ConfigProblems& p) const {
     p.check(!path.empty(), "data.path must not be empty");

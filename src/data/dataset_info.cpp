@@ -265,6 +265,57 @@ void check_context_lens(const Opened& lens, const std::string& path, std::int64_
   }
 }
 
+/// "[N,C,F,H,W]" with the numbers of a condition shaped like these latents (F frames).
+std::string condition_shape_text(const DatasetInfo& info, std::int64_t frames) {
+  const auto& l = info.latent_shape;
+  return "[" + std::to_string(info.samples) + "," + std::to_string(l[0]) + "," + std::to_string(frames) + "," +
+         std::to_string(l[2]) + "," + std::to_string(l[3]) + "]";
+}
+
+/// /condition, when present: rank 5, float, fully stored, the samples' N, the latents' C, H and W,
+/// and the F the teacher takes (i2v: the latents' F, the first frame's latent followed by zero
+/// frames; ti2v: 1, the first frame's latent; without a teacher either). A teacher that takes no
+/// condition refuses one unless ignore_condition; an i2v teacher needs it.
+void check_condition(hid_t f, const std::string& path, const DatasetExpectations& expect, std::uint64_t file_size,
+                     DatasetInfo& info) {
+  const bool teacher = expect.latent_channels > 0;
+  const auto& l = info.latent_shape;
+  const htri_t present = WD_CHECK_H5(H5Lexists(f, kCondition, H5P_DEFAULT), path, kCondition);
+  if (present <= 0) {
+    WD_CHECK_DATA(expect.condition != ImageCondition::kI2v, path, kCondition,
+                  "missing; the teacher (model_type i2v) needs each sample's image condition, expected a dataset "
+                      << condition_shape_text(info, l[1])
+                      << " float32|float16: the first frame's latent followed by zero frames (docs/data-format.md)");
+    return;
+  }
+  const Opened c = open_dataset(f, path, kCondition, "[N,C,F,H,W] float32|float16");
+  check_rank(c, path, kCondition, "NCFHW");
+  info.condition_dtype = check_float(c, path, kCondition);
+  check_samples(c, path, kCondition, info.samples);
+  check_positive_dims(c, path, kCondition, "NCFHW");
+  check_extent(c, path, kCondition, file_size);
+  for (int d = 0; d < 4; ++d) info.condition_shape[d] = c.dims[d + 1];
+  info.has_condition = true;
+  if (teacher && expect.condition == ImageCondition::kNone) {
+    WD_CHECK_DATA(expect.ignore_condition, path, kCondition,
+                  "holds image conditions " << format_shape(c.dims)
+                      << ", but the teacher (model_type t2v) takes none; set data.ignore_condition true to "
+                         "train on the videos alone, or use an i2v or ti2v teacher");
+    info.condition_ignored = true;
+    return;
+  }
+  const std::string latents = info.has_latents ? "/latents" : root_attr(kLatentShapeAttr);
+  const std::int64_t frames = expect.condition == ImageCondition::kTi2v ? 1 : l[1];
+  const bool frames_ok = c.dims[2] == frames || (!teacher && c.dims[2] == 1);
+  const std::string kind = expect.condition == ImageCondition::kTi2v ? "ti2v" : "i2v";
+  WD_CHECK_DATA(c.dims[1] == l[0] && frames_ok && c.dims[3] == l[2] && c.dims[4] == l[3], path, kCondition,
+                "has shape " << format_shape(c.dims) << ", expected " << condition_shape_text(info, frames)
+                             << (teacher ? " for the teacher (model_type " + kind + "): " : ": ")
+                             << (frames == 1 ? "the first frame's latent"
+                                             : "the first frame's latent followed by zero frames")
+                             << ", with the C, H and W of " << latents);
+}
+
 }  // namespace
 
 /// The latent_shape root attribute of a contexts-only data set: 4 positive integers, C,F,H,W.
@@ -369,6 +420,8 @@ DatasetInfo validate_dataset(const std::string& path, const DatasetExpectations&
   check_samples(lens, path, kContextLens, info.samples);
   check_extent(lens, path, kContextLens, file_size);
   check_context_lens(lens, path, info.samples, info.context_len);
+
+  check_condition(f, path, expect, file_size, info);
 
   const htri_t has_prompts = WD_CHECK_H5(H5Lexists(f, kPrompts, H5P_DEFAULT), path, kPrompts);
   if (has_prompts > 0) {

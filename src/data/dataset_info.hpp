@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/choices.hpp"
+
 namespace wd::data {
 
 /// What the teacher needs the data set to look like (from the teacher's model config).
@@ -14,6 +16,11 @@ struct DatasetExpectations {
   std::int64_t text_dim = 0;         ///< last dim of /context
   std::int64_t text_len = 0;         ///< /context rows must be <= this
   std::array<std::int64_t, 3> patch{1, 2, 2};  ///< F, H, W must be divisible by these
+  /// The image condition the teacher takes: i2v needs /condition, ti2v reads it when present
+  /// (its image mode), none refuses it unless ignore_condition. Unchecked without a teacher
+  /// (latent_channels 0).
+  ImageCondition condition = ImageCondition::kNone;
+  bool ignore_condition = false;  ///< data.ignore_condition: train a none teacher on conditioned data
 };
 
 /// Facts read from a validated data set file.
@@ -28,6 +35,12 @@ struct DatasetInfo {
   bool has_prompts = false;
   /// false: contexts only (no /latents; latent_shape from the root attribute latent_shape)
   bool has_latents = true;
+  /// /condition is present (its shape C, F, H, W), and read unless ignored (data.ignore_condition).
+  bool has_condition = false;
+  std::array<std::int64_t, 4> condition_shape{};
+  std::string condition_dtype;  ///< "float32" | "float16"
+  bool condition_ignored = false;
+  bool reads_condition() const { return has_condition && !condition_ignored; }
   std::int64_t schema_version = 1;
   std::string latent_layout;  ///< root attribute, "CFHW"
 };

@@ -24,9 +24,11 @@ struct DatasetReader::Impl {
   H5File file;
   H5Dataset latents;
   H5Dataset context;
+  H5Dataset condition;  ///< open when the data set's /condition is read (DatasetInfo::reads_condition)
   H5Datatype half_type = h5_float16_type();
   bool latents_raw_half = false;
   bool context_raw_half = false;
+  bool condition_raw_half = false;
   std::vector<std::int64_t> lens;
 
   /// Reads row `index` of `dataset` into `dst`, a contiguous float32 tensor of the row's shape.
@@ -79,6 +81,15 @@ DatasetReader::DatasetReader(const DatasetInfo& info) : impl_(std::make_unique<I
   }
   const H5Datatype context_type(WD_CHECK_H5(H5Dget_type(m.context.get()), path, kContext));
   m.context_raw_half = is_ieee_half(context_type.get());
+  if (info.reads_condition()) {
+    m.condition = H5Dataset(WD_CHECK_H5(H5Dopen2(m.file.get(), kCondition, H5P_DEFAULT), path, kCondition));
+    const auto& k = info.condition_shape;
+    const std::vector<std::int64_t> condition_dims{info.samples, k[0], k[1], k[2], k[3]};
+    WD_CHECK_DATA(h5_dims(m.condition.get(), path, kCondition) == condition_dims, path, kCondition,
+                  "shape changed since validation, expected " << format_shape(condition_dims));
+    const H5Datatype condition_type(WD_CHECK_H5(H5Dget_type(m.condition.get()), path, kCondition));
+    m.condition_raw_half = is_ieee_half(condition_type.get());
+  }
 
   const H5Dataset lens(
       WD_CHECK_H5(H5Dopen2(m.file.get(), kContextLens, H5P_DEFAULT), path, kContextLens));
@@ -111,6 +122,8 @@ CleanBatch DatasetReader::read(const std::vector<std::int64_t>& indices) {
   if (info.has_latents) out.latents = torch::empty({batch, c[0], c[1], c[2], c[3]}, torch::kFloat);
   out.context = torch::empty({batch, info.context_len, info.text_dim}, torch::kFloat);
   out.context_lens = torch::empty({batch}, torch::kLong);
+  const auto& k = info.condition_shape;
+  if (info.reads_condition()) out.condition = torch::empty({batch, k[0], k[1], k[2], k[3]}, torch::kFloat);
   auto lens = out.context_lens.accessor<std::int64_t, 1>();
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t index = indices[static_cast<std::size_t>(b)];
@@ -118,6 +131,7 @@ CleanBatch DatasetReader::read(const std::vector<std::int64_t>& indices) {
                   "sample index " << index << " is outside 0.." << info.samples - 1);
     if (info.has_latents) m.read_row(m.latents.get(), m.latents_raw_half, kLatents, index, out.latents[b]);
     m.read_row(m.context.get(), m.context_raw_half, kContext, index, out.context[b]);
+    if (info.reads_condition()) m.read_row(m.condition.get(), m.condition_raw_half, kCondition, index, out.condition[b]);
     const std::int64_t len = m.lens[static_cast<std::size_t>(index)];
     lens[b] = len;
     // Rows past the prompt's length are padding whatever the file holds; the teacher's text

@@ -17,6 +17,9 @@ struct CleanBatch {
   torch::Tensor latents;              ///< [B,C,F,H,W] float32; undefined for a contexts-only data set
   torch::Tensor context;              ///< [B,L,text_dim] float32, rows >= context_lens zero
   torch::Tensor context_lens;         ///< [B] int64
+  /// [B,C,F,H,W] float32, the image condition as stored (/condition); undefined when the data set
+  /// has none or it is ignored (data.ignore_condition).
+  torch::Tensor condition;
 };
 
 /// Reads samples from a validated data set; holds the file open (RAII) for its lifetime.

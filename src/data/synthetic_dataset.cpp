@@ -216,6 +216,14 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
                                              static_cast<hsize_t>(c[2]), static_cast<hsize_t>(c[3])});
     const H5Dataset context =
         create_chunked(file.get(), path, kContext, store_type, {n, text_len, text_dim});
+    // The image condition: the latent's first frame, then (i2v) zero frames up to F.
+    const std::int64_t condition_frames = spec.condition == ImageCondition::kI2v ? c[1] : 1;
+    const H5Dataset condition =
+        spec.condition == ImageCondition::kNone
+            ? H5Dataset()
+            : create_chunked(file.get(), path, kCondition, store_type,
+                             {n, static_cast<hsize_t>(c[0]), static_cast<hsize_t>(condition_frames),
+                              static_cast<hsize_t>(c[2]), static_cast<hsize_t>(c[3])});
 
     std::vector<std::int32_t> lens(n);
     std::vector<std::string> prompts(n);
@@ -229,7 +237,8 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
       class_contexts.push_back(torch::randn({spec.text_len, spec.text_dim}, gen, torch::TensorOptions().dtype(torch::kFloat)));
     }
     const double sample_bytes =
-        static_cast<double>(c[0] * c[1] * c[2] * c[3] + spec.text_len * spec.text_dim) *
+        static_cast<double>(c[0] * c[1] * c[2] * c[3] + spec.text_len * spec.text_dim +
+                            (spec.condition == ImageCondition::kNone ? 0 : c[0] * condition_frames * c[2] * c[3])) *
         (spec.half ? 2 : 4);
     Progress progress("make-dataset " + spec.output, static_cast<double>(n) * sample_bytes,
                       "bytes");
@@ -244,6 +253,11 @@ void write_contents(const std::string& path, const SyntheticDatasetSpec& spec) {
                               .to(store_dtype)
                               .contiguous();
       if (!spec.contexts_only) write_row(latents.get(), mem_type, latent.data_ptr(), i, path, kLatents);
+      if (spec.condition != ImageCondition::kNone) {
+        auto image = torch::zeros({c[0], condition_frames, c[2], c[3]}, store_dtype);
+        image.narrow(1, 0, 1).copy_(latent.narrow(1, 0, 1));
+        write_row(condition.get(), mem_type, image.data_ptr(), i, path, kCondition);
+      }
 
       SplitMix64 rng(hash_keys(spec.seed, 1, static_cast<std::uint64_t>(i)));
       const auto len = classes ? spec.text_len : static_cast<std::int64_t>(1 + rng.below(text_len));
@@ -285,10 +299,10 @@ void write_synthetic_dataset(const SyntheticDatasetSpec& spec) {
   write_contents(tmp.path(), spec);
   tmp.commit();
   const auto& c = spec.latent;
-  spdlog::info("make-dataset: wrote {} ({} samples, {}latents [{},{},{},{}] {}, context [{},{}], {})",
+  spdlog::info("make-dataset: wrote {} ({} samples, {}latents [{},{},{},{}] {}, context [{},{}], {}{})",
                spec.output, spec.samples, spec.contexts_only ? "contexts only, declared " : "", c[0], c[1], c[2], c[3],
-               spec.half ? "float16" : "float32",
-               spec.text_len, spec.text_dim,
+               spec.half ? "float16" : "float32", spec.text_len, spec.text_dim,
+               spec.condition == ImageCondition::kNone ? "" : std::string(name_of(spec.condition)) + " image condition, ",
                format_bytes(static_cast<double>(std::filesystem::file_size(spec.output))));
 }
 

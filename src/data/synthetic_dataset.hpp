@@ -27,6 +27,10 @@ struct SyntheticDatasetSpec {
   /// No /latents: the contexts (and classes) alone, the latent shape declared in the root
   /// attribute latent_shape (the input of train.objective trajectory; docs/data-format.md).
   bool contexts_only = false;
+  /// /condition: none | i2v (each sample's first latent frame followed by zero frames, [N,C,F,H,W])
+  /// | ti2v (its first latent frame, [N,C,1,H,W]). A synthetic stand-in for a VAE's latent of the
+  /// first video frame, which for a real video is its first latent frame too.
+  ImageCondition condition = ImageCondition::kNone;
 };
 
 /// Writes a synthetic data set (`spec.kind`): spatially smooth latents (low-resolution noise upsampled, not

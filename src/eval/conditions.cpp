@@ -34,7 +34,8 @@ SamplingConditions make_conditions(const ConditionSource& src, const WanConfig& 
   SamplingConditions c;
   std::array<std::int64_t, 3> fhw{};
   if (!src.data_path.empty()) {
-    const auto info = data::validate_dataset(src.data_path, job::dataset_expectations(tc));
+    // Sampling reads the contexts and the latent shape; an i2v model is refused before this.
+    const auto info = data::validate_dataset(src.data_path, job::dataset_expectations(tc, true));
     c.indices = parse_indices(src.samples, info.samples);
     data::DatasetReader reader(info);
     const auto batch = reader.read(c.indices);

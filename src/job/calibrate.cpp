@@ -136,6 +136,7 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   const auto first = [&](const torch::Tensor& x) { return x.slice(0, 0, batch); };
   comm::TensorDict message{{"x_t", first(in.x_t)}, {"t", first(in.t)}, {"context", first(in.context)},
                            {"context_lens", first(in.lens)}};
+  if (in.y.defined()) message["y"] = first(in.y);  // an i2v teacher's image condition, as the stream sends it
   const auto pairs = cfg.student.feature_pairs();
   {
     auto dit = random_teacher(teacher, weights, compute, device);
@@ -151,7 +152,8 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   }
 
   // The training students' set-up (their seed too; a LoRA base is not needed for the timing).
-  const auto setup = parts_setup(cfg, C, message.at("teacher_out").size(1), teacher.dim, device);
+  const auto setup = parts_setup(cfg, C + (in.y.defined() ? in.y.size(1) : 0), message.at("teacher_out").size(1),
+                                 teacher.dim, device);
   student::StudentParts parts(WanDiT(cfg.student.model_config(teacher), WanInit::kRandom, torch::kFloat, 1), setup);
   student::TrainOptimizer optimizer(parts.trainable(), student::TrainOptimizer::options(cfg.train.lr, cfg.train));
   student::DistillObjective objective(parts, cfg.student.checkpointing);

@@ -6,6 +6,7 @@
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/torch_compat.hpp"
+#include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "objective/dmd.hpp"
@@ -30,21 +31,52 @@ std::int64_t stored_elem_bytes(const WanCheckpoint& ck) {
   return elem_bytes(safetensors_to_scalar_type(ck.info(wan_param_specs(ck.config()).back().name).dtype));
 }
 
-data::DatasetExpectations dataset_expectations(const WanConfig& tc) {
+ImageCondition image_condition_of(const WanConfig& tc) {
+  return tc.model_type == "i2v" ? ImageCondition::kI2v : tc.model_type == "ti2v" ? ImageCondition::kTi2v
+                                                                                : ImageCondition::kNone;
+}
+
+data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_condition) {
   data::DatasetExpectations expect;
-  expect.latent_channels = tc.in_dim;
+  expect.condition = image_condition_of(tc);
+  expect.ignore_condition = ignore_condition;
+  expect.latent_channels = expect.condition == ImageCondition::kI2v ? tc.out_dim : tc.in_dim;
   expect.text_dim = tc.text_dim;
   expect.text_len = tc.text_len;
   expect.patch = tc.patch_size;
   return expect;
 }
 
+namespace {
+
+/// What an i2v teacher asks of the job today: a student that takes the same inputs (x_t and y),
+/// the whole teacher's first block on each stage's rank (pipeline stages do not carry y), and no
+/// sampling probe (the student's own samples would need the image too). Throws ConfigError.
+void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& sc, int stages) {
+  WD_CHECK_AS(ConfigError, tc.in_dim == 2 * tc.out_dim + kI2vMaskChannels,
+              "teacher " << cfg.teacher_path() << " is an i2v model with in_dim " << tc.in_dim << " and out_dim "
+                         << tc.out_dim << "; its forward takes the noisy latents, the mask and the image latents, "
+                         << "so in_dim must be " << 2 * tc.out_dim + kI2vMaskChannels << " (out_dim + "
+                         << kI2vMaskChannels << " + out_dim; 36 for Wan 2.2 I2V-A14B)");
+  WD_CHECK_AS(ConfigError, sc.in_dim == tc.in_dim && sc.out_dim == tc.out_dim,
+              "student config: in_dim " << sc.in_dim << " and out_dim " << sc.out_dim << " differ from the i2v teacher's ("
+                                        << tc.in_dim << " and " << tc.out_dim << ", teacher " << cfg.teacher_path()
+                                        << "): the student takes the same noisy latents and image condition y ("
+                                        << tc.out_dim << " + " << tc.in_dim - tc.out_dim << " channels)");
+  WD_CHECK_AS(ConfigError, stages <= 1,
+              "teacher " << cfg.teacher_path() << " is an i2v model: its pipeline stages (teacher.placement shard, "
+                         << stages << " stages) do not carry the image condition yet; use gpu, cpu, stream or colocated");
+  WD_CHECK_AS(ConfigError, cfg.train.sample_every == 0,
+              "train.sample_every(" << cfg.train.sample_every << ") with an i2v teacher (" << cfg.teacher_path()
+                                    << "): the sampling probe does not take an image condition yet; set it to 0");
+}
+
+}  // namespace
+
 void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages, ConfigProblems& p) {
-  WD_CHECK_AS(ConfigError, tc.model_type != "i2v",
-              "teacher " << cfg.teacher_path() << " is an i2v model; its image conditioning "
-                         "is not in the data schema yet (t2v and ti2v teachers are supported)");
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
+  if (image_condition_of(tc) == ImageCondition::kI2v) check_i2v_job(cfg, tc, sc, stages);
   if (cfg.dmd.critic_dims()) objective::critic_model_config(cfg.keys(), tc).validate("critic config (critic.*)");
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
@@ -119,6 +151,7 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   stream.text_dim = tc.text_dim;
   stream.tokens = tokens_per_sample(tc, latent);
   stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
+  stream.condition_channels = image_condition_of(tc) == ImageCondition::kI2v ? tc.in_dim - tc.out_dim : 0;
   stream.teacher_dim = tc.dim;
   cfg.objective().shape_stream(cfg.keys(), stream);
   for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);
@@ -154,7 +187,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto& policy = cfg.student.checkpointing;
   for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;
   // Channel projections (when the student's channels differ) and feature heads, fp32.
-  if (sc.in_dim != lat[0]) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
+  if (sc.in_dim != lat[0] + stream.condition_channels) in.student_extra_params += lat[0] * sc.in_dim + sc.in_dim;
   if (sc.out_dim != tc.out_dim) in.student_extra_params += sc.out_dim * tc.out_dim + tc.out_dim;
   in.student_extra_params += static_cast<std::int64_t>(pairs.size()) * (sc.dim * tc.dim + tc.dim);
   // dmd: the critic, a second student (its weights, gradients and AdamW moments), or adapters over

@@ -39,9 +39,14 @@ WanExperts open_teacher(const RunConfig& cfg);
 /// Bytes per element of a checkpoint as stored (of its last tensor, a block weight).
 std::int64_t stored_elem_bytes(const WanCheckpoint& ck);
 
-/// What the data set must hold for teacher `tc`: its latent channels, text size, and latent
-/// sizes divisible by its patch.
-data::DatasetExpectations dataset_expectations(const WanConfig& tc);
+/// What the data set must hold for teacher `tc`: its latent channels (an i2v model's out_dim:
+/// in_dim also counts y's mask and image channels), text size, latent sizes divisible by its patch,
+/// and the image condition its model type takes. `ignore_condition` (data.ignore_condition, or a
+/// command that reads the contexts and shapes alone) lets a t2v teacher's data set hold one.
+data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_condition);
+
+/// The image condition a model of `tc`'s type takes (none for t2v).
+ImageCondition image_condition_of(const WanConfig& tc);
 
 /// The checks `plan` and `train` share once the teacher's config is known: a supported model
 /// type and the student config (these throw ConfigError at once), then student.features against

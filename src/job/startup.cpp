@@ -15,6 +15,7 @@
 #include "comm/score_channel.hpp"
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
+#include "data/dataset_schema.hpp"
 #include "data/synthetic_dataset.hpp"
 #include "job/calibrate.hpp"
 #include "job/plan_input.hpp"
@@ -37,7 +38,7 @@ constexpr std::uint64_t kBuiltinSeed = 20251122;
 /// ranks, the memory of `device` (a GPU: teacher.gpu_memory, else measured) and of the host.
 PlanContext plan_context(const RunConfig& cfg, const WanExperts& experts, int world, const c10::Device& device) {
   const auto& ck = experts.expert(0);
-  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(ck.config()));
+  const auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(ck.config(), cfg.data.ignore_condition));
   PlanContext ctx;
   ctx.teacher = ck.config();
   ctx.stored_elem_bytes = stored_elem_bytes(ck);
@@ -144,7 +145,10 @@ void prepare_run_dir(const RunConfig& cfg) {
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;
-    spec.latent = {tc.in_dim, 3, 16, 16};
+    // An i2v teacher's in_dim also counts y's channels; its data set holds the images (/condition).
+    const auto condition = image_condition_of(tc);
+    spec.latent = {condition == ImageCondition::kI2v ? tc.out_dim : tc.in_dim, 3, 16, 16};
+    spec.condition = condition == ImageCondition::kI2v ? condition : ImageCondition::kNone;
     spec.text_len = tc.text_len;
     spec.text_dim = tc.text_dim;
     spec.seed = kBuiltinSeed;
@@ -360,8 +364,12 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
 }
 
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
-  auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher));
+  auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher, cfg.data.ignore_condition));
   cfg.objective().check_data(cfg.keys(), info);
+  WD_CHECK_DATA(!info.reads_condition() || image_condition_of(teacher) != ImageCondition::kTi2v, info.path,
+                data::kCondition,
+                "holds ti2v image conditions; training a ti2v teacher's image mode from them is not built yet: "
+                "noise.first_frame_clean 1 trains it from each video's own first latent frame (docs/data-format.md)");
   WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, info.has_latents ? "/latents" : "/context",
                 "has " << info.samples << " samples; train.eval_samples(" << cfg.train.eval_samples
                        << ") leaves none for training");

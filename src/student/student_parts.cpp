@@ -196,7 +196,9 @@ torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, cons
              "a student batch must arrive on the student's device " << setup_.device << "; " << name << " is on "
                                                                     << it->second.device());
   }
-  const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"));
+  const auto y = b.find("y");  // an i2v teacher's image condition (StreamPlan::condition_channels)
+  const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"), 0,
+                                     y == b.end() ? torch::Tensor() : y->second);
   if (is_pair()) return forward_pair(in, policy);  // a pair: no projections, no feature heads
   return project_out(torch::stack(student_forward(dit, in, policy, hidden, gate_)));
 }

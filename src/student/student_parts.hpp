@@ -19,7 +19,7 @@ namespace wd::student {
 
 /// What StudentParts needs to know about the teacher stream and the config.
 struct PartsSetup {
-  std::int64_t teacher_in_channels = 0;   ///< C of x_t
+  std::int64_t teacher_in_channels = 0;   ///< C of x_t, plus y's channels with an i2v teacher: its in_dim
   std::int64_t teacher_out_channels = 0;  ///< C of teacher_out
   std::int64_t teacher_dim = 0;           ///< width of the teacher's hidden states
   /// (student block, teacher block) pairs whose hidden states are matched.

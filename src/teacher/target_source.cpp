@@ -5,6 +5,7 @@
 
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
+#include "model/image_condition.hpp"
 
 namespace wd::teacher {
 
@@ -48,6 +49,9 @@ StageBatch NoisedSamples::stage_input() const {
   b.t = noisy.t;
   b.context = clean.context;
   b.context_lens = clean.context_lens;
+  // The data set's condition is read for an i2v teacher only (a t2v teacher's is ignored, a
+  // ti2v teacher's image mode from /condition is refused at start-up).
+  if (clean.condition.defined()) b.y = i2v_condition(clean.condition);
   return b;
 }
 
@@ -80,6 +84,7 @@ comm::TensorDict student_message(const StageBatch& batch, std::int64_t lo, std::
                      {"teacher_out", batch.out.slice(0, lo, hi)}};
   for (const auto& [j, h] : batch.features) m["feat." + std::to_string(j)] = h.slice(0, lo, hi);
   if (batch.start.defined()) m["x_start"] = batch.start.slice(0, lo, hi);
+  if (batch.y.defined()) m["y"] = batch.y.slice(0, lo, hi);
   return m;
 }
 

@@ -81,7 +81,8 @@ void TeacherStage::run_model(StageModel& m, StageBatch& b, const std::vector<std
   // Every stage embeds its own copy of the inputs: the time projection and the embedded text
   // are recomputed here rather than sent, which costs little next to a block and keeps the
   // stage message to the inputs and one hidden state.
-  auto state = model->embed(WanInputs::batched(pick(b.x_t), pick(b.t), pick(b.context), pick(b.context_lens)));
+  auto state = model->embed(WanInputs::batched(pick(b.x_t), pick(b.t), pick(b.context), pick(b.context_lens), 0,
+                                               b.y.defined() ? pick(b.y) : b.y));
   if (!first()) {
     WD_CHECK(b.hidden.defined(), "stage starting at block " << blocks_.begin << " got no hidden state");
     // The residual stream is fp32 from block 0 on (spec §6), so the received copy is exact.
@@ -123,6 +124,7 @@ void TeacherStage::run(StageBatch& b) {
   StageBatch both;
   both.x_t = torch::cat({b.x_t, b.x_t});
   both.t = torch::cat({b.t, b.t});
+  if (b.y.defined()) both.y = torch::cat({b.y, b.y});  // the negative forward takes the image too
   both.context = torch::cat({pad(ctx), pad(neg)});
   both.context_lens =
       torch::cat({b.context_lens, torch::full({B}, neg.size(1), b.context_lens.options())});
@@ -149,6 +151,7 @@ void TeacherStage::run_plain(StageBatch& b) {
     part.t = slice(b.t, lo, hi);
     part.context = slice(b.context, lo, hi);
     part.context_lens = slice(b.context_lens, lo, hi);
+    part.y = slice(b.y, lo, hi);
     part.hidden = slice(b.hidden, lo, hi);
     for (const auto& [j, h] : b.features) part.features[j] = slice(h, lo, hi);
     run_batch(part);

@@ -25,6 +25,9 @@ struct StageBatch {
   torch::Tensor t;             ///< [B] or [B,S] fp32 model timesteps
   torch::Tensor context;       ///< [B,L,text_dim] fp32
   torch::Tensor context_lens;  ///< [B] int64
+  /// An i2v teacher's image condition y [B, 4 + C, F, H, W] fp32 (i2v_condition: the mask and
+  /// the image latents), concatenated after x_t at every forward; undefined otherwise.
+  torch::Tensor y;
   torch::Tensor hidden;        ///< [B,S,dim] fp32 after the previous stage; undefined on stage 0
   std::map<std::int64_t, torch::Tensor> features;  ///< block -> [B,S,dim] fp32
   torch::Tensor out;           ///< [B,out_dim,F,H,W] fp32, set by the last stage

@@ -147,6 +147,63 @@ TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
   test::expect_resumed_exactly(straight, resumed, 12, 6);
 }
 
+/// A tiny i2v teacher (in_dim 36 = 16 noisy + 4 mask + 16 image latent channels) and its builtin
+/// data set with image conditions, made once by a first short run.
+std::string i2v_assets() {
+  static const std::string args = [] {
+    const auto dir = root() / "i2v-assets";
+    const auto teacher = (dir / "teacher").string();
+    const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --model-type i2v --in-dim 36 "
+                                         "--out-dim 16 --dtype bf16 --seed 4 --output " + teacher + " 2>&1");
+    EXPECT_EQ(made.code, 0) << made.output;
+    const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
+                                             " --train.steps 1 --log.level warn");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
+  }();
+  return args;
+}
+
+TEST(I2v, ATeacherWithImageConditionsTeachesVelocityAndGuidedStudentsOnEveryPath) {
+  const std::string steps = " --teacher.compute fp32 --train.steps 12 --train.log_every 1 --train.seed 5";
+  const auto dedicated = root() / "i2v-velocity", colocated = root() / "i2v-velocity-colocated";
+  auto r = test::launch_train(3, "--run-dir " + dedicated.string() + i2v_assets() + steps);
+  ASSERT_EQ(r.code, 0) << r.output;
+  // The image condition goes with every message: y beside x_t, the same in the colocated job.
+  r = test::launch_train(2, "--run-dir " + colocated.string() + i2v_assets() + steps + " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_close_losses(dedicated, colocated, 12);
+  const auto student = nlohmann::json::parse(std::ifstream(dedicated / "student" / "config.json"));
+  EXPECT_EQ(student.at("model_type"), "i2v");
+  EXPECT_EQ(student.at("in_dim"), 36);
+  // Guided: the negative forward takes the image too; in teacher micro-batches of 1 as well.
+  r = test::launch_train(3, "--run-dir " + (root() / "i2v-guided").string() + i2v_assets() + steps +
+                                " --train.objective guided --teacher.guidance 4 --teacher.micro_batch 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(losses(root() / "i2v-guided"), losses(dedicated));
+}
+
+TEST(I2v, WhatAnI2vTeacherCannotTeachYetAndDataItDoesNotTakeAreRefusedByName) {
+  auto r = test::launch_train(3, "--run-dir " + (root() / "i2v-trajectory").string() + i2v_assets() +
+                                     " --train.objective trajectory --train.steps 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("trajectories, which do not take an image condition yet"), std::string::npos) << r.output;
+  r = test::launch_train(3, "--run-dir " + (root() / "i2v-probe").string() + i2v_assets() +
+                                " --train.steps 2 --train.sample_every 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the sampling probe does not take an image condition yet"), std::string::npos) << r.output;
+  // A t2v teacher on the conditioned data: refused, naming the dataset, unless data.ignore_condition.
+  const auto data = (root() / "i2v-assets" / "cache" / "tiny-data.h5").string();
+  r = test::launch_train(3, "--run-dir " + (root() / "t2v-on-i2v").string() + " --data.path " + data +
+                                " --train.steps 2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(data + ": /condition: holds image conditions"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("set data.ignore_condition true"), std::string::npos) << r.output;
+  r = test::launch_train(3, "--run-dir " + (root() / "t2v-ignoring").string() + " --data.path " + data +
+                                " --data.ignore_condition true --train.steps 2");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 // 6 guided UniPC teacher steps cut into 3 student intervals: a round is 3 transport steps.
 const std::string kTrajectory = " --train.objective trajectory --teacher.guidance 3 --teacher.steps 6 --student.steps 3"
                                 " --teacher.shift 3 --teacher.compute fp32 --train.steps 8 --train.log_every 1"

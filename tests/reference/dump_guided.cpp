@@ -1,7 +1,8 @@
-// dump_guided: train.objective guided's teacher target on the official-layout fixture teacher
-// tests/fixtures/wan-tiny-a, written for tests/python/test_guided_reference.py to recompute with
-// diffusers: the teacher stage with guidance (one batched [cond; neg] forward, in micro-batches
-// of 2 to take that path too) on the fixture's inputs and a random 3-row negative context.
+// dump_guided: train.objective guided's teacher target on an official-layout fixture teacher
+// (tests/fixtures/wan-tiny-a, or wan-tiny-i2v with its image condition y), written for
+// tests/python/test_guided_reference.py to recompute with diffusers: the teacher stage with
+// guidance (one batched [cond; neg] forward, in micro-batches of 2 to take that path too) on the
+// fixture's inputs and a random 3-row negative context.
 // Usage: dump_guided FIXTURE_DIR OUT_FILE
 #include <torch/torch.h>
 
@@ -32,15 +33,26 @@ int main(int argc, char** argv) {
   stage.set_guidance(kGuidance, negative);
   stage.set_micro_batch(2);
   teacher::StageBatch batch;
-  batch.x_t = inputs.tensor("x", torch::kFloat);
+  // A fixture's inputs are one batch (x) or a list of samples (x.0, x.1, ... and an i2v model's y.0, ...).
+  const auto stacked = [&](const std::string& name) {
+    if (inputs.contains(name)) return inputs.tensor(name, torch::kFloat);
+    std::vector<torch::Tensor> rows;
+    for (int i = 0; inputs.contains(name + "." + std::to_string(i)); ++i) {
+      rows.push_back(inputs.tensor(name + "." + std::to_string(i), torch::kFloat));
+    }
+    return rows.empty() ? torch::Tensor() : torch::stack(rows);
+  };
+  batch.x_t = stacked("x");
+  batch.y = stacked("y");
   batch.t = inputs.tensor("t", torch::kFloat);
   batch.context = inputs.tensor("context", torch::kFloat);
   batch.context_lens = inputs.tensor("context_lens", torch::kLong);
   stage.run(batch);
-  write_safetensors(argv[2],
-                    {{"x", batch.x_t}, {"t", batch.t}, {"context", batch.context}, {"context_lens", batch.context_lens},
-                     {"negative", negative}, {"out", batch.out}, {"guidance", torch::tensor({kGuidance})}},
-                    {{"producer", "dump_guided"}});
+  std::map<std::string, torch::Tensor> dump{
+      {"x", batch.x_t}, {"t", batch.t},     {"context", batch.context},           {"context_lens", batch.context_lens},
+      {"negative", negative}, {"out", batch.out}, {"guidance", torch::tensor({kGuidance})}};
+  if (batch.y.defined()) dump["y"] = batch.y;
+  write_safetensors(argv[2], dump, {{"producer", "dump_guided"}});
   std::cout << "wrote " << argv[2] << " (" << batch.out.size(0) << " samples)\n";
   return 0;
 }

@@ -26,6 +26,7 @@ using namespace wd::data;
 
 namespace {
 
+using wd::ImageCondition;
 using wd::test::contains;
 
 class DataTest : public ::testing::Test {
@@ -395,6 +396,94 @@ TEST_F(DataTest, ContextsOnlySyntheticSetHasTheFullSetsContextsAndNoLatents) {
   EXPECT_TRUE(torch::equal(a.context, b.context));
   EXPECT_TRUE(torch::equal(a.context_lens, b.context_lens));
   EXPECT_LT(fs::file_size(path("contexts.h5")), fs::file_size(path("full.h5")));
+}
+
+/// small_expect() for a teacher that takes `condition` (i2v: latent channels as out_dim).
+DatasetExpectations condition_expect(ImageCondition condition, bool ignore = false) {
+  auto e = small_expect();
+  e.condition = condition;
+  e.ignore_condition = ignore;
+  return e;
+}
+
+TEST_F(DataTest, AnI2vSetHoldsEachFirstFrameFollowedByZeroFramesAndReadsIt) {
+  auto spec = small_spec(path("i2v.h5"));
+  spec.condition = ImageCondition::kI2v;
+  write_synthetic_dataset(spec);
+  const auto info = validate_dataset(spec.output, condition_expect(ImageCondition::kI2v));
+  EXPECT_TRUE(info.reads_condition());
+  EXPECT_EQ(info.condition_shape, (std::array<std::int64_t, 4>{4, 2, 16, 16}));
+  EXPECT_EQ(info.condition_dtype, "float32");
+  const auto batch = DatasetReader(info).read({1, 4});
+  ASSERT_TRUE(batch.condition.defined());
+  EXPECT_EQ(batch.condition.sizes(), torch::IntArrayRef({2, 4, 2, 16, 16}));
+  EXPECT_TRUE(torch::equal(batch.condition.select(2, 0), batch.latents.select(2, 0)));
+  EXPECT_EQ(batch.condition.select(2, 1).abs().max().item<float>(), 0.f);
+  // Without a teacher the set validates as it is; the latents and contexts equal an unconditioned set's.
+  auto plain = small_spec(path("plain.h5"));
+  write_synthetic_dataset(plain);
+  const auto other = DatasetReader(validate_dataset(plain.output, {})).read({1, 4});
+  EXPECT_TRUE(torch::equal(other.latents, batch.latents));
+  EXPECT_FALSE(other.condition.defined());
+  EXPECT_TRUE(validate_dataset(spec.output, {}).has_condition);
+}
+
+TEST_F(DataTest, ATi2vSetHoldsEachFirstFrame) {
+  auto spec = small_spec(path("ti2v.h5"), /*half=*/true);
+  spec.condition = ImageCondition::kTi2v;
+  write_synthetic_dataset(spec);
+  const auto info = validate_dataset(spec.output, condition_expect(ImageCondition::kTi2v));
+  EXPECT_EQ(info.condition_shape, (std::array<std::int64_t, 4>{4, 1, 16, 16}));
+  EXPECT_EQ(info.condition_dtype, "float16");
+  const auto batch = DatasetReader(info).read({0});
+  EXPECT_TRUE(torch::equal(batch.condition, batch.latents.narrow(2, 0, 1)));
+}
+
+TEST_F(DataTest, AConditionTheTeacherDoesNotTakeIsNamedAndRefused) {
+  auto i2v = small_spec(path("i2v.h5"));
+  i2v.condition = ImageCondition::kI2v;
+  write_synthetic_dataset(i2v);
+  auto plain = small_spec(path("plain.h5"));
+  write_synthetic_dataset(plain);
+  // A t2v teacher: refused unless data.ignore_condition, which reads the videos alone.
+  expect_data_error(i2v.output, "/condition",
+                    {"holds image conditions [6,4,2,16,16]", "model_type t2v", "data.ignore_condition true"},
+                    condition_expect(ImageCondition::kNone));
+  const auto ignored = validate_dataset(i2v.output, condition_expect(ImageCondition::kNone, true));
+  EXPECT_TRUE(ignored.has_condition);
+  EXPECT_FALSE(ignored.reads_condition());
+  EXPECT_FALSE(DatasetReader(ignored).read({0}).condition.defined());
+  // An i2v teacher needs one; a ti2v teacher takes the first frame only.
+  expect_data_error(plain.output, "/condition", {"missing", "model_type i2v", "[6,4,2,16,16]", "zero frames"},
+                    condition_expect(ImageCondition::kI2v));
+  expect_data_error(i2v.output, "/condition",
+                    {"has shape [6,4,2,16,16]", "expected [6,4,1,16,16]", "model_type ti2v", "first frame's latent"},
+                    condition_expect(ImageCondition::kTi2v));
+  EXPECT_FALSE(validate_dataset(plain.output, condition_expect(ImageCondition::kTi2v)).has_condition);
+}
+
+TEST_F(DataTest, AConditionOfOtherChannelsOrSizeIsRefused) {
+  auto spec = small_spec(path("i2v.h5"));
+  spec.condition = ImageCondition::kI2v;
+  write_synthetic_dataset(spec);
+  // The same file read against latents of 4 channels is fine; a copy whose /condition is 8 wide is not.
+  const std::string copy = path("wide.h5");
+  fs::copy_file(spec.output, copy);
+  {
+    const hid_t f = H5Fopen(copy.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Ldelete(f, "/condition", H5P_DEFAULT), 0);
+    const hsize_t dims[5] = {6, 8, 2, 16, 16};
+    const hid_t space = H5Screate_simple(5, dims, nullptr);
+    const hid_t ds = H5Dcreate2(f, "/condition", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<float> zeros(6 * 8 * 2 * 16 * 16, 0.f);
+    ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros.data()), 0);
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+  expect_data_error(copy, "/condition", {"has shape [6,8,2,16,16]", "expected [6,4,2,16,16]", "C, H and W of /latents"},
+                    condition_expect(ImageCondition::kI2v));
 }
 
 TEST_F(DataTest, WrongRank) {

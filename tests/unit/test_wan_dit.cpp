@@ -4,6 +4,7 @@
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
+#include "model/image_condition.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_dit.hpp"
 
@@ -169,6 +170,23 @@ WanConfig small_config() {
   c.in_dim = 4;
   c.out_dim = 4;
   return c;
+}
+
+// y as diffusers' WanImageToVideoPipeline.prepare_latents builds it, written out the same way:
+// a mask over the 4(F-1)+1 video frames (ones for the first), the first frame's entry repeated
+// for the VAE's temporal stride 4, folded into [B,4,F,h,w], then the image latents.
+TEST(ImageCondition, I2vMaskIsThePipelinesFoldedFirstFrameMaskBeforeTheImageLatents) {
+  const std::int64_t B = 2, C = 3, F = 4, h = 2, w = 5;
+  const auto latents = torch::randn({B, C, F, h, w});
+  auto mask = torch::ones({B, 1, 4 * (F - 1) + 1, h, w});
+  mask.narrow(2, 1, 4 * (F - 1)).zero_();
+  const auto first = torch::repeat_interleave(mask.narrow(2, 0, 1), 4, 2);
+  const auto folded = torch::cat({first, mask.narrow(2, 1, 4 * (F - 1))}, 2).view({B, F, 4, h, w}).transpose(1, 2);
+  const auto y = i2v_condition(latents);
+  EXPECT_EQ(y.sizes(), torch::IntArrayRef({B, kI2vMaskChannels + C, F, h, w}));
+  EXPECT_TRUE(torch::equal(y.narrow(1, 0, kI2vMaskChannels), folded));
+  EXPECT_TRUE(torch::equal(y.narrow(1, kI2vMaskChannels, C), latents));
+  EXPECT_THROW(i2v_condition(latents[0]), Error);  // [C,F,h,w]: one sample without its batch
 }
 
 TEST(WanDiT, BatchEqualsPerSampleForDifferentTokenCounts) {
