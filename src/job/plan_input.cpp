@@ -49,10 +49,11 @@ data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_
 
 namespace {
 
-/// What an i2v teacher asks of the job today: a student that takes the same inputs (x_t and y),
-/// the whole teacher's first block on each stage's rank (pipeline stages do not carry y), and no
-/// sampling probe (the student's own samples would need the image too). Throws ConfigError.
-void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& sc, int stages) {
+/// What an i2v teacher asks of the job today: its in_dim counting the mask and image channels, a
+/// student that takes the same inputs (x_t and y), and no sampling probe (the student's own
+/// samples would need the image too). Pipeline stages, which do not carry y yet, are refused by
+/// check_job and left out by the planner (PlanInput::whole_teacher). Throws ConfigError.
+void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& sc) {
   WD_CHECK_AS(ConfigError, tc.in_dim == 2 * tc.out_dim + kI2vMaskChannels,
               "teacher " << cfg.teacher_path() << " is an i2v model with in_dim " << tc.in_dim << " and out_dim "
                          << tc.out_dim << "; its forward takes the noisy latents, the mask and the image latents, "
@@ -63,9 +64,6 @@ void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& s
                                         << tc.in_dim << " and " << tc.out_dim << ", teacher " << cfg.teacher_path()
                                         << "): the student takes the same noisy latents and image condition y ("
                                         << tc.out_dim << " + " << tc.in_dim - tc.out_dim << " channels)");
-  WD_CHECK_AS(ConfigError, stages <= 1,
-              "teacher " << cfg.teacher_path() << " is an i2v model: its pipeline stages (teacher.placement shard, "
-                         << stages << " stages) do not carry the image condition yet; use gpu, cpu, stream or colocated");
   WD_CHECK_AS(ConfigError, cfg.train.sample_every == 0,
               "train.sample_every(" << cfg.train.sample_every << ") with an i2v teacher (" << cfg.teacher_path()
                                     << "): the sampling probe does not take an image condition yet; set it to 0");
@@ -76,7 +74,7 @@ void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& s
 void validate_with_teacher(const RunConfig& cfg, const WanConfig& tc, int stages, ConfigProblems& p) {
   const auto sc = cfg.student.model_config(tc);
   sc.validate("student config");
-  if (image_condition_of(tc) == ImageCondition::kI2v) check_i2v_job(cfg, tc, sc, stages);
+  if (image_condition_of(tc) == ImageCondition::kI2v) check_i2v_job(cfg, tc, sc);
   if (cfg.dmd.critic_dims()) objective::critic_model_config(cfg.keys(), tc).validate("critic config (critic.*)");
   for (const auto& [s, t] : cfg.student.feature_pairs()) {
     p.check(s < sc.num_layers && t < tc.num_layers,
@@ -222,6 +220,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.context_len = tc.text_len;  // the model pads every context to text_len
   in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
   cfg.objective().shape_plan(cfg.keys(), in);
+  if (stream.condition_channels > 0) in.whole_teacher = true;  // pipeline stages do not carry y yet
   in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
   in.prefetch_depth = cfg.comm.prefetch_depth;
   in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;
