@@ -62,7 +62,7 @@ struct SpeedInput {
   /// Student forwards without a backward per trained sample on top of the step
   /// (train.trajectory_rollout p: p·(k − 1)/2 on average, the jumps of a roll-out).
   double student_extra_forwards = 0;
-  /// The objective needs the whole teacher on one rank (guided, trajectory): no shard stages.
+  /// The job needs the whole teacher on one rank (guided, trajectory, an i2v teacher): no shard stages.
   bool whole_teacher = false;
   /// Steps a teacher may run ahead of its consumers (comm.prefetch_depth ring slots).
   std::int64_t prefetch_depth = 2;
