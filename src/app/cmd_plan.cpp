@@ -18,6 +18,7 @@
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "data/dataset_info.hpp"
+#include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_experts.hpp"
@@ -182,7 +183,7 @@ std::pair<std::array<std::int64_t, 4>, std::int64_t> planned_latent(const job::R
     const auto d = parse_dims(o.latent, 4, "latent");
     lat = {d[0], d[1], d[2], d[3]};
   } else if (cfg.data.path == job::kBuiltin) {
-    lat = {job::image_condition_of(tc) == ImageCondition::kI2v ? tc.out_dim : tc.in_dim, 3, 16, 16};
+    lat = {latent_channels_of(tc), 3, 16, 16};
   } else {
     throw ConfigError("data.path(" + cfg.data.path + ") does not exist here; give the latent size with --latent C,F,H,W");
   }

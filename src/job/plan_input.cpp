@@ -31,16 +31,11 @@ std::int64_t stored_elem_bytes(const WanCheckpoint& ck) {
   return elem_bytes(safetensors_to_scalar_type(ck.info(wan_param_specs(ck.config()).back().name).dtype));
 }
 
-ImageCondition image_condition_of(const WanConfig& tc) {
-  return tc.model_type == "i2v" ? ImageCondition::kI2v : tc.model_type == "ti2v" ? ImageCondition::kTi2v
-                                                                                : ImageCondition::kNone;
-}
-
 data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_condition) {
   data::DatasetExpectations expect;
   expect.condition = image_condition_of(tc);
   expect.ignore_condition = ignore_condition;
-  expect.latent_channels = expect.condition == ImageCondition::kI2v ? tc.out_dim : tc.in_dim;
+  expect.latent_channels = latent_channels_of(tc);
   expect.text_dim = tc.text_dim;
   expect.text_len = tc.text_len;
   expect.patch = tc.patch_size;
@@ -149,7 +144,7 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   stream.text_dim = tc.text_dim;
   stream.tokens = tokens_per_sample(tc, latent);
   stream.per_token_seq_len = tc.model_type == "ti2v" ? stream.tokens : 0;
-  stream.condition_channels = image_condition_of(tc) == ImageCondition::kI2v ? tc.in_dim - tc.out_dim : 0;
+  stream.condition_channels = condition_channels_of(tc);
   stream.teacher_dim = tc.dim;
   cfg.objective().shape_stream(cfg.keys(), stream);
   for (const auto& pair : cfg.student.feature_pairs()) stream.feature_blocks.push_back(pair.second);

@@ -45,9 +45,6 @@ std::int64_t stored_elem_bytes(const WanCheckpoint& ck);
 /// command that reads the contexts and shapes alone) lets a t2v teacher's data set hold one.
 data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_condition);
 
-/// The image condition a model of `tc`'s type takes (none for t2v).
-ImageCondition image_condition_of(const WanConfig& tc);
-
 /// The checks `plan` and `train` share once the teacher's config is known: a supported model
 /// type and the student config (these throw ConfigError at once), then student.features against
 /// both models' blocks, `stages` against the teacher's blocks, teacher.shard_map and

@@ -19,6 +19,7 @@
 #include "data/synthetic_dataset.hpp"
 #include "job/calibrate.hpp"
 #include "job/plan_input.hpp"
+#include "model/image_condition.hpp"
 #include "memory/host_memory.hpp"
 #include "model/wan_lora.hpp"
 #include "model/safetensors.hpp"
@@ -146,9 +147,8 @@ void prepare_run_dir(const RunConfig& cfg) {
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;
     // An i2v teacher's in_dim also counts y's channels; its data set holds the images (/condition).
-    const auto condition = image_condition_of(tc);
-    spec.latent = {condition == ImageCondition::kI2v ? tc.out_dim : tc.in_dim, 3, 16, 16};
-    spec.condition = condition == ImageCondition::kI2v ? condition : ImageCondition::kNone;
+    spec.latent = {latent_channels_of(tc), 3, 16, 16};
+    spec.condition = image_condition_of(tc) == ImageCondition::kI2v ? ImageCondition::kI2v : ImageCondition::kNone;
     spec.text_len = tc.text_len;
     spec.text_dim = tc.text_dim;
     spec.seed = kBuiltinSeed;

@@ -108,8 +108,7 @@ void log_shard(const TrainJob& job, const student::OptimizerShard& shard,
 
 student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device) {
   const auto& cfg = job.cfg;
-  auto setup = parts_setup(cfg, job.plan.latent[0] + job.plan.condition_channels, job.plan.out_channels,
-                           job.model.dim, device);
+  auto setup = parts_setup(cfg, job.model.in_dim, job.plan.out_channels, job.model.dim, device);
   if (cfg.student.lora_rank > 0 && job.experts) setup.lora_base = job.student_base().path();  // flow: refused below
   if (job.lora_pair()) {
     setup.lora_base = job.experts->expert(WanExperts::kHigh).path();

@@ -14,4 +14,15 @@ torch::Tensor i2v_condition(const torch::Tensor& image_latents) {
   return torch::cat({mask, image_latents}, 1);
 }
 
+ImageCondition image_condition_of(const WanConfig& c) {
+  return c.model_type == "i2v" ? ImageCondition::kI2v : c.model_type == "ti2v" ? ImageCondition::kTi2v
+                                                                              : ImageCondition::kNone;
+}
+
+std::int64_t condition_channels_of(const WanConfig& c) {
+  return image_condition_of(c) == ImageCondition::kI2v ? c.in_dim - c.out_dim : 0;
+}
+
+std::int64_t latent_channels_of(const WanConfig& c) { return c.in_dim - condition_channels_of(c); }
+
 }  // namespace wd
