@@ -20,8 +20,9 @@ struct DataConfig {
     table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
         .bind("data.builtin_samples", builtin_samples, "samples in the generated builtin:tiny set")
         .bind("data.ignore_condition", ignore_condition,
-              "a t2v teacher's data set with image conditions (/condition): train on the videos alone "
-              "instead of refusing it");
+              "a data set with image conditions (/condition): train on the videos alone, a t2v teacher "
+              "instead of refusing it, a ti2v teacher's text-to-video mode instead of its image mode "
+              "(an i2v teacher needs them)");
   }
   void validate(ConfigProblems& p) const {
     p.check(!path.empty(), "data.path must not be empty");

@@ -275,7 +275,8 @@ std::string condition_shape_text(const DatasetInfo& info, std::int64_t frames) {
 /// /condition, when present: rank 5, float, fully stored, the samples' N, the latents' C, H and W,
 /// and the F the teacher takes (i2v: the latents' F, the first frame's latent followed by zero
 /// frames; ti2v: 1, the first frame's latent; without a teacher either). A teacher that takes no
-/// condition refuses one unless ignore_condition; an i2v teacher needs it.
+/// condition refuses one unless ignore_condition; an i2v teacher needs it; a ti2v teacher trains
+/// its image mode from it, or with ignore_condition its text-to-video mode.
 void check_condition(hid_t f, const std::string& path, const DatasetExpectations& expect, std::uint64_t file_size,
                      DatasetInfo& info) {
   const bool teacher = expect.latent_channels > 0;
@@ -296,14 +297,18 @@ void check_condition(hid_t f, const std::string& path, const DatasetExpectations
   check_extent(c, path, kCondition, file_size);
   for (int d = 0; d < 4; ++d) info.condition_shape[d] = c.dims[d + 1];
   info.has_condition = true;
-  if (teacher && expect.condition == ImageCondition::kNone) {
-    WD_CHECK_DATA(expect.ignore_condition, path, kCondition,
-                  "holds image conditions " << format_shape(c.dims)
-                      << ", but the teacher (model_type t2v) takes none; set data.ignore_condition true to "
-                         "train on the videos alone, or use an i2v or ti2v teacher");
+  if (teacher && expect.ignore_condition) {
+    WD_CHECK_DATA(expect.condition != ImageCondition::kI2v, path, kCondition,
+                  "holds the image conditions the teacher (model_type i2v) needs; data.ignore_condition true "
+                  "cannot leave them out (it trains a t2v or ti2v teacher on the videos alone)");
     info.condition_ignored = true;
     return;
   }
+  WD_CHECK_DATA(!teacher || expect.condition != ImageCondition::kNone, path, kCondition,
+                "holds image conditions " << format_shape(c.dims)
+                    << ", but the teacher (model_type t2v) takes none; set data.ignore_condition true to "
+                       "train on the videos alone, or use an i2v or ti2v teacher");
+  if (teacher) info.condition_kind = expect.condition;
   const std::string latents = info.has_latents ? "/latents" : root_attr(kLatentShapeAttr);
   const std::int64_t frames = expect.condition == ImageCondition::kTi2v ? 1 : l[1];
   const bool frames_ok = c.dims[2] == frames || (!teacher && c.dims[2] == 1);

@@ -40,6 +40,9 @@ struct DatasetInfo {
   std::array<std::int64_t, 4> condition_shape{};
   std::string condition_dtype;  ///< "float32" | "float16"
   bool condition_ignored = false;
+  /// How the model takes the condition read (the expectations' condition: i2v's y, or ti2v's
+  /// first frame); none when it is not read or there is no teacher to take it.
+  ImageCondition condition_kind = ImageCondition::kNone;
   bool reads_condition() const { return has_condition && !condition_ignored; }
   std::int64_t schema_version = 1;
   std::string latent_layout;  ///< root attribute, "CFHW"

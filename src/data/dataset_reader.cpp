@@ -123,7 +123,10 @@ CleanBatch DatasetReader::read(const std::vector<std::int64_t>& indices) {
   out.context = torch::empty({batch, info.context_len, info.text_dim}, torch::kFloat);
   out.context_lens = torch::empty({batch}, torch::kLong);
   const auto& k = info.condition_shape;
-  if (info.reads_condition()) out.condition = torch::empty({batch, k[0], k[1], k[2], k[3]}, torch::kFloat);
+  if (info.reads_condition()) {
+    out.condition = torch::empty({batch, k[0], k[1], k[2], k[3]}, torch::kFloat);
+    out.condition_kind = info.condition_kind;
+  }
   auto lens = out.context_lens.accessor<std::int64_t, 1>();
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t index = indices[static_cast<std::size_t>(b)];

@@ -20,6 +20,8 @@ struct CleanBatch {
   /// [B,C,F,H,W] float32, the image condition as stored (/condition); undefined when the data set
   /// has none or it is ignored (data.ignore_condition).
   torch::Tensor condition;
+  /// How the model takes `condition` (DatasetInfo::condition_kind).
+  ImageCondition condition_kind = ImageCondition::kNone;
 };
 
 /// Reads samples from a validated data set; holds the file open (RAII) for its lifetime.

@@ -44,10 +44,10 @@ data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_
 
 namespace {
 
-/// What an i2v teacher asks of the job today: its in_dim counting the mask and image channels, a
-/// student that takes the same inputs (x_t and y), and no sampling probe (the student's own
-/// samples would need the image too). Pipeline stages, which do not carry y yet, are refused by
-/// check_job and left out by the planner (PlanInput::whole_teacher). Throws ConfigError.
+/// What an i2v teacher asks of the job today: its in_dim counting the mask and image channels,
+/// and a student that takes the same inputs (x_t and y). Pipeline stages, which do not carry y
+/// yet, are refused by check_job and left out by the planner (PlanInput::whole_teacher). Throws
+/// ConfigError.
 void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& sc) {
   WD_CHECK_AS(ConfigError, tc.in_dim == 2 * tc.out_dim + kI2vMaskChannels,
               "teacher " << cfg.teacher_path() << " is an i2v model with in_dim " << tc.in_dim << " and out_dim "
@@ -59,9 +59,6 @@ void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& s
                                         << tc.in_dim << " and " << tc.out_dim << ", teacher " << cfg.teacher_path()
                                         << "): the student takes the same noisy latents and image condition y ("
                                         << tc.out_dim << " + " << tc.in_dim - tc.out_dim << " channels)");
-  WD_CHECK_AS(ConfigError, cfg.train.sample_every == 0,
-              "train.sample_every(" << cfg.train.sample_every << ") with an i2v teacher (" << cfg.teacher_path()
-                                    << "): the sampling probe does not take an image condition yet; set it to 0");
 }
 
 }  // namespace

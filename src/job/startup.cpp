@@ -146,9 +146,10 @@ void prepare_run_dir(const RunConfig& cfg) {
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;
-    // An i2v teacher's in_dim also counts y's channels; its data set holds the images (/condition).
+    // An i2v teacher's in_dim also counts y's channels. An image-conditioned teacher's data set
+    // holds the images (/condition): i2v needs them, ti2v trains its image mode from them.
     spec.latent = {latent_channels_of(tc), 3, 16, 16};
-    spec.condition = image_condition_of(tc) == ImageCondition::kI2v ? ImageCondition::kI2v : ImageCondition::kNone;
+    spec.condition = image_condition_of(tc);
     spec.text_len = tc.text_len;
     spec.text_dim = tc.text_dim;
     spec.seed = kBuiltinSeed;
@@ -370,10 +371,6 @@ void check_student_expert(const RunConfig& cfg, const WanExperts* experts) {
 data::DatasetInfo check_data(const RunConfig& cfg, const WanConfig& teacher) {
   auto info = data::validate_dataset(cfg.data_path(), dataset_expectations(teacher, cfg.data.ignore_condition));
   cfg.objective().check_data(cfg.keys(), info);
-  WD_CHECK_DATA(!info.reads_condition() || image_condition_of(teacher) != ImageCondition::kTi2v, info.path,
-                data::kCondition,
-                "holds ti2v image conditions; training a ti2v teacher's image mode from them is not built yet: "
-                "noise.first_frame_clean 1 trains it from each video's own first latent frame (docs/data-format.md)");
   WD_CHECK_DATA(info.samples > cfg.train.eval_samples, info.path, info.has_latents ? "/latents" : "/context",
                 "has " << info.samples << " samples; train.eval_samples(" << cfg.train.eval_samples
                        << ") leaves none for training");

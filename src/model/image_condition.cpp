@@ -25,4 +25,64 @@ std::int64_t condition_channels_of(const WanConfig& c) {
 
 std::int64_t latent_channels_of(const WanConfig& c) { return c.in_dim - condition_channels_of(c); }
 
+namespace {
+
+/// The tokens of one token frame of a latent [B,C,F,H,W] on the `patch` grid.
+std::int64_t frame_tokens(const torch::Tensor& x, const std::array<std::int64_t, 3>& patch) {
+  return (x.size(3) / patch[1]) * (x.size(4) / patch[2]);
+}
+
+}  // namespace
+
+ConditionedInput condition_input(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x_t,
+                                 const torch::Tensor& t, const std::array<std::int64_t, 3>& patch) {
+  ConditionedInput in{x_t, t, torch::Tensor()};
+  if (!image.defined() || kind == ImageCondition::kNone) return in;
+  if (kind == ImageCondition::kI2v) {
+    in.y = i2v_condition(image.to(x_t.device(), x_t.scalar_type()));
+    return in;
+  }
+  WD_CHECK(image.dim() == 5 && image.size(2) == 1 && image.size(0) == x_t.size(0) && image.size(1) == x_t.size(1) &&
+               image.size(3) == x_t.size(3) && image.size(4) == x_t.size(4),
+           "a ti2v image condition is the first frame's latent [B,C,1,H,W] of x_t " << x_t.sizes() << ", got "
+                                                                                    << image.sizes());
+  WD_CHECK(t.dim() == 2, "a ti2v image condition needs per-token timesteps [B,S], got t " << t.sizes());
+  const auto tokens = frame_tokens(x_t, patch);
+  WD_CHECK(tokens <= t.size(1), "t has " << t.size(1) << " tokens, fewer than a frame's " << tokens);
+  in.x_t = keep_condition(kind, image, x_t);
+  in.t = t.clone();
+  in.t.narrow(1, 0, tokens).zero_();
+  return in;
+}
+
+torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x) {
+  if (!image.defined() || kind != ImageCondition::kTi2v) return x;
+  auto out = x.clone();
+  out.narrow(2, 0, 1).copy_(image);
+  return out;
+}
+
+torch::Tensor frame_loss_weights(const torch::Tensor& t, const torch::Tensor& x_t,
+                                 const std::array<std::int64_t, 3>& patch) {
+  if (t.dim() != 2) return torch::Tensor();
+  const auto B = x_t.size(0), F = x_t.size(2);
+  const auto tokens = frame_tokens(x_t, patch);
+  WD_CHECK(t.size(0) == B && tokens <= t.size(1),
+           "per-token t " << t.sizes() << " does not cover a token frame (" << tokens << ") of x_t " << x_t.sizes());
+  // 1 where the sample's first token frame is noised, 0 where all its tokens are clean.
+  const auto noised = t.narrow(1, 0, tokens).ne(0).any(1).to(x_t.scalar_type()).to(x_t.device());
+  auto w = torch::ones({B, 1, F, 1, 1}, x_t.options());
+  const auto first = std::min<std::int64_t>(patch[0], F);  // the latent frames of the first token frame
+  w.narrow(2, 0, first).copy_(noised.view({B, 1, 1, 1, 1}).expand({B, 1, first, 1, 1}));
+  return w;
+}
+
+torch::Tensor frame_weighted_mse(const torch::Tensor& prediction, const torch::Tensor& target,
+                                 const torch::Tensor& weights) {
+  if (!weights.defined()) return torch::mse_loss(prediction, target);
+  const auto w = weights.to(prediction.scalar_type()).expand_as(prediction);
+  // A batch whose every frame is clean has nothing to learn: its loss is 0, not 0/0.
+  return ((prediction - target).pow(2) * w).sum() / w.sum().clamp_min(1);
+}
+
 }  // namespace wd

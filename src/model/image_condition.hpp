@@ -3,6 +3,9 @@
 
 #include <torch/torch.h>
 
+#include <array>
+#include <cstdint>
+
 #include "core/choices.hpp"
 #include "model/wan_config.hpp"
 
@@ -28,5 +31,37 @@ std::int64_t latent_channels_of(const WanConfig& c);
 
 /// The channels of the y `c` takes beside the noisy latents: in_dim − out_dim for i2v, else 0.
 std::int64_t condition_channels_of(const WanConfig& c);
+
+/// A batch's model inputs with its image condition taken as its model type takes it.
+struct ConditionedInput {
+  torch::Tensor x_t;  ///< ti2v: the first latent frame is the image
+  torch::Tensor t;    ///< ti2v: [B,S], the first frame's tokens at t = 0
+  torch::Tensor y;    ///< i2v: i2v_condition(image); otherwise undefined
+};
+
+/// The inputs (x_t [B,C,F,H,W], t) with `image` (the data set's /condition rows) as `kind` takes
+/// it: i2v: y = i2v_condition(image), x_t and t unchanged; ti2v (TI2V-5B's image mode, `image`
+/// [B,C,1,H,W]): x_t's first latent frame replaced by the image and, t being per token [B,S]
+/// (tokens in (f, h, w) order over the `patch` grid), the tokens of the first token frame at
+/// t = 0, as the official code's mask does; none or an undefined image: unchanged. The inputs
+/// are not modified.
+ConditionedInput condition_input(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x_t,
+                                 const torch::Tensor& t, const std::array<std::int64_t, 3>& patch);
+
+/// A sampler's state after a step, with what the condition fixes put back: ti2v: the first latent
+/// frame is the image again (the official sampler re-imposes it after every step); otherwise `x`.
+torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x);
+
+/// The loss weights of a batch's latent frames [B,1,F,1,1] (x_t's dtype and device): 0 for the
+/// first token frame of each sample whose tokens there all have t = 0 (a clean image the model
+/// is given, not asked for: ti2v's image mode, noise.first_frame_clean), 1 elsewhere. Undefined
+/// when t is per sample ([B]): every frame counts. Computed on t's device, with no host read.
+torch::Tensor frame_loss_weights(const torch::Tensor& t, const torch::Tensor& x_t,
+                                 const std::array<std::int64_t, 3>& patch);
+
+/// The mean squared error of `prediction` against `target` over the elements whose frame weight
+/// (frame_loss_weights, broadcast over C, H and W) is 1; torch::mse_loss when `weights` is undefined.
+torch::Tensor frame_weighted_mse(const torch::Tensor& prediction, const torch::Tensor& target,
+                                 const torch::Tensor& weights);
 
 }  // namespace wd

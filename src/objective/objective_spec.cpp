@@ -107,9 +107,6 @@ void ObjectiveSpec::check_teacher(const Keys& k, const WanConfig& teacher, int s
           "train.objective " + name_ + "'s generator samples the teacher's latents from noise: it needs a "
           "t2v teacher whose in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
               std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
-  p.check(teacher.model_type != "i2v" || traits_.no_i2v_teacher.empty(),
-          "train.objective " + name_ + traits_.no_i2v_teacher + "; an i2v teacher teaches train.objective velocity "
-          "or guided today (docs/objectives.md)");
   p.check(k.student.lora_rank == 0 || traits_.no_lora_student.empty(),
           "student.lora_rank(" + std::to_string(k.student.lora_rank) + ") with train.objective " + name_ + ": " +
               traits_.no_lora_student);

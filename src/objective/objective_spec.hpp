@@ -74,9 +74,6 @@ struct Traits {
   bool real_score = false;
   /// The student samples the teacher's latents from noise: a t2v teacher whose in_dim is out_dim.
   bool samples_teacher_latents = false;
-  /// Why an i2v teacher cannot teach it yet (text after "train.objective NAME"); empty: its
-  /// batches carry the image condition y from the data set to the teacher and the students.
-  std::string no_i2v_teacher;
 };
 
 /// One train.objective. The base answers from the traits; a spec overrides what its keys change.

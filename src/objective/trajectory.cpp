@@ -34,7 +34,6 @@ class Trajectory final : public ObjectiveSpec {
     t.guidance = Guidance::kUnlessOne;
     t.few_step = true;
     t.trajectories = true;
-    t.no_i2v_teacher = "'s teacher samples its own trajectories, which do not take an image condition yet";
     return t;
   }
 };

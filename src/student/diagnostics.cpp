@@ -142,8 +142,11 @@ double Diagnostics::evaluate(std::int64_t step) {
   std::vector<double> sums(2 + 2 * k, 0.0);  // error, norm; then per interval
   for (const auto& b : eval_set_) {
     const auto& target = b.at("teacher_out");
-    const auto err = (job_.parts.predict(b) - target).pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
-    const auto norm = target.pow(2).flatten(1).sum(1).to(torch::kDouble).cpu();
+    // A clean image frame (ti2v's image mode) is given, not predicted: it counts in neither sum.
+    const auto w = job_.parts.frame_weights(b);
+    const auto weighed = [&w](const torch::Tensor& x) { return w.defined() ? x * w.to(x.scalar_type()) : x; };
+    const auto err = weighed((job_.parts.predict(b) - target).pow(2)).flatten(1).sum(1).to(torch::kDouble).cpu();
+    const auto norm = weighed(target.pow(2)).flatten(1).sum(1).to(torch::kDouble).cpu();
     sums[0] += err.sum().item<double>();
     sums[1] += norm.sum().item<double>();
     if (k == 0) continue;

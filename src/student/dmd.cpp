@@ -107,7 +107,7 @@ class GeneratorObjective final : public Objective {
       const auto& b = *regression_;
       loss = loss + p_.dmd.regression_weight *
                         distill_loss(p_.generator.forward_train(model_inputs(b.at("x_t"), b.at("t"), b), p_.policy),
-                                     b.at("teacher_out"));
+                                     b.at("teacher_out"), p_.generator.frame_weights(b));
     }
     if (p_.dmd.gan_weight > 0) {
       // DMD2's generator GAN loss through the critic's classifier, at the request batch's noise levels.

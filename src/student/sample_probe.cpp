@@ -40,12 +40,21 @@ SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, c
 
   // The noise is drawn on the host with its own generator: the training RNG is untouched.
   auto gen = at::detail::createCPUGenerator(data::hash_keys(train.seed, kProbeNoiseStream));
-  const auto noise = torch::randn(teacher_out.sizes(), gen).to(device);
+  auto noise = torch::randn(teacher_out.sizes(), gen).to(device);
   comm::TensorDict inputs{{"context", batch.at("context").to(device)}, {"context_lens", batch.at("context_lens")}};
+  // The batch's image condition goes with the samples: i2v's y at every forward; ti2v's clean
+  // first frame (its tokens at t = 0 in the batch, frame weight 0) is the start's and never moves.
+  if (const auto y = batch.find("y"); y != batch.end()) inputs["y"] = y->second.to(device);
+  const auto batch_t = batch.at("t").to(device, torch::kFloat);
+  const auto still = parts.frame_weights({{"t", batch_t}, {"x_t", x_t}});
+  if (still.defined()) noise = noise * still + x_t.to(torch::kFloat) * (1 - still);
   const auto velocity = [&](const torch::Tensor& x, double s) {
     inputs["x_t"] = x.to(x_t.scalar_type());
-    inputs["t"] = torch::full({B}, static_cast<float>(1000.0 * s), x.options().dtype(torch::kFloat));
-    return parts.predict(inputs).to(torch::kFloat);
+    inputs["t"] = still.defined()
+                      ? torch::full_like(batch_t, static_cast<float>(1000.0 * s)).masked_fill_(batch_t.eq(0), 0)
+                      : torch::full({B}, static_cast<float>(1000.0 * s), x.options().dtype(torch::kFloat));
+    const auto v = parts.predict(inputs).to(torch::kFloat);
+    return still.defined() ? v * still : v;
   };
   const auto sigmas = data::sampling_sigmas(train.sample_steps, train.sample_shift);
   // A few-step student learned Euler jumps: its run sets train.sample_solver euler and

@@ -12,6 +12,7 @@
 #include "core/errors.hpp"
 #include "core/host_sync.hpp"
 #include "core/torch_compat.hpp"
+#include "model/image_condition.hpp"
 #include "model/wan_experts.hpp"
 #include "model/wan_lora.hpp"
 #include "student/student_model.hpp"
@@ -60,11 +61,12 @@ torch::nn::Linear seeded_linear(std::int64_t in, std::int64_t out, std::uint64_t
 
 }  // namespace
 
-torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out) {
+torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out,
+                           const torch::Tensor& weights) {
   const auto& target = teacher_out.scalar_type() == prediction.scalar_type()
                            ? teacher_out
                            : teacher_out.to(prediction.scalar_type());
-  return torch::mse_loss(prediction, target);
+  return frame_weighted_mse(prediction, target, weights);
 }
 
 MicroLossValues MicroLosses::read() const {
@@ -208,7 +210,7 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   std::map<std::int64_t, torch::Tensor> hidden;
   for (const auto& [s, t] : setup_.feature_pairs) hidden[s] = torch::Tensor();
   MicroLosses losses;
-  auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"));
+  auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"), frame_weights(batch));
   losses.output = loss.detach().to(torch::kFloat);
   losses.features = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(setup_.device));
   if (!setup_.feature_pairs.empty()) {
@@ -224,6 +226,10 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   losses.total = loss.detach().to(torch::kFloat);
   backward(loss * scale);
   return losses;
+}
+
+torch::Tensor StudentParts::frame_weights(const comm::TensorDict& batch) const {
+  return frame_loss_weights(batch.at("t"), batch.at("x_t"), model_->config().patch_size);
 }
 
 torch::Tensor StudentParts::forward_train(const comm::TensorDict& batch, const CheckpointPolicy& policy) {

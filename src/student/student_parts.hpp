@@ -61,8 +61,10 @@ struct MicroLosses {
 };
 
 /// Distillation loss: MSE between the student prediction and the teacher output (cast to the
-/// prediction's dtype only when they differ).
-torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out);
+/// prediction's dtype only when they differ), over the frames `weights` keeps
+/// (frame_loss_weights: a clean image frame is left out; undefined: every frame).
+torch::Tensor distill_loss(const torch::Tensor& prediction, const torch::Tensor& teacher_out,
+                           const torch::Tensor& weights = torch::Tensor());
 
 class StudentParts {
  public:
@@ -82,6 +84,9 @@ class StudentParts {
   /// Forward + loss + backward of `scale`·loss for one received batch; gradients accumulate
   /// into the fp32 master parameters (call zero_grad() before the first micro-batch).
   MicroLosses micro_step(const comm::TensorDict& batch, double scale, const CheckpointPolicy& policy);
+  /// The loss weights of `batch`'s frames (frame_loss_weights on its t and x_t, the student's
+  /// patch): undefined unless t is per token.
+  torch::Tensor frame_weights(const comm::TensorDict& batch) const;
   /// The student's prediction in the teacher's output space (evaluation; no grad).
   torch::Tensor predict(const comm::TensorDict& batch);
   /// The prediction with its graph, for a loss of the caller's (train.objective dmd); pass the

@@ -14,7 +14,7 @@ bool context_dropped(std::uint64_t seed, std::int64_t sample, std::int64_t posit
 
 StageBatch FlowTargets::make(std::int64_t position, bool eval) {
   const auto read = src_.samples.read(position, eval, src_.plan.per_token_seq_len, src_.patch);
-  auto b = read.stage_input();
+  auto b = read.stage_input(src_.patch);
   if (!eval && src_.cond_dropout > 0) {
     const auto& indices = read.clean.indices;
     for (std::size_t i = 0; i < indices.size(); ++i) {

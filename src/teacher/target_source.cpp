@@ -43,15 +43,14 @@ NoisedSamples SampleStream::read(std::int64_t position, bool eval, std::int64_t 
   return s;
 }
 
-StageBatch NoisedSamples::stage_input() const {
+StageBatch NoisedSamples::stage_input(const std::array<std::int64_t, 3>& patch) const {
   StageBatch b;
-  b.x_t = noisy.x_t;
-  b.t = noisy.t;
+  auto in = condition_input(clean.condition_kind, clean.condition, noisy.x_t, noisy.t, patch);
+  b.x_t = in.x_t;
+  b.t = in.t;
+  b.y = in.y;
   b.context = clean.context;
   b.context_lens = clean.context_lens;
-  // The data set's condition is read for an i2v teacher only (a t2v teacher's is ignored, a
-  // ti2v teacher's image mode from /condition is refused at start-up).
-  if (clean.condition.defined()) b.y = i2v_condition(clean.condition);
   return b;
 }
 
@@ -67,7 +66,7 @@ torch::Tensor untargeted_out(const comm::StreamPlan& plan, std::int64_t samples)
 
 StageBatch StageTargets::make(std::int64_t position, bool eval) {
   const auto& patch = stage_.experts().front().model->config().patch_size;
-  auto batch = samples_.read(position, eval, plan_.per_token_seq_len, patch).stage_input();
+  auto batch = samples_.read(position, eval, plan_.per_token_seq_len, patch).stage_input(patch);
   if (!plan_.train_targets && !eval) {  // nothing of the teacher's is read (StreamPlan::train_targets)
     batch.out = untargeted_out(plan_, batch.x_t.size(0));
   } else {

@@ -23,8 +23,10 @@ namespace wd::teacher {
 struct NoisedSamples {
   data::CleanBatch clean;  ///< as the data set holds them: latents, context, lengths, indices
   data::NoisyBatch noisy;  ///< x_t, t and σ, and the noise ε they were made with
-  /// A first stage's input: x_t, t, context and context_lens.
-  StageBatch stage_input() const;
+  /// A first stage's input: x_t, t, context and context_lens, with the data set's image
+  /// condition as the model takes it (condition_input on the DiT's `patch`: i2v's y, or ti2v's
+  /// clean first frame at t = 0).
+  StageBatch stage_input(const std::array<std::int64_t, 3>& patch) const;
 };
 
 /// Stops the stream at a non-finite teacher output (`what`: "teacher's output", a stage's "hidden

@@ -89,6 +89,14 @@ torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) cons
   return S > 0 ? t.view({batch, 1}).expand({batch, S}).contiguous() : t;
 }
 
+const std::array<std::int64_t, 3>& TrajectoryRounds::patch() const {
+  return src_.stage.experts().front().model->config().patch_size;
+}
+
+ConditionedInput TrajectoryRounds::conditioned(const torch::Tensor& x, double sigma, const torch::Tensor& image) const {
+  return condition_input(round_.condition, image, x, timesteps(sigma, x.size(0)), patch());
+}
+
 std::vector<std::int64_t> TrajectoryRounds::deal(std::int64_t round, bool eval) const {
   const auto n = src_.per_replica * static_cast<std::int64_t>(intervals_.size());
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
@@ -118,6 +126,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   r.index = round;
   r.context = clean.context;
   r.context_lens = clean.context_lens;
+  r.condition = clean.condition_kind;
   const auto& l = src_.plan.latent;
   const auto device = src_.stage.experts().front().model->parameters().front().device();
   std::vector<torch::Tensor> noise;
@@ -127,14 +136,18 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
                                                               static_cast<std::uint64_t>(b)));
     noise.push_back(torch::randn({l[0], l[1], l[2], l[3]}, gen, torch::TensorOptions().dtype(torch::kFloat)));
   }
-  torch::Tensor x = torch::stack(noise).to(device);
+  if (clean.condition.defined()) r.image = clean.condition.to(device);
+  // ti2v: the trajectories start from noise whose first frame is the image.
+  torch::Tensor x = keep_condition(r.condition, r.image, torch::stack(noise).to(device));
   r.states.push_back(x);
   data::FlowSampler sampler(src_.spec.solver, teacher_sigmas_);
   const auto stride = src_.spec.stride();
   for (std::int64_t j = 0; j < last * stride; ++j) {
     StageBatch step;
-    step.x_t = x;
-    step.t = timesteps(sampler.sigma(j), B);
+    auto in = condition_input(r.condition, r.image, x, timesteps(sampler.sigma(j), B), patch());
+    step.x_t = in.x_t;
+    step.t = in.t;
+    step.y = in.y;
     step.context = r.context;
     step.context_lens = r.context_lens;
     src_.stage.run(step);
@@ -143,7 +156,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
                            std::to_string(round) + (eval ? " (held out)" : "") + " has NaN/Inf values");
     }
     if (j % stride == 0) r.features.push_back(std::move(step.features));
-    x = sampler.step(j, x, step.out).to(torch::kFloat);
+    x = keep_condition(r.condition, r.image, sampler.step(j, x, step.out).to(torch::kFloat));
     if ((j + 1) % stride == 0) r.states.push_back(x);
   }
   WD_CHECK(static_cast<std::int64_t>(r.states.size()) == last + 1,
@@ -165,7 +178,7 @@ StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
     interval.push_back(intervals_[static_cast<std::size_t>(pair % m)]);
   }
   const auto traj_idx = torch::tensor(traj, torch::kLong);
-  std::vector<torch::Tensor> x, target, t, start;
+  std::vector<torch::Tensor> x, target, t, start, y;
   std::map<std::int64_t, std::vector<torch::Tensor>> features;
   for (std::int64_t s = 0; s < B; ++s) {
     const auto b = traj[static_cast<std::size_t>(s)], i = interval[static_cast<std::size_t>(s)];
@@ -175,7 +188,10 @@ StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
     x.push_back(from);
     if (src_.plan.start_states) start.push_back(round_.states.front()[b]);
     target.push_back((to - from) / (s1 - s0));
-    t.push_back(timesteps(s0, 1)[0]);
+    const auto image = round_.image.defined() ? round_.image.narrow(0, b, 1) : round_.image;
+    const auto in = conditioned(from.unsqueeze(0), s0, image);
+    t.push_back(in.t[0]);
+    if (in.y.defined()) y.push_back(in.y[0]);
     for (const auto& [block, h] : round_.features[static_cast<std::size_t>(i)]) features[block].push_back(h[b]);
   }
   StageBatch out;
@@ -186,6 +202,7 @@ StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
   out.context_lens = round_.context_lens.index_select(0, traj_idx);
   for (auto& [block, hs] : features) out.features[block] = torch::stack(hs);
   if (!start.empty()) out.start = torch::stack(start);
+  if (!y.empty()) out.y = torch::stack(y);
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
 #include "teacher/target_source.hpp"
+#include "model/image_condition.hpp"
 #include "teacher/teacher_stage.hpp"
 
 namespace wd::teacher {
@@ -77,7 +78,9 @@ class TrajectoryRounds final : public TargetSource {
   /// The batch of training stream position `position` (eval = false) or of held-out message
   /// `position` (eval = true): x_t = the teacher's state at σ_i, t = 1000·σ_i ([B] or, per-token
   /// layouts, [B,S]), context, out = (x_{i+1} − x_i) / (σ_{i+1} − σ_i), and the teacher's
-  /// features at (x_i, σ_i) when plan.feature_blocks asks for them.
+  /// features at (x_i, σ_i) when plan.feature_blocks asks for them. With an image condition in
+  /// the data set, the trajectories are conditioned: i2v batches carry y, ti2v states keep the
+  /// image as their first frame, at t = 0 (condition_input).
   StageBatch make(std::int64_t position, bool eval) override;
   /// Seconds spent sampling trajectories.
   double sampling_seconds() const { return seconds_; }
@@ -96,10 +99,18 @@ class TrajectoryRounds final : public TargetSource {
     std::vector<torch::Tensor> states;
     std::vector<std::map<std::int64_t, torch::Tensor>> features;  ///< features at (x_i, σ_i)
     torch::Tensor context, context_lens;
+    /// The data set's image condition of the round's trajectories (undefined: none) and how the
+    /// teacher takes it: i2v's y at every forward, ti2v's first frame clean throughout.
+    torch::Tensor image;
+    ImageCondition condition = ImageCondition::kNone;
     std::vector<std::int64_t> order;  ///< the deal: place j -> pair b·m + n
   };
   void sample_round(std::int64_t round, bool eval);
   torch::Tensor timesteps(double sigma, std::int64_t batch) const;
+  /// The teacher's (or the student's) input at state `x` of trajectories `image` conditions, at σ.
+  ConditionedInput conditioned(const torch::Tensor& x, double sigma, const torch::Tensor& image) const;
+  /// The teacher's patch (its per-token timesteps' grid).
+  const std::array<std::int64_t, 3>& patch() const;
 
   TrajectorySource src_;
   std::vector<double> teacher_sigmas_, student_sigmas_;

@@ -183,15 +183,30 @@ TEST(I2v, ATeacherWithImageConditionsTeachesVelocityAndGuidedStudentsOnEveryPath
   EXPECT_NE(losses(root() / "i2v-guided"), losses(dedicated));
 }
 
-TEST(I2v, WhatAnI2vTeacherCannotTeachYetAndDataItDoesNotTakeAreRefusedByName) {
-  auto r = test::launch_train(3, "--run-dir " + (root() / "i2v-trajectory").string() + i2v_assets() +
-                                     " --train.objective trajectory --train.steps 2");
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("trajectories, which do not take an image condition yet"), std::string::npos) << r.output;
-  r = test::launch_train(3, "--run-dir " + (root() / "i2v-probe").string() + i2v_assets() +
-                                " --train.steps 2 --train.sample_every 1");
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("the sampling probe does not take an image condition yet"), std::string::npos) << r.output;
+TEST(I2v, ATeacherWithImageConditionsTeachesAFewStepStudentItsConditionedTrajectories) {
+  // The teacher samples each path with its sample's image (y at every forward); the student
+  // learns the jumps with y, rolls out with it, and the sampling probe samples with it.
+  const std::string trajectory = " --train.objective trajectory --teacher.steps 4 --student.steps 2 --teacher.shift 3"
+                                 " --teacher.compute fp32 --train.steps 6 --train.log_every 1 --train.seed 5"
+                                 " --train.eval_samples 4";
+  const auto dedicated = root() / "i2v-trajectory", colocated = root() / "i2v-trajectory-colocated";
+  auto r = test::launch_train(3, "--run-dir " + dedicated.string() + i2v_assets() + trajectory +
+                                     " --train.trajectory_rollout 0.5 --train.sample_every 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("sample probe"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(per interval: "), std::string::npos) << r.output;
+  // Colocated, each student samples its own paths (another deal of the rounds: another curve).
+  r = test::launch_train(2, "--run-dir " + colocated.string() + i2v_assets() + trajectory +
+                                " --train.trajectory_rollout 0.5 --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(losses(colocated).size(), 6u);
+}
+
+TEST(I2v, DataAnI2vTeacherDoesNotTakeIsRefusedByName) {
+  auto r = test::launch_train(3, "--run-dir " + (root() / "i2v-ignoring").string() + i2v_assets() +
+                                     " --data.ignore_condition true --train.steps 2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("data.ignore_condition true cannot leave them out"), std::string::npos) << r.output;
   // A t2v teacher on the conditioned data: refused, naming the dataset, unless data.ignore_condition.
   const auto data = (root() / "i2v-assets" / "cache" / "tiny-data.h5").string();
   r = test::launch_train(3, "--run-dir " + (root() / "t2v-on-i2v").string() + " --data.path " + data +
@@ -202,6 +217,43 @@ TEST(I2v, WhatAnI2vTeacherCannotTeachYetAndDataItDoesNotTakeAreRefusedByName) {
   r = test::launch_train(3, "--run-dir " + (root() / "t2v-ignoring").string() + " --data.path " + data +
                                 " --data.ignore_condition true --train.steps 2");
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+/// A tiny ti2v teacher (TI2V-5B's type: per-token timesteps, in_dim = out_dim) and its builtin data
+/// set, which holds each sample's first latent frame as its image (/condition), made once.
+std::string ti2v_assets() {
+  static const std::string args = [] {
+    const auto dir = root() / "ti2v-assets";
+    const auto teacher = (dir / "teacher").string();
+    const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --model-type ti2v "
+                                         "--dtype bf16 --seed 4 --output " + teacher + " 2>&1");
+    EXPECT_EQ(made.code, 0) << made.output;
+    const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
+                                             " --train.steps 1 --log.level warn");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
+  }();
+  return args;
+}
+
+TEST(Ti2v, ATeacherTrainsItsImageModeFromTheDataSetsImagesOnEveryPath) {
+  const std::string steps = " --teacher.compute fp32 --train.steps 8 --train.log_every 1 --train.seed 5";
+  const auto dedicated = root() / "ti2v-velocity", colocated = root() / "ti2v-velocity-colocated";
+  auto r = test::launch_train(3, "--run-dir " + dedicated.string() + ti2v_assets() + steps);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(2, "--run-dir " + colocated.string() + ti2v_assets() + steps + " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_close_losses(dedicated, colocated, 8);
+  // data.ignore_condition: the text-to-video mode, another curve.
+  r = test::launch_train(3, "--run-dir " + (root() / "ti2v-t2v-mode").string() + ti2v_assets() + steps +
+                                " --data.ignore_condition true");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(losses(root() / "ti2v-t2v-mode"), losses(dedicated));
+  // Trajectories keep the image as their clean first frame; a rolled-out student keeps it too.
+  r = test::launch_train(3, "--run-dir " + (root() / "ti2v-trajectory").string() + ti2v_assets() + steps +
+                                " --train.objective trajectory --teacher.steps 4 --student.steps 2 --teacher.shift 3"
+                                " --train.trajectory_rollout 0.5 --train.sample_every 4 --train.eval_samples 4");
+  ASSERT_EQ(r.code, 0) << r.output;
 }
 
 // 6 guided UniPC teacher steps cut into 3 student intervals: a round is 3 transport steps.

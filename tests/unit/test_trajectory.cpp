@@ -14,6 +14,7 @@
 #include "data/dataset_reader.hpp"
 #include "data/flow_sampler.hpp"
 #include "data/synthetic_dataset.hpp"
+#include "model/image_condition.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "teacher/target_source.hpp"
 #include "teacher/trajectory.hpp"
@@ -30,22 +31,36 @@ struct Fixture {
   data::DatasetInfo info;
   comm::StreamPlan plan;
 
-  Fixture() {
+  /// `condition`: a teacher of that model type (i2v: in_dim 2·C + 4) and a data set with its
+  /// image conditions, 2 latent frames.
+  explicit Fixture(ImageCondition condition = ImageCondition::kNone) {
     config.num_layers = 2;
+    const auto C = config.out_dim;
+    if (condition == ImageCondition::kI2v) {
+      config.model_type = "i2v";
+      config.in_dim = 2 * C + kI2vMaskChannels;
+    } else if (condition == ImageCondition::kTi2v) {
+      config.model_type = "ti2v";
+    }
     write_random_wan_checkpoint(dir.str("teacher"), config, torch::kFloat, 1ull << 20, 7);
     data::SyntheticDatasetSpec spec;
     spec.output = dir.str("data.h5");
     spec.samples = 24;
-    spec.latent = {config.in_dim, 1, 4, 4};
+    spec.latent = {C, condition == ImageCondition::kNone ? 1 : 2, 4, 4};
     spec.text_len = 5;
     spec.text_dim = config.text_dim;
     spec.seed = 2;
+    spec.condition = condition;
     data::write_synthetic_dataset(spec);
-    info = data::validate_dataset(spec.output, {});
+    data::DatasetExpectations expect;
+    if (condition != ImageCondition::kNone) expect = {C, config.text_dim, config.text_len, config.patch_size, condition};
+    info = data::validate_dataset(spec.output, expect);
     plan.batch_per_student = 3;
     plan.eval_messages = 2;
     plan.train_steps = 10;
     plan.latent = info.latent_shape;
+    // ti2v's per-token timesteps: 2 frames of (4/2)·(4/2) tokens.
+    if (condition == ImageCondition::kTi2v) plan.per_token_seq_len = 8;
   }
   TeacherStage stage(const std::string& name = "teacher") const {
     StageLoad how;
@@ -262,6 +277,81 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
     const auto end = last.x - s.student_sigmas()[static_cast<std::size_t>(k - 1)] * last.v;
     EXPECT_TRUE(torch::allclose(end, run(true)[0], 1e-4, 1e-4)) << "trajectory " << b;
     EXPECT_FALSE(torch::allclose(end, run(false)[0], 1e-3, 1e-3)) << "trajectory " << b;
+  }
+}
+
+/// The pairs of round 0 with the y of each (i2v), keyed by (trajectory, interval).
+std::map<std::pair<std::int64_t, std::int64_t>, torch::Tensor> round_ys(TrajectoryRounds& rounds, std::int64_t B,
+                                                                        std::int64_t k) {
+  std::map<std::pair<std::int64_t, std::int64_t>, torch::Tensor> ys;
+  for (std::int64_t slot = 0; slot < k; ++slot) {
+    const auto b = rounds.make(slot, false);
+    EXPECT_TRUE(b.y.defined());
+    if (!b.y.defined()) return ys;
+    for (std::int64_t s = 0; s < B; ++s) ys[rounds.pair_at(0, false, slot * B + s)] = b.y[s];
+  }
+  return ys;
+}
+
+TEST(Trajectory, AnI2vTeachersTrajectoriesTakeEachSamplesImageAtEveryForward) {
+  Fixture f(ImageCondition::kI2v);
+  auto stage = f.stage();
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 2, 1, 9);
+  const std::int64_t B = 2, k = 2;
+  const auto s = spec(4, k);
+  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  const auto pairs = round_pairs(rounds, B, k);
+  const auto ys = round_ys(rounds, B, k);
+  const auto clean = reader.read(schedule.indices(0, 0));
+  ASSERT_TRUE(clean.condition.defined());
+  const auto sigmas = s.student_sigmas();
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto y = i2v_condition(clean.condition.slice(0, b, b + 1));
+    for (std::int64_t i = 0; i < k; ++i) EXPECT_TRUE(torch::equal(ys.at({b, i}), y[0])) << "(" << b << "," << i << ")";
+    // An independent loop with y at every forward lands where the jumps do; without y it cannot run.
+    const auto& last = pairs.at({b, k - 1});
+    const auto end = last.x - sigmas[static_cast<std::size_t>(k - 1)] * last.v;
+    const auto want = data::sample_flow(s.solver, s.teacher_sigmas(), pairs.at({b, 0}).x.unsqueeze(0),
+                                        [&](const torch::Tensor& x, double sigma) {
+                                          StageBatch one;
+                                          one.x_t = x;
+                                          one.t = torch::full({1}, static_cast<float>(sigma * 1000));
+                                          one.context = clean.context.slice(0, b, b + 1);
+                                          one.context_lens = clean.context_lens.slice(0, b, b + 1);
+                                          one.y = y;
+                                          stage.run(one);
+                                          return one.out;
+                                        });
+    EXPECT_TRUE(torch::allclose(end, want[0], 1e-4, 1e-4)) << "trajectory " << b << ": max diff "
+                                                           << (end - want[0]).abs().max().item<float>();
+  }
+}
+
+TEST(Trajectory, ATi2vTeachersTrajectoriesKeepTheImageAsTheirCleanFirstFrame) {
+  Fixture f(ImageCondition::kTi2v);
+  auto stage = f.stage();
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 2, 1, 9);
+  const std::int64_t B = 2, k = 2;
+  const auto s = spec(4, k);
+  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  const auto pairs = round_pairs(rounds, B, k);
+  const auto clean = reader.read(schedule.indices(0, 0));
+  ASSERT_TRUE(clean.condition.defined());
+  const auto sigmas = s.student_sigmas();
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t i = 0; i < k; ++i) {
+      const auto& p = pairs.at({b, i});
+      const auto at = "(" + std::to_string(b) + "," + std::to_string(i) + ")";
+      EXPECT_TRUE(torch::equal(p.x.narrow(1, 0, 1), clean.condition[b])) << at;  // the image, at every state
+      EXPECT_TRUE(torch::equal(p.v.narrow(1, 0, 1), torch::zeros_like(clean.condition[b]))) << at;  // never moves
+      ASSERT_EQ(p.t.sizes(), torch::IntArrayRef({8}));
+      EXPECT_TRUE(torch::equal(p.t.narrow(0, 0, 4), torch::zeros({4}))) << at;  // frame 0's tokens at t = 0
+      EXPECT_TRUE(torch::equal(p.t.narrow(0, 4, 4), torch::full({4}, static_cast<float>(1000 * sigmas[static_cast<std::size_t>(i)]))))
+          << at;
+    }
+    EXPECT_GT((pairs.at({b, 0}).x - pairs.at({b, 1}).x).abs().max().item<float>(), 0.01);  // the rest moves
   }
 }
 

@@ -189,6 +189,55 @@ TEST(ImageCondition, I2vMaskIsThePipelinesFoldedFirstFrameMaskBeforeTheImageLate
   EXPECT_THROW(i2v_condition(latents[0]), Error);  // [C,F,h,w]: one sample without its batch
 }
 
+// TI2V-5B's image mode as the official code's masks_like and its sampler apply it: the image is
+// latent frame 0, whose tokens (the first (H/2)(W/2) of the (f, h, w) order) take t = 0.
+TEST(ImageCondition, Ti2vPutsTheImageInFrameZeroAtTZeroAndI2vAddsY) {
+  const std::int64_t B = 2, C = 3, F = 3, H = 4, W = 6, S = 20;  // 2·3 tokens a frame, 18 + 2 padding
+  const auto x = torch::randn({B, C, F, H, W}), image = torch::randn({B, C, 1, H, W});
+  const auto t = torch::full({B, S}, 700.f);
+  const auto in = condition_input(ImageCondition::kTi2v, image, x, t, {1, 2, 2});
+  EXPECT_TRUE(torch::equal(in.x_t.narrow(2, 0, 1), image));
+  EXPECT_TRUE(torch::equal(in.x_t.narrow(2, 1, F - 1), x.narrow(2, 1, F - 1)));
+  EXPECT_TRUE(torch::equal(in.t.narrow(1, 0, 6), torch::zeros({B, 6})));
+  EXPECT_TRUE(torch::equal(in.t.narrow(1, 6, S - 6), torch::full({B, S - 6}, 700.f)));
+  EXPECT_FALSE(in.y.defined());
+  EXPECT_TRUE(torch::equal(t, torch::full({B, S}, 700.f)));  // the inputs are not modified
+  EXPECT_FALSE(torch::equal(x.narrow(2, 0, 1), image));
+  // A sampler step moves frame 0; keep_condition puts the image back.
+  const auto kept = keep_condition(ImageCondition::kTi2v, image, x + 1);
+  EXPECT_TRUE(torch::equal(kept.narrow(2, 0, 1), image));
+  EXPECT_TRUE(torch::equal(kept.narrow(2, 1, F - 1), (x + 1).narrow(2, 1, F - 1)));
+  EXPECT_THROW(condition_input(ImageCondition::kTi2v, image, x, torch::full({B}, 700.f), {1, 2, 2}), Error);
+  EXPECT_THROW(condition_input(ImageCondition::kTi2v, torch::randn({B, C, F, H, W}), x, t, {1, 2, 2}), Error);
+  // i2v: y beside unchanged inputs, and nothing kept.
+  const auto images = torch::randn({B, C, F, H, W});
+  const auto i2v = condition_input(ImageCondition::kI2v, images, x, t, {1, 2, 2});
+  EXPECT_TRUE(torch::equal(i2v.y, i2v_condition(images)));
+  EXPECT_TRUE(torch::equal(i2v.x_t, x));
+  EXPECT_TRUE(torch::equal(i2v.t, t));
+  EXPECT_TRUE(torch::equal(keep_condition(ImageCondition::kI2v, images, x), x));
+  EXPECT_TRUE(torch::equal(condition_input(ImageCondition::kTi2v, torch::Tensor(), x, t, {1, 2, 2}).x_t, x));
+}
+
+TEST(ImageCondition, TheLossLeavesOutTheFirstFrameOfSamplesWhoseFirstTokensAreClean) {
+  const std::int64_t B = 3, C = 2, F = 3, H = 4, W = 4;  // 4 tokens a frame
+  const auto x = torch::randn({B, C, F, H, W});
+  auto t = torch::full({B, 12}, 500.f);
+  t[0].narrow(0, 0, 4).zero_();  // sample 0: the image mode
+  t[2].narrow(0, 0, 3).zero_();  // sample 2: three clean tokens of four is not a clean frame
+  const auto w = frame_loss_weights(t, x, {1, 2, 2});
+  ASSERT_EQ(w.sizes(), torch::IntArrayRef({B, 1, F, 1, 1}));
+  auto want = torch::ones({B, 1, F, 1, 1});
+  want[0][0][0].fill_(0);
+  EXPECT_TRUE(torch::equal(w, want));
+  EXPECT_FALSE(frame_loss_weights(torch::full({B}, 500.f), x, {1, 2, 2}).defined());  // per sample: all count
+  const auto p = torch::randn({B, C, F, H, W}), q = torch::randn({B, C, F, H, W});
+  // The mean over the frames kept: sample 0's frames 1-2 and all of samples 1 and 2.
+  const auto kept = torch::cat({(p - q)[0].narrow(1, 1, F - 1).flatten(), (p - q).narrow(0, 1, 2).flatten()});
+  EXPECT_NEAR(frame_weighted_mse(p, q, w).item<double>(), kept.pow(2).mean().item<double>(), 1e-6);
+  EXPECT_TRUE(torch::equal(frame_weighted_mse(p, q, torch::Tensor()), torch::mse_loss(p, q)));
+}
+
 TEST(WanDiT, BatchEqualsPerSampleForDifferentTokenCounts) {
   WanDiT model(small_config(), WanInit::kRandom, torch::kFloat, 7);
   torch::NoGradGuard no_grad;
