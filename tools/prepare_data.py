@@ -16,6 +16,7 @@ Usage:
   prepare_data.py encode --list LIST --vae PATH --text-encoder PATH --output OUT.h5
                          [--frames F --height H --width W] [--procs N | --shard I/N]
                          [--device cuda:0,cuda:1] [--limit K] [--skip-bad]
+                         [--image-condition i2v|ti2v [--no-latents]]
   prepare_data.py merge --output OUT.h5 --shards N
   prepare_data.py captions --list PROMPTS.txt --text-encoder PATH --output OUT.h5
                            (--latent C,F,H,W | --vae PATH [--frames F --height H --width W])
@@ -32,6 +33,16 @@ scheduler that starts the shards itself) and `merge` joins them afterwards. Shar
 samples whose list position p has p % N == I and writes OUT.h5.shard-I-of-N.h5, recording every
 finished and every skipped sample there, so a rerun after an interruption carries on where it
 stopped.
+
+`encode --image-condition i2v|ti2v` also writes /condition, each sample's image condition made
+from the first frame of its clip (the same resized and cropped pixels as frame 0 of /latents) as
+WanImageToVideoPipeline.prepare_latents makes latent_condition: i2v (I2V-A14B) encodes the frame
+followed by F-1 zero frames and normalises it, [C, F', H', W'] (the pipeline's 4 mask channels are
+left out: wan-distill makes them); ti2v (TI2V-5B, expand_timesteps) encodes the frame alone,
+[C, 1, H', W']. With --no-latents the list may hold images (a video gives its first frame) and no
+/latents is written: the file holds contexts, /condition and the root attribute latent_shape
+(from the VAE and --frames/--height/--width), an images-and-prompts set for objectives whose
+teacher samples the latents from noise.
 """
 
 import argparse
@@ -57,7 +68,11 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STORE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 # Settings a shard records; a rerun must use the same ones to carry on.
-SHARD_SETTINGS = ("list_sha256", "total", "frames", "height", "width", "frame_stride", "text_len", "dtype")
+SHARD_SETTINGS = ("list_sha256", "total", "frames", "height", "width", "frame_stride", "text_len", "dtype",
+                  "image_condition", "no_latents")
+# What a shard written before a setting existed did: no condition, latents stored.
+SETTING_DEFAULTS = {"image_condition": "none", "no_latents": False}
+IMAGE_CONDITIONS = ("none", "i2v", "ti2v")
 
 
 class BadSample(Exception):
@@ -238,6 +253,16 @@ class Encoders:
         mode = self.vae.encode(x).latent_dist.mode().float()
         return ((mode - self.mean) * self.inv_std)[0].cpu()
 
+    def condition(self, first, kind, frames):
+        """The image condition of a clip from its first frame's pixels [3, 1, H, W], as
+        WanImageToVideoPipeline.prepare_latents builds latent_condition: i2v encodes the frame
+        followed by frames - 1 zero frames ([C, F', H', W']; the VAE is causal in time, so the zero
+        frames' latents depend on the image and are encoded with it), ti2v (expand_timesteps)
+        the frame alone ([C, 1, H', W'])."""
+        if kind == "i2v":
+            first = torch.cat([first, first.new_zeros(first.shape[0], frames - 1, *first.shape[2:])], dim=1)
+        return self.latents(first)
+
     @torch.no_grad()
     def context(self, caption):
         """([text_len, text_dim] float32 with zero rows past the prompt, its token count): _get_t5_prompt_embeds."""
@@ -260,11 +285,30 @@ def shard_path(output, index, count):
 def settings_of(args, list_path, total):
     return {"list_sha256": hashlib.sha256(list_path.read_bytes()).hexdigest(), "total": total, "frames": args.frames,
             "height": args.height, "width": args.width, "frame_stride": args.frame_stride,
-            "text_len": args.text_len, "dtype": args.dtype}
+            "text_len": args.text_len, "dtype": args.dtype, "image_condition": args.image_condition,
+            "no_latents": args.no_latents}
 
 
-def open_shard(path, settings, latent_shape, text_dim, store):
-    """The shard file, created or reopened; rows past its recorded count (a sample cut off) are dropped."""
+def setting(f, key):
+    """A shard's recorded setting, as text (what an older shard did when it has none)."""
+    return str(f.attrs.get(key, SETTING_DEFAULTS.get(key)))
+
+
+def row_shapes(enc, args, text_dim):
+    """The row of each float dataset a shard holds: /latents (unless --no-latents), /condition
+    (with --image-condition) and /context."""
+    c, fr, h, w = latent_shape(enc, args)
+    rows = {} if args.no_latents else {"latents": (c, fr, h, w)}
+    if args.image_condition != "none":
+        rows["condition"] = (c, fr if args.image_condition == "i2v" else 1, h, w)
+    rows["context"] = (args.text_len, text_dim)
+    return rows
+
+
+def open_shard(path, settings, rows, shape, store):
+    """The shard file, created or reopened; rows past its recorded count (a sample cut off) are
+    dropped. `rows`: each float dataset's row shape; `shape`: the latent C,F,H,W, recorded as the
+    root attribute latent_shape (what merge declares when there are no /latents)."""
     if path.exists():
         try:
             f = h5py.File(path, "a")
@@ -273,30 +317,30 @@ def open_shard(path, settings, latent_shape, text_dim, store):
                 "delete it to encode the shard again"
             raise Failure(f"{path}: cannot reopen the shard ({e}); {why}") from e
         for key in SHARD_SETTINGS:
-            if str(f.attrs.get(key)) != str(settings[key]):
+            written = setting(f, key)
+            if written != str(settings[key]):
                 f.close()
-                raise Failure(f"{path}: written with {key}={f.attrs.get(key)}, this run has {settings[key]}; "
+                raise Failure(f"{path}: written with {key}={written}, this run has {settings[key]}; "
                               "use the same list and settings, or delete the shard")
-        rows = {"latents": tuple(latent_shape), "context": (settings["text_len"], text_dim)}
         for name, row in rows.items():
-            if f[name].shape[1:] != row:
+            held = list(f[name].shape[1:])
+            if held != list(row):
                 f.close()
-                raise Failure(f"{path}: /{name} rows are {list(f[name].shape[1:])}, these models give {list(row)}; "
+                raise Failure(f"{path}: /{name} rows are {held}, these models give {list(row)}; "
                               "use the same models, or delete the shard")
         done, skipped = int(f.attrs["done"]), int(f.attrs["skipped"])
-        for name in ("latents", "context", "context_lens", "prompts", "sample_index"):
+        for name in (*rows, "context_lens", "prompts", "sample_index"):
             f[name].resize(done, axis=0)
         f["skipped"].resize(skipped, axis=0)
         return f
     f = h5py.File(path, "w")
     for key, value in settings.items():
         f.attrs[key] = value
+    f.attrs["latent_shape"] = np.array(shape, dtype=np.int64)
     f.attrs["done"] = 0
     f.attrs["skipped"] = 0
-    c, fr, h, w = latent_shape
-    L = settings["text_len"]
-    f.create_dataset("latents", (0, c, fr, h, w), store, maxshape=(None, c, fr, h, w), chunks=(1, c, fr, h, w))
-    f.create_dataset("context", (0, L, text_dim), store, maxshape=(None, L, text_dim), chunks=(1, L, text_dim))
+    for name, row in rows.items():
+        f.create_dataset(name, (0, *row), store, maxshape=(None, *row), chunks=(1, *row))
     f.create_dataset("context_lens", (0,), np.int32, maxshape=(None,), chunks=(1024,))
     f.create_dataset("prompts", (0,), h5py.string_dtype(), maxshape=(None,), chunks=(1024,))
     f.create_dataset("sample_index", (0,), np.int64, maxshape=(None,), chunks=(1024,))
@@ -323,7 +367,11 @@ def encode_shard(args, index, count):
     enc = Encoders(args)
     enc.check_size(args.frames, args.height, args.width)
     path = shard_path(args.output, index, count)
-    f = open_shard(path, settings_of(args, list_path, len(everything)), latent_shape(enc, args), enc.text_dim, STORE_DTYPES[args.dtype])
+    rows = row_shapes(enc, args, enc.text_dim)
+    f = open_shard(path, settings_of(args, list_path, len(everything)), rows, latent_shape(enc, args),
+                   STORE_DTYPES[args.dtype])
+    # --no-latents needs the first frame only: an image, or a video's first frame.
+    frames_read = 1 if args.no_latents else args.frames
     tag = f"[shard {index}/{count}]"
     try:
         finished = set(f["sample_index"][:].tolist()) | set(f["skipped"][:].tolist())
@@ -340,7 +388,12 @@ def encode_shard(args, index, count):
                     raise BadSample("no TAB between the path and the caption")
                 if not caption:
                     raise BadSample("empty caption")
-                z = enc.latents(to_pixels(read_frames(sample.path, args.frames, args.frame_stride), args.height, args.width))
+                pixels = to_pixels(read_frames(sample.path, frames_read, args.frame_stride), args.height, args.width)
+                values = {}
+                if "latents" in rows:
+                    values["latents"] = enc.latents(pixels).numpy()
+                if "condition" in rows:
+                    values["condition"] = enc.condition(pixels[:, :1], args.image_condition, args.frames).numpy()
                 ctx, length = enc.context(caption)
             except BadSample as e:
                 message = f"{where(sample, list_path)}: {e}"
@@ -352,8 +405,8 @@ def encode_shard(args, index, count):
                 f.flush()
                 progress.step(skipped=True)
                 continue
-            for name, value in (("latents", z.numpy()), ("context", ctx.numpy()), ("context_lens", length),
-                                ("prompts", caption), ("sample_index", sample.position)):
+            values.update(context=ctx.numpy(), context_lens=length, prompts=caption, sample_index=sample.position)
+            for name, value in values.items():
                 append(f, name, value)
             # The count is written last and flushed: a run stopped before this line left a row that
             # the next run drops, one stopped after it left a complete sample.
@@ -403,22 +456,25 @@ def merge(output, count):
         shards.append(h5py.File(path, "r"))
     try:
         first = shards[0]
+        rows = [name for name in ("latents", "condition", "context") if name in first]
         for path_index, f in enumerate(shards):
             for key in SHARD_SETTINGS:
-                if str(f.attrs[key]) != str(first.attrs[key]):
-                    raise Failure(f"{shard_path(output, path_index, count)}: {key}={f.attrs[key]}, shard 0 has "
-                                  f"{first.attrs[key]}; the shards come from different runs")
-            for name in ("latents", "context"):
-                if f[name].shape[1:] != first[name].shape[1:]:
-                    raise Failure(f"{shard_path(output, path_index, count)}: /{name} rows are {f[name].shape[1:]}, "
+                if setting(f, key) != setting(first, key):
+                    raise Failure(f"{shard_path(output, path_index, count)}: {key}={setting(f, key)}, shard 0 has "
+                                  f"{setting(first, key)}; the shards come from different runs")
+            for name in rows:
+                if name not in f or f[name].shape[1:] != first[name].shape[1:]:
+                    held = f"rows are {f[name].shape[1:]}" if name in f else "is missing"
+                    raise Failure(f"{shard_path(output, path_index, count)}: /{name} {held}, "
                                   f"shard 0 has {first[name].shape[1:]}")
         check_complete(output, shards, count)
         order = sorted((int(p), s, r) for s, f in enumerate(shards) for r, p in enumerate(recorded(f, "sample_index")))
         if not order:
             raise Failure(f"{output}: every sample was skipped; nothing to write")
-        write_merged(output, shards, order)
-        described = f"latents {list(first['latents'].shape[1:])} {first['latents'].dtype}, " \
-                    f"context [{first['context'].shape[1]}, {first['context'].shape[2]}]"
+        write_merged(output, shards, order, rows)
+        described = ", ".join(f"{name} {list(first[name].shape[1:])}" for name in rows) + f" {first['context'].dtype}"
+        if "latents" not in first:
+            described += f"; no /latents, latent_shape {list(first.attrs['latent_shape'])}"
     finally:
         for f in shards:
             f.close()
@@ -446,23 +502,25 @@ def check_complete(output, shards, count):
                       f"finished: {len(missing)} samples of the list are neither encoded nor skipped; rerun encode")
 
 
-def write_merged(output, shards, order):
+def write_merged(output, shards, order, rows):
+    """Writes the merged file; `rows`: the float datasets the shards hold (latents, condition, context)."""
     first = shards[0]
     n = len(order)
-    lat_row, ctx_row = first["latents"].shape[1:], first["context"].shape[1:]
     tmp = Path(f"{output}.tmp")
     with h5py.File(tmp, "w") as out:
         out.attrs["schema_version"] = 1
         out.attrs["latent_layout"] = "CFHW"
-        lat = out.create_dataset("latents", (n, *lat_row), first["latents"].dtype, chunks=(1, *lat_row))
-        ctx = out.create_dataset("context", (n, *ctx_row), first["context"].dtype, chunks=(1, *ctx_row))
+        if "latents" not in first:  # images and prompts: the teacher samples latents of this shape
+            out.attrs["latent_shape"] = np.array(first.attrs["latent_shape"], dtype=np.int64)
+        data = {name: out.create_dataset(name, (n, *first[name].shape[1:]), first[name].dtype,
+                                         chunks=(1, *first[name].shape[1:])) for name in rows}
         lens = out.create_dataset("context_lens", (n,), np.int32)
         prompts = out.create_dataset("prompts", (n,), h5py.string_dtype())
         index = out.create_dataset("sample_index", (n,), np.int64)  # provenance: the list position
         for row, (position, s, r) in enumerate(order):
             f = shards[s]
-            lat[row] = f["latents"][r]
-            ctx[row] = f["context"][r]
+            for name, d in data.items():
+                d[row] = f[name][r]
             lens[row] = f["context_lens"][r]
             prompts[row] = f["prompts"][r]
             index[row] = position
@@ -562,11 +620,12 @@ def forwarded(args):
     """The encode options of `args` as a child's command line."""
     out = []
     for key in ("list", "vae", "text_encoder", "tokenizer", "output", "frames", "height", "width", "frame_stride",
-                "text_len", "dtype", "vae_dtype", "text_dtype", "limit"):
+                "text_len", "dtype", "vae_dtype", "text_dtype", "limit", "image_condition"):
         value = getattr(args, key)
         if value is not None:
             out += [f"--{key.replace('_', '-')}", str(value)]
-    return out + (["--skip-bad"] if args.skip_bad else []) + (["--vae-tiling"] if args.vae_tiling else [])
+    flags = ("skip_bad", "vae_tiling", "no_latents")
+    return out + [f"--{key.replace('_', '-')}" for key in flags if getattr(args, key)]
 
 
 def parse_shard(text):
@@ -600,6 +659,12 @@ def parser():
     e.add_argument("--shard", help="I/N: run only shard I of N, no merge")
     e.add_argument("--limit", type=int, help="encode at most K more samples per shard, then stop (resumable)")
     e.add_argument("--skip-bad", action="store_true", help="leave out unreadable videos and empty captions")
+    e.add_argument("--image-condition", choices=IMAGE_CONDITIONS, default="none",
+                   help="also write /condition from each clip's first frame: i2v (I2V-A14B: the frame, then zero "
+                        "frames, encoded) or ti2v (TI2V-5B: the frame alone) (default none)")
+    e.add_argument("--no-latents", action="store_true",
+                   help="with --image-condition: images and prompts, no /latents; the root attribute latent_shape "
+                        "declares the latents of a --frames clip (the teacher samples them)")
     c = sub.add_parser("captions", help="encode prompts alone into a contexts-only data set (train.objective trajectory)")
     c.add_argument("--list", required=True, help="prompt list: one prompt per line")
     c.add_argument("--text-encoder", required=True, help="UMT5EncoderModel folder (or a pipeline folder with text_encoder/)")
@@ -633,6 +698,8 @@ def main():
             return 0
         if args.command == "captions":
             return captions(args)
+        if args.no_latents and args.image_condition == "none":
+            raise Failure("--no-latents: give --image-condition i2v|ti2v (prompts alone: the captions command)")
         if args.shard:
             return encode_shard(args, *parse_shard(args.shard))
         if args.procs < 1:

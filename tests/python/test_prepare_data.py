@@ -14,7 +14,16 @@ width 64 and a Unigram tokenizer built from a word list are saved with save_pret
   3. wan-distill trains 3 steps on it with the builtin tiny teacher (in_dim 16, text_dim 64,
      text_len 16), which validates the file first;
   4. an undecodable video and an empty caption stop the run with the file and the list's line in
-     the message; with --skip-bad both are left out and the other samples are merged.
+     the message; with --skip-bad both are left out and the other samples are merged;
+  5. prompts alone (captions) train train.objective trajectory and are refused by velocity;
+  6. --image-condition i2v (two shards stopped and resumed; a rerun with ti2v refused) and ti2v
+     on three clips: /condition equals what WanImageToVideoPipeline.prepare_latents builds from
+     the clip's first frame on the same VAE (i2v: its latent_condition, the 4 mask channels
+     dropped; ti2v: expand_timesteps) within 1e-5 (stored as fp32); `wan-distill plan` validates
+     each file for an i2v or ti2v teacher and a t2v teacher's refusal names the condition's
+     shape; an i2v teacher trains 2 steps on the i2v file;
+  7. images and prompts (--no-latents, PNG images, both modes): no /latents, latent_shape of a
+     FRAMES clip, /condition as in 6; `wan-distill plan` validates them for their teacher.
 
 Usage: .venv/bin/python tests/python/test_prepare_data.py WAN_DISTILL
 Exit status 0 when everything holds, 1 otherwise (also when a package is missing).
@@ -39,7 +48,7 @@ try:
     import torch
     import transformers
     from PIL import Image
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanPipeline
     from diffusers.image_processor import VaeImageProcessor
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import AutoTokenizer, T5TokenizerFast, UMT5Config, UMT5EncoderModel
@@ -141,6 +150,16 @@ def encode(models_, list_path, output, *extra):
             str(WIDTH), "--text-len", str(TEXT_LEN), *extra]
 
 
+def frames_of(path):
+    """The clip's frames as the tool reads them (a PNG folder in name order, else through PyAV)."""
+    if path.is_dir():
+        return [Image.open(p).convert("RGB") for p in sorted(path.iterdir())]
+    if path.suffix == ".png":
+        return [Image.open(path).convert("RGB")]
+    with av.open(str(path)) as c:
+        return [f.to_image().convert("RGB") for f in c.decode(video=0)][:FRAMES]
+
+
 def reference(models_, root, entries):
     """latents and context of every entry by diffusers' own code."""
     vae_path, text_path, tok_path = models_
@@ -154,12 +173,7 @@ def reference(models_, root, entries):
     out = []
     with torch.no_grad():
         for name, caption in entries:
-            path = root / name
-            if path.is_dir():
-                frames = [Image.open(p).convert("RGB") for p in sorted(path.iterdir())]
-            else:
-                with av.open(str(path)) as c:
-                    frames = [f.to_image().convert("RGB") for f in c.decode(video=0)][:FRAMES]
+            frames = frames_of(root / name)
             pixels = processor.preprocess(frames, height=HEIGHT, width=WIDTH, resize_mode="crop")  # [F, 3, H, W]
             video = pixels.permute(1, 0, 2, 3).unsqueeze(0)
             latents = (vae.encode(video).latent_dist.mode() - mean) * inv_std
@@ -168,6 +182,63 @@ def reference(models_, root, entries):
             lens = int(pipe.tokenizer(caption.strip(), return_tensors="pt").attention_mask.sum())
             out.append((latents[0].numpy(), context[0].numpy(), lens))
     return out
+
+
+def condition_reference(models_, root, entries, mode):
+    """Each entry's condition by WanImageToVideoPipeline.prepare_latents on the tool's VAE, from
+    the first frame preprocessed as the tool crops it: [C, F', H', W'] for i2v (the mask
+    channels dropped), [C, 1, H', W'] for ti2v (expand_timesteps)."""
+    vae = AutoencoderKLWan.from_pretrained(models_[0]).eval()
+    pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae,
+                                   scheduler=FlowMatchEulerDiscreteScheduler(), expand_timesteps=mode == "ti2v")
+    processor = VaeImageProcessor(vae_scale_factor=8)
+    out = []
+    with torch.no_grad():
+        for name, _ in entries:
+            image = processor.preprocess(frames_of(root / name)[0], height=HEIGHT, width=WIDTH, resize_mode="crop")
+            made = pipe.prepare_latents(image, 1, 16, HEIGHT, WIDTH, FRAMES, torch.float32, torch.device("cpu"))
+            condition = made[1][0]
+            out.append((condition[4:] if mode == "i2v" else condition).numpy())
+    return out
+
+
+def check_condition(path, mode, refs, latents):
+    """/condition against prepare_latents (as fp32, to 1e-5); `latents`: whether the file also
+    holds /latents (else the root attribute latent_shape)."""
+    shape = (16, 2 if mode == "i2v" else 1, 4, 4)
+    worst = 0.0
+    with h5py.File(path, "r") as f:
+        condition = f["condition"]
+        check(condition.shape == (len(refs), *shape) and condition.dtype == np.float32,
+              f"{mode}: /condition {condition.shape} {condition.dtype}, expected ({len(refs)}, {shape}) float32")
+        check(("latents" in f) == latents, f"{mode}: /latents {'present' if 'latents' in f else 'absent'}")
+        if not latents:
+            check(list(f.attrs.get("latent_shape", [])) == [16, 2, 4, 4],
+                  f"{mode}: latent_shape {list(f.attrs.get('latent_shape', []))}, expected [16, 2, 4, 4]")
+        for i, want in enumerate(refs):
+            got = condition[i] if condition.shape[1:] == want.shape else np.full(want.shape, np.inf)
+            d = float(np.abs(got - want).max())
+            worst = max(worst, d)
+            check(d < 1e-5, f"{mode}: sample {i}: /condition differs from prepare_latents by {d:.2e} (< 1e-5)")
+    print(f"  {mode}: /condition of {len(refs)} samples, max |difference| from prepare_latents {worst:.2e}")
+
+
+def init_teacher(cli, folder, model_type):
+    """A random tiny teacher of `model_type` for the 16-channel latents and the 64-wide context."""
+    in_dim = 36 if model_type == "i2v" else 16  # i2v: noisy latents, 4 mask channels, the condition
+    run(f"init-teacher {model_type}", [cli, "init-teacher", "--output", str(folder), "--model-type", model_type,
+                                       "--in-dim", str(in_dim), "--out-dim", "16", "--text-dim", "64", "--text-len",
+                                       str(TEXT_LEN)])
+    return folder
+
+
+def check_accepted(cli, path, teacher, mode, samples):
+    """`wan-distill plan` validates the file for the teacher of its kind; the builtin t2v teacher
+    refuses it, naming the condition's shape."""
+    run(f"plan, {mode} teacher", [cli, "plan", "--teacher.checkpoint", str(teacher), "--data.path", str(path), "--cpu"])
+    shape = f"[{samples},16,{2 if mode == 'i2v' else 1},4,4]"
+    log = run("plan, t2v teacher", [cli, "plan", "--data.path", str(path), "--cpu"], code=3)
+    check(f"/condition: holds image conditions {shape}" in log, f"a t2v teacher's refusal names the condition {shape}")
 
 
 def check_schema(path, entries, refs):
@@ -190,6 +261,67 @@ def check_schema(path, entries, refs):
             check(d_ctx < 2e-3, f"sample {i}: context differs from _get_t5_prompt_embeds by {d_ctx:.2e} (< 2e-3)")
             check(got_len == lens, f"sample {i}: context_lens {got_len}, the tokenizer gives {lens}")
             check(not got_ctx[got_len:].any(), f"sample {i}: context rows past {got_len} are zero")
+
+
+def image_conditions(cli, models_, root, clips, entries):
+    """Part 6: --image-condition i2v and ti2v on three clips; returns the tiny teachers it made."""
+    print("6. --image-condition i2v and ti2v against WanImageToVideoPipeline.prepare_latents")
+    few = entries[:3]  # a PNG folder, a GIF and an MP4; square, wider and taller
+    few_list = clips / "few.tsv"
+    write_list(few_list, few)
+    teachers = {mode: init_teacher(cli, root / f"teacher-{mode}", mode) for mode in ("i2v", "ti2v")}
+    for mode in ("i2v", "ti2v"):
+        cond_out = root / f"{mode}.h5"
+        extra = ["--image-condition", mode, "--dtype", "fp32"]
+        if mode == "i2v":  # the shards carry /condition through a stop and a rerun
+            run("encode i2v --procs 2 --limit 1", encode(models_, few_list, cond_out, *extra, "--procs", "2",
+                                                         "--limit", "1"), code=3)
+            extra += ["--procs", "2"]
+        log = run(f"encode --image-condition {mode}", encode(models_, few_list, cond_out, *extra))
+        if mode == "i2v":
+            check(log.count("resuming: 1 of") == 2, "both i2v shards resume from their one finished sample")
+            log = run("rerun a shard with ti2v", encode(models_, few_list, cond_out, "--image-condition", "ti2v",
+                                                        "--dtype", "fp32", "--shard", "0/2"), code=2)
+            check("written with image_condition=i2v, this run has ti2v" in log, "a shard refuses another condition")
+        if not cond_out.exists():
+            continue
+        check_condition(cond_out, mode, condition_reference(models_, clips, few, mode), latents=True)
+        if mode == "ti2v":  # the VAE is causal: the frame alone encodes to the clip's first latent frame
+            with h5py.File(cond_out, "r") as f:
+                d = float(np.abs(f["condition"][:] - f["latents"][:, :, :1]).max())
+            check(d < 1e-5, f"ti2v: /condition differs from the first latent frame by {d:.2e} (< 1e-5)")
+        check_accepted(cli, cond_out, teachers[mode], mode, len(few))
+    if (root / "i2v.h5").exists():
+        log = run("train i2v 2 steps", ["bash", str(LAUNCHER), "-np", "2", cli, "train", "--data.path",
+                                        str(root / "i2v.h5"), "--teacher.checkpoint", str(teachers["i2v"]),
+                                        "--run-dir", str(root / "run-i2v"), "--train.steps", "2",
+                                        "--train.eval_samples", "1", "--train.batch_size", "1", "--log.level",
+                                        "info", *CPU_JOB])
+        check("student saved" in log, "an i2v teacher trains on the i2v file")
+    return teachers
+
+
+def images_and_prompts(cli, models_, root, clips, entries, teachers):
+    """Part 7: --no-latents on three PNG images, both modes."""
+    print("7. images and prompts (--no-latents)")
+    images = []
+    for i, size in enumerate([(32, 32), (48, 36), (36, 52)]):
+        clip(20 + i, size)[0].save(clips / f"image{i}.png")
+        images.append((f"image{i}.png", entries[i][1]))
+    images_list = clips / "images.tsv"
+    write_list(images_list, images)
+    for mode in ("i2v", "ti2v"):
+        images_out = root / f"images-{mode}.h5"
+        log = run(f"encode --image-condition {mode} --no-latents",
+                  encode(models_, images_list, images_out, "--image-condition", mode, "--no-latents", "--dtype",
+                         "fp32"))
+        check("no /latents" in log, f"{mode}: the merge says there are no /latents")
+        if images_out.exists():
+            check_condition(images_out, mode, condition_reference(models_, clips, images, mode), latents=False)
+            run(f"plan on images, {mode} teacher", [cli, "plan", "--teacher.checkpoint", str(teachers[mode]),
+                                                    "--data.path", str(images_out), "--cpu"])
+    log = run("--no-latents alone", encode(models_, images_list, root / "x.h5", "--no-latents"), code=2)
+    check("give --image-condition" in log, "--no-latents without --image-condition is refused")
 
 
 def main():
@@ -309,6 +441,9 @@ def main():
                                            "--text-encoder", str(text_encoder), "--output", str(root / "x.h5"),
                                            "--latent", "16,1,4,4"], code=2)
         check("no prompts" in log, "an empty prompt list is refused")
+
+        teachers = image_conditions(cli, models_, root, clips, entries)
+        images_and_prompts(cli, models_, root, clips, entries, teachers)
 
     print("PASS" if not failures else f"{len(failures)} failure(s)")
     return 1 if failures else 0
