@@ -36,9 +36,16 @@ e. The A14B pair: a two-expert tiny teacher (init-teacher --experts 2), one LoRA
    load_lora_weights(high) and load_lora_weights(low, load_into_transformer_2=True), with no
    warning; each transformer's forward equals its expert's merged export, and the two LoRAs differ
    (each went to its own expert).
+f. A LoRA student over a bf16 teacher (init-teacher's default dtype), as a new user trains one:
+   `convert --dtype fp32` of it is the fp32 merge, base + (alpha / rank) up @ down from the folder's
+   fp32 factors on the widened bf16 base, not that merge rounded to bf16 (about 1e-3 away, so the
+   check tells them apart), and its forward equals diffusers' fuse_lora of the exported fp32
+   LoRA on from_pretrained(BASE in fp32) within 1e-5 of the output's largest magnitude. The
+   default bf16 convert is that fp32 merge rounded once, bit for bit.
 
 Tolerances (max |ours - diffusers| or |ours - ComfyUI's formula|, fp32 throughout):
-  forward outputs                1e-5 absolute, as test_diffusers_interop.py.
+  forward outputs                1e-5 absolute, as test_diffusers_interop.py (f: 1e-5 relative to
+                                 max|out|, the issue's bound).
   weights of a merged model      1e-6 absolute: both sides add the same rank-4 product to the
                                  same weight and differ only in fp32 rounding (where the scale is
                                  applied, summation order): ~3e-8 for the tiny model's weights.
@@ -349,6 +356,53 @@ def check_pair(cli, checks, work, inputs, text_len):
     return measured
 
 
+def check_bf16_base(cli, checks, work, targets, inputs, text_len):
+    print("\nf. a LoRA student over a bf16 teacher -> convert --dtype fp32 is the fp32 merge:")
+    teacher, base, run, lora, merged, narrow = (work / f"bf16-{n}" for n in ("teacher", "base", "run", "lora",
+                                                                            "merged", "merged-bf16"))
+    quiet = ("--log.level", "warn")
+    cli.run("init-teacher", "--preset", "tiny", "--seed", 7, "--output", teacher, *quiet)
+    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--train.objective", "guided",
+            "--student.lora_rank", RANK, "--student.lora_alpha", ALPHA, "--train.steps", 5, "--train.lr", TRAIN_LR,
+            "--train.warmup_steps", 0, *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 2))
+    cli.run("convert", "--input", teacher, "--output", base, "--layout", "diffusers", "--dtype", "fp32", *quiet)
+    cli.run("convert", "--input", run / "student", "--output", lora, "--layout", "lora", "--dtype", "fp32", *quiet)
+    cli.run("convert", "--input", run / "student", "--output", merged, "--layout", "diffusers", "--dtype", "fp32",
+            *quiet)
+    cli.run("convert", "--input", run / "student", "--output", narrow, *quiet)
+    stored = load_file(str(teacher / "diffusion_pytorch_model.safetensors"))
+    checks.expect({v.dtype for v in stored.values()} == {torch.bfloat16}, "the teacher is stored in bf16")
+    factors = load_file(str(run / "student" / "adapters.safetensors"))
+    want = {k: v.float() for k, v in stored.items()}
+    for target in targets:
+        linear = target[: -len(".weight")]
+        want[target] = want[target] + (ALPHA / RANK) * (factors[f"{linear}.lora_up"] @ factors[f"{linear}.lora_down"])
+    merged_model, _ = load_diffusers(merged)
+    got = {wan_keys.diffusers_to_native(k): v for k, v in merged_model.state_dict().items()}
+    measured = {"f weights, --dtype fp32 vs the fp32 merge": close_weights(
+        checks, "convert --dtype fp32 of the student vs base + (alpha/rank) up @ down in fp32", got, want,
+        WEIGHT_TOLERANCE)}
+    rounding = max((want[t] - want[t].bfloat16().float()).abs().max().item() for t in targets)
+    measured["f weights, the fp32 merge vs it rounded to bf16"] = rounding
+    checks.expect(rounding > NOT_A_NO_OP * WEIGHT_TOLERANCE, f"the fp32 merge is max|d| {rounding:.2e} from its bf16 "
+                  f"rounding (must exceed {NOT_A_NO_OP * WEIGHT_TOLERANCE:.0e}: the check tells them apart)")
+    bf16 = load_file(str(narrow / "diffusion_pytorch_model.safetensors"))
+    odd = [t for t in targets if not torch.equal(bf16[t], want[t].bfloat16())]
+    checks.expect(not odd, f"the default bf16 convert is the fp32 merge rounded once, bit for bit, in all "
+                  f"{len(targets)} adapted weights {odd[:2] or ''}")
+
+    model, messages = with_lora(base, lora, DIFFUSERS_FILE, "bf16-base")
+    checks.expect(model is not None and not messages, f"diffusers loads the fp32 LoRA onto the fp32 base with no "
+                  f"warning {messages[:2] or ''}")
+    if model is not None:
+        fused(model)
+        measured["f forward, --dtype fp32 vs diffusers' fuse_lora, relative"] = checks.close(
+            "forward, convert --dtype fp32 vs diffusers' fuse_lora of the fp32 LoRA",
+            diffusers_forward(merged_model, inputs, text_len), diffusers_forward(model, inputs, text_len),
+            FORWARD_TOLERANCE, relative=True)
+    return measured
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: test_lora_export.py WAN_DISTILL MPIRUN_SH WORK_DIR")
@@ -373,6 +427,7 @@ def main():
     measured["d weights, imported student vs diffusers' fuse_lora"] = check_import(cli, checks, work, teacher, base,
                                                                                    targets)
     measured.update(check_pair(cli, checks, work, inputs, text_len))
+    measured.update(check_bf16_base(cli, checks, work, targets, inputs, text_len))
     print(f"\nmeasured ({time.time() - start:.1f} s):")
     for name, value in measured.items():
         print(f"  {name:55s} {value:.2e}")

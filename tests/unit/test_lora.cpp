@@ -254,6 +254,7 @@ TEST(Lora, AFolderOverABf16BaseConvertsToItsFp32MergeNotTheMergeRoundedToBf16) {
   const auto wide = WanCheckpoint::open(tmp.str("fp32"));
   const auto narrow = WanCheckpoint::open(tmp.str("bf16"));
   auto params = lora->named_parameters();
+  auto loaded = load_wan_dit(folder, torch::kFloat)->named_parameters();
   for (const auto& linear : lora->lora().targets) {
     const auto key = linear + ".weight";
     ASSERT_TRUE(folder.merges(key)) << key;
@@ -265,6 +266,10 @@ TEST(Lora, AFolderOverABf16BaseConvertsToItsFp32MergeNotTheMergeRoundedToBf16) {
     // A bf16 output rounds the fp32 merge once, as reading the folder in its base's dtype does.
     EXPECT_TRUE(torch::equal(narrow.tensor(key), want.to(torch::kBFloat16))) << key;
     EXPECT_TRUE(torch::equal(narrow.tensor(key), folder.tensor(key))) << key;
+    // Read with a dtype asked (forward, sample, teacher.dtype), the fp32 merge goes straight to it.
+    EXPECT_TRUE(torch::allclose(folder.tensor(key, torch::kFloat), want, 0, 1e-6)) << key;
+    EXPECT_TRUE(torch::equal(folder.tensor(key, torch::kHalf), want.to(torch::kHalf))) << key;
+    EXPECT_TRUE(torch::allclose(loaded[key], want, 0, 1e-6)) << key;
   }
   EXPECT_FALSE(folder.merges("blocks.0.modulation"));
   EXPECT_TRUE(torch::equal(wide.tensor("blocks.0.modulation"), base.tensor("blocks.0.modulation").to(torch::kFloat)));
