@@ -57,7 +57,9 @@ struct SampleConfig {
               "teacher checkpoint: a folder WanCheckpoint reads, or a two-expert (A14B) folder")
         .bind("teacher.boundary", boundary, "two-expert teacher: boundary ratio (0 = the folder's or the model type's)")
         .bind("student", student, "a student folder (RUN_DIR/student); empty = the teacher alone")
-        .bind("data.path", data_path, "HDF5 data set whose contexts (and latent shape) are used; empty = random contexts")
+        .bind("data.path", data_path,
+              "HDF5 data set whose contexts (and latent shape, and image conditions for an i2v or ti2v teacher) "
+              "are used; empty = random contexts")
         .bind("samples", samples, "data set sample indices, e.g. 0,3,7 or 100-291")
         .bind("latent", latent, "random contexts only: F,H,W of the latent (C = the teacher's out_dim)")
         .bind("count", count, "random contexts only: number of samples")
@@ -193,22 +195,23 @@ int run_sample(const std::vector<std::string>& args) {
                                          teacher.experts->config(), device);
   const auto sigmas = data::sampling_sigmas(cfg.steps, cfg.shift);
   const auto guided = [&](SamplingModel& model, const torch::Tensor& x, double sigma) {
-    return model.guided(x, sigma, cond.context, cond.negative, cond.lens, cfg.guidance);
+    return model.guided(x, sigma, cond.context, cond.negative, cond.lens, cfg.guidance, cond.image);
   };
 
   // Both trajectories side by side from the same noise, one step of each at a time.
   data::FlowSampler teacher_sampler(cfg.solver, sigmas), student_sampler(cfg.solver, sigmas);
-  torch::Tensor xt = cond.noise, xs = cond.noise;
+  // A ti2v teacher's image mode starts, and stays after every step, with the image as frame 0.
+  torch::Tensor xt = cond.image.keep(cond.noise), xs = xt;
   TensorMap trajectory{{"teacher.0", xt}};
   if (student) trajectory["student.0"] = xs;
   nlohmann::json report{{"solver", name_of(cfg.solver)}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", cfg.guidance},
                         {"sigmas", sigmas}, {"samples", cond.indices}};
   for (std::int64_t i = 0; i < cfg.steps; ++i) {
     const double sigma = sigmas[static_cast<std::size_t>(i)];
-    xt = teacher_sampler.step(i, xt, guided(teacher, xt, sigma));
+    xt = cond.image.keep(teacher_sampler.step(i, xt, guided(teacher, xt, sigma)));
     if (cfg.trajectory) trajectory["teacher." + std::to_string(i + 1)] = xt;
     if (!student) continue;
-    xs = student_sampler.step(i, xs, guided(*student, xs, sigma));
+    xs = cond.image.keep(student_sampler.step(i, xs, guided(*student, xs, sigma)));
     if (cfg.trajectory) trajectory["student." + std::to_string(i + 1)] = xs;
     const double err = data::relative_mse(xs, xt);
     report["rel_mse_per_step"].push_back(err);

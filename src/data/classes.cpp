@@ -54,6 +54,51 @@ Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& p
   return {index, value, cosine, torch::stack({at.div(w, "floor"), at.remainder(w)}, 1)};
 }
 
+FrameClasses classify_frames(const torch::Tensor& latents, const torch::Tensor& patterns) {
+  WD_CHECK(latents.dim() == 5 && patterns.dim() == 5 && latents.sizes().slice(1) == patterns.sizes().slice(1),
+           "classify_frames: latents " << latents.sizes() << " and patterns " << patterns.sizes()
+                                       << " must be [B,C,F,H,W] and [K,C,F,H,W] of one latent shape");
+  const auto x = latents.to(torch::kFloat).cpu();
+  const auto p = patterns.to(torch::kFloat).cpu();
+  const auto h = x.size(3), w = x.size(4);
+  // The correlations of classify_latents, kept per frame: corr [B,K,F,H·W].
+  const auto fx = torch::fft::rfft2(x, {h, w}, {-2, -1}).unsqueeze(1);
+  const auto fp = torch::fft::rfft2(p, {h, w}, {-2, -1}).conj().unsqueeze(0);
+  const auto corr = torch::fft::irfft2(fx * fp, {h, w}, {-2, -1}).sum(2).flatten(3);
+  const auto [best, at] = corr.max(3);  // [B,K,F]
+  const auto x_norm = x.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(1);  // [B,1,F]
+  const auto p_norm = p.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(0);  // [1,K,F]
+  const auto cosine = best / (x_norm * p_norm).clamp_min(1e-12);   // [B,K,F]
+  const auto [value, label] = cosine.max(1);                         // [B,F]
+  const auto where = at.gather(1, label.unsqueeze(1)).squeeze(1);    // [B,F]
+  return {label, value, torch::stack({where.div(w, "floor"), where.remainder(w)}, 2), h, w};
+}
+
+double condition_accuracy(const FrameClasses& frames, const FrameClasses& image, double strict_cosine) {
+  const auto B = frames.label.size(0), F = frames.label.size(1);
+  WD_CHECK(image.label.size(0) == B && image.label.size(1) == 1 && image.height == frames.height &&
+               image.width == frames.width,
+           "condition_accuracy: " << B << " samples " << frames.height << "x" << frames.width << ", images "
+                                  << image.label.sizes() << " " << image.height << "x" << image.width);
+  if (B == 0) return 0;
+  // Within one step of `from` on a circle of n positions: a difference of 0, 1 or n - 1.
+  const auto near = [](const torch::Tensor& to, const torch::Tensor& from, std::int64_t n) {
+    const auto d = (to - from).remainder(n);
+    return d.le(1).logical_or(d.ge(n - 1));
+  };
+  auto ok = torch::ones({B}, torch::kBool);
+  auto previous = image.shift.select(1, 0);  // [B,2]
+  for (std::int64_t f = 1; f < F; ++f) {
+    const auto here = frames.shift.select(1, f);
+    ok = ok.logical_and(frames.label.select(1, f).eq(image.label.select(1, 0)))
+             .logical_and(frames.cosine.select(1, f).ge(strict_cosine))
+             .logical_and(near(here.select(1, 0), previous.select(1, 0), frames.height))
+             .logical_and(near(here.select(1, 1), previous.select(1, 1), frames.width));
+    previous = here;
+  }
+  return ok.to(torch::kDouble).mean().item<double>();
+}
+
 ClassAccuracy class_accuracy(const Classified& got, const std::vector<std::int64_t>& wanted, double strict_cosine) {
   const auto n = static_cast<std::int64_t>(wanted.size());
   WD_CHECK(got.label.size(0) == n, "class_accuracy: " << got.label.size(0) << " latents, " << n << " labels");

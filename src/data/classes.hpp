@@ -31,6 +31,25 @@ struct Classified {
 };
 Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& patterns);
 
+/// Each frame's best class and where it sits: for every frame f and class k, the cosine between
+/// the frame and the class's frame f at the best circular shift in H and W (frame by frame, not
+/// averaged: a video whose later frames turn into another class shows it here).
+struct FrameClasses {
+  torch::Tensor label;   ///< [B,F] int64, each frame's best class
+  torch::Tensor cosine;  ///< [B,F] float32, its best-shift cosine
+  torch::Tensor shift;   ///< [B,F,2] int64, its best (dy, dx) shift, in [0, H) x [0, W)
+  std::int64_t height = 0, width = 0;  ///< the latents' H and W (the shifts' circle)
+};
+FrameClasses classify_frames(const torch::Tensor& latents, const torch::Tensor& patterns);
+
+/// The share of samples that continue their image (the bench's condition_accuracy): `image`
+/// classifies each sample's condition (its first frame, against the patterns' first frame), and
+/// a sample counts when every frame f >= 1 of `frames` is of the image's class at a best-shift
+/// cosine of at least `strict_cosine` and sits within one row and one column (circularly) of
+/// frame f - 1's position, frame 0's being the image's: the motion a classes data set's frames
+/// make. `frames` [B,F], `image` [B,1].
+double condition_accuracy(const FrameClasses& frames, const FrameClasses& image, double strict_cosine = 0.95);
+
 /// The two accuracies of generated latents against their intended classes: the right class,
 /// and the right class with a best-shift cosine of at least `strict_cosine` (the plain one is
 /// too easy to tell a good sampler from a poor one).

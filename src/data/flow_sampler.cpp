@@ -106,11 +106,14 @@ torch::Tensor FlowSampler::unipc_step(std::int64_t i, torch::Tensor x, const tor
   return out;
 }
 
-torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas,
-                          const torch::Tensor& noise, const VelocityFn& velocity) {
+torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas, const torch::Tensor& noise,
+                          const VelocityFn& velocity, const KeepFn& keep) {
   FlowSampler sampler(solver, sigmas);
-  torch::Tensor x = noise;
-  for (std::int64_t i = 0; i < sampler.steps(); ++i) x = sampler.step(i, x, velocity(x, sampler.sigma(i)));
+  torch::Tensor x = keep ? keep(noise) : noise;
+  for (std::int64_t i = 0; i < sampler.steps(); ++i) {
+    x = sampler.step(i, x, velocity(x, sampler.sigma(i)));
+    if (keep) x = keep(x);
+  }
   return x;
 }
 

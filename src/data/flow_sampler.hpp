@@ -47,9 +47,14 @@ class FlowSampler {
 /// The model's velocity at (x, σ).
 using VelocityFn = std::function<torch::Tensor(const torch::Tensor& x, double sigma)>;
 
-/// Runs a whole trajectory from `noise` (at σ_0) and returns x at σ_N = 0.
-torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas,
-                          const torch::Tensor& noise, const VelocityFn& velocity);
+/// What a conditioned sampler puts back into its state (a ti2v image's clean first frame).
+using KeepFn = std::function<torch::Tensor(const torch::Tensor& x)>;
+
+/// Runs a whole trajectory from `noise` (at σ_0) and returns x at σ_N = 0. With `keep`, the
+/// start and the state after every step go through it (the official TI2V sampler re-imposes
+/// the image after each step).
+torch::Tensor sample_flow(Solver solver, const std::vector<double>& sigmas, const torch::Tensor& noise,
+                          const VelocityFn& velocity, const KeepFn& keep = nullptr);
 
 /// Classifier-free guidance: v_uncond + g·(v_cond − v_uncond).
 torch::Tensor guide(const torch::Tensor& cond, const torch::Tensor& uncond, double guidance);

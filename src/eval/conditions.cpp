@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/config.hpp"
+#include "core/errors.hpp"
 #include "data/dataset_info.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/splitmix64.hpp"
@@ -27,6 +28,7 @@ SamplingConditions SamplingConditions::slice(std::int64_t lo, std::int64_t hi) c
   c.negative = negative.slice(0, lo, hi);
   c.lens = torch::cat({lens.slice(0, lo, hi), lens.slice(0, B + lo, B + hi)});
   c.indices.assign(indices.begin() + lo, indices.begin() + hi);
+  c.image = image.slice(lo, hi);
   return c;
 }
 
@@ -34,15 +36,21 @@ SamplingConditions make_conditions(const ConditionSource& src, const WanConfig& 
   SamplingConditions c;
   std::array<std::int64_t, 3> fhw{};
   if (!src.data_path.empty()) {
-    // Sampling reads the contexts and the latent shape; an i2v model is refused before this.
-    const auto info = data::validate_dataset(src.data_path, job::dataset_expectations(tc, true));
+    // Sampling reads the contexts, the latent shape and the image conditions the teacher takes
+    // (a t2v teacher ignores a data set's).
+    const auto info = data::validate_dataset(
+        src.data_path, job::dataset_expectations(tc, image_condition_of(tc) == ImageCondition::kNone));
     c.indices = parse_indices(src.samples, info.samples);
     data::DatasetReader reader(info);
     const auto batch = reader.read(c.indices);
     c.context = batch.context;
     c.lens = batch.context_lens;
+    if (batch.condition.defined()) c.image = {batch.condition_kind, batch.condition.to(device), tc.patch_size};
     fhw = {info.latent_shape[1], info.latent_shape[2], info.latent_shape[3]};
   } else {
+    WD_CHECK_AS(ConfigError, image_condition_of(tc) != ImageCondition::kI2v,
+                "the teacher (model_type i2v) samples from an image: give --data.path, a data set with each "
+                "sample's image condition (/condition; docs/data-format.md#image-conditions)");
     const auto d = parse_dims(src.latent, 3, "latent");
     fhw = {d[0], d[1], d[2]};
     std::vector<torch::Tensor> ctx;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/image_condition.hpp"
 #include "model/wan_config.hpp"
 
 namespace wd::eval {
@@ -27,12 +28,17 @@ struct ConditionSource {
 struct SamplingConditions {
   torch::Tensor noise, context, lens, negative;
   std::vector<std::int64_t> indices;  ///< the samples (data set indices, or 0..count-1)
+  /// The data set's image conditions (/condition) as the teacher takes them: an i2v teacher's
+  /// y, a ti2v teacher's image mode; none for a t2v teacher or data without them.
+  ImageInput image;
   /// Samples [lo, hi) of these conditions (lens: both halves).
   SamplingConditions slice(std::int64_t lo, std::int64_t hi) const;
 };
 
 /// Reads (or draws) the conditions for the teacher's config `tc` onto `device`. The noise of
-/// sample i depends on (seed, i) only: another batch or order draws the same noise.
+/// sample i depends on (seed, i) only: another batch or order draws the same noise. An i2v
+/// teacher needs a data set with /condition (a ConfigError names --data.path otherwise); a ti2v
+/// teacher samples its image mode from one that has it, its text-to-video mode otherwise.
 SamplingConditions make_conditions(const ConditionSource& src, const WanConfig& tc, const c10::Device& device);
 
 }  // namespace wd::eval

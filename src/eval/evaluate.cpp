@@ -98,9 +98,15 @@ torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t lo = 0; lo < n; lo += batch) {
     const auto part = row.cond->slice(lo, std::min(n, lo + batch));
-    out.push_back(data::sample_flow(row.solver, sigmas, part.noise, [&](const torch::Tensor& x, double sigma) {
-                    return row.model->guided(x, sigma, part.context, part.negative, part.lens, row.guidance);
-                  }).to(torch::kFloat).cpu());
+    out.push_back(data::sample_flow(
+                      row.solver, sigmas, part.noise,
+                      [&](const torch::Tensor& x, double sigma) {
+                        return row.model->guided(x, sigma, part.context, part.negative, part.lens, row.guidance,
+                                                 part.image);
+                      },
+                      [&](const torch::Tensor& x) { return part.image.keep(x); })
+                      .to(torch::kFloat)
+                      .cpu());
     const auto done = std::min(n, lo + batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{}: {}/{} samples ({} {} steps, g {}), {:.0f} s, ETA {:.0f} s", row.name, done, n, row.steps,
@@ -144,8 +150,8 @@ nlohmann::json diversity_ratios(const ClassDiversity& row, const ClassDiversity&
 /// The rows' table in the log (report.json has it all), the Fréchet floor, and what pos, amp and
 /// pair mean.
 void log_table(const nlohmann::json& report, bool classes) {
-  spdlog::info("{:<22} {:>14} {:>8} {:>9} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5}", "row", "paired rel MSE", "median",
-               "Fréchet", "class %", "strict %", "collapsed", "pos", "amp", "pair");
+  spdlog::info("{:<22} {:>14} {:>8} {:>9} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5} {:>7} {:>11}", "row", "paired rel MSE",
+               "median", "Fréchet", "class %", "strict %", "collapsed", "pos", "amp", "pair", "cond %", "frame 0 err");
   for (const auto& [name, r] : report["rows"].items()) {
     if (!r.contains("paired_rel_mse")) continue;
     const auto percent = [&r](const char* key) {
@@ -154,11 +160,14 @@ void log_table(const nlohmann::json& report, bool classes) {
     const auto ratio = [&r](const char* key) {
       return r.contains("diversity") ? fmt::format("{:.2f}", r["diversity"][key].get<double>()) : std::string("-");
     };
-    spdlog::info("{:<22} {:>14.4f} {:>8.4f} {:>9.4f} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5}", name,
+    const auto first_frame = r.contains("first_frame_rel_mse")
+                                 ? fmt::format("{:.2e}", r["first_frame_rel_mse"].get<double>())
+                                 : std::string("-");
+    spdlog::info("{:<22} {:>14.4f} {:>8.4f} {:>9.4f} {:>8} {:>9} {:>10} {:>5} {:>5} {:>5} {:>7} {:>11}", name,
                  r["paired_rel_mse"].get<double>(), r["paired_rel_mse_median"].get<double>(),
                  r["frechet"].get<double>(), percent("class_accuracy"), percent("strict_accuracy"),
                  r["collapsed"].get<bool>() ? "yes" : "no", ratio("positions"), ratio("amplitude"),
-                 ratio("pair_distance"));
+                 ratio("pair_distance"), percent("condition_accuracy"), first_frame);
   }
   spdlog::info("Fréchet floor (the reference against its own other-noise set): {:.4f} ± {:.4f} (the bootstrap "
                "spread of a Fréchet distance at this count; report.json has each row's)",
@@ -169,6 +178,30 @@ void log_table(const nlohmann::json& report, bool classes) {
                  "per class in report.json)");
   }
 }
+
+/// The measures of image-conditioned rows: how near each row's first frames are to the images,
+/// and on a classes data set how well its videos continue them (docs/objectives.md#evaluate).
+class ConditionScores {
+ public:
+  ConditionScores(const ImageInput& image, const data::DatasetClasses& classes) : classes_(classes) {
+    if (!image.defined()) return;
+    first_frames_ = image.image.narrow(2, 0, 1).to(torch::kFloat).cpu();
+    if (classes.present()) images_ = data::classify_frames(first_frames_, classes.patterns.narrow(2, 0, 1));
+  }
+  /// Adds first_frame_rel_mse and condition_accuracy of latents `x` to row `r` (nothing without images).
+  void operator()(const torch::Tensor& x, nlohmann::json& r) const {
+    if (!first_frames_.defined()) return;
+    r["first_frame_rel_mse"] = data::relative_mse(x.narrow(2, 0, 1), first_frames_);
+    if (classes_.present()) {
+      r["condition_accuracy"] = data::condition_accuracy(data::classify_frames(x, classes_.patterns), images_);
+    }
+  }
+
+ private:
+  const data::DatasetClasses& classes_;
+  torch::Tensor first_frames_;  ///< [B,C,1,H,W] the images' latents (undefined: none)
+  data::FrameClasses images_;   ///< their classes and positions
+};
 
 /// --reuse: the teacher rows of an earlier evaluation, whose settings must be `settings`.
 void take_teacher_rows(const std::string& dir, const nlohmann::json& settings, TensorMap& latents) {
@@ -252,6 +285,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
     wanted = wanted_classes(classes, cond.indices);
     ref_diversity = class_diversity(ref, data::classify_latents(ref, classes.patterns), classes.patterns, wanted);
   }
+  const ConditionScores score_condition(cond.image, classes);
   for (const auto& row : rows) {
     if (row.name == "reference_other_noise") continue;
     const auto& x = latents.at(row.name);
@@ -272,6 +306,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
       r["diversity"] = diversity_ratios(
           row.name == "reference" ? ref_diversity : class_diversity(x, got, classes.patterns, wanted), ref_diversity);
     }
+    score_condition(x, r);
     report["rows"][row.name] = r;
   }
   if (classes.present()) {
@@ -279,6 +314,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
         data::class_accuracy(data::classify_latents(latents.at("reference_other_noise"), classes.patterns), wanted);
     report["rows"]["reference_other_noise"] = {{"class_accuracy", acc.class_accuracy},
                                                {"strict_accuracy", acc.strict_accuracy}};
+    score_condition(latents.at("reference_other_noise"), report["rows"]["reference_other_noise"]);
   }
   log_table(report, classes.present());
   if (!cfg.output.empty()) {

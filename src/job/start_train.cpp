@@ -168,7 +168,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
       }
       job.model = job.teacher().config();
     } else {  // every rank reads the data set: its shapes make the model
-      job.model = model_for_data(data::validate_dataset(cfg.data_path(), {}));
+      job.model = model_for_data(data::validate_dataset(cfg.data_path(), {}), cfg.student.model_type);
     }
     check_job(cfg, job.model, job.layout);
     check_student_expert(cfg, job.experts ? &*job.experts : nullptr);

@@ -123,11 +123,14 @@ const plan::LayoutSpeed* fastest_suitable(const RunConfig& cfg, const std::vecto
 
 }  // namespace
 
-WanConfig model_for_data(const data::DatasetInfo& info) {
+WanConfig model_for_data(const data::DatasetInfo& info, const std::string& model_type) {
   auto c = WanConfig::preset("tiny");
   c.in_dim = c.out_dim = info.latent_shape[0];
   c.text_dim = info.text_dim;
   c.text_len = info.context_len;
+  if (!model_type.empty()) c.model_type = model_type;
+  // An i2v model's in_dim counts y's mask and image channels too.
+  if (c.model_type == "i2v") c.in_dim = 2 * c.out_dim + kI2vMaskChannels;
   return c;
 }
 
@@ -142,7 +145,8 @@ void prepare_run_dir(const RunConfig& cfg) {
   }
   if (cfg.data.path == kBuiltin && !fs::exists(cfg.data_path())) {
     // A two-expert folder's shapes too; without a teacher, the tiny model's.
-    const auto tc = has_teacher ? open_teacher(cfg).config() : WanConfig::preset("tiny");
+    auto tc = has_teacher ? open_teacher(cfg).config() : WanConfig::preset("tiny");
+    if (!has_teacher && !cfg.student.model_type.empty()) tc.model_type = cfg.student.model_type;
     data::SyntheticDatasetSpec spec;
     spec.output = cfg.data_path();
     spec.samples = cfg.data.builtin_samples;

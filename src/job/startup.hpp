@@ -51,8 +51,9 @@ struct ResumePoint {
 
 /// The base config of a model trained on the data alone (train.objective flow), before the
 /// student.* keys apply: the tiny preset's architecture with the data set's latent channels
-/// (in and out), text width and length.
-WanConfig model_for_data(const data::DatasetInfo& info);
+/// (in and out), text width and length, of `model_type` (student.model_type; empty: t2v), an
+/// i2v model's in_dim counting its y (2C + 4).
+WanConfig model_for_data(const data::DatasetInfo& info, const std::string& model_type = "");
 
 /// Creates the run directory and, where the config names them and they are missing, the
 /// builtin tiny teacher and data set in its cache.

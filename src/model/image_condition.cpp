@@ -62,6 +62,22 @@ torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, co
   return out;
 }
 
+ConditionedInput ImageInput::at(const torch::Tensor& x, double sigma) const {
+  auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
+  if (!defined()) return {x, t, torch::Tensor()};
+  if (kind == ImageCondition::kTi2v) {
+    const auto tokens = (x.size(2) / patch[0]) * frame_tokens(x, patch);
+    t = t.view({x.size(0), 1}).expand({x.size(0), tokens}).contiguous();
+  }
+  return condition_input(kind, image, x, t, patch);
+}
+
+ImageInput ImageInput::slice(std::int64_t lo, std::int64_t hi) const {
+  return {kind, image.defined() ? image.slice(0, lo, hi) : image, patch};
+}
+
+ImageInput ImageInput::twice() const { return {kind, image.defined() ? torch::cat({image, image}) : image, patch}; }
+
 torch::Tensor frame_loss_weights(const torch::Tensor& t, const torch::Tensor& x_t,
                                  const std::array<std::int64_t, 3>& patch) {
   if (t.dim() != 2) return torch::Tensor();

@@ -52,6 +52,24 @@ ConditionedInput condition_input(ImageCondition kind, const torch::Tensor& image
 /// frame is the image again (the official sampler re-imposes it after every step); otherwise `x`.
 torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x);
 
+/// A sampler's image condition: a batch's /condition rows and how its model takes them.
+struct ImageInput {
+  ImageCondition kind = ImageCondition::kNone;
+  torch::Tensor image;  ///< [B,C,F,H,W] (i2v) or [B,C,1,H,W] (ti2v); undefined: none
+  std::array<std::int64_t, 3> patch{1, 2, 2};  ///< the model's (ti2v's per-token t)
+
+  bool defined() const { return image.defined() && kind != ImageCondition::kNone; }
+  /// The model's inputs at state `x` [B,C,F,H,W] and σ: t = 1000·σ in fp32 on the host ([B], or
+  /// for ti2v [B, tokens] with the first frame's at 0), i2v's y, ti2v's first frame the image.
+  ConditionedInput at(const torch::Tensor& x, double sigma) const;
+  /// `x` with what the condition fixes put back (keep_condition).
+  torch::Tensor keep(const torch::Tensor& x) const { return keep_condition(kind, image, x); }
+  /// Samples [lo, hi).
+  ImageInput slice(std::int64_t lo, std::int64_t hi) const;
+  /// The rows twice over, for a batched [cond; neg] forward.
+  ImageInput twice() const;
+};
+
 /// The loss weights of a batch's latent frames [B,1,F,1,1] (x_t's dtype and device): 0 for the
 /// first token frame of each sample whose tokens there all have t = 0 (a clean image the model
 /// is given, not asked for: ti2v's image mode, noise.first_frame_clean), 1 elsewhere. Undefined

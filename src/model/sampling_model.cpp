@@ -20,17 +20,18 @@ torch::Tensor SamplingModel::over_channels(const std::string& name, const torch:
 }
 
 torch::Tensor SamplingModel::operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
-                                        const torch::Tensor& lens) {
-  const auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
-  return over_channels("out_proj", forward(over_channels("in_proj", x), t, context, lens));
+                                        const torch::Tensor& lens, const ImageInput& image) {
+  const auto in = image.at(x, sigma);
+  return over_channels("out_proj", forward(over_channels("in_proj", in.x_t), in.t, context, lens, in.y));
 }
 
 torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
-                                    const torch::Tensor& negative, const torch::Tensor& lens, double g) {
+                                    const torch::Tensor& negative, const torch::Tensor& lens, double g,
+                                    const ImageInput& image) {
   torch::NoGradGuard no_grad;
   const auto B = x.size(0);
-  if (g == 1.0) return (*this)(x, sigma, context, lens.slice(0, 0, B));
-  const auto both = (*this)(torch::cat({x, x}), sigma, torch::cat({context, negative}), lens);
+  if (g == 1.0) return (*this)(x, sigma, context, lens.slice(0, 0, B), image);
+  const auto both = (*this)(torch::cat({x, x}), sigma, torch::cat({context, negative}), lens, image.twice());
   return both.slice(0, B) + g * (both.slice(0, 0, B) - both.slice(0, B));
 }
 
@@ -41,8 +42,9 @@ SamplingModel load_sampling_student(const std::string& path, std::optional<c10::
     auto experts = std::make_shared<WanExperts>(WanExperts::open(path, boundary));
     auto models = std::make_shared<std::vector<WanDiT>>(load_wan_experts(*experts, dtype, device));
     student.forward = [experts, models](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,
-                                        const torch::Tensor& lens) {
-      return torch::stack(experts_forward(*models, *experts, WanInputs::batched(x, t, context, lens))).to(torch::kFloat);
+                                        const torch::Tensor& lens, const torch::Tensor& y) {
+      return torch::stack(experts_forward(*models, *experts, WanInputs::batched(x, t, context, lens, 0, y)))
+          .to(torch::kFloat);
     };
     spdlog::info("student: two experts, {}/ for t >= {} and {}/ below{}; {}", experts->expert_name(WanExperts::kHigh),
                  experts->boundary_timestep(), experts->expert_name(WanExperts::kLow),
@@ -53,8 +55,8 @@ SamplingModel load_sampling_student(const std::string& path, std::optional<c10::
   const auto ck = WanCheckpoint::open(path);
   auto model = load_wan_dit(ck, dtype, device);
   student.forward = [model](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,
-                            const torch::Tensor& lens) mutable {
-    return torch::stack(model->forward(WanInputs::batched(x, t, context, lens))).to(torch::kFloat);
+                            const torch::Tensor& lens, const torch::Tensor& y) mutable {
+    return torch::stack(model->forward(WanInputs::batched(x, t, context, lens, 0, y))).to(torch::kFloat);
   };
   const auto heads = std::filesystem::path(path) / "distill_heads" / "heads.safetensors";
   if (std::filesystem::exists(heads)) {

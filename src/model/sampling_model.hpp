@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/image_condition.hpp"
 #include "model/wan_dit.hpp"
 #include "model/wan_experts.hpp"
 
@@ -20,20 +21,25 @@ namespace wd {
 /// (distill_heads/heads.safetensors) when its channels differ from the teacher's.
 struct SamplingModel {
   /// The model's output [B,out_dim,F,H,W] fp32 on x's device for x [B,C,F,H,W] (in the model's
-  /// channels), t [B] on the host, context [B,L,D] and lens [B].
+  /// channels), t [B] (or per token [B,S]) on the host, context [B,L,D], lens [B] and an i2v
+  /// model's y (undefined otherwise).
   using Forward = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& t,
-                                              const torch::Tensor& context, const torch::Tensor& lens)>;
+                                              const torch::Tensor& context, const torch::Tensor& lens,
+                                              const torch::Tensor& y)>;
   Forward forward;
   std::optional<WanExperts> experts;  ///< the teacher's checkpoints (its config, its mappings)
   std::map<std::string, torch::Tensor> heads;
 
-  /// The velocity of `x` [B,C,F,H,W] at σ (t = 1000·σ, as the noiser) with `context`/`lens`.
+  /// The velocity of `x` [B,C,F,H,W] at σ (t = 1000·σ, as the noiser) with `context`/`lens`
+  /// and the samples' image condition (ImageInput::at: i2v's y, ti2v's clean first frame).
   torch::Tensor operator()(const torch::Tensor& x, double sigma, const torch::Tensor& context,
-                           const torch::Tensor& lens);
+                           const torch::Tensor& lens, const ImageInput& image = {});
   /// Classifier-free guidance in one batched forward: `context` and `negative` [B,L,D] of one
-  /// width, `lens` [2B] (the conditional lengths, then the negative's); g = 1: one plain forward.
+  /// width, `lens` [2B] (the conditional lengths, then the negative's), the image in both
+  /// halves; g = 1: one plain forward.
   torch::Tensor guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
-                       const torch::Tensor& negative, const torch::Tensor& lens, double g);
+                       const torch::Tensor& negative, const torch::Tensor& lens, double g,
+                       const ImageInput& image = {});
 
  private:
   torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const;

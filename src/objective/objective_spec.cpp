@@ -213,6 +213,9 @@ void check(const Keys& k, ConfigProblems& p) {
     if (s.get() != &active) s->check_unused(k, active.name(), p);
   }
   if (!active.traits().needs_teacher) return;
+  p.check(k.student.model_type.empty(),
+          "student.model_type(" + k.student.model_type + ") sets the type of a student trained without a teacher; "
+          "train.objective " + active.name() + "'s student takes its teacher's");
   std::string without;
   for (const auto& s : table()) {
     if (!s->traits().needs_teacher) without += (without.empty() ? "" : " or ") + s->name();

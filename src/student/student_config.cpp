@@ -17,6 +17,10 @@ void StudentConfig::bind(OptionTable& t) {
       .bind("student.num_heads", num_heads, "student attention heads")
       .bind("student.num_layers", num_layers, "student blocks")
       .bind("student.in_dim", in_dim, "student input channels (0 = the teacher's)")
+      .bind("student.model_type", model_type,
+            "a student trained without a teacher (train.objective flow): t2v | i2v (takes the data set's image "
+            "conditions as y: in_dim 2C + 4) | ti2v (per-token timesteps, its image mode from /condition); "
+            "empty = t2v. A distilled student takes its teacher's")
       .bind("student.out_dim", out_dim, "student output channels (0 = the teacher's)")
       .bind("student.freq_dim", freq_dim, "student sinusoid size (0 = the teacher's)")
       .bind("student.init", init,
@@ -93,6 +97,8 @@ void StudentConfig::validate(ConfigProblems& p) const {
   p.check(ffn_dim >= 1, "student.ffn_dim" + config_value(ffn_dim) + " must be >= 1");
   p.check(in_dim >= 0 && out_dim >= 0 && freq_dim >= 0,
           "student.in_dim/out_dim/freq_dim must be >= 0 (0 = the teacher's)");
+  p.check(model_type.empty() || model_type == "t2v" || model_type == "i2v" || model_type == "ti2v",
+          "student.model_type(" + model_type + ") must be t2v, i2v or ti2v (or empty)");
   bool init_ok = init == "random" || !init_weights().empty();
   if (init.rfind("teacher-blocks:", 0) == 0) {
     try {

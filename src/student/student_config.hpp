@@ -20,6 +20,8 @@ struct StudentConfig {
   std::int64_t num_heads = 4;
   std::int64_t num_layers = 2;
   std::int64_t in_dim = 0;
+  /// A teacherless student's model type (t2v | i2v | ti2v); empty: the teacher's, or t2v.
+  std::string model_type;
   std::int64_t out_dim = 0;
   std::int64_t freq_dim = 0;
   /// random | teacher-blocks:i,j,... (copy those teacher blocks; needs equal dims) | weights:PATH

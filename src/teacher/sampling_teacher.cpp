@@ -55,7 +55,6 @@ SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how) {
   SamplingModel teacher;
   teacher.experts = WanExperts::open(how.path, how.boundary > 0 ? std::optional<double>(how.boundary) : std::nullopt);
   const auto& tc = teacher.experts->config();
-  WD_CHECK_AS(ConfigError, tc.model_type != "i2v", "sampling: i2v teachers need image conditioning (y), not supported");
   StageLoad load;
   load.placement = how.placement;
   load.dtype = how.dtype;
@@ -72,12 +71,13 @@ SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how) {
   }
   auto stage = std::make_shared<TeacherStage>(std::move(models), router, load.blocks, std::vector<std::int64_t>{});
   teacher.forward = [stage](const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& context,
-                            const torch::Tensor& lens) {
+                            const torch::Tensor& lens, const torch::Tensor& y) {
     StageBatch batch;
     batch.x_t = x;
     batch.t = t;
     batch.context = context;
     batch.context_lens = lens;
+    batch.y = y;
     stage->run(batch);
     return batch.out.to(x.device(), torch::kFloat);
   };

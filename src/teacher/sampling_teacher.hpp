@@ -45,7 +45,7 @@ struct SamplingTeacherLoad {
 
 /// The teacher as a SamplingModel: one TeacherStage holding every block of each expert (routed
 /// by t), on the placement's device; inputs and outputs move between it and `how.device`.
-/// shard is refused; i2v teachers are refused.
+/// shard is refused. Its forward takes an i2v teacher's y.
 SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how);
 
 }  // namespace wd::teacher

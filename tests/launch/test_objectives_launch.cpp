@@ -70,6 +70,31 @@ TEST(Flow, AResumedRunIsBitIdenticalToAStraightOne) {
   test::expect_resumed_exactly(straight, resumed, 8, 4);
 }
 
+// The bench's conditioned teachers: student.model_type i2v (y from /condition) and ti2v (its
+// image mode), trained on the builtin data with images; each is then the teacher of a
+// distillation run on its data.
+TEST(Flow, AnImageConditionedModelTrainsFromTheDataSetsImagesAndTeaches) {
+  for (const std::string kind : {"i2v", "ti2v"}) {
+    const auto dir = root() / ("flow-" + kind);
+    auto r = test::launch_train(2, "--run-dir " + dir.string() + kFlow + " --train.steps 4 --student.model_type " + kind);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto config = nlohmann::json::parse(std::ifstream(dir / "student" / "config.json"));
+    EXPECT_EQ(config.at("model_type"), kind);
+    EXPECT_EQ(config.at("in_dim"), kind == "i2v" ? 36 : 16);
+    r = test::launch_train(3, "--run-dir " + (root() / ("distil-" + kind)).string() + " --teacher.checkpoint " +
+                                  (dir / "student").string() + " --data.path " +
+                                  (dir / "cache" / "tiny-data.h5").string() + " --train.steps 2");
+    EXPECT_EQ(r.code, 0) << r.output;
+  }
+  // A distilled student takes its teacher's type.
+  const auto r = test::launch_train(3, "--run-dir " + (root() / "typed-student").string() +
+                                           " --train.steps 2 --student.model_type i2v");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("student.model_type(i2v) sets the type of a student trained without a teacher"),
+            std::string::npos)
+      << r.output;
+}
+
 // train.ema_decay: the run's student/ is the weight average (the checkpoint's ema.safetensors),
 // not the trained weights, and a resumed run averages exactly as the straight one did.
 TEST(Ema, TheStudentIsTheAverageAndAResumedRunAveragesExactly) {

@@ -170,6 +170,63 @@ TEST(EvaluateLaunch, EachRowSamplesWhatItNamesAndTheReportHasEveryMeasure) {
   EXPECT_NE(out.find("batch(0) must be >= 1"), std::string::npos) << out;
 }
 
+// Image-conditioned sampling: a ti2v teacher's image mode keeps each sample's image as its first
+// frame in every row (first_frame_rel_mse exactly 0); an i2v teacher takes y at every forward,
+// its rows scored against the image too; both get condition_accuracy on a classes data set.
+TEST(EvaluateLaunch, ImageConditionedRowsAreScoredOnHowTheyContinueTheirImage) {
+  const auto dir = test::fresh_dir("evaluate-conditioned");
+  fs::create_directories(dir);
+  for (const std::string kind : {"ti2v", "i2v"}) {
+    const auto data = (dir / (kind + ".h5")).string();
+    auto [code, out] = cli("make-dataset --output " + data + " --kind classes --classes 3 --samples 10 --latent "
+                           "16,3,8,8 --text-len 4 --text-dim 64 --image-condition " + kind);
+    ASSERT_EQ(code, 0) << out;
+    const auto teacher = (dir / (kind + "-teacher")).string();
+    std::tie(code, out) = cli("init-teacher --model-type " + kind + (kind == "i2v" ? " --in-dim 36 --out-dim 16" : "") +
+                              " --output " + teacher);
+    ASSERT_EQ(code, 0) << out;
+    std::tie(code, out) = cli("evaluate --teacher.checkpoint " + teacher + " --student " + teacher + " --data.path " +
+                              data + " --count 4 --teacher.steps 3 --teacher.solver euler --student.steps 3"
+                              " --teacher.guidance 2 --student.guidance 2 --batch 2 --runtime.threads 1 --output " +
+                              (dir / kind).string());
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("cond %"), std::string::npos) << out;
+    const auto report = nlohmann::json::parse(std::ifstream(dir / kind / "report.json"));
+    for (const char* row : {"reference", "reference_other_noise", "teacher_unguided", "teacher_at_k", "student"}) {
+      const auto& r = report["rows"][row];
+      ASSERT_TRUE(r.contains("condition_accuracy") && r.contains("first_frame_rel_mse")) << kind << " " << row;
+      EXPECT_GE(r["condition_accuracy"].get<double>(), 0.0);
+      EXPECT_LE(r["condition_accuracy"].get<double>(), 1.0);
+      if (kind == "ti2v") {
+        EXPECT_EQ(r["first_frame_rel_mse"].get<double>(), 0.0) << row;
+      } else {  // a random i2v teacher does not reproduce its image
+        EXPECT_GT(r["first_frame_rel_mse"].get<double>(), 0.0) << row;
+      }
+    }
+    EXPECT_EQ(report["rows"]["student"]["paired_rel_mse"].get<double>(), 0.0) << kind;
+    // `sample` of the first two held-out samples, 2 UniPC steps: a ti2v teacher's first frames
+    // are the images the evaluation's rows kept, whatever their steps and guidance.
+    std::tie(code, out) = cli("sample --teacher.checkpoint " + teacher + " --data.path " + data +
+                              " --samples 6,7 --steps 2 --output " + (dir / (kind + "-sample")).string() +
+                              " --runtime.threads 1 --device cpu");
+    ASSERT_EQ(code, 0) << out;
+    const auto sampled = SafetensorsFile::open((dir / (kind + "-sample") / "latents.safetensors").string());
+    const auto rows = SafetensorsFile::open((dir / kind / "latents.safetensors").string());
+    const auto first = [](const torch::Tensor& x) { return x.narrow(0, 0, 2).narrow(2, 0, 1); };
+    const auto reference = rows.tensor("reference");
+    EXPECT_EQ(torch::equal(first(sampled.tensor("teacher")), first(reference)), kind == "ti2v") << kind;
+    EXPECT_EQ(torch::equal(first(rows.tensor("teacher_unguided")), first(reference)), kind == "ti2v") << kind;
+    EXPECT_FALSE(torch::equal(rows.tensor("teacher_unguided").narrow(2, 1, 2), reference.narrow(2, 1, 2))) << kind;
+    // No data set: an i2v teacher has no image to sample from.
+    if (kind == "i2v") {
+      std::tie(code, out) = cli("sample --teacher.checkpoint " + teacher + " --steps 1 --runtime.threads 1");
+      EXPECT_NE(code, 0) << out;
+      EXPECT_NE(out.find("the teacher (model_type i2v) samples from an image: give --data.path"), std::string::npos)
+          << out;
+    }
+  }
+}
+
 /// The `teacher` tensor of a sample run's latents.safetensors.
 torch::Tensor teacher_latents(const fs::path& out) {
   return SafetensorsFile::open((out / "latents.safetensors").string()).tensor("teacher").clone();

@@ -68,6 +68,35 @@ TEST(Classes, TheClassifierIgnoresPlaceAndStrengthButNotShape) {
   EXPECT_NEAR(acc.strict_accuracy, 2.0 / 3.0, 1e-9);
 }
 
+// The bench's condition_accuracy: the data's own videos continue their first frames; a video
+// whose later frames are of another class, or jump away from where the image put the pattern,
+// does not.
+TEST(Classes, TheDataContinuesItsImagesAndVideosThatDoNotAreCounted) {
+  test::TempDir dir("classes-condition");
+  auto spec = classes_spec(dir);
+  spec.latent = {4, 4, 16, 16};
+  spec.condition = ImageCondition::kTi2v;
+  data::write_synthetic_dataset(spec);
+  const auto info = data::validate_dataset(spec.output, {});
+  const auto classes = data::read_dataset_classes(spec.output);
+  std::vector<std::int64_t> all(40);
+  for (std::int64_t i = 0; i < 40; ++i) all[static_cast<std::size_t>(i)] = i;
+  const auto batch = data::DatasetReader(info).read(all);
+  ASSERT_TRUE(batch.condition.defined());
+  const auto image = data::classify_frames(batch.condition, classes.patterns.narrow(2, 0, 1));
+  const auto frames = data::classify_frames(batch.latents, classes.patterns);
+  EXPECT_EQ(frames.label.sizes(), torch::IntArrayRef({40, 4}));
+  EXPECT_TRUE(torch::equal(image.label.select(1, 0), torch::arange(40, torch::kLong).remainder(5)));
+  EXPECT_EQ(data::condition_accuracy(frames, image), 1.0) << "lowest cosine " << frames.cosine.min().item<double>();
+  // Sample 0's later frames from sample 1 (another class); sample 2's frames 1-3 moved 4 columns.
+  auto other = batch.latents.clone();
+  other[0].narrow(1, 1, 3).copy_(batch.latents[1].narrow(1, 1, 3));
+  other[2].narrow(1, 1, 3).copy_(torch::roll(batch.latents[2].narrow(1, 1, 3), {4}, {3}));
+  const auto broken = data::classify_frames(other, classes.patterns);
+  EXPECT_NEAR(data::condition_accuracy(broken, image), 38.0 / 40.0, 1e-12);
+  EXPECT_EQ(broken.label[2][1].item<std::int64_t>(), 2);  // sample 2 keeps its class: only the jump counts
+}
+
 TEST(Classes, ASmoothDataSetHasNoClasses) {
   test::TempDir dir("no-classes");
   auto spec = classes_spec(dir);
