@@ -26,7 +26,10 @@
 #        DMD_INIT=teacher-blocks:... (student.init: weights:PATH starts the generator from, e.g., a
 #        trajectory run's checkpoint student) and DMD_CRITIC_INIT=student (critic.init; teacher with DMD_INIT);
 #        the sizes: CLASSES=6 SAMPLES=4288 HELD_OUT=192 LATENT=16,1,16,16 DIM=128 FFN=512 LAYERS=4
-#        BATCH=16 TEACHER_STEPS=40; tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
+#        BATCH=16 TEACHER_STEPS=40; COND=i2v|ti2v: the image-conditioned bench (the data set's /condition
+#        is each video's first frame, the flow teacher a student.model_type COND model; evaluate adds
+#        condition_accuracy and first_frame_rel_mse; give LATENT with F >= 4 frames, e.g. 16,4,8,8);
+#        tests/CMakeLists.txt's bench.objectives_toy runs it at toy size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${WAN_DISTILL:-$PWD/${BUILD_DIR:-build}/src/app/wan-distill}
@@ -50,11 +53,12 @@ cd "$out"
 
 # 6 classes of 16x1x16x16 latents, 8 context rows of 64; the last 192 samples are held out.
 [[ -f classes.h5 ]] || "$bin" make-dataset --output classes.h5 --kind classes --classes "$classes" --samples "$samples" \
-  --latent "$latent" --text-len 8 --text-dim 64 --seed 1
+  --latent "$latent" --text-len 8 --text-dim 64 --seed 1 ${COND:+--image-condition "$COND"}
 if [[ -z ${SKIP_TRAIN:-} ]]; then
   start=$SECONDS
   mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
     --run-dir teacher-run --data.path classes.h5 --train.objective flow --teacher.ranks 0 --train.cond_dropout "${TEACHER_DROPOUT:-0.1}" \
+    ${COND:+--student.model_type "$COND"} \
     --train.ema_decay "${TEACHER_EMA:-0}" \
     $dims --train.batch_size "$batch" --train.eval_samples "$held_out" --train.steps "$steps" --train.lr 1e-3 \
     --train.warmup_steps $((steps < 2000 ? steps / 10 : 200)) \
@@ -218,13 +222,18 @@ if summary["dmd_curve"]:
     rows["dmd_student (last checkpoint, g 1)"] = summary["dmd_curve"][-1]
 json.dump(summary, open("summary.json", "w"), indent=2)
 at_k = rows["teacher_at_k"]["paired_rel_mse"]
-print(f"{'row':<40} {'paired':>8} {'median':>8} {'Fréchet':>8} {'class %':>8} {'strict %':>9} {'collapsed':>9}")
+# An image-conditioned bench (COND) adds how each row continues its images.
+cond = lambda r: (f" {100 * r['condition_accuracy']:>7.1f} {r['first_frame_rel_mse']:>11.2e}"
+                  if "condition_accuracy" in r else "")
+print(f"{'row':<40} {'paired':>8} {'median':>8} {'Fréchet':>8} {'class %':>8} {'strict %':>9} {'collapsed':>9}"
+      + (f" {'cond %':>7} {'frame 0 err':>11}" if "condition_accuracy" in rows["reference"] else ""))
 for name, r in rows.items():
     if "paired_rel_mse" not in r:
-        print(f"{name:<40} {'-':>8} {'-':>8} {'-':>8} {100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f}")
+        print(f"{name:<40} {'-':>8} {'-':>8} {'-':>8} {100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f} "
+              f"{'-':>9}{cond(r)}")
         continue
     print(f"{name:<40} {r['paired_rel_mse']:>8.4f} {r['paired_rel_mse_median']:>8.4f} {r['frechet']:>8.4f} "
-          f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f} {str(r['collapsed']):>9}")
+          f"{100 * r['class_accuracy']:>8.1f} {100 * r['strict_accuracy']:>9.1f} {str(r['collapsed']):>9}{cond(r)}")
 print(f"Fréchet floor {teacher['frechet_floor']:.4f}")
 unguided = rows["teacher_unguided"]["paired_rel_mse"]
 for c in summary["guided_curve"]:
@@ -238,5 +247,6 @@ for c in summary["dmd_curve"]:
           f"{c['frechet'] / teacher['frechet_floor']:.2f}x floor, strict {100 * c['strict_accuracy']:.1f}%{div}")
 for c in summary["trajectory_curve"]:
     print(f"trajectory student after {c['trajectories']:>6} trajectories: paired {c['paired_rel_mse']:.4f} = "
-          f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}")
+          f"{c['paired_rel_mse'] / at_k:.2f}x teacher_at_k, strict {100 * c['strict_accuracy']:.1f}%, Fréchet {c['frechet']:.4f}"
+          + (f", condition {100 * c['condition_accuracy']:.1f}%" if "condition_accuracy" in c else ""))
 PY

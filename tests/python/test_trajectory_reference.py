@@ -12,7 +12,15 @@ the sample along the same σ. Every dumped state must equal diffusers' state at 
 target must be the jump (x(σ_{i+1}) − x(σ_i)) / (σ_{i+1} − σ_i) of diffusers' path, to 1e-4
 relative.
 
-usage: test_trajectory_reference.py DUMP_FILE
+With an i2v TEACHER_DIR (dump_trajectory ... i2v writes it: a random i2v model, in_dim 2C + 4)
+every forward takes [x; y] with the trajectory's dumped y, the mask and image latents, as
+diffusers' WanImageToVideoPipeline passes them.
+
+With a ti2v TEACHER_DIR, diffusers' TI2V image mode by hand: the trajectory's first frame is the
+image (the dumped start's), its tokens get timestep 0 in a per-token timestep ([1, S], as
+WanImageToVideoPipeline with expand_timesteps), and it is put back after every scheduler step.
+
+usage: test_trajectory_reference.py DUMP_FILE [TEACHER_DIR]
 """
 
 import json
@@ -56,9 +64,22 @@ def scheduler_for(solver, sigmas):
 def main():
     torch.set_num_threads(1)
     dump = load_file(sys.argv[1])
-    fixture = ROOT / "tests" / "fixtures" / "wan-tiny-a"
-    cfg = json.loads((fixture / "config.json").read_text())
-    model = diffusers_model(cfg, load_file(fixture / "weights.safetensors"))
+    if len(sys.argv) > 2:  # an i2v teacher: its config and its (one or more) safetensors files
+        folder = Path(sys.argv[2])
+        cfg = json.loads((folder / "config.json").read_text())
+        state = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(f))
+    else:
+        fixture = ROOT / "tests" / "fixtures" / "wan-tiny-a"
+        cfg = json.loads((fixture / "config.json").read_text())
+        state = load_file(fixture / "weights.safetensors")
+    model = diffusers_model(cfg, state)
+    i2v = cfg.get("model_type") == "i2v"
+    ti2v = cfg.get("model_type") == "ti2v"
+    if i2v and "unipc.y" not in dump:
+        print(f"FAIL: {sys.argv[1]} has no y for the i2v teacher {sys.argv[2]}")
+        return 1
     g = float(dump["guidance"][0])
     cond_ctx = padded_context(dump["context"], dump["context_lens"], cfg["text_len"])
     neg_ctx = torch.zeros_like(cond_ctx)
@@ -75,13 +96,27 @@ def main():
             sched = scheduler_for(solver, sigmas)
             sample = x[pairs[(b, 0)]][None].clone()  # the trajectory's starting noise
             states = [sample]
+            # i2v: the trajectory's y beside the sample at every forward, the negative one too.
+            joined = (lambda s, y=dump[f"{solver}.y"][pairs[(b, 0)]][None]: torch.cat([s, y], dim=1)) if i2v \
+                else (lambda s: s)
+            if i2v:
+                for i in range(k):
+                    check(torch.equal(dump[f"{solver}.y"][pairs[(b, i)]], dump[f"{solver}.y"][pairs[(b, 0)]]),
+                          f"{solver} ({b},{i}): a trajectory's pairs carry its one y")
+            image = sample[:, :, :1].clone()  # ti2v: the start's first frame is the image
+            frame_tokens = sample.shape[3] * sample.shape[4] // 4
             with torch.no_grad():
                 for n, step_t in enumerate(sched.timesteps):
                     tt = torch.tensor([float(sigmas[n]) * 1000], dtype=torch.float32)
-                    cond = model(sample, tt, cond_ctx[b:b + 1], return_dict=False)[0]
-                    neg = model(sample, tt, neg_ctx[b:b + 1], return_dict=False)[0]
+                    if ti2v:  # per token, the image's tokens at 0
+                        tt = tt.expand(1, sample.shape[2] * frame_tokens).clone()
+                        tt[:, :frame_tokens] = 0
+                    cond = model(joined(sample), tt, cond_ctx[b:b + 1], return_dict=False)[0]
+                    neg = model(joined(sample), tt, neg_ctx[b:b + 1], return_dict=False)[0]
                     velocity = neg + g * (cond - neg)
                     sample = sched.step(velocity, step_t, sample, return_dict=False)[0]
+                    if ti2v:
+                        sample = torch.cat([image, sample[:, :, 1:]], dim=2)
                     if (n + 1) % stride == 0:
                         states.append(sample)
             for i in range(k):
@@ -89,12 +124,18 @@ def main():
                 err_x = relative(x[j], states[i][0])
                 want_v = (states[i + 1][0] - states[i][0]) / float(grid[i + 1] - grid[i])
                 err_v = relative(v[j], want_v)
-                err_t = abs(float(t[j]) - 1000 * float(grid[i]))
+                if ti2v:  # per token: the image's at 0, the rest at 1000·σ_i
+                    want_t = torch.full_like(t[j], 1000 * float(grid[i]))
+                    want_t[:frame_tokens] = 0
+                    err_t = float((t[j] - want_t).abs().max())
+                    check(torch.equal(x[j][:, :1], image[0]), f"{solver} ({b},{i}): the state's first frame is the image")
+                else:
+                    err_t = abs(float(t[j]) - 1000 * float(grid[i]))
                 print(f"{solver} trajectory {b} interval {i}: state {err_x:.2e}, jump {err_v:.2e} relative, "
-                      f"t {float(t[j]):.3f}")
+                      f"t {float(t[j].reshape(-1)[-1]):.3f}")
                 check(err_x <= TOLERANCE, f"{solver} ({b},{i}): the state is {err_x:.2e} from diffusers'")
                 check(err_v <= TOLERANCE, f"{solver} ({b},{i}): the jump is {err_v:.2e} from diffusers'")
-                check(err_t <= 1e-3, f"{solver} ({b},{i}): t {float(t[j])} is not 1000 * {float(grid[i])}")
+                check(err_t <= 1e-3, f"{solver} ({b},{i}): t {t[j].tolist()} is not 1000 * {float(grid[i])}")
     # Not by accident: the two samplers' paths differ, so each check above tells them apart.
     apart = relative(dump["unipc.v"], dump["euler.v"])
     check(apart > 100 * TOLERANCE, f"UniPC's and Euler's targets are only {apart:.2e} apart")

@@ -5,7 +5,12 @@
 // 3, once with the UniPC sampler and once with Euler. For each solver S the file holds S.x, S.t,
 // S.v (every pair of the round, in deal order), S.traj and S.interval (whose pair each is),
 // S.teacher_sigmas and S.student_sigmas; and the round's context, context_lens and guidance.
-// Usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE
+// With `i2v`, the teacher is a random i2v model of the fixture's dims (in_dim 2·out_dim + 4,
+// written to WORK_DIR/trajectory-i2v-teacher in the official layout) and the data set has image
+// conditions: every pair's y is in S.y as well. With `ti2v`, a random ti2v model of the fixture's
+// dims (per-token timesteps, WORK_DIR/trajectory-ti2v-teacher) and a data set with each video's
+// first latent frame as its image: the states keep it as their clean first frame, t is per token.
+// Usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v]
 #include <torch/torch.h>
 
 #include <iostream>
@@ -14,36 +19,51 @@
 #include "data/dataset_info.hpp"
 #include "data/dataset_reader.hpp"
 #include "data/synthetic_dataset.hpp"
+#include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "teacher/trajectory.hpp"
 
 int main(int argc, char** argv) {
   using namespace wd;
-  if (argc != 4) {
-    std::cerr << "usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE\n";
+  const std::string kind = argc == 5 ? argv[4] : "t2v";
+  if (argc < 4 || argc > 5 || (kind != "t2v" && kind != "i2v" && kind != "ti2v")) {
+    std::cerr << "usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v]\n";
     return 2;
   }
   const std::string fixture = argv[1], work = argv[2];
+  const bool i2v = kind == "i2v", ti2v = kind == "ti2v";
   constexpr double kGuidance = 3.5;
   constexpr std::int64_t kB = 2, kTeacherSteps = 6, kK = 3;
-  const auto ck = WanCheckpoint::open(fixture + "/weights.safetensors", fixture + "/config.json");
+  auto ck = WanCheckpoint::open(fixture + "/weights.safetensors", fixture + "/config.json");
+  if (i2v || ti2v) {
+    WanConfig c = ck.config();
+    c.model_type = kind;
+    if (i2v) c.in_dim = 2 * c.out_dim + kI2vMaskChannels;
+    const auto dir = work + "/trajectory-" + kind + "-teacher";
+    write_random_wan_checkpoint(dir, c, torch::kFloat, 1ull << 30, 5);
+    ck = WanCheckpoint::open(dir);
+  }
   const auto& cfg = ck.config();
   // Contexts from a data set of the fixture's shapes (the teacher's math is what is checked).
   data::SyntheticDatasetSpec spec;
   spec.output = work + "/trajectory-data.h5";
   spec.samples = 6;
-  spec.latent = {cfg.in_dim, 3, 8, 8};
+  spec.latent = {cfg.out_dim, 3, 8, 8};
   spec.text_len = 8;
   spec.text_dim = cfg.text_dim;
   spec.seed = 4;
+  spec.condition = image_condition_of(cfg);
   data::write_synthetic_dataset(spec);
-  const auto info = data::validate_dataset(spec.output, {});
+  data::DatasetExpectations expect;
+  if (i2v || ti2v) expect = {cfg.out_dim, cfg.text_dim, cfg.text_len, cfg.patch_size, spec.condition};
+  const auto info = data::validate_dataset(spec.output, expect);
   data::DatasetReader reader(info);
   const data::SampleSchedule schedule(4, kB, 1, 3);
   comm::StreamPlan plan;
   plan.batch_per_student = kB;
   plan.latent = info.latent_shape;
+  if (ti2v) plan.per_token_seq_len = 3 * (8 / cfg.patch_size[1]) * (8 / cfg.patch_size[2]);
   teacher::StageLoad how;
   how.dtype = torch::kFloat;
   how.blocks = {0, cfg.num_layers};
@@ -55,13 +75,14 @@ int main(int argc, char** argv) {
   for (const std::string solver : {"unipc", "euler"}) {
     const teacher::TrajectorySpec s{parse_choice<Solver>("solver", solver), kTeacherSteps, kK, 3.0};
     teacher::TrajectoryRounds rounds({stage, reader, schedule, plan, s, 0, 1, kB, 4, 3});
-    std::vector<torch::Tensor> x, t, v;
+    std::vector<torch::Tensor> x, t, v, y;
     std::vector<std::int64_t> traj, interval;
     for (std::int64_t slot = 0; slot < kK; ++slot) {
       const auto b = rounds.make(slot, false);
       x.push_back(b.x_t);
       t.push_back(b.t);
       v.push_back(b.out);
+      if (i2v) y.push_back(b.y);
       for (std::int64_t j = 0; j < kB; ++j) {
         const auto [tr, i] = rounds.pair_at(0, false, slot * kB + j);
         traj.push_back(tr);
@@ -71,6 +92,7 @@ int main(int argc, char** argv) {
     out.emplace_back(solver + ".x", torch::cat(x));
     out.emplace_back(solver + ".t", torch::cat(t));
     out.emplace_back(solver + ".v", torch::cat(v));
+    if (i2v) out.emplace_back(solver + ".y", torch::cat(y));
     out.emplace_back(solver + ".traj", torch::tensor(traj, torch::kLong));
     out.emplace_back(solver + ".interval", torch::tensor(interval, torch::kLong));
     out.emplace_back(solver + ".teacher_sigmas", torch::tensor(s.teacher_sigmas(), torch::kDouble));
