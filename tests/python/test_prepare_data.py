@@ -23,7 +23,8 @@ width 64 and a Unigram tokenizer built from a word list are saved with save_pret
      each file for an i2v or ti2v teacher and a t2v teacher's refusal names the condition's
      shape; an i2v teacher trains 2 steps on the i2v file;
   7. images and prompts (--no-latents, PNG images, both modes): no /latents, latent_shape of a
-     FRAMES clip, /condition as in 6; `wan-distill plan` validates them for their teacher.
+     FRAMES clip, /condition as in 6; `wan-distill plan` validates them for their teacher, and
+     each teacher's trajectory student trains 2 steps on them.
 
 Usage: .venv/bin/python tests/python/test_prepare_data.py WAN_DISTILL
 Exit status 0 when everything holds, 1 otherwise (also when a package is missing).
@@ -320,6 +321,14 @@ def images_and_prompts(cli, models_, root, clips, entries, teachers):
             check_condition(images_out, mode, condition_reference(models_, clips, images, mode), latents=False)
             run(f"plan on images, {mode} teacher", [cli, "plan", "--teacher.checkpoint", str(teachers[mode]),
                                                     "--data.path", str(images_out), "--cpu"])
+            # The teacher samples each image's conditioned paths from noise: a few-step student.
+            log = run(f"train trajectory on images, {mode}",
+                      ["bash", str(LAUNCHER), "-np", "2", cli, "train", "--data.path", str(images_out),
+                       "--teacher.checkpoint", str(teachers[mode]), "--run-dir", str(root / f"run-images-{mode}"),
+                       "--train.objective", "trajectory", "--teacher.steps", "2", "--student.steps", "1",
+                       "--train.steps", "2", "--train.eval_samples", "1", "--train.batch_size", "1",
+                       "--log.level", "info", *CPU_JOB])
+            check("student saved" in log, f"a {mode} teacher's trajectory student trains on images alone")
     log = run("--no-latents alone", encode(models_, images_list, root / "x.h5", "--no-latents"), code=2)
     check("give --image-condition" in log, "--no-latents without --image-condition is refused")
 
