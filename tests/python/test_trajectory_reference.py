@@ -9,7 +9,7 @@ from the dump's own starting noise: WanTransformer3DModel with the same weights 
 conditional and the negative (zero) velocity in two forwards, combined by hand, and diffusers'
 UniPCMultistepScheduler (flow prediction, bh2, order 2) or FlowMatchEulerDiscreteScheduler steps
 the sample along the same σ. Every dumped state must equal diffusers' state at that σ, and every
-target must be the jump (x(σ_{i+1}) − x(σ_i)) / (σ_{i+1} − σ_i) of diffusers' path, to 1e-4
+target must be the jump (x(σ_{i+1}) − x(σ_i)) / (σ_{i+1} − σ_i) of diffusers' path, to 1e-5
 relative.
 
 With an i2v TEACHER_DIR (dump_trajectory ... i2v writes it: a random i2v model, in_dim 2C + 4)
@@ -40,7 +40,7 @@ except ImportError as e:
 
 from wd_test_support import check, diffusers_model, failures, padded_context, relative  # noqa: E402
 
-TOLERANCE = 1e-4
+TOLERANCE = 1e-5  # the issue's bound for a trajectory round against diffusers (measured: 2.1e-6 at most)
 
 
 def scheduler_for(solver, sigmas):
@@ -138,7 +138,7 @@ def main():
                 check(err_t <= 1e-3, f"{solver} ({b},{i}): t {t[j].tolist()} is not 1000 * {float(grid[i])}")
     # Not by accident: the two samplers' paths differ, so each check above tells them apart.
     apart = relative(dump["unipc.v"], dump["euler.v"])
-    check(apart > 100 * TOLERANCE, f"UniPC's and Euler's targets are only {apart:.2e} apart")
+    check(apart > 1e-2, f"UniPC's and Euler's targets are only {apart:.2e} apart")
     print("FAIL" if failures else "PASS")
     return 1 if failures else 0
 
