@@ -44,10 +44,8 @@ data::DatasetExpectations dataset_expectations(const WanConfig& tc, bool ignore_
 
 namespace {
 
-/// What an i2v teacher asks of the job today: its in_dim counting the mask and image channels,
-/// and a student that takes the same inputs (x_t and y). Pipeline stages, which do not carry y
-/// yet, are refused by check_job and left out by the planner (PlanInput::whole_teacher). Throws
-/// ConfigError.
+/// What an i2v teacher asks of the job: its in_dim counting the mask and image channels, and a
+/// student that takes the same inputs (x_t and y). Throws ConfigError.
 void check_i2v_job(const RunConfig& cfg, const WanConfig& tc, const WanConfig& sc) {
   WD_CHECK_AS(ConfigError, tc.in_dim == 2 * tc.out_dim + kI2vMaskChannels,
               "teacher " << cfg.teacher_path() << " is an i2v model with in_dim " << tc.in_dim << " and out_dim "
@@ -212,7 +210,6 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.context_len = tc.text_len;  // the model pads every context to text_len
   in.feature_blocks = static_cast<std::int64_t>(stream.feature_blocks.size());
   cfg.objective().shape_plan(cfg.keys(), in);
-  if (stream.condition_channels > 0) in.whole_teacher = true;  // pipeline stages do not carry y yet
   in.message_bytes = static_cast<std::int64_t>(stream.message_spec().bytes());
   in.prefetch_depth = cfg.comm.prefetch_depth;
   in.eval_messages = global_batch > 0 ? cfg.train.eval_samples / global_batch : 0;

@@ -328,10 +328,6 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
   p.check(cfg.checkpoint.resume.empty() || cfg.checkpoint.resume == "auto" || fs::is_directory(cfg.checkpoint.resume),
           "resume(" + cfg.checkpoint.resume + ") must be auto, empty, or an existing checkpoint directory");
   cfg.objective().check_teacher(cfg.keys(), teacher, layout.stages, p);
-  p.check(layout.stages <= 1 || image_condition_of(teacher) != ImageCondition::kI2v,
-          "teacher " + cfg.teacher_path() + " is an i2v model: pipeline stages (teacher.placement shard, " +
-              std::to_string(layout.stages) + " stages) do not carry its image condition yet; use gpu, cpu, stream "
-              "or colocated");
   p.throw_if_any("train config");
   // Files the teacher's forwards read (a guided teacher's negative context), read where they will
   // be used: a bad one stops the job here.

@@ -355,7 +355,7 @@ std::string why_not(const PlanInput& in, const Shape& s, const PlacementPlan& ou
       {out.host_per_node > in.host_budget, "node's host memory"},
       {s.shard && in.teacher_ranks < 2, "shard needs teacher.ranks >= 2"},
       {s.gathered && s.cuda, "student.shard parameters trains host students only (GPU students: gradients)"},
-      {s.shard && in.whole_teacher, "the job needs the whole teacher on one rank (guidance or trajectories, or an i2v teacher's image condition)"},
+      {s.shard && in.whole_teacher, "the job needs the whole teacher on one rank (guidance or trajectories)"},
   };
   std::string out_text;
   for (const auto& [over, reason] : rows) {

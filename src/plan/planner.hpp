@@ -76,8 +76,7 @@ struct PlanInput {
   /// Samples a teacher forward carries per trained sample: 2 for a guided teacher (the
   /// conditional and the negative half of one batch), else 1.
   std::int64_t teacher_forwards = 1;
-  /// The job needs the whole teacher on one rank (guided, trajectory, an i2v teacher, whose
-  /// pipeline stages do not carry y yet): shard does not fit.
+  /// The job needs the whole teacher on one rank (guided, trajectory): shard does not fit.
   bool whole_teacher = false;
   std::int64_t message_bytes = 0;          ///< one student message on the wire (MessageSpec + header)
   std::int64_t prefetch_depth = 2;         ///< comm.prefetch_depth

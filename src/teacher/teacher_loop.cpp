@@ -29,6 +29,8 @@ StageBatch receive_batch(TeacherJob& job, std::int64_t step) {
   b.context = m.at("context");
   b.context_lens = m.at("context_lens");
   b.hidden = m.at("hidden");
+  // An i2v teacher's y: taken by the first stage's patch embedding, passed on for the students.
+  if (const auto y = m.tensors.find("y"); y != m.tensors.end()) b.y = y->second;
   for (const auto& [name, tensor] : m.tensors) {
     if (name.rfind("feat.", 0) == 0) b.features[std::stoll(name.substr(5))] = tensor;
   }
@@ -44,6 +46,7 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
     comm::TensorDict m{{"x_t", batch.x_t}, {"t", batch.t}, {"context", batch.context},
                        {"context_lens", batch.context_lens}, {"hidden", batch.hidden}};
     for (const auto& [j, h] : batch.features) m["feat." + std::to_string(j)] = h;
+    if (batch.y.defined()) m["y"] = batch.y;
     job.to_next->send(step, {m});
     return;
   }

@@ -198,6 +198,14 @@ TEST(I2v, ATeacherWithImageConditionsTeachesVelocityAndGuidedStudentsOnEveryPath
   r = test::launch_train(2, "--run-dir " + colocated.string() + i2v_assets() + steps + " --teacher.placement colocated");
   ASSERT_EQ(r.code, 0) << r.output;
   test::expect_close_losses(dedicated, colocated, 12);
+  // Pipeline stages: the first embeds [x_t; y], y travels on with the hidden state to the last,
+  // which sends it to the students.
+  const auto shard = root() / "i2v-velocity-shard";
+  r = test::launch_train(4, "--run-dir " + shard.string() + i2v_assets() + steps +
+                                " --teacher.placement shard --teacher.ranks 2 --log.level info");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("teacher stage 2/2 of replica 0"), std::string::npos) << r.output;
+  test::expect_close_losses(dedicated, shard, 12);
   const auto student = nlohmann::json::parse(std::ifstream(dedicated / "student" / "config.json"));
   EXPECT_EQ(student.at("model_type"), "i2v");
   EXPECT_EQ(student.at("in_dim"), 36);
