@@ -233,6 +233,12 @@ TEST(I2v, ATeacherWithImageConditionsTeachesAFewStepStudentItsConditionedTraject
                                 " --train.trajectory_rollout 0.5 --teacher.placement colocated");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(losses(colocated).size(), 6u);
+  // A LoRA student: adapters over the i2v teacher's own frozen weights, y in its every forward.
+  const auto lora = root() / "i2v-trajectory-lora";
+  r = test::launch_train(3, "--run-dir " + lora.string() + i2v_assets() + trajectory +
+                                " --student.lora_rank 4 --student.lora_alpha 8 --train.lr 2e-3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(lora / "student" / "lora.json")) << r.output;
 }
 
 TEST(I2v, DataAnI2vTeacherDoesNotTakeIsRefusedByName) {
