@@ -418,5 +418,35 @@ TEST(Lora, BadCombinationsAreRefusedBeforeTraining) {
   }
 }
 
+// An I2V-A14B-shaped pair (tiny dims, two i2v experts, boundary 0.9): one job trains both experts'
+// adapters on the teacher's conditioned trajectories (y in every forward), the pair samples with
+// the data set's images and exports per expert.
+TEST(Lora, AnI2vExpertPairLearnsConditionedTrajectoriesSamplesAndExports) {
+  const auto pair = (root() / "i2v-a14b").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --model-type i2v "
+                                       "--in-dim 36 --out-dim 16 --dtype bf16 --seed 3 --output " + pair + " 2>&1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const auto r = test::launch_train(3, run_dir("i2v-pair-job") + " --teacher.checkpoint " + pair +
+                                           " --student.lora_rank 4 --student.lora_alpha 8 --train.lr 2e-3"
+                                           " --train.log_every 1 --train.eval_samples 8 --train.objective trajectory"
+                                           " --teacher.steps 8 --train.steps 4 --log.level info");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA pair: one adapter set per expert of " + pair), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("for t >= 900"), std::string::npos) << r.output;  // I2V-A14B's boundary 0.9
+  const auto student = (root() / "i2v-pair-job" / "student").string();
+  const auto data = (root() / "i2v-pair-job" / "cache" / "tiny-data.h5").string();
+  const auto sampled = test::run_captured(std::string(WD_CLI) + " sample --teacher.checkpoint " + pair + " --student " +
+                                          student + " --data.path " + data + " --samples 0,1 --steps 2"
+                                          " --runtime.threads 1 2>&1");
+  EXPECT_EQ(sampled.code, 0) << sampled.output;
+  const auto exported = (root() / "i2v-pair-export").string();
+  const auto converted = test::run_captured(std::string(WD_CLI) + " convert --input " + student + " --output " +
+                                            exported + " --layout lora 2>&1");
+  ASSERT_EQ(converted.code, 0) << converted.output;
+  for (const auto* expert : {"high_noise_model", "low_noise_model"}) {
+    EXPECT_TRUE(fs::exists(fs::path(exported) / expert / "pytorch_lora_weights.safetensors")) << expert;
+  }
+}
+
 }  // namespace
 }  // namespace wd::test_lora_launch
