@@ -35,7 +35,12 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("seed", seed, "seed of the rows' noise (per sample index); the reference's second set uses seed + 1")
       .bind("teacher.steps", teacher_steps, "the reference's sampling steps")
       .bind("teacher.solver", teacher_solver, "the reference's sampler")
-      .bind("teacher.guidance", teacher_guidance, "the reference's guidance scale g (teacher_at_k's too)")
+      .bind_parsed<GuidanceScale>(
+          "teacher.guidance", teacher_guidance,
+          [](const std::string& text) { return GuidanceScale::parse("teacher.guidance", text); },
+          [](const GuidanceScale& g) { return g.str(); },
+          "the reference's guidance scale g (teacher_at_k's too); LOW,HIGH: each expert of a two-expert teacher "
+          "its own (the official T2V-A14B: 3,4)")
       .bind("teacher.shift", shift, "σ shift of every row's schedule")
       .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
       .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
@@ -66,7 +71,6 @@ void EvaluateConfig::validate() const {
   p.check(count >= 2, "count(" + std::to_string(count) + ") must be >= 2 (a Fréchet distance needs two samples)");
   p.check(teacher_steps >= 1, "teacher.steps(" + std::to_string(teacher_steps) + ") must be >= 1");
   p.check(student_steps >= 1, "student.steps(" + std::to_string(student_steps) + ") must be >= 1");
-  p.check(teacher_guidance > 0, "teacher.guidance(" + show(teacher_guidance) + ") must be > 0");
   p.check(student_guidance > 0, "student.guidance(" + show(student_guidance) + ") must be > 0");
   p.check(shift > 0, "teacher.shift(" + show(shift) + ") must be > 0");
   p.check(batch >= 1, "batch(" + std::to_string(batch) + ") must be >= 1");
@@ -86,9 +90,14 @@ struct RowSpec {
   SamplingModel* model;
   std::int64_t steps;
   Solver solver;
-  double guidance;
+  GuidanceScale guidance;
   const SamplingConditions* cond;
 };
+
+/// A scale in report.json: the number, or "LOW,HIGH" per expert.
+nlohmann::json guidance_json(const GuidanceScale& g) {
+  return g.per_expert() ? nlohmann::json(g.str()) : nlohmann::json(g.low);
+}
 
 /// The row's final latents, batch by batch, with progress and an ETA.
 torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
@@ -101,7 +110,8 @@ torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
     out.push_back(data::sample_flow(
                       row.solver, sigmas, part.noise,
                       [&](const torch::Tensor& x, double sigma) {
-                        return row.model->guided(x, sigma, part.context, part.negative, part.lens, row.guidance,
+                        return row.model->guided(x, sigma, part.context, part.negative, part.lens,
+                                                 row.model->scale_at(row.guidance, sigma),
                                                  part.image);
                       },
                       [&](const torch::Tensor& x) { return part.image.keep(x); })
@@ -110,7 +120,7 @@ torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
     const auto done = std::min(n, lo + batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{}: {}/{} samples ({} {} steps, g {}), {:.0f} s, ETA {:.0f} s", row.name, done, n, row.steps,
-                 name_of(row.solver), row.guidance, s, s / static_cast<double>(done) * static_cast<double>(n - done));
+                 name_of(row.solver), row.guidance.str(), s, s / static_cast<double>(done) * static_cast<double>(n - done));
   }
   return torch::cat(out);
 }
@@ -252,7 +262,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   const auto cond = make_conditions({cfg.data_path, samples, "", 0, cfg.seed, cfg.negative}, tc, device);
   const auto other = make_conditions({cfg.data_path, samples, "", 0, cfg.seed + 1, cfg.negative}, tc, device);
   const auto k = cfg.student_steps;
-  const double g = cfg.teacher_guidance;
+  const auto& g = cfg.teacher_guidance;
   std::vector<RowSpec> rows{{"reference", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &cond},
                             {"reference_other_noise", &teacher, cfg.teacher_steps, cfg.teacher_solver, g, &other},
                             {"teacher_unguided", &teacher, cfg.teacher_steps, cfg.teacher_solver, 1.0, &cond},
@@ -262,7 +272,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   TensorMap latents{{"noise", cond.noise.cpu()}};
   nlohmann::json settings{{"samples", cond.indices}, {"seed", cfg.seed}, {"shift", cfg.shift},
                           {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", name_of(cfg.teacher_solver)},
-                          {"teacher_guidance", g}, {"student_steps", k}, {"teacher", cfg.teacher},
+                          {"teacher_guidance", guidance_json(g)}, {"student_steps", k}, {"teacher", cfg.teacher},
                           {"negative", cfg.negative}};
   if (!cfg.reuse.empty()) take_teacher_rows(cfg.reuse, settings, latents);
   for (const auto& row : rows) {
@@ -292,7 +302,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
     const auto paired = paired_error(x, ref);
     const auto flat = collapsed_channels(x, ref, cfg.collapse_ratio);
     const auto x_features = features(x);
-    nlohmann::json r{{"steps", row.steps}, {"solver", name_of(row.solver)}, {"guidance", row.guidance},
+    nlohmann::json r{{"steps", row.steps}, {"solver", name_of(row.solver)}, {"guidance", guidance_json(row.guidance)},
                      {"paired_rel_mse", paired.rel_mse}, {"paired_rel_mse_median", paired.median},
                      {"frechet", frechet_distance(x_features, other_features)},
                      {"frechet_spread", frechet_spread(x_features, other_features)},

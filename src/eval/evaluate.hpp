@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/guidance_scale.hpp"
 #include "core/choices.hpp"
 #include "core/config.hpp"
 #include "teacher/sampling_teacher.hpp"
@@ -23,7 +24,7 @@ struct EvaluateConfig {
   std::uint64_t seed = 7;  ///< the rows' noise; the reference's second set draws from seed + 1
   std::int64_t teacher_steps = 40;
   Solver teacher_solver = Solver::kUnipc;
-  double teacher_guidance = 5.0;
+  GuidanceScale teacher_guidance = 5.0;  ///< one scale, or LOW,HIGH per expert of a two-expert teacher
   double shift = 5.0;
   std::int64_t student_steps = 4;
   double student_guidance = 1.0;

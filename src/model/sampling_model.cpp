@@ -25,6 +25,14 @@ torch::Tensor SamplingModel::operator()(const torch::Tensor& x, double sigma, co
   return over_channels("out_proj", forward(over_channels("in_proj", in.x_t), in.t, context, lens, in.y));
 }
 
+double SamplingModel::scale_at(const GuidanceScale& g, double sigma) const {
+  if (!g.per_expert()) return g.low;
+  WD_CHECK_AS(ConfigError, experts && experts->two_experts(),
+              "guidance(" << g.str() << ") gives each expert of a two-expert teacher its own scale; this teacher has "
+                          << "one expert: give one scale");
+  return g.of(experts->expert_for(static_cast<float>(1000.0 * sigma)) == WanExperts::kHigh);
+}
+
 torch::Tensor SamplingModel::guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
                                     const torch::Tensor& negative, const torch::Tensor& lens, double g,
                                     const ImageInput& image) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/guidance_scale.hpp"
 #include "model/image_condition.hpp"
 #include "model/wan_dit.hpp"
 #include "model/wan_experts.hpp"
@@ -40,6 +41,10 @@ struct SamplingModel {
   torch::Tensor guided(const torch::Tensor& x, double sigma, const torch::Tensor& context,
                        const torch::Tensor& negative, const torch::Tensor& lens, double g,
                        const ImageInput& image = {});
+  /// The scale of `g` at σ: its one scale, or per expert the scale of the expert that computes
+  /// at σ (this model's two experts, routed as the samplers route fp32 1000·σ; a ConfigError for a
+  /// model without two).
+  double scale_at(const GuidanceScale& g, double sigma) const;
 
  private:
   torch::Tensor over_channels(const std::string& name, const torch::Tensor& x) const;

@@ -41,7 +41,7 @@ std::vector<std::unique_ptr<ObjectiveSpec>>& table() {
 bool ObjectiveSpec::guided(const Keys& k) const {
   switch (traits_.guidance) {
     case Guidance::kAlways: return true;
-    case Guidance::kUnlessOne: return k.teacher.guidance != 1.0;
+    case Guidance::kUnlessOne: return !k.teacher.guidance.is_one();
     case Guidance::kNever: break;
   }
   return false;
@@ -144,8 +144,11 @@ void ObjectiveSpec::prepare_stage(const Keys& k, teacher::TeacherStage& stage, s
     const auto& t = k.teacher;
     stage.set_guidance(t.guidance, t.negative.empty() ? torch::Tensor() : load_negative_context(t.negative, text_dim));
     if (log) {
-      spdlog::info("train.objective {}: the teacher's velocity is v_neg + {}*(v_cond - v_neg), the negative context {}",
-                   name_, t.guidance, t.negative.empty() ? std::string("zeros") : t.negative);
+      const auto g = t.guidance.per_expert() ? fmt::format("g*(v_cond - v_neg), g {} for the low-noise expert and {} "
+                                                           "for the high-noise one,", t.guidance.low, t.guidance.high)
+                                             : fmt::format("{}*(v_cond - v_neg),", t.guidance.low);
+      spdlog::info("train.objective {}: the teacher's velocity is v_neg + {} the negative context {}", name_, g,
+                   t.negative.empty() ? std::string("zeros") : t.negative);
     }
   }
   if (log) log_teacher(k, range, colocated);

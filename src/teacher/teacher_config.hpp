@@ -8,6 +8,7 @@
 
 #include "core/choices.hpp"
 #include "core/config.hpp"
+#include "core/guidance_scale.hpp"
 
 namespace wd::teacher {
 
@@ -46,7 +47,7 @@ struct TeacherConfig {
   double boundary = 0;
   /// train.objective guided: the classifier-free guidance scale g of the teacher's target
   /// v_neg + g·(v_cond − v_neg) (docs/objectives.md), and the negative context's file (empty: zeros).
-  double guidance = 5.0;
+  GuidanceScale guidance = 5.0;
   std::string negative;
   /// train.objective trajectory: the teacher's sampler (steps, σ shift, solver) along whose
   /// schedule the trajectories run (docs/objectives.md#trajectory).
@@ -102,9 +103,13 @@ struct TeacherConfig {
         .bind("teacher.boundary", boundary,
               "two-expert (A14B) teacher: high-noise expert for t >= boundary*1000; 0 = the model's "
               "default (t2v 0.875, i2v 0.9)")
-        .bind("teacher.guidance", guidance,
-              "train.objective guided and trajectory: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no guidance; "
-              "Wan 2.2 samples with 3-5)")
+        .bind_parsed<GuidanceScale>(
+            "teacher.guidance", guidance,
+            [](const std::string& text) { return GuidanceScale::parse("teacher.guidance", text); },
+            [](const GuidanceScale& g) { return g.str(); },
+            "train.objective guided, trajectory and dmd: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no "
+            "guidance; Wan 2.2 samples with 3-5); LOW,HIGH: each expert of a two-expert teacher its own (the "
+            "official T2V-A14B: 3,4; I2V-A14B: 3.5)")
         .bind("teacher.negative", negative,
               "train.objective guided and trajectory: safetensors with `context` [L,text_dim] or [1,L,text_dim], the negative "
               "prompt's encoding; empty = zeros (what train.cond_dropout trains a flow model to answer)")
@@ -132,7 +137,6 @@ struct TeacherConfig {
                 name_of(placement));
     p.check(shard_map.empty() || placement == TeacherPlacement::kShard,
             "teacher.shard_map(" + shard_map + ") needs teacher.placement = shard, not " + name_of(placement));
-    p.check(guidance > 0, "teacher.guidance(" + std::to_string(guidance) + ") must be > 0");
     p.check(boundary == 0 || (boundary > 0 && boundary < 1),
             "teacher.boundary(" + std::to_string(boundary) + ") must be 0 (the default) or in (0, 1)");
     p.check(stream_ahead >= 1 && stream_ahead <= 8,

@@ -99,11 +99,15 @@ void TeacherStage::run_model(StageModel& m, StageBatch& b, const std::vector<std
   result = last() ? torch::stack(model->unembed(state)) : state.x.to(torch::kFloat);
 }
 
-void TeacherStage::set_guidance(double g, torch::Tensor negative) {
+void TeacherStage::set_guidance(const GuidanceScale& g, torch::Tensor negative) {
   WD_CHECK_AS(ConfigError, first() && last(),
               "teacher.guidance needs the whole teacher on one rank; this stage holds blocks "
                   << blocks_.begin << "-" << blocks_.end - 1 << " of " << num_layers_);
-  WD_CHECK_AS(ConfigError, g > 0, "teacher.guidance(" << g << ") must be > 0");
+  WD_CHECK_AS(ConfigError, g.low > 0 && g.high > 0, "teacher.guidance(" << g.str() << ") must be > 0");
+  WD_CHECK_AS(ConfigError, !g.per_expert() || experts_.size() == 2,
+              "teacher.guidance(" << g.str() << ") gives each expert of a two-expert teacher its own scale; this "
+                                  << "teacher has one: give one scale");
+  guided_ = true;
   guidance_ = g;
   negative_ = negative.defined() ? negative.to(torch::kFloat).cpu() : negative;
 }
@@ -130,8 +134,19 @@ void TeacherStage::run(StageBatch& b) {
       torch::cat({b.context_lens, torch::full({B}, neg.size(1), b.context_lens.options())});
   run_plain(both);
   const auto cond = both.out.slice(0, 0, B), uncond = both.out.slice(0, B);
-  b.out = uncond + guidance_ * (cond - uncond);
+  b.out = guidance_.per_expert() ? uncond + sample_scales(b.t, cond) * (cond - uncond)
+                                 : uncond + guidance_.low * (cond - uncond);
   for (const auto& [j, h] : both.features) b.features[j] = h.slice(0, 0, B);
+}
+
+torch::Tensor TeacherStage::sample_scales(const torch::Tensor& t, const torch::Tensor& like) const {
+  // Each sample's expert, as run_batch routes it: routes[1] is the high-noise expert's.
+  const auto routes = router_(t);
+  auto g = torch::full({like.size(0)}, guidance_.low, torch::kFloat);
+  for (const auto i : routes.at(1)) g[i] = guidance_.high;
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(like.dim()), 1);
+  shape[0] = like.size(0);
+  return g.to(like.options()).view(shape);
 }
 
 void TeacherStage::run_plain(StageBatch& b) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/guidance_scale.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_dit.hpp"
 #include "teacher/block_streamer.hpp"
@@ -79,9 +80,10 @@ class TeacherStage {
   /// context and with `negative` ([L',text_dim] on the host; undefined: zeros of the sample's
   /// context width, all rows valid, as `sample --guidance` without --negative), and sets
   /// out = v_neg + g·(v_cond − v_neg); the features are the conditional pass's. A whole model
-  /// only (one stage holding every block).
-  void set_guidance(double g, torch::Tensor negative = {});
-  bool guided() const { return guidance_ > 0; }
+  /// only (one stage holding every block). A per-expert `g` (GuidanceScale::per_expert) needs
+  /// two experts: each sample takes the scale of the expert its t routes it to.
+  void set_guidance(const GuidanceScale& g, torch::Tensor negative = {});
+  bool guided() const { return guided_; }
 
   const BlockRange& blocks() const { return blocks_; }
   bool first() const { return blocks_.begin == 0; }
@@ -93,6 +95,9 @@ class TeacherStage {
   static std::vector<std::int64_t> features_before(const std::vector<std::int64_t>& features, std::int64_t end);
 
  private:
+  /// Per-expert guidance: the scale of each sample of `like` [B,...] at timesteps `t`, [B,1,...],
+  /// by the expert the router sends it to.
+  torch::Tensor sample_scales(const torch::Tensor& t, const torch::Tensor& like) const;
   /// run() without guidance: in micro-batches where set.
   void run_plain(StageBatch& batch);
   /// One forward of the whole `batch` (its experts' shares routed and merged).
@@ -107,7 +112,8 @@ class TeacherStage {
   std::int64_t num_layers_;
   std::vector<std::int64_t> feature_blocks_;
   std::int64_t micro_batch_ = 0;
-  double guidance_ = 0;     ///< 0: not guided
+  bool guided_ = false;
+  GuidanceScale guidance_;  ///< set_guidance's scale (guided_)
   torch::Tensor negative_;  ///< [L',text_dim] fp32 on the host; undefined: zeros
 };
 

@@ -20,6 +20,11 @@ With a ti2v TEACHER_DIR, diffusers' TI2V image mode by hand: the trajectory's fi
 image (the dumped start's), its tokens get timestep 0 in a per-token timestep ([1, S], as
 WanImageToVideoPipeline with expand_timesteps), and it is put back after every scheduler step.
 
+With a two-expert TEACHER_DIR (high_noise_model/ + low_noise_model/, the dump's `boundary` and
+two `guidance` scales, low then high), each step runs the expert whose side of the boundary its
+timestep is on (trunc(t) >= boundary: the high-noise one, as the official A14B sampler), guided by
+hand with that expert's scale: the official T2V-A14B's per-expert guidance.
+
 usage: test_trajectory_reference.py DUMP_FILE [TEACHER_DIR]
 """
 
@@ -64,23 +69,31 @@ def scheduler_for(solver, sigmas):
 def main():
     torch.set_num_threads(1)
     dump = load_file(sys.argv[1])
-    if len(sys.argv) > 2:  # an i2v teacher: its config and its (one or more) safetensors files
-        folder = Path(sys.argv[2])
+    def load(folder):  # a teacher folder: its config and its (one or more) safetensors files
         cfg = json.loads((folder / "config.json").read_text())
         state = {}
         for f in sorted(folder.glob("*.safetensors")):
             state.update(load_file(f))
+        return cfg, diffusers_model(cfg, state)
+
+    two = len(sys.argv) > 2 and (Path(sys.argv[2]) / "high_noise_model").is_dir()
+    if two:
+        cfg, high_model = load(Path(sys.argv[2]) / "high_noise_model")
+        _, model = load(Path(sys.argv[2]) / "low_noise_model")
+        boundary = float(dump["boundary"][0])
+    elif len(sys.argv) > 2:
+        cfg, model = load(Path(sys.argv[2]))
     else:
         fixture = ROOT / "tests" / "fixtures" / "wan-tiny-a"
         cfg = json.loads((fixture / "config.json").read_text())
-        state = load_file(fixture / "weights.safetensors")
-    model = diffusers_model(cfg, state)
+        model = diffusers_model(cfg, load_file(fixture / "weights.safetensors"))
     i2v = cfg.get("model_type") == "i2v"
     ti2v = cfg.get("model_type") == "ti2v"
     if i2v and "unipc.y" not in dump:
         print(f"FAIL: {sys.argv[1]} has no y for the i2v teacher {sys.argv[2]}")
         return 1
-    g = float(dump["guidance"][0])
+    scales = dump["guidance"].tolist()  # one, or the low-noise and the high-noise expert's
+    g = scales[0]
     cond_ctx = padded_context(dump["context"], dump["context_lens"], cfg["text_len"])
     neg_ctx = torch.zeros_like(cond_ctx)
 
@@ -111,9 +124,12 @@ def main():
                     if ti2v:  # per token, the image's tokens at 0
                         tt = tt.expand(1, sample.shape[2] * frame_tokens).clone()
                         tt[:, :frame_tokens] = 0
-                    cond = model(joined(sample), tt, cond_ctx[b:b + 1], return_dict=False)[0]
-                    neg = model(joined(sample), tt, neg_ctx[b:b + 1], return_dict=False)[0]
-                    velocity = neg + g * (cond - neg)
+                    m, scale = model, g
+                    if two and int(float(tt.reshape(-1)[0])) >= boundary:  # the high-noise expert and its scale
+                        m, scale = high_model, scales[1]
+                    cond = m(joined(sample), tt, cond_ctx[b:b + 1], return_dict=False)[0]
+                    neg = m(joined(sample), tt, neg_ctx[b:b + 1], return_dict=False)[0]
+                    velocity = neg + scale * (cond - neg)
                     sample = sched.step(velocity, step_t, sample, return_dict=False)[0]
                     if ti2v:
                         sample = torch.cat([image, sample[:, :, 1:]], dim=2)

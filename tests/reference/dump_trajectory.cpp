@@ -10,10 +10,15 @@
 // conditions: every pair's y is in S.y as well. With `ti2v`, a random ti2v model of the fixture's
 // dims (per-token timesteps, WORK_DIR/trajectory-ti2v-teacher) and a data set with each video's
 // first latent frame as its image: the states keep it as their clean first frame, t is per token.
-// Usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v]
+// With `experts`, a two-expert teacher (two random models of the fixture's dims,
+// WORK_DIR/trajectory-experts-teacher/{high,low}_noise_model, boundary 0.875) guided per expert
+// with 3 (low-noise) and 4 (high-noise), as the official T2V-A14B sampler; `guidance` holds both
+// and `boundary` the boundary timestep.
+// Usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v|experts]
 #include <torch/torch.h>
 
 #include <iostream>
+#include <optional>
 
 #include "comm/stream_plan.hpp"
 #include "data/dataset_info.hpp"
@@ -22,17 +27,26 @@
 #include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
 #include "teacher/trajectory.hpp"
 
 int main(int argc, char** argv) {
   using namespace wd;
   const std::string kind = argc == 5 ? argv[4] : "t2v";
-  if (argc < 4 || argc > 5 || (kind != "t2v" && kind != "i2v" && kind != "ti2v")) {
-    std::cerr << "usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v]\n";
+  if (argc < 4 || argc > 5 || (kind != "t2v" && kind != "i2v" && kind != "ti2v" && kind != "experts")) {
+    std::cerr << "usage: dump_trajectory FIXTURE_DIR WORK_DIR OUT_FILE [i2v|ti2v|experts]\n";
     return 2;
   }
   const std::string fixture = argv[1], work = argv[2];
   const bool i2v = kind == "i2v", ti2v = kind == "ti2v";
+  const auto pair_dir = work + "/trajectory-experts-teacher";
+  if (kind == "experts") {
+    const auto c = WanCheckpoint::open(fixture + "/weights.safetensors", fixture + "/config.json").config();
+    write_random_wan_checkpoint(pair_dir + "/" + WanExperts::kHighDir, c, torch::kFloat, 1ull << 30, 6);
+    write_random_wan_checkpoint(pair_dir + "/" + WanExperts::kLowDir, c, torch::kFloat, 1ull << 30, 7);
+  }
+  std::optional<WanExperts> pair;
+  if (kind == "experts") pair = WanExperts::open(pair_dir);
   constexpr double kGuidance = 3.5;
   constexpr std::int64_t kB = 2, kTeacherSteps = 6, kK = 3;
   auto ck = WanCheckpoint::open(fixture + "/weights.safetensors", fixture + "/config.json");
@@ -47,7 +61,7 @@ int main(int argc, char** argv) {
   const auto& cfg = ck.config();
   // Contexts from a data set of the fixture's shapes (the teacher's math is what is checked).
   data::SyntheticDatasetSpec spec;
-  spec.output = work + "/trajectory-data.h5";
+  spec.output = work + "/trajectory-" + kind + "-data.h5";  // one file per kind: ctest may run them at once
   spec.samples = 6;
   spec.latent = {cfg.out_dim, 3, 8, 8};
   spec.text_len = 8;
@@ -68,9 +82,16 @@ int main(int argc, char** argv) {
   how.dtype = torch::kFloat;
   how.blocks = {0, cfg.num_layers};
   std::vector<teacher::StageModel> models;
-  models.push_back(teacher::load_stage_model(ck, how));
-  teacher::TeacherStage stage(std::move(models), nullptr, how.blocks, {});
-  stage.set_guidance(kGuidance);  // zeros as the negative context
+  teacher::Router router;
+  if (pair) {
+    for (const auto& e : pair->experts()) models.push_back(teacher::load_stage_model(e, how));
+    router = [&pair](const torch::Tensor& t) { return pair->route(t); };
+  } else {
+    models.push_back(teacher::load_stage_model(ck, how));
+  }
+  teacher::TeacherStage stage(std::move(models), router, how.blocks, {});
+  const GuidanceScale guidance = pair ? GuidanceScale(3.0, 4.0) : GuidanceScale(kGuidance);
+  stage.set_guidance(guidance);  // zeros as the negative context
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const std::string solver : {"unipc", "euler"}) {
     const teacher::TrajectorySpec s{parse_choice<Solver>("solver", solver), kTeacherSteps, kK, 3.0};
@@ -101,7 +122,8 @@ int main(int argc, char** argv) {
   const auto round = reader.read(schedule.indices(0, 0));
   out.emplace_back("context", round.context);
   out.emplace_back("context_lens", round.context_lens);
-  out.emplace_back("guidance", torch::tensor({kGuidance}));
+  out.emplace_back("guidance", pair ? torch::tensor({guidance.low, guidance.high}) : torch::tensor({kGuidance}));
+  if (pair) out.emplace_back("boundary", torch::tensor({pair->boundary_timestep()}));
   std::map<std::string, torch::Tensor> tensors(out.begin(), out.end());
   write_safetensors(argv[3], tensors, {{"producer", "dump_trajectory"}});
   std::cout << "wrote " << argv[3] << "\n";

@@ -279,7 +279,9 @@ TEST(JobStartup, GuidedNeedsTheWholeTeacherAndAReadableNegative) {
                                       "teacher on one rank"))
       << message;
   message = error_of<ConfigError>([] { config(tiny("--train.objective guided --teacher.guidance 0")).validate(); });
-  EXPECT_TRUE(test::contains(message, "teacher.guidance(0.000000) must be > 0")) << message;
+  EXPECT_TRUE(test::contains(message, "teacher.guidance(0) must be a guidance scale g > 0")) << message;
+  message = error_of<ConfigError>([] { config(tiny("--train.objective guided --teacher.guidance 3,x")).validate(); });
+  EXPECT_TRUE(test::contains(message, "teacher.guidance(3,x) must be a guidance scale g > 0, or two, LOW,HIGH")) << message;
   test::TempDir dir("job-negative");
   std::ofstream(dir.str("neg.safetensors")) << "not safetensors";
   message = error_of<DataError>([&] {

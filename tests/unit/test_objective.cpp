@@ -46,7 +46,7 @@ class TeacherX0 final : public objective::ObjectiveSpec {
  public:
   TeacherX0() : ObjectiveSpec("x0", "test only: the teacher's clean-sample prediction as the target", {}) {}
   void check(const objective::Keys& k, ConfigProblems& p) const override {
-    p.check(k.teacher.guidance == 1.0, "train.objective x0 takes the teacher's unguided x0: teacher.guidance must be 1");
+    p.check(k.teacher.guidance.is_one(), "train.objective x0 takes the teacher's unguided x0: teacher.guidance must be 1");
   }
   std::unique_ptr<teacher::TargetSource> source(const objective::Keys& k,
                                                 const teacher::SourceParts& parts) const override {

@@ -280,6 +280,64 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
   }
 }
 
+// Per-expert guidance (teacher.guidance LOW,HIGH; the official T2V-A14B samples with 3,4): each
+// sample of a two-expert stage's guided forward takes the scale of the expert its t routes it
+// to, which one scale cannot reproduce; one expert refuses two scales.
+TEST(Trajectory, PerExpertGuidanceGivesEachSampleItsExpertsScale) {
+  Fixture f;
+  write_random_wan_checkpoint(f.dir.str("high"), f.config, torch::kFloat, 1ull << 20, 99);
+  StageLoad how;
+  how.dtype = torch::kFloat;
+  how.blocks = {0, f.config.num_layers};
+  std::vector<StageModel> models;
+  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("teacher")), how));
+  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("high")), how));
+  Router router = [](const torch::Tensor& t) {  // t >= 500: the high-noise expert
+    std::vector<std::vector<std::int64_t>> r(2);
+    for (std::int64_t i = 0; i < t.size(0); ++i) r[t[i].item<float>() >= 500 ? 1 : 0].push_back(i);
+    return r;
+  };
+  TeacherStage moe(std::move(models), router, how.blocks, {});
+  moe.set_guidance({3.0, 4.0});
+  data::DatasetReader reader(f.info);
+  const auto c = reader.read({0, 1});
+  StageBatch both;
+  both.x_t = torch::randn({2, f.config.out_dim, 1, 4, 4});
+  both.t = torch::tensor({800.f, 300.f});  // sample 0: high-noise, sample 1: low-noise
+  both.context = c.context;
+  both.context_lens = c.context_lens;
+  moe.run(both);
+  // Each sample alone through its own expert, guided with that expert's scale.
+  const auto alone = [&](const std::string& name, double g, std::int64_t b) {
+    auto stage = f.stage(name);
+    stage.set_guidance(g);
+    StageBatch one;
+    one.x_t = both.x_t.slice(0, b, b + 1);
+    one.t = both.t.slice(0, b, b + 1);
+    one.context = c.context.slice(0, b, b + 1);
+    one.context_lens = c.context_lens.slice(0, b, b + 1);
+    stage.run(one);
+    return one.out[0];
+  };
+  EXPECT_TRUE(torch::allclose(both.out[0], alone("high", 4.0, 0), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(both.out[1], alone("teacher", 3.0, 1), 1e-5, 1e-5));
+  EXPECT_FALSE(torch::allclose(both.out[0], alone("high", 3.0, 0), 1e-3, 1e-3));  // the scale matters
+  auto one = f.stage();
+  try {
+    one.set_guidance({3.0, 4.0});
+    FAIL() << "a one-expert teacher took two scales";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "teacher.guidance(3,4) gives each expert of a two-expert teacher its own "
+                                         "scale; this teacher has one"))
+        << e.what();
+  }
+  EXPECT_EQ(GuidanceScale::parse("teacher.guidance", "3,4").str(), "3,4");
+  EXPECT_EQ(GuidanceScale::parse("teacher.guidance", "3.5").str(), "3.5");
+  EXPECT_FALSE(GuidanceScale::parse("teacher.guidance", "3.5").per_expert());
+  EXPECT_THROW(GuidanceScale::parse("teacher.guidance", "3,"), ConfigError);
+  EXPECT_THROW(GuidanceScale::parse("teacher.guidance", "-1"), ConfigError);
+}
+
 /// The pairs of round 0 with the y of each (i2v), keyed by (trajectory, interval).
 std::map<std::pair<std::int64_t, std::int64_t>, torch::Tensor> round_ys(TrajectoryRounds& rounds, std::int64_t B,
                                                                         std::int64_t k) {
