@@ -66,12 +66,11 @@ struct SampleConfig {
         .bind("seed", seed, "seed of the noise (per sample index) and of random contexts")
         .bind("steps", steps, "sampling steps (official Wan 2.2: 40 t2v/i2v, 50 ti2v)")
         .bind("shift", shift, "σ shift: σ' = shift·σ / (1 + (shift−1)·σ) (official: 12 t2v-A14B, 5 i2v / ti2v)")
-        .bind("solver", solver, "Euler steps, or UniPC (bh2, order 2, as the official sampler)")
-        .bind_parsed<GuidanceScale>(
-            "guidance", guidance, [](const std::string& text) { return GuidanceScale::parse("guidance", text); },
-            [](const GuidanceScale& g) { return g.str(); },
-            "classifier-free guidance scale g: v_neg + g·(v − v_neg); 1 = off; LOW,HIGH: each expert of a "
-            "two-expert teacher its own (the official T2V-A14B: 3,4), the student at σ as the teacher's expert there")
+        .bind("solver", solver, "Euler steps, or UniPC (bh2, order 2, as the official sampler)");
+    bind_guidance(t, "guidance", guidance,
+                  "classifier-free guidance scale g: v_neg + g·(v − v_neg); 1 = off; LOW,HIGH: each expert of a "
+                  "two-expert teacher its own (the official T2V-A14B: 3,4), the student at σ as the teacher's expert "
+                  "there")
         .bind("negative", negative,
               "safetensors with `context` [L,text_dim] or [1,L,text_dim]: the negative context; empty = zeros")
         .bind("collapse-ratio", collapse_ratio,
@@ -209,8 +208,7 @@ int run_sample(const std::vector<std::string>& args) {
   torch::Tensor xt = cond.image.keep(cond.noise), xs = xt;
   TensorMap trajectory{{"teacher.0", xt}};
   if (student) trajectory["student.0"] = xs;
-  const auto guidance = cfg.guidance.per_expert() ? nlohmann::json(cfg.guidance.str()) : nlohmann::json(cfg.guidance.low);
-  nlohmann::json report{{"solver", name_of(cfg.solver)}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", guidance},
+  nlohmann::json report{{"solver", name_of(cfg.solver)}, {"steps", cfg.steps}, {"shift", cfg.shift}, {"guidance", cfg.guidance},
                         {"sigmas", sigmas}, {"samples", cond.indices}};
   for (std::int64_t i = 0; i < cfg.steps; ++i) {
     const double sigma = sigmas[static_cast<std::size_t>(i)];

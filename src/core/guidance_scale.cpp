@@ -1,9 +1,12 @@
 // GuidanceScale's text form (guidance_scale.hpp).
 #include "core/guidance_scale.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <sstream>
 
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace wd {
@@ -39,6 +42,16 @@ std::string GuidanceScale::str() const {
   os << low;
   if (per_expert()) os << "," << high;
   return os.str();
+}
+
+OptionTable& bind_guidance(OptionTable& table, const std::string& key, GuidanceScale& field, const std::string& help) {
+  return table.bind_parsed<GuidanceScale>(
+      key, field, [key](const std::string& text) { return GuidanceScale::parse(key, text); },
+      [](const GuidanceScale& g) { return g.str(); }, help);
+}
+
+void to_json(nlohmann::json& j, const GuidanceScale& g) {
+  j = g.per_expert() ? nlohmann::json(g.str()) : nlohmann::json(g.low);
 }
 
 }  // namespace wd

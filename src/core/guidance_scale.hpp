@@ -3,9 +3,13 @@
 // high-noise expert with 4.0, which one number cannot reproduce.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <string>
 
 namespace wd {
+
+class OptionTable;
 
 struct GuidanceScale {
   double low = 1.0;   ///< the low-noise expert's (a one-expert teacher's only) scale
@@ -28,5 +32,11 @@ struct GuidanceScale {
   /// The scale of a forward by the high-noise expert (`high_noise`) or the low-noise one.
   double of(bool high_noise) const { return high_noise ? high : low; }
 };
+
+/// Binds `key` to `field`: its text is parse(key, ·), --help and INI files show str().
+OptionTable& bind_guidance(OptionTable& table, const std::string& key, GuidanceScale& field, const std::string& help);
+
+/// In JSON (reports): the number, or "LOW,HIGH" per expert.
+void to_json(nlohmann::json& j, const GuidanceScale& g);
 
 }  // namespace wd

@@ -31,10 +31,19 @@ DatasetClasses read_dataset_classes(const std::string& path) {
   return out;
 }
 
-Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& patterns) {
+namespace {
+
+/// Every frame of every latent against every class's frame at the best circular shift in (H, W).
+struct FrameMatch {
+  torch::Tensor cosine;  ///< [B,K,F] the best-shift cosine
+  torch::Tensor at;      ///< [B,K,F] the best shift, as a flat index dy·W + dx
+  std::int64_t height = 0, width = 0;
+};
+
+FrameMatch match_frames(const torch::Tensor& latents, const torch::Tensor& patterns, const char* who) {
   WD_CHECK(latents.dim() == 5 && patterns.dim() == 5 && latents.sizes().slice(1) == patterns.sizes().slice(1),
-           "classify_latents: latents " << latents.sizes() << " and patterns " << patterns.sizes()
-                                        << " must be [B,C,F,H,W] and [K,C,F,H,W] of one latent shape");
+           who << ": latents " << latents.sizes() << " and patterns " << patterns.sizes()
+               << " must be [B,C,F,H,W] and [K,C,F,H,W] of one latent shape");
   const auto x = latents.to(torch::kFloat).cpu();
   const auto p = patterns.to(torch::kFloat).cpu();
   const auto h = x.size(3), w = x.size(4);
@@ -43,35 +52,33 @@ Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& p
   const auto fx = torch::fft::rfft2(x, {h, w}, {-2, -1}).unsqueeze(1);
   const auto fp = torch::fft::rfft2(p, {h, w}, {-2, -1}).conj().unsqueeze(0);
   const auto corr = torch::fft::irfft2(fx * fp, {h, w}, {-2, -1}).sum(2);
-  const auto best = std::get<0>(corr.flatten(3).max(3));  // [B,K,F]
+  const auto [best, at] = corr.flatten(3).max(3);                  // [B,K,F]
   const auto x_norm = x.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(1);  // [B,1,F]
   const auto p_norm = p.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(0);  // [1,K,F]
-  const auto cosine = (best / (x_norm * p_norm).clamp_min(1e-12)).mean(2);  // [B,K]
+  return {best / (x_norm * p_norm).clamp_min(1e-12), at, h, w};
+}
+
+/// A flat shift index as (dy, dx), stacked on a new last dimension.
+torch::Tensor shift_of(const torch::Tensor& at, std::int64_t width) {
+  return torch::stack({at.div(width, "floor"), at.remainder(width)}, -1);
+}
+
+}  // namespace
+
+Classified classify_latents(const torch::Tensor& latents, const torch::Tensor& patterns) {
+  const auto m = match_frames(latents, patterns, "classify_latents");
+  const auto cosine = m.cosine.mean(2);  // [B,K]
   const auto [value, index] = cosine.max(1);
   // Where the best class sits: the arg-max shift of its correlation in the first frame.
-  const auto first = corr.select(2, 0).flatten(2);  // [B,K,H*W]
-  const auto at = std::get<1>(first.gather(1, index.view({-1, 1, 1}).expand({-1, 1, first.size(2)})).squeeze(1).max(1));
-  return {index, value, cosine, torch::stack({at.div(w, "floor"), at.remainder(w)}, 1)};
+  const auto at = m.at.select(2, 0).gather(1, index.view({-1, 1})).squeeze(1);
+  return {index, value, cosine, shift_of(at, m.width)};
 }
 
 FrameClasses classify_frames(const torch::Tensor& latents, const torch::Tensor& patterns) {
-  WD_CHECK(latents.dim() == 5 && patterns.dim() == 5 && latents.sizes().slice(1) == patterns.sizes().slice(1),
-           "classify_frames: latents " << latents.sizes() << " and patterns " << patterns.sizes()
-                                       << " must be [B,C,F,H,W] and [K,C,F,H,W] of one latent shape");
-  const auto x = latents.to(torch::kFloat).cpu();
-  const auto p = patterns.to(torch::kFloat).cpu();
-  const auto h = x.size(3), w = x.size(4);
-  // The correlations of classify_latents, kept per frame: corr [B,K,F,H·W].
-  const auto fx = torch::fft::rfft2(x, {h, w}, {-2, -1}).unsqueeze(1);
-  const auto fp = torch::fft::rfft2(p, {h, w}, {-2, -1}).conj().unsqueeze(0);
-  const auto corr = torch::fft::irfft2(fx * fp, {h, w}, {-2, -1}).sum(2).flatten(3);
-  const auto [best, at] = corr.max(3);  // [B,K,F]
-  const auto x_norm = x.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(1);  // [B,1,F]
-  const auto p_norm = p.pow(2).sum({1, 3, 4}).sqrt().unsqueeze(0);  // [1,K,F]
-  const auto cosine = best / (x_norm * p_norm).clamp_min(1e-12);   // [B,K,F]
-  const auto [value, label] = cosine.max(1);                         // [B,F]
-  const auto where = at.gather(1, label.unsqueeze(1)).squeeze(1);    // [B,F]
-  return {label, value, torch::stack({where.div(w, "floor"), where.remainder(w)}, 2), h, w};
+  const auto m = match_frames(latents, patterns, "classify_frames");
+  const auto [value, label] = m.cosine.max(1);                         // [B,F]
+  const auto where = m.at.gather(1, label.unsqueeze(1)).squeeze(1);    // [B,F]
+  return {label, value, shift_of(where, m.width), m.height, m.width};
 }
 
 double condition_accuracy(const FrameClasses& frames, const FrameClasses& image, double strict_cosine) {

@@ -34,13 +34,10 @@ void EvaluateConfig::bind(OptionTable& t) {
       .bind("count", count, "samples per row when --samples is empty (192 or more: the paired error is heavy-tailed)")
       .bind("seed", seed, "seed of the rows' noise (per sample index); the reference's second set uses seed + 1")
       .bind("teacher.steps", teacher_steps, "the reference's sampling steps")
-      .bind("teacher.solver", teacher_solver, "the reference's sampler")
-      .bind_parsed<GuidanceScale>(
-          "teacher.guidance", teacher_guidance,
-          [](const std::string& text) { return GuidanceScale::parse("teacher.guidance", text); },
-          [](const GuidanceScale& g) { return g.str(); },
-          "the reference's guidance scale g (teacher_at_k's too); LOW,HIGH: each expert of a two-expert teacher "
-          "its own (the official T2V-A14B: 3,4)")
+      .bind("teacher.solver", teacher_solver, "the reference's sampler");
+  bind_guidance(t, "teacher.guidance", teacher_guidance,
+                "the reference's guidance scale g (teacher_at_k's too); LOW,HIGH: each expert of a two-expert "
+                "teacher its own (the official T2V-A14B: 3,4)")
       .bind("teacher.shift", shift, "σ shift of every row's schedule")
       .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
       .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
@@ -93,11 +90,6 @@ struct RowSpec {
   GuidanceScale guidance;
   const SamplingConditions* cond;
 };
-
-/// A scale in report.json: the number, or "LOW,HIGH" per expert.
-nlohmann::json guidance_json(const GuidanceScale& g) {
-  return g.per_expert() ? nlohmann::json(g.str()) : nlohmann::json(g.low);
-}
 
 /// The row's final latents, batch by batch, with progress and an ETA.
 torch::Tensor sample_row(const RowSpec& row, double shift, std::int64_t batch) {
@@ -272,7 +264,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
   TensorMap latents{{"noise", cond.noise.cpu()}};
   nlohmann::json settings{{"samples", cond.indices}, {"seed", cfg.seed}, {"shift", cfg.shift},
                           {"teacher_steps", cfg.teacher_steps}, {"teacher_solver", name_of(cfg.teacher_solver)},
-                          {"teacher_guidance", guidance_json(g)}, {"student_steps", k}, {"teacher", cfg.teacher},
+                          {"teacher_guidance", g}, {"student_steps", k}, {"teacher", cfg.teacher},
                           {"negative", cfg.negative}};
   if (!cfg.reuse.empty()) take_teacher_rows(cfg.reuse, settings, latents);
   for (const auto& row : rows) {
@@ -302,7 +294,7 @@ nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
     const auto paired = paired_error(x, ref);
     const auto flat = collapsed_channels(x, ref, cfg.collapse_ratio);
     const auto x_features = features(x);
-    nlohmann::json r{{"steps", row.steps}, {"solver", name_of(row.solver)}, {"guidance", guidance_json(row.guidance)},
+    nlohmann::json r{{"steps", row.steps}, {"solver", name_of(row.solver)}, {"guidance", row.guidance},
                      {"paired_rel_mse", paired.rel_mse}, {"paired_rel_mse_median", paired.median},
                      {"frechet", frechet_distance(x_features, other_features)},
                      {"frechet_spread", frechet_spread(x_features, other_features)},

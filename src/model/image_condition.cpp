@@ -62,6 +62,12 @@ torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, co
   return out;
 }
 
+torch::Tensor timesteps_at(const torch::Tensor& like, double sigma) {
+  auto t = torch::full_like(like, static_cast<float>(1000.0 * sigma));
+  if (like.dim() == 2) t.masked_fill_(like.eq(0), 0);
+  return t;
+}
+
 ConditionedInput ImageInput::at(const torch::Tensor& x, double sigma) const {
   auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
   if (!defined()) return {x, t, torch::Tensor()};

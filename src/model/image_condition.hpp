@@ -52,6 +52,10 @@ ConditionedInput condition_input(ImageCondition kind, const torch::Tensor& image
 /// frame is the image again (the official sampler re-imposes it after every step); otherwise `x`.
 torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x);
 
+/// The timesteps at σ of a batch whose timesteps are `like` ([B], or per token [B,S]): fp32
+/// 1000·σ everywhere but on the tokens `like` has at 0 (a clean image frame), which stay 0.
+torch::Tensor timesteps_at(const torch::Tensor& like, double sigma);
+
 /// A sampler's image condition: a batch's /condition rows and how its model takes them.
 struct ImageInput {
   ImageCondition kind = ImageCondition::kNone;

@@ -8,6 +8,7 @@
 
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
+#include "model/image_condition.hpp"
 
 namespace wd::student {
 
@@ -50,9 +51,7 @@ SampleProbe probe_sampling(StudentParts& parts, const comm::TensorDict& batch, c
   if (still.defined()) noise = noise * still + x_t.to(torch::kFloat) * (1 - still);
   const auto velocity = [&](const torch::Tensor& x, double s) {
     inputs["x_t"] = x.to(x_t.scalar_type());
-    inputs["t"] = still.defined()
-                      ? torch::full_like(batch_t, static_cast<float>(1000.0 * s)).masked_fill_(batch_t.eq(0), 0)
-                      : torch::full({B}, static_cast<float>(1000.0 * s), x.options().dtype(torch::kFloat));
+    inputs["t"] = timesteps_at(batch_t, s);
     const auto v = parts.predict(inputs).to(torch::kFloat);
     return still.defined() ? v * still : v;
   };

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/errors.hpp"
+#include "model/image_condition.hpp"
 
 namespace wd::student {
 
@@ -42,7 +43,6 @@ comm::TensorDict roll_out(StudentParts& parts, const comm::TensorDict& batch, co
   const auto y_it = batch.find("y");  // an i2v image condition goes with every jump
   const auto image_y = y_it == batch.end() ? torch::Tensor() : y_it->second.index_select(0, rows);
   // ti2v's image mode: the tokens at t = 0 are the clean image, and it stays so through the jumps.
-  const auto clean_t = t_rows.dim() == 2 ? t_rows.eq(0) : torch::Tensor();
   const auto still = parts.frame_weights({{"t", t_rows}, {"x_t", y}});
   std::vector<std::int64_t> target_interval;
   for (const auto s : rolled) target_interval.push_back(iv[s]);
@@ -54,11 +54,8 @@ comm::TensorDict roll_out(StudentParts& parts, const comm::TensorDict& batch, co
       if (target_interval[r] > j) moving.push_back(static_cast<std::int64_t>(r));
     }
     const auto m = torch::tensor(moving, torch::kLong).to(device);
-    const auto m_t = m.to(t.device());
-    auto t_j = torch::full_like(t_rows.index_select(0, m_t), static_cast<float>(1000.0 * sigmas[static_cast<std::size_t>(j)]));
-    if (clean_t.defined()) t_j.masked_fill_(clean_t.index_select(0, m_t), 0);
     comm::TensorDict step{{"x_t", y.index_select(0, m)},
-                          {"t", t_j},
+                          {"t", timesteps_at(t_rows.index_select(0, m.to(t.device())), sigmas[static_cast<std::size_t>(j)])},
                           {"context", context.index_select(0, m)},
                           {"context_lens", context_lens.index_select(0, m.to(context_lens.device()))}};
     if (image_y.defined()) step["y"] = image_y.index_select(0, m);

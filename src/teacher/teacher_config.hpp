@@ -102,14 +102,11 @@ struct TeacherConfig {
         .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect")
         .bind("teacher.boundary", boundary,
               "two-expert (A14B) teacher: high-noise expert for t >= boundary*1000; 0 = the model's "
-              "default (t2v 0.875, i2v 0.9)")
-        .bind_parsed<GuidanceScale>(
-            "teacher.guidance", guidance,
-            [](const std::string& text) { return GuidanceScale::parse("teacher.guidance", text); },
-            [](const GuidanceScale& g) { return g.str(); },
-            "train.objective guided, trajectory and dmd: guidance scale g, target v_neg + g*(v_cond - v_neg) (1 = no "
-            "guidance; Wan 2.2 samples with 3-5); LOW,HIGH: each expert of a two-expert teacher its own (the "
-            "official T2V-A14B: 3,4; I2V-A14B: 3.5)")
+              "default (t2v 0.875, i2v 0.9)");
+    bind_guidance(t, "teacher.guidance", guidance,
+                  "train.objective guided, trajectory and dmd: guidance scale g, target v_neg + g*(v_cond - v_neg) "
+                  "(1 = no guidance; Wan 2.2 samples with 3-5); LOW,HIGH: each expert of a two-expert teacher its "
+                  "own (the official T2V-A14B: 3,4; I2V-A14B: 3.5)")
         .bind("teacher.negative", negative,
               "train.objective guided and trajectory: safetensors with `context` [L,text_dim] or [1,L,text_dim], the negative "
               "prompt's encoding; empty = zeros (what train.cond_dropout trains a flow model to answer)")

@@ -93,8 +93,9 @@ const std::array<std::int64_t, 3>& TrajectoryRounds::patch() const {
   return src_.stage.experts().front().model->config().patch_size;
 }
 
-ConditionedInput TrajectoryRounds::conditioned(const torch::Tensor& x, double sigma, const torch::Tensor& image) const {
-  return condition_input(round_.condition, image, x, timesteps(sigma, x.size(0)), patch());
+ConditionedInput TrajectoryRounds::conditioned(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x,
+                                               double sigma) const {
+  return condition_input(kind, image, x, timesteps(sigma, x.size(0)), patch());
 }
 
 std::vector<std::int64_t> TrajectoryRounds::deal(std::int64_t round, bool eval) const {
@@ -144,7 +145,7 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
   const auto stride = src_.spec.stride();
   for (std::int64_t j = 0; j < last * stride; ++j) {
     StageBatch step;
-    auto in = condition_input(r.condition, r.image, x, timesteps(sampler.sigma(j), B), patch());
+    const auto in = conditioned(r.condition, r.image, x, sampler.sigma(j));
     step.x_t = in.x_t;
     step.t = in.t;
     step.y = in.y;
@@ -189,7 +190,7 @@ StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
     if (src_.plan.start_states) start.push_back(round_.states.front()[b]);
     target.push_back((to - from) / (s1 - s0));
     const auto image = round_.image.defined() ? round_.image.narrow(0, b, 1) : round_.image;
-    const auto in = conditioned(from.unsqueeze(0), s0, image);
+    const auto in = conditioned(round_.condition, image, from.unsqueeze(0), s0);
     t.push_back(in.t[0]);
     if (in.y.defined()) y.push_back(in.y[0]);
     for (const auto& [block, h] : round_.features[static_cast<std::size_t>(i)]) features[block].push_back(h[b]);

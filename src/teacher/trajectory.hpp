@@ -107,8 +107,10 @@ class TrajectoryRounds final : public TargetSource {
   };
   void sample_round(std::int64_t round, bool eval);
   torch::Tensor timesteps(double sigma, std::int64_t batch) const;
-  /// The teacher's (or the student's) input at state `x` of trajectories `image` conditions, at σ.
-  ConditionedInput conditioned(const torch::Tensor& x, double sigma, const torch::Tensor& image) const;
+  /// The teacher's (or the student's) input at state `x` at σ of trajectories that `image`
+  /// conditions as `kind` takes it (condition_input on timesteps(σ)).
+  ConditionedInput conditioned(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x,
+                               double sigma) const;
   /// The teacher's patch (its per-token timesteps' grid).
   const std::array<std::int64_t, 3>& patch() const;
 

@@ -172,20 +172,24 @@ TEST(Guided, AResumedRunIsBitIdenticalToAStraightOne) {
   test::expect_resumed_exactly(straight, resumed, 12, 6);
 }
 
-/// A tiny i2v teacher (in_dim 36 = 16 noisy + 4 mask + 16 image latent channels) and its builtin
-/// data set with image conditions, made once by a first short run.
+/// A tiny teacher of model type `kind` made by `init-teacher ... init_args` in ASSETS/kind-assets,
+/// and its builtin data set, which holds each sample's image (/condition), made by a first short
+/// run: the --teacher.checkpoint and --data.path arguments of a job on them.
+std::string conditioned_assets(const std::string& kind, const std::string& init_args) {
+  const auto dir = root() / (kind + "-assets");
+  const auto teacher = (dir / "teacher").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --model-type " + kind + " " +
+                                       init_args + " --dtype bf16 --seed 4 --output " + teacher + " 2>&1");
+  EXPECT_EQ(made.code, 0) << made.output;
+  const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
+                                           " --train.steps 1 --log.level warn");
+  EXPECT_EQ(r.code, 0) << r.output;
+  return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
+}
+
+/// A tiny i2v teacher (in_dim 36 = 16 noisy + 4 mask + 16 image latent channels) and its data, made once.
 std::string i2v_assets() {
-  static const std::string args = [] {
-    const auto dir = root() / "i2v-assets";
-    const auto teacher = (dir / "teacher").string();
-    const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --model-type i2v --in-dim 36 "
-                                         "--out-dim 16 --dtype bf16 --seed 4 --output " + teacher + " 2>&1");
-    EXPECT_EQ(made.code, 0) << made.output;
-    const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
-                                             " --train.steps 1 --log.level warn");
-    EXPECT_EQ(r.code, 0) << r.output;
-    return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
-  }();
+  static const std::string args = conditioned_assets("i2v", "--in-dim 36 --out-dim 16");
   return args;
 }
 
@@ -258,20 +262,10 @@ TEST(I2v, DataAnI2vTeacherDoesNotTakeIsRefusedByName) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
-/// A tiny ti2v teacher (TI2V-5B's type: per-token timesteps, in_dim = out_dim) and its builtin data
-/// set, which holds each sample's first latent frame as its image (/condition), made once.
+/// A tiny ti2v teacher (TI2V-5B's type: per-token timesteps, in_dim = out_dim) and its data, whose
+/// images are each sample's first latent frame, made once.
 std::string ti2v_assets() {
-  static const std::string args = [] {
-    const auto dir = root() / "ti2v-assets";
-    const auto teacher = (dir / "teacher").string();
-    const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --model-type ti2v "
-                                         "--dtype bf16 --seed 4 --output " + teacher + " 2>&1");
-    EXPECT_EQ(made.code, 0) << made.output;
-    const auto r = test::launch_train(3, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
-                                             " --train.steps 1 --log.level warn");
-    EXPECT_EQ(r.code, 0) << r.output;
-    return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
-  }();
+  static const std::string args = conditioned_assets("ti2v", "");
   return args;
 }
 

@@ -62,6 +62,22 @@ struct Fixture {
     // ti2v's per-token timesteps: 2 frames of (4/2)·(4/2) tokens.
     if (condition == ImageCondition::kTi2v) plan.per_token_seq_len = 8;
   }
+  /// A two-expert stage: "teacher" below t 500, a second random model ("high") from t 500 up.
+  TeacherStage two_experts() const {
+    write_random_wan_checkpoint(dir.str("high"), config, torch::kFloat, 1ull << 20, 99);
+    StageLoad how;
+    how.dtype = torch::kFloat;
+    how.blocks = {0, config.num_layers};
+    std::vector<StageModel> models;
+    models.push_back(load_stage_model(WanCheckpoint::open(dir.str("teacher")), how));
+    models.push_back(load_stage_model(WanCheckpoint::open(dir.str("high")), how));
+    Router router = [](const torch::Tensor& t) {  // t >= 500: the high-noise expert
+      std::vector<std::vector<std::int64_t>> r(2);
+      for (std::int64_t i = 0; i < t.size(0); ++i) r[t[i].item<float>() >= 500 ? 1 : 0].push_back(i);
+      return r;
+    };
+    return TeacherStage(std::move(models), router, how.blocks, {});
+  }
   TeacherStage stage(const std::string& name = "teacher") const {
     StageLoad how;
     how.dtype = torch::kFloat;
@@ -243,19 +259,7 @@ TEST(Trajectory, AnExpertsStudentGetsTheIntervalsStartingInItsRangeCutFromTheSam
 
 TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
   Fixture f;
-  write_random_wan_checkpoint(f.dir.str("high"), f.config, torch::kFloat, 1ull << 20, 99);
-  StageLoad how;
-  how.dtype = torch::kFloat;
-  how.blocks = {0, f.config.num_layers};
-  std::vector<StageModel> models;
-  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("teacher")), how));
-  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("high")), how));
-  Router router = [](const torch::Tensor& t) {  // t >= 500: the high-noise expert
-    std::vector<std::vector<std::int64_t>> r(2);
-    for (std::int64_t i = 0; i < t.size(0); ++i) r[t[i].item<float>() >= 500 ? 1 : 0].push_back(i);
-    return r;
-  };
-  TeacherStage moe(std::move(models), router, how.blocks, {});
+  auto moe = f.two_experts();
   auto low = f.stage("teacher"), high = f.stage("high");
   data::DatasetReader reader(f.info);
   const data::SampleSchedule schedule(kTrain, 2, 1, 9);
@@ -285,19 +289,7 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
 // to, which one scale cannot reproduce; one expert refuses two scales.
 TEST(Trajectory, PerExpertGuidanceGivesEachSampleItsExpertsScale) {
   Fixture f;
-  write_random_wan_checkpoint(f.dir.str("high"), f.config, torch::kFloat, 1ull << 20, 99);
-  StageLoad how;
-  how.dtype = torch::kFloat;
-  how.blocks = {0, f.config.num_layers};
-  std::vector<StageModel> models;
-  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("teacher")), how));
-  models.push_back(load_stage_model(WanCheckpoint::open(f.dir.str("high")), how));
-  Router router = [](const torch::Tensor& t) {  // t >= 500: the high-noise expert
-    std::vector<std::vector<std::int64_t>> r(2);
-    for (std::int64_t i = 0; i < t.size(0); ++i) r[t[i].item<float>() >= 500 ? 1 : 0].push_back(i);
-    return r;
-  };
-  TeacherStage moe(std::move(models), router, how.blocks, {});
+  auto moe = f.two_experts();
   moe.set_guidance({3.0, 4.0});
   data::DatasetReader reader(f.info);
   const auto c = reader.read({0, 1});
