@@ -68,7 +68,11 @@ StreamEnd request_end(const ProcessGroups& groups, int world_rank, int student_r
 
 }  // namespace
 
-MessageSpec request_spec(const StreamPlan& plan) { return pick(plan, {"x_t", "t", "context", "context_lens"}); }
+MessageSpec request_spec(const StreamPlan& plan) {
+  std::vector<std::string> names{"x_t", "t", "context", "context_lens"};
+  if (plan.condition_channels > 0) names.emplace_back("y");  // an i2v teacher's condition
+  return pick(plan, names);
+}
 
 MessageSpec answer_spec(const StreamPlan& plan) { return pick(plan, {"teacher_out"}); }
 

@@ -55,8 +55,9 @@ struct ServiceSchedule {
   }
 };
 
-/// A request: the re-noised sample x_t [b,C,F,H,W], its t [b] (1000·σ), its context [b,L,text]
-/// and context_lens [b]; an answer: teacher_out [b,C_out,F,H,W], the teacher's (guided) velocity.
+/// A request: the re-noised sample x_t [b,C,F,H,W], its t [b] (1000·σ; ti2v: per token [b,S],
+/// a clean first frame's at 0), its context [b,L,text], context_lens [b] and, for an i2v teacher,
+/// its image condition y; an answer: teacher_out [b,C_out,F,H,W], the teacher's (guided) velocity.
 MessageSpec request_spec(const StreamPlan& plan);
 MessageSpec answer_spec(const StreamPlan& plan);
 

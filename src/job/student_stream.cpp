@@ -29,11 +29,7 @@ class LocalScore final : public student::RealScore {
  public:
   explicit LocalScore(teacher::TeacherStage& stage) : stage_(stage) {}
   void ask(std::int64_t cycle, const comm::TensorDict& request) override {
-    teacher::StageBatch b;
-    b.x_t = request.at("x_t");
-    b.t = request.at("t");
-    b.context = request.at("context");
-    b.context_lens = request.at("context_lens");
+    auto b = teacher::StageBatch::inputs_of(request);  // with an i2v teacher's y
     stage_.run(b);
     answer_ = b.out;
     cycle_ = cycle;

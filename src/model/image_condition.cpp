@@ -68,6 +68,22 @@ torch::Tensor timesteps_at(const torch::Tensor& like, double sigma) {
   return t;
 }
 
+torch::Tensor timesteps_like(const torch::Tensor& like, const torch::Tensor& t) {
+  if (like.dim() != 2) return t;
+  const auto per_token = t.to(torch::kFloat).to(like.device()).view({like.size(0), 1}).expand_as(like);
+  return per_token.masked_fill(like.eq(0), 0);
+}
+
+torch::Tensor sample_timesteps(const torch::Tensor& t) {
+  return t.dim() == 2 ? std::get<0>(t.max(1)) : t;
+}
+
+torch::Tensor keep_clean_frames(const torch::Tensor& x, const torch::Tensor& clean, const torch::Tensor& weights) {
+  if (!weights.defined()) return x;
+  const auto w = weights.to(x.scalar_type()).to(x.device());
+  return x * w + clean.to(x.scalar_type()).to(x.device()) * (1 - w);
+}
+
 ConditionedInput ImageInput::at(const torch::Tensor& x, double sigma) const {
   auto t = torch::full({x.size(0)}, static_cast<float>(1000.0 * sigma));  // as the noiser
   if (!defined()) return {x, t, torch::Tensor()};

@@ -56,6 +56,20 @@ torch::Tensor keep_condition(ImageCondition kind, const torch::Tensor& image, co
 /// 1000·σ everywhere but on the tokens `like` has at 0 (a clean image frame), which stay 0.
 torch::Tensor timesteps_at(const torch::Tensor& like, double sigma);
 
+/// Timesteps shaped as `like` ([B], or per token [B,S]) at each sample's own `t` [B] (fp32, on
+/// `like`'s device), with the tokens `like` has at 0 (a clean image frame) staying 0; for a `like`
+/// of [B], `t` itself.
+torch::Tensor timesteps_like(const torch::Tensor& like, const torch::Tensor& t);
+
+/// Each sample's timestep [B] of timesteps `t` ([B], or per token [B,S]: the largest, its noised
+/// tokens'; a clean image frame's are 0).
+torch::Tensor sample_timesteps(const torch::Tensor& t);
+
+/// `x` [B,C,F,H,W] with the frames whose weight (frame_loss_weights, [B,1,F,1,1]) is 0 taken from
+/// `clean`: a sample's clean image frame kept through steps that move the rest (x·w + clean·(1 − w));
+/// `x` itself when `weights` is undefined. Gradients flow through `x`'s weighted frames alone.
+torch::Tensor keep_clean_frames(const torch::Tensor& x, const torch::Tensor& clean, const torch::Tensor& weights);
+
 /// A sampler's image condition: a batch's /condition rows and how its model takes them.
 struct ImageInput {
   ImageCondition kind = ImageCondition::kNone;

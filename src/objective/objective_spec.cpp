@@ -10,6 +10,7 @@
 #include "core/errors.hpp"
 #include "data/dataset_info.hpp"
 #include "data/noiser.hpp"
+#include "model/image_condition.hpp"
 #include "model/negative_context.hpp"
 #include "model/wan_config.hpp"
 #include "objective/builtin.hpp"
@@ -103,10 +104,12 @@ void ObjectiveSpec::check_teacher(const Keys& k, const WanConfig& teacher, int s
   p.check(traits_.whole_teacher.empty() || stages <= 1,
           "train.objective " + name_ + traits_.whole_teacher + "; teacher.placement shard splits it over " +
               std::to_string(stages) + " stages (use gpu, cpu, stream or colocated)");
-  p.check(!traits_.samples_teacher_latents || (teacher.model_type == "t2v" && teacher.in_dim == teacher.out_dim),
+  // i2v's y rides beside the latents (in_dim counts it); ti2v's clean first frame is one of them.
+  p.check(!traits_.samples_teacher_latents || latent_channels_of(teacher) == teacher.out_dim,
           "train.objective " + name_ + "'s generator samples the teacher's latents from noise: it needs a "
-          "t2v teacher whose in_dim equals out_dim, not model_type " + teacher.model_type + " with in_dim " +
-              std::to_string(teacher.in_dim) + ", out_dim " + std::to_string(teacher.out_dim));
+          "teacher whose noisy-latent channels equal out_dim, not model_type " + teacher.model_type + " with in_dim " +
+              std::to_string(teacher.in_dim) + " (latent channels " + std::to_string(latent_channels_of(teacher)) +
+              "), out_dim " + std::to_string(teacher.out_dim));
   p.check(k.student.lora_rank == 0 || traits_.no_lora_student.empty(),
           "student.lora_rank(" + std::to_string(k.student.lora_rank) + ") with train.objective " + name_ + ": " +
               traits_.no_lora_student);

@@ -72,7 +72,8 @@ struct Traits {
   /// Students ask the teacher for scores at their own samples (a request channel back to the
   /// teacher, a critic, cycles of train.critic_ratio steps).
   bool real_score = false;
-  /// The student samples the teacher's latents from noise: a t2v teacher whose in_dim is out_dim.
+  /// The student samples the teacher's latents from noise: a teacher whose noisy-latent channels are
+  /// out_dim (t2v, ti2v, and i2v, whose y rides beside them).
   bool samples_teacher_latents = false;
 };
 

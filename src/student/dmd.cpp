@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
+#include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "student/train_state.hpp"
 
@@ -29,20 +30,26 @@ constexpr std::uint64_t kGanSalt = 0x6A40'FA4EULL;
 std::int64_t critic_key(std::int64_t step) { return 2 * step; }
 std::int64_t generator_key(std::int64_t cycle) { return 2 * cycle + 1; }
 
-/// The request inputs of a batch: what generate() reads, and t for the generator's GAN term
-/// (copies: the batch's slot is reused).
+/// The request inputs of a batch: what generate() reads, t for the generator's GAN term, and the
+/// image condition: an i2v teacher's y, and with per-token t (ti2v) x_t and t, whose clean first
+/// frames the generator's samples keep (copies: the batch's slot is reused).
 comm::TensorDict request_inputs(const comm::TensorDict& batch, bool simulate, bool gan) {
   comm::TensorDict in;
+  const bool per_token = batch.at("t").dim() == 2;
   for (const char* name : {"context", "context_lens", "x_t", "t"}) {
-    if (simulate && name == std::string("x_t")) continue;
-    if (simulate && !gan && name == std::string("t")) continue;
+    if (simulate && !per_token && name == std::string("x_t")) continue;
+    if (simulate && !per_token && !gan && name == std::string("t")) continue;
     in[name] = batch.at(name).clone();
   }
+  if (const auto y = batch.find("y"); y != batch.end()) in["y"] = y->second.clone();
   return in;
 }
 
+/// A model's inputs at (x, t) with the contexts of `in`, and its image condition y when it has one.
 comm::TensorDict model_inputs(const torch::Tensor& x, const torch::Tensor& t, const comm::TensorDict& in) {
-  return {{"x_t", x}, {"t", t}, {"context", in.at("context")}, {"context_lens", in.at("context_lens")}};
+  comm::TensorDict out{{"x_t", x}, {"t", t}, {"context", in.at("context")}, {"context_lens", in.at("context_lens")}};
+  if (const auto y = in.find("y"); y != in.end()) out["y"] = y->second;
+  return out;
 }
 
 /// The critic's flow-matching loss on the generator's samples of one batch.
@@ -53,7 +60,7 @@ class CriticObjective final : public Objective {
   void zero_grad() override { p_.critic.zero_grad(); }
   torch::Tensor backward(const comm::TensorDict& batch, double scale) override {
     const auto x0 = generate(p_.generator, batch, p_.spec, critic_key(step_), false, p_.policy);
-    const auto n = renoise(x0, p_.spec, step_, kCriticSalt);
+    const auto n = renoise(x0, p_.spec, step_, kCriticSalt, CleanFrames(p_.generator, batch));
     auto in = model_inputs(n.x, n.t, batch);
     in["teacher_out"] = n.noise - x0;  // the flow of the generator's samples
     auto total = p_.critic.micro_step(in, scale, p_.policy).total;
@@ -67,13 +74,16 @@ class CriticObjective final : public Objective {
   /// to the same t (fake), in one forward of both.
   torch::Tensor classify(const comm::TensorDict& batch, const torch::Tensor& x0, double scale) {
     const auto& t = batch.at("t");
-    const auto fake = noised_to(x0, t, seeded_noise(x0, p_.spec, critic_key(step_), kGanSalt));
+    const CleanFrames clean(p_.generator, batch);
+    const auto noise = seeded_noise(x0, p_.spec, critic_key(step_), kGanSalt);
+    const auto fake = clean.keep(noised_to(x0, sample_timesteps(t), noise));
     const auto& context = batch.at("context");
     const auto& lens = batch.at("context_lens");
-    const comm::TensorDict both{{"x_t", torch::cat({batch.at("x_t").to(fake.scalar_type()), fake})},
-                                {"t", torch::cat({t, t})},
-                                {"context", torch::cat({context, context})},
-                                {"context_lens", torch::cat({lens, lens})}};
+    comm::TensorDict both{{"x_t", torch::cat({batch.at("x_t").to(fake.scalar_type()), fake})},
+                          {"t", torch::cat({t, t})},
+                          {"context", torch::cat({context, context})},
+                          {"context_lens", torch::cat({lens, lens})}};
+    if (const auto y = batch.find("y"); y != batch.end()) both["y"] = torch::cat({y->second, y->second});
     const auto logits = p_.critic.realism(both, p_.policy);
     const auto b = x0.size(0);
     const auto loss = p_.dmd.critic_gan_weight * classifier_loss(logits.narrow(0, 0, b), logits.narrow(0, b, b));
@@ -102,7 +112,9 @@ class GeneratorObjective final : public Objective {
     const auto sigma = in.at("dmd.sigma");
     const auto real_x0 = x - sigma * real_.to(x.scalar_type());
     const auto fake_x0 = x - sigma * p_.critic.predict(model_inputs(x, in.at("dmd.t"), in));
-    auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0));
+    // A clean image frame (ti2v) is the condition, not the generator's: no gradient there.
+    const auto still = p_.generator.frame_weights({{"t", in.at("dmd.t")}, {"x_t", x}});
+    auto loss = dmd_loss(x0, dmd_gradient(x0.detach(), real_x0, fake_x0, still));
     if (regression_) {
       const auto& b = *regression_;
       loss = loss + p_.dmd.regression_weight *
@@ -112,7 +124,8 @@ class GeneratorObjective final : public Objective {
     if (p_.dmd.gan_weight > 0) {
       // DMD2's generator GAN loss through the critic's classifier, at the request batch's noise levels.
       const auto noise = seeded_noise(x0, p_.spec, generator_key(cycle_), kGanSalt);
-      const auto g = gan_gradient(p_.critic, x0.detach(), in.at("t"), noise, in, p_.policy);
+      const auto g = gan_gradient(p_.critic, x0.detach(), in.at("t"), noise, in, p_.policy,
+                                  CleanFrames(p_.generator, in));
       loss = loss + p_.dmd.gan_weight * (x0 * g).sum();  // its gradient in x0: gan_weight · g
     }
     p_.generator.backward(loss * scale);
@@ -147,9 +160,30 @@ at::Generator DmdSpec::generator(std::uint64_t salt, std::int64_t key) const {
   return at::detail::createCPUGenerator(data::hash_keys(seed, salt, key, student));
 }
 
+CleanFrames::CleanFrames(const StudentParts& model, const comm::TensorDict& batch) {
+  const auto t = batch.find("t");
+  const auto x = batch.find("x_t");
+  if (t == batch.end() || x == batch.end() || t->second.dim() != 2) return;
+  like_ = t->second;
+  clean_ = x->second;
+  weights_ = model.frame_weights(batch);
+}
+
+torch::Tensor CleanFrames::keep(const torch::Tensor& x) const { return keep_clean_frames(x, clean_, weights_); }
+
+torch::Tensor CleanFrames::timesteps(const torch::Tensor& t) const {
+  return like_.defined() ? timesteps_like(like_, t) : t;
+}
+
+torch::Tensor CleanFrames::timesteps_at(double sigma, std::int64_t batch, const c10::Device& device) const {
+  if (like_.defined()) return wd::timesteps_at(like_, sigma).to(device);
+  return torch::full({batch}, 1000.0 * sigma, torch::TensorOptions().dtype(torch::kFloat).device(device));
+}
+
 torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, const DmdSpec& spec,
                        std::int64_t key, bool grad, const CheckpointPolicy& policy) {
   const auto batch = inputs.at("context").size(0);
+  const CleanFrames clean(generator, inputs);
   const auto jump = [&](const torch::Tensor& x, const torch::Tensor& t, bool keep) {
     const auto in = model_inputs(x, t, inputs);
     return keep ? generator.forward_train(in, policy) : generator.predict(in);
@@ -157,22 +191,22 @@ torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, 
   if (!spec.simulate) {  // one jump from the stream's noised data
     const auto& x_t = inputs.at("x_t");
     const auto& t = inputs.at("t");
-    return x_t - (t / 1000.0).view({batch, 1, 1, 1, 1}) * jump(x_t, t, grad);
+    return clean.keep(x_t - (sample_timesteps(t) / 1000.0).view({batch, 1, 1, 1, 1}) * jump(x_t, t, grad));
   }
   auto gen = spec.generator(kSampleSalt, key);
   const auto [c, f, h, w] = spec.latent;
-  auto x = torch::randn({batch, c, f, h, w}, gen).to(generator.device());
+  auto x = clean.keep(torch::randn({batch, c, f, h, w}, gen).to(generator.device()));
   const auto k = spec.sigmas.size() - 1;
   for (std::size_t i = 0; i < k; ++i) {
-    const auto t = torch::full({batch}, 1000.0 * spec.sigmas[i],
-                               torch::TensorOptions().dtype(torch::kFloat).device(generator.device()));
+    const auto t = clean.timesteps_at(spec.sigmas[i], batch, generator.device());
     // σ_k = 0: the last jump lands on x0.
-    x = x + (spec.sigmas[i + 1] - spec.sigmas[i]) * jump(x, t, grad && i + 1 == k);
+    x = clean.keep(x + (spec.sigmas[i + 1] - spec.sigmas[i]) * jump(x, t, grad && i + 1 == k));
   }
   return x;
 }
 
-Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt) {
+Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt,
+                 const CleanFrames& clean) {
   const auto batch = x0.size(0);
   auto gen = spec.generator(salt, key);
   const auto u = torch::rand({batch}, gen, torch::kDouble) * (spec.t_max - spec.t_min) + spec.t_min;
@@ -181,17 +215,23 @@ Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key,
   Renoised r;
   r.sigma = sigma.to(torch::kFloat).to(x0.device()).view({batch, 1, 1, 1, 1});
   r.noise = noise;
-  r.x = (1.0 - r.sigma) * x0.detach() + r.sigma * noise;
-  r.t = (sigma * 1000.0).to(torch::kFloat).to(x0.device());
+  r.x = clean.keep((1.0 - r.sigma) * x0.detach() + r.sigma * noise);
+  r.t = clean.timesteps((sigma * 1000.0).to(torch::kFloat).to(x0.device()));
   return r;
 }
 
-torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0) {
+torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0,
+                           const torch::Tensor& weights) {
   torch::NoGradGuard no_grad;
   std::vector<std::int64_t> dims;
   for (std::int64_t d = 1; d < x0.dim(); ++d) dims.push_back(d);
-  const auto weight = (x0 - real_x0).abs().mean(dims, /*keepdim=*/true);
-  return torch::nan_to_num((fake_x0 - real_x0) / weight, 0.0, 0.0, 0.0);
+  if (!weights.defined()) {
+    const auto weight = (x0 - real_x0).abs().mean(dims, /*keepdim=*/true);
+    return torch::nan_to_num((fake_x0 - real_x0) / weight, 0.0, 0.0, 0.0);
+  }
+  const auto w = weights.to(x0.scalar_type()).expand_as(x0);
+  const auto weight = ((x0 - real_x0).abs() * w).sum(dims, /*keepdim=*/true) / w.sum(dims, /*keepdim=*/true);
+  return torch::nan_to_num((fake_x0 - real_x0) * w / weight, 0.0, 0.0, 0.0);
 }
 
 torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad) {
@@ -215,12 +255,11 @@ torch::Tensor classifier_loss(const torch::Tensor& real_logits, const torch::Ten
 }
 
 torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const torch::Tensor& t,
-                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy) {
+                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy,
+                           const CleanFrames& clean) {
   torch::AutoGradMode grad_on(true);
   const auto leaf = x0.detach().requires_grad_(true);
-  const auto logits = critic.realism(
-      {{"x_t", noised_to(leaf, t, noise)}, {"t", t}, {"context", in.at("context")}, {"context_lens", in.at("context_lens")}},
-      policy);
+  const auto logits = critic.realism(model_inputs(clean.keep(noised_to(leaf, sample_timesteps(t), noise)), t, in), policy);
   const auto loss = torch::softplus(-logits).mean();
   return torch::autograd::grad({loss}, {leaf})[0].detach();
 }
@@ -232,7 +271,7 @@ void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
     pending_cycle_ = cycle;
   }
   const auto x0 = generate(p_.generator, pending_, p_.spec, generator_key(cycle), false, p_.policy);
-  const auto n = renoise(x0, p_.spec, cycle, kDmdSalt);
+  const auto n = renoise(x0, p_.spec, cycle, kDmdSalt, CleanFrames(p_.generator, pending_));
   pending_["dmd.x"] = n.x;
   pending_["dmd.t"] = n.t;
   pending_["dmd.sigma"] = n.sigma;

@@ -53,23 +53,50 @@ struct DmdSpec {
   at::Generator generator(std::uint64_t salt, std::int64_t key) const;
 };
 
+/// What a batch's image condition fixes in the samples made for it (model/image_condition): with
+/// per-token t (TI2V-5B's image mode), the frames its t holds at 0 are its x_t's clean image, in
+/// every jump, re-noising and fake sample; nothing otherwise. (An i2v teacher's y rides in the
+/// batch to every forward.)
+class CleanFrames {
+ public:
+  CleanFrames() = default;
+  /// From `batch`'s t and x_t (none when it lacks either or t is per sample).
+  CleanFrames(const StudentParts& model, const comm::TensorDict& batch);
+  /// `x` with the clean frames put back (keep_clean_frames).
+  torch::Tensor keep(const torch::Tensor& x) const;
+  /// Timesteps shaped as the batch's at each sample's `t` [B] (timesteps_like): `t` itself when
+  /// the batch's t is per sample.
+  torch::Tensor timesteps(const torch::Tensor& t) const;
+  /// The model timesteps of `batch` samples at σ: fp32 1000·σ, [B] on `device` or per token as the
+  /// batch's (its clean tokens at 0).
+  torch::Tensor timesteps_at(double sigma, std::int64_t batch, const c10::Device& device) const;
+
+ private:
+  torch::Tensor clean_, like_, weights_;
+};
+
 /// The generator's sample x̂0 [B,C,F,H,W] in the teacher's latent space for the contexts of
 /// `inputs` (context, context_lens; with dmd_start data also x_t and t): simulate runs the k Euler
 /// jumps from noise seeded by (seed, `key`, student), data jumps once from x_t at σ = t / 1000.
 /// With `grad` the last jump keeps its graph (backward simulation: only the last step learns).
+/// The batch's image condition goes with every jump (CleanFrames, y).
 torch::Tensor generate(StudentParts& generator, const comm::TensorDict& inputs, const DmdSpec& spec,
                        std::int64_t key, bool grad, const CheckpointPolicy& policy);
 
 /// A sample re-noised: x = (1 − σ)·x0 + σ·noise with σ = shift(u), u uniform in [t_min, t_max],
-/// one σ per sample; t = 1000·σ. Seeded by (seed, `salt`, `key`, student).
+/// one σ per sample; t = 1000·σ. Seeded by (seed, `salt`, `key`, student). `clean`'s frames stay
+/// clean in x, and t is shaped as its batch's.
 struct Renoised {
-  torch::Tensor x, t, sigma, noise;  ///< sigma [B,1,1,1,1]; t [B]
+  torch::Tensor x, t, sigma, noise;  ///< sigma [B,1,1,1,1]; t [B] (or per token, as `clean`'s batch)
 };
-Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt);
+Renoised renoise(const torch::Tensor& x0, const DmdSpec& spec, std::int64_t key, std::uint64_t salt,
+                 const CleanFrames& clean = {});
 
 /// The DMD gradient of each sample: (fake_x0 − real_x0) / mean|x0 − real_x0| over the sample's
-/// elements (DMD2's normaliser), NaN/Inf set to 0. All [B,C,F,H,W].
-torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0);
+/// elements (DMD2's normaliser), NaN/Inf set to 0. All [B,C,F,H,W]. With frame `weights`
+/// (frame_loss_weights, [B,1,F,1,1]) the frames of weight 0 get none and the mean is over the rest.
+torch::Tensor dmd_gradient(const torch::Tensor& x0, const torch::Tensor& real_x0, const torch::Tensor& fake_x0,
+                           const torch::Tensor& weights = {});
 /// 0.5·mean((x0 − sg(x0 − grad))²): its gradient in x0 is grad / numel.
 torch::Tensor dmd_loss(const torch::Tensor& x0, const torch::Tensor& grad);
 
@@ -82,10 +109,12 @@ torch::Tensor noised_to(const torch::Tensor& x0, const torch::Tensor& t, const t
 /// The classifier's loss: mean(softplus(fake)) + mean(softplus(−real)) (real → +, fake → −).
 torch::Tensor classifier_loss(const torch::Tensor& real_logits, const torch::Tensor& fake_logits);
 /// The generator's GAN gradient in x0: ∂/∂x0 of mean(softplus(−D(noised_to(x0, t, noise)))), D
-/// the critic's realism classifier (StudentParts::realism) with the contexts of `in`. Only x0 is
-/// differentiated: the critic's parameters get no gradient.
+/// the critic's realism classifier (StudentParts::realism) with the contexts (and y) of `in`, the
+/// noised sample's clean frames kept (`clean`). Only x0 is differentiated: the critic's parameters
+/// get no gradient.
 torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const torch::Tensor& t,
-                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy);
+                           const torch::Tensor& noise, const comm::TensorDict& in, const CheckpointPolicy& policy,
+                           const CleanFrames& clean = {});
 
 /// The teacher's guided velocity at a generator's re-noised samples: asked at a cycle's request
 /// step, read at its generator update.

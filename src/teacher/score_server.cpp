@@ -2,6 +2,9 @@
 #include "teacher/score_server.hpp"
 
 #include <chrono>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "core/errors.hpp"
 
@@ -12,22 +15,20 @@ void ScoreServer::after_stream_step(std::int64_t step) {
 }
 
 void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
-  std::vector<torch::Tensor> x, t, context, lens;
+  // Every student's request, concatenated by name (copies: the request slots are free again below).
+  std::map<std::string, std::vector<torch::Tensor>> parts;
+  std::vector<std::int64_t> rows;
   for (auto& requests : service_.requests) {
     const auto& m = requests->recv(cycle);
-    x.push_back(m.at("x_t"));
-    t.push_back(m.at("t"));
-    context.push_back(m.at("context"));
-    lens.push_back(m.at("context_lens"));
+    for (const auto& [name, tensor] : m.tensors) parts[name].push_back(tensor);
+    rows.push_back(m.at("x_t").size(0));
   }
   if (health_) health_->at(step + 1, "real-score answer");
-  if (faults_) faults_->at(FaultSpec::Point::kServe, step + 1, x.front().device());
+  if (faults_) faults_->at(FaultSpec::Point::kServe, step + 1, parts.at("x_t").front().device());
   const auto t0 = std::chrono::steady_clock::now();
-  StageBatch batch;
-  batch.x_t = torch::cat(x);  // copies: the request slots are free again below
-  batch.t = torch::cat(t);
-  batch.context = torch::cat(context);
-  batch.context_lens = torch::cat(lens);
+  std::map<std::string, torch::Tensor> joined;
+  for (const auto& [name, list] : parts) joined[name] = torch::cat(list);
+  auto batch = StageBatch::inputs_of(joined);  // with an i2v teacher's y
   for (auto& requests : service_.requests) requests->release(cycle);
   stage_.run(batch);
   const auto bad = (~torch::isfinite(batch.out)).sum().item<std::int64_t>();
@@ -37,9 +38,9 @@ void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
   }
   std::vector<comm::TensorDict> answers;
   std::int64_t lo = 0;
-  for (const auto& part : x) {
-    answers.push_back({{"teacher_out", batch.out.slice(0, lo, lo + part.size(0))}});
-    lo += part.size(0);
+  for (const auto n : rows) {
+    answers.push_back({{"teacher_out", batch.out.slice(0, lo, lo + n)}});
+    lo += n;
   }
   service_.answers->send(cycle, answers);
   answered_ += lo;

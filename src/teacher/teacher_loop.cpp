@@ -23,14 +23,9 @@ double since(Clock::time_point t0) {
 /// the receive ring until the step is released, which happens after this stage's forward.
 StageBatch receive_batch(TeacherJob& job, std::int64_t step) {
   const auto& m = job.from_previous->recv(step);
-  StageBatch b;
-  b.x_t = m.at("x_t");
-  b.t = m.at("t");
-  b.context = m.at("context");
-  b.context_lens = m.at("context_lens");
+  // An i2v teacher's y comes too: taken by the first stage's patch embedding, passed on for the students.
+  auto b = StageBatch::inputs_of(m.tensors);
   b.hidden = m.at("hidden");
-  // An i2v teacher's y: taken by the first stage's patch embedding, passed on for the students.
-  if (const auto y = m.tensors.find("y"); y != m.tensors.end()) b.y = y->second;
   for (const auto& [name, tensor] : m.tensors) {
     if (name.rfind("feat.", 0) == 0) b.features[std::stoll(name.substr(5))] = tensor;
   }

@@ -11,6 +11,21 @@
 
 namespace wd::teacher {
 
+StageBatch StageBatch::inputs_of(const std::map<std::string, torch::Tensor>& m) {
+  const auto at = [&](const char* name) -> const torch::Tensor& {
+    const auto it = m.find(name);
+    WD_CHECK(it != m.end(), "a teacher forward's inputs lack " << name);
+    return it->second;
+  };
+  StageBatch b;
+  b.x_t = at("x_t");
+  b.t = at("t");
+  b.context = at("context");
+  b.context_lens = at("context_lens");
+  if (const auto y = m.find("y"); y != m.end()) b.y = y->second;
+  return b;
+}
+
 StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
   const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
   if (how.placement != plan::Placement::kStream) {

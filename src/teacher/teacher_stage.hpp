@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/guidance_scale.hpp"
@@ -33,6 +34,10 @@ struct StageBatch {
   std::map<std::int64_t, torch::Tensor> features;  ///< block -> [B,S,dim] fp32
   torch::Tensor out;           ///< [B,out_dim,F,H,W] fp32, set by the last stage
   torch::Tensor start;         ///< trajectory with plan.start_states: [B,C,F,H,W] each path's noise
+
+  /// A forward's inputs as a message or request carries them: x_t, t, context, context_lens, and
+  /// y when there is one (an i2v teacher's condition). The tensors are those of `m`, not copies.
+  static StageBatch inputs_of(const std::map<std::string, torch::Tensor>& m);
 };
 
 /// One expert's model on this rank, with its streamer when the placement is `stream`.

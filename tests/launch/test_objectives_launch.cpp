@@ -534,6 +534,70 @@ TEST(Dmd, ACriticOfItsOwnDimsTrainsBesideTheGenerator) {
       << r.output;
 }
 
+// An i2v teacher's dmd: the generator samples with each batch's image (y at every jump), the
+// critic learns them with it, and the teacher's real score takes it in the request: a teacher rank
+// answers as colocated teachers do. The GAN term's real samples and the regression term's
+// conditioned trajectories carry it too.
+TEST(I2v, ADmdGeneratorSamplesWithTheImagesAndTheTeachersScoreTakesThem) {
+  const auto dedicated = root() / "i2v-dmd", colocated = root() / "i2v-dmd-colocated";
+  auto r = test::launch_train(3, "--run-dir " + dedicated.string() + i2v_assets() + kDmd + " --train.eval_samples 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(answered(r.output), 2L * 2 * 2) << r.output;
+  r = test::launch_train(2, "--run-dir " + colocated.string() + i2v_assets() + kDmd +
+                                " --teacher.placement colocated --train.eval_samples 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_close_losses(dedicated, colocated, 10);
+  const auto terms = root() / "i2v-dmd-terms";
+  r = test::launch_train(3, "--run-dir " + terms.string() + i2v_assets() + kDmd +
+                                " --critic.gan_weight 0.01 --train.gan_weight 0.003 --train.dmd_regression_weight 0.5"
+                                " --teacher.steps 4 --train.eval_samples 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("dmd step 10: generator loss "), std::string::npos) << r.output;
+  EXPECT_NE(losses(terms), losses(dedicated));
+}
+
+// An I2V-A14B-shaped LoRA pair (two i2v experts, boundary 0.9) by dmd: one adapter set per
+// expert for the generator and for its critic, each forward with its batch's y.
+TEST(I2v, ALoraExpertPairTrainsByDmdWithTheImages) {
+  const auto pair = (root() / "i2v-a14b-dmd-teacher").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --model-type i2v "
+                                       "--in-dim 36 --out-dim 16 --dtype bf16 --seed 3 --output " + pair + " 2>&1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const auto data = (root() / "i2v-assets" / "cache" / "tiny-data.h5").string();
+  static_cast<void>(i2v_assets());  // the data set with its images
+  const auto run = root() / "i2v-pair-dmd";
+  const auto r = test::launch_train(3, "--run-dir " + run.string() + " --teacher.checkpoint " + pair + " --data.path " +
+                                           data + kDmd + " --student.lora_rank 4 --student.lora_alpha 8"
+                                           " --train.lr 2e-3 --train.eval_samples 4 --log.level info");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA pair: one adapter set per expert of " + pair), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dmd step 10: generator loss "), std::string::npos) << r.output;
+  for (const auto* expert : {"high_noise_model", "low_noise_model"}) {
+    EXPECT_TRUE(fs::exists(run / "student" / expert / "lora.json")) << expert;
+  }
+}
+
+// TI2V-5B's image mode under dmd: each generator sample, re-noised sample and fake sample keeps
+// the batch's image as its clean first frame (per-token t at 0 there); a checkpoint inside a
+// cycle keeps the request batch's x_t and t (the images) and the resumed run is bit-identical.
+TEST(Ti2v, ADmdGeneratorKeepsTheImageAndResumesExactlyFromMidCycle) {
+  const auto straight = root() / "ti2v-dmd", resumed = root() / "ti2v-dmd-resumed";
+  const std::string args = kDmd + " --critic.gan_weight 0.01 --train.gan_weight 0.003 --train.eval_samples 4";
+  auto r = test::launch_train(3, "--run-dir " + straight.string() + ti2v_assets() + args +
+                                     " --checkpoint.every 3 --checkpoint.keep 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto step3 = straight / "checkpoints" / "step-00000003";
+  const auto pending = SafetensorsFile::open((step3 / "dmd_pending.safetensors").string());
+  EXPECT_TRUE(pending.contains("x_t") && pending.contains("t"));
+  r = test::launch_train(3, "--run-dir " + resumed.string() + ti2v_assets() + args + " --resume " + step3.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 10, 3);
+  const auto colocated = root() / "ti2v-dmd-colocated";
+  r = test::launch_train(2, "--run-dir " + colocated.string() + ti2v_assets() + args + " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_close_losses(straight, colocated, 10);
+}
+
 /// Equal but for what a learning rate of 1e-30 moves: only a weight that is exactly 0 (AdamW's
 /// step is at most ~lr per element; every other fp32 weight absorbs it).
 bool unmoved(const torch::Tensor& a, const torch::Tensor& b) {
