@@ -73,6 +73,16 @@ inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+/// x·rsqrt(mean(x², last dim) + eps), in x's dtype: LibTorch's fused at::rms_norm where it has
+/// one (2.4 and later), else the same formula from its parts (Debian's 1.13).
+inline torch::Tensor rms_norm(const torch::Tensor& x, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::rms_norm(x, {x.size(-1)}, c10::nullopt, eps);
+#else
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+#endif
+}
+
 /// True when LibTorch has fp16/bf16 matmul kernels on `device`. Debian's 1.13 CPU build has
 /// bf16 (oneDNN) but no fp16 matmul on the host; 2.x builds have both.
 inline bool half_matmul_supported(c10::ScalarType dtype, const c10::Device& device) {

@@ -369,8 +369,8 @@ torch::Tensor WanDiTImpl::linear_f32(const torch::Tensor& x, const Linear& l) co
 
 torch::Tensor WanDiTImpl::rms_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
   if (!weight.defined()) return x;  // qk_norm off: the official norm is an Identity
-  auto xf = x.to(torch::kFloat);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.eps);
+  // x·rsqrt(mean(x²) + eps) in fp32: one fused kernel where the LibTorch has one.
+  const auto normed = compat::rms_norm(x.to(torch::kFloat), config_.eps);
   // Official: `_norm(x.float()).type_as(x) * weight`, so the product runs in x's dtype.
   return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
 }
@@ -388,18 +388,21 @@ std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::rope_tables_on(const c10::De
   for (const auto& [d, tables] : rope_on_device_) {
     if (d == device) return tables;
   }
-  auto tables = std::make_pair(rope_cos_.to(device), rope_sin_.to(device));
+  // The float64 angles' cos and sin, each rounded once to fp32 (6e-8 relative).
+  auto tables = std::make_pair(rope_cos_.to(torch::kFloat).to(device), rope_sin_.to(torch::kFloat).to(device));
   rope_on_device_.emplace_back(device, tables);
   return tables;
 }
 
 torch::Tensor WanDiTImpl::apply_rope(const torch::Tensor& x, const WanState& s) const {
-  // x [B,S,n,d] -> adjacent channel pairs as complex numbers, rotated in float64.
+  // x [B,S,n,d]: adjacent channel pairs (a, b) rotated by their angle, (a cos − b sin, a sin + b cos),
+  // in fp32 as x·cos + swap(x)·(−sin, sin) with the tables interleaved per channel (token_rope): one
+  // product and one fused multiply-add, no float64 copies (the official rotates in float64; the
+  // difference is fp32 rounding, tests/unit/test_wan_dit.cpp's golden checks).
   const auto shape = x.sizes().vec();
-  auto pairs = x.to(torch::kDouble).reshape({shape[0], shape[1], shape[2], shape[3] / 2, 2});
-  auto re = pairs.select(-1, 0), im = pairs.select(-1, 1);
-  auto out = torch::stack({re * s.rope_cos - im * s.rope_sin, re * s.rope_sin + im * s.rope_cos}, -1);
-  return out.reshape(shape).to(torch::kFloat);
+  const auto xf = x.to(torch::kFloat);
+  const auto swapped = xf.reshape({shape[0], shape[1], shape[2], shape[3] / 2, 2}).flip(-1).reshape(shape);
+  return torch::addcmul(xf * s.rope_cos, swapped, s.rope_sin);
 }
 
 torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
@@ -486,7 +489,7 @@ std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::token_rope(const std::vector
   const auto B = static_cast<std::int64_t>(grids.size());
   const auto device = patch_weight_.device();
   const auto half_d = config_.head_dim() / 2;
-  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
   // The frame axis takes what the two spatial axes (a third each) leave of the head's pairs.
   const auto cf = half_d - 2 * (half_d / 3), ch = half_d / 3;
   const auto tables = rope_tables_on(device);
@@ -498,19 +501,23 @@ std::pair<torch::Tensor, torch::Tensor> WanDiTImpl::token_rope(const std::vector
                       -1)
         .reshape({f * h * w, 1, half_d});
   };
-  // Padded to S rows: cos 1 and sin 0 past the sample's tokens, a rotation by zero.
+  // Padded to S rows: cos 1 and sin 0 past the sample's tokens, a rotation by zero. Interleaved per
+  // channel for apply_rope: cos as (cos, cos) a pair, sin as (−sin, sin).
   const auto padded_rows = [&](const torch::Tensor& table, const std::array<std::int64_t, 3>& grid, double pad) {
     auto rows = rope_rows(table, grid);
-    if (rows.size(0) == S) return rows;
-    auto out = torch::full({S, 1, half_d}, pad, f64);
-    out.slice(0, 0, rows.size(0)).copy_(rows);
-    return out;
+    if (rows.size(0) != S) {
+      auto out = torch::full({S, 1, half_d}, pad, f32);
+      out.slice(0, 0, rows.size(0)).copy_(rows);
+      rows = out;
+    }
+    const auto pairs = pad == 1.0 ? torch::stack({rows, rows}, -1) : torch::stack({-rows, rows}, -1);
+    return pairs.reshape({S, 1, 2 * half_d});
   };
   const bool same_grid = std::all_of(grids.begin(), grids.end(), [&](const auto& g) { return g == grids[0]; });
   if (same_grid) {
     // The usual fixed-shape batch: one table, broadcast over the samples.
-    return {padded_rows(tables.first, grids[0], 1.0).unsqueeze(0).expand({B, S, 1, half_d}),
-            padded_rows(tables.second, grids[0], 0.0).unsqueeze(0).expand({B, S, 1, half_d})};
+    return {padded_rows(tables.first, grids[0], 1.0).unsqueeze(0).expand({B, S, 1, 2 * half_d}),
+            padded_rows(tables.second, grids[0], 0.0).unsqueeze(0).expand({B, S, 1, 2 * half_d})};
   }
   std::vector<torch::Tensor> cos_rows, sin_rows;
   for (const auto& g : grids) {
@@ -592,14 +599,16 @@ void WanDiTImpl::run_block(std::int64_t index, WanState& s) {
   // modulation + e0 in fp32 -> shift/scale/gate for attention (0-2) and FFN (3-5).
   auto m = blk.modulation.to(torch::kFloat).unsqueeze(0) + s.e0;
   const auto mod = [&](int j) { return m.select(2, j); };
+  // shift + norm(x)·(1 + scale), and x + y·gate, each one fused multiply-add in fp32.
+  const auto modulate = [&](const torch::Tensor& normed, int shift, int scale) {
+    return torch::addcmul(mod(shift), normed.to(torch::kFloat), 1 + mod(scale));
+  };
   auto x = s.x;
-  auto attn_in = layer_norm(x).to(torch::kFloat) * (1 + mod(1)) + mod(0);
-  x = x + self_attention(attn_in, blk.self_attn, s) * mod(2);  // residual becomes fp32 here
+  x = torch::addcmul(x, self_attention(modulate(layer_norm(x), 0, 1), blk.self_attn, s), mod(2));  // fp32 from here
   auto cross_in = blk.norm3_weight.defined() ? layer_norm(x, blk.norm3_weight, blk.norm3_bias) : x;
   x = x + cross_attention(cross_in, blk.cross_attn, s);
-  auto ffn_in = layer_norm(x).to(torch::kFloat) * (1 + mod(4)) + mod(3);
-  x = x + linear(torch::gelu(linear(ffn_in, blk.ffn0), "tanh"), blk.ffn2) * mod(5);
-  s.x = x;
+  const auto hidden = torch::gelu(linear(modulate(layer_norm(x), 3, 4), blk.ffn0), "tanh");
+  s.x = torch::addcmul(x, linear(hidden, blk.ffn2), mod(5));
 }
 
 std::vector<torch::Tensor> WanDiTImpl::block_parameters(std::int64_t index) const {

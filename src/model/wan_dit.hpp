@@ -54,9 +54,10 @@ struct WanState {
   torch::Tensor e;         ///< [B,1,D] (per-sample t) or [B,S,D] (per-token t) fp32 time embedding (head)
   torch::Tensor e0;        ///< [B,1,6,D] or [B,S,6,D] fp32 time projection (shared by all blocks)
   torch::Tensor context;   ///< [B,text_len,D] embedded text
-  torch::Tensor rope_cos;  ///< [B,S,1,d/2] float64; 1 on padded tokens (a view broadcast over B
-                           ///< when every sample has the same patch grid)
-  torch::Tensor rope_sin;  ///< [B,S,1,d/2] float64; 0 on padded tokens (likewise)
+  /// [B,S,1,d] fp32, each channel pair's cos twice; 1 on padded tokens (a view broadcast over B
+  /// when every sample has the same patch grid)
+  torch::Tensor rope_cos;
+  torch::Tensor rope_sin;  ///< [B,S,1,d] fp32, each pair's (−sin, sin); 0 on padded tokens (likewise)
   /// [B,1,1,S] bool, true for a sample's real tokens; undefined when every sample has S tokens,
   /// so self-attention passes no mask and SDPA may pick its flash kernel.
   torch::Tensor key_mask;
@@ -149,8 +150,8 @@ class WanDiTImpl : public torch::nn::Module {
   /// parameters or buffers, so Module::to does not move them).
   std::pair<torch::Tensor, torch::Tensor> rope_tables_on(const c10::Device& device) const;
   torch::Tensor apply_rope(const torch::Tensor& x, const WanState& state) const;
-  // The parts of `embed`, in its order: [B,S,D] patch tokens zero-padded to S; the [B,S,1,d/2]
-  // RoPE cos/sin rows of each sample's grid; e and e0 of the timesteps; the embedded text.
+  // The parts of `embed`, in its order: [B,S,D] patch tokens zero-padded to S; the [B,S,1,d]
+  // RoPE cos/sin rows of each sample's grid (interleaved per channel); e and e0 of the timesteps; the embedded text.
   torch::Tensor embed_patches(const WanInputs& in, std::int64_t S) const;
   std::pair<torch::Tensor, torch::Tensor> token_rope(const std::vector<std::array<std::int64_t, 3>>& grids,
                                                      std::int64_t S) const;
