@@ -34,9 +34,7 @@ Exit status 0 when everything agrees, 1 otherwise (also when a package is missin
 
 import json
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,12 +48,11 @@ try:
     import torch
     from diffusers import (AutoencoderKLWan, DiffusionPipeline, UniPCMultistepScheduler, WanImageToVideoPipeline,
                            WanPipeline)
-    from diffusers.utils import logging as diffusers_logging
     from safetensors.torch import load_file
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-from test_diffusers_interop import Checks, Cli  # noqa: E402  (this folder)
+from test_diffusers_interop import finish, start  # noqa: E402  (this folder)
 from wd_test_support import CPU_JOB, padded_context  # noqa: E402
 
 TOLERANCE = 1e-5  # the bound: max|ours - diffusers| / max|diffusers| of every state
@@ -237,17 +234,7 @@ def compare(checks, kind, solver, pipe, pictures, teacher, data, student, cli, w
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: test_convert_pipelines.py WAN_DISTILL MPIRUN_SH WORK_DIR")
-    torch.set_num_threads(1)
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    work = Path(sys.argv[3]).resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    cli = Cli(sys.argv[1], sys.argv[2])
-    checks = Checks()
-    start = time.time()
+    cli, checks, work, started = start("test_convert_pipelines.py")
     vae, pictures = tiny_vae(), images(SAMPLES)
     measured = {}
     for kind in ("i2v", "ti2v"):
@@ -258,11 +245,7 @@ def main():
         for solver in ("unipc", "euler"):
             measured[f"{kind}: {STEPS} {solver} steps, max relative"] = compare(
                 checks, kind, solver, pipe, pictures, teacher, data, student, cli, work)
-    print(f"\nmeasured ({time.time() - start:.1f} s):")
-    for name, value in measured.items():
-        print(f"  {name:45s} {value:.2e}")
-    print("PASS" if checks.failed == 0 else f"FAIL: {checks.failed} check(s)")
-    return 1 if checks.failed else 0
+    return finish(checks, measured, started)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,7 @@ Exit status 0 when everything agrees, 1 otherwise (also when a package is missin
 import json
 import logging
 import os
-import shutil
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -87,7 +85,7 @@ except ImportError as e:
 
 import comfyui_lora_keys as comfy  # noqa: E402  (this folder: ComfyUI's LoRA key rules)
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from test_diffusers_interop import Checks, Cli, diffusers_forward, load_diffusers, make_inputs  # noqa: E402
+from test_diffusers_interop import diffusers_forward, finish, load_diffusers, make_inputs, start  # noqa: E402
 from wd_test_support import CPU_JOB, OfficialTimesteps  # noqa: E402
 
 RANK, ALPHA = 4, 8
@@ -422,12 +420,7 @@ def check_i2v(cli, checks, work):
     for source, folder, layout in ((teacher, base, "pipeline"), (run / "student", lora, "lora"),
                                    (run / "student", merged, "pipeline")):
         cli.run("convert", "--input", source, "--output", folder, "--layout", layout, "--dtype", "fp32", *quiet)
-    teacher_state = load_file(str(teacher / "diffusion_pytorch_model.safetensors"))
-    targets = lora_targets(teacher_state)
-    config = json.loads((teacher / "config.json").read_text())
-    inputs = make_inputs(torch.Generator().manual_seed(5), config["in_dim"], config["text_dim"], y_dim=20)
-    text_len = config["text_len"]
-    inputs["context"], inputs["context_lens"] = inputs["context"][:, :text_len], torch.tensor([7, text_len])
+    teacher_state, targets, config, inputs, text_len = model_inputs(teacher, 5, y_dim=20)
     # The checks of a, b and c on the i2v model (the base and merged DiTs are the pipelines' transformer/).
     measured, want = check_diffusers_file(checks, base / "transformer", lora, merged / "transformer", targets, inputs,
                                           text_len)
@@ -453,25 +446,21 @@ def check_i2v(cli, checks, work):
     return {f"g (i2v) {k}": v for k, v in measured.items()}
 
 
-def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: test_lora_export.py WAN_DISTILL MPIRUN_SH WORK_DIR")
-    torch.set_num_threads(1)
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    work = Path(sys.argv[3]).resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    cli = Cli(sys.argv[1], sys.argv[2])
-    checks = Checks()
-    start = time.time()
-    teacher, base, lora, merged = make_runs(cli, work)
+def model_inputs(teacher, seed, y_dim=0):
+    """The teacher's weights, its LoRA targets, and inputs for its forward (contexts of 7 and
+    text_len rows); with y_dim, an i2v model's condition channels."""
     teacher_state = load_file(str(teacher / "diffusion_pytorch_model.safetensors"))
-    targets = lora_targets(teacher_state)
     config = json.loads((teacher / "config.json").read_text())
-    inputs = make_inputs(torch.Generator().manual_seed(3), config["in_dim"], config["text_dim"])
+    inputs = make_inputs(torch.Generator().manual_seed(seed), config["in_dim"], config["text_dim"], y_dim=y_dim)
     text_len = config["text_len"]
     inputs["context"], inputs["context_lens"] = inputs["context"][:, :text_len], torch.tensor([7, text_len])
+    return teacher_state, lora_targets(teacher_state), config, inputs, text_len
+
+
+def main():
+    cli, checks, work, started = start("test_lora_export.py")
+    teacher, base, lora, merged = make_runs(cli, work)
+    teacher_state, targets, _, inputs, text_len = model_inputs(teacher, 3)
     measured, want = check_diffusers_file(checks, base, lora, merged, targets, inputs, text_len)
     measured.update(check_comfy_file(checks, base, lora, merged, teacher_state, targets, inputs, text_len, want))
     measured["d weights, imported student vs diffusers' fuse_lora"] = check_import(cli, checks, work, teacher, base,
@@ -479,11 +468,7 @@ def main():
     measured.update(check_pair(cli, checks, work, inputs, text_len))
     measured.update(check_bf16_base(cli, checks, work, targets, inputs, text_len))
     measured.update(check_i2v(cli, checks, work))
-    print(f"\nmeasured ({time.time() - start:.1f} s):")
-    for name, value in measured.items():
-        print(f"  {name:55s} {value:.2e}")
-    print("PASS" if checks.failed == 0 else f"FAIL: {checks.failed} check(s)")
-    return 1 if checks.failed else 0
+    return finish(checks, measured, started)
 
 
 if __name__ == "__main__":
