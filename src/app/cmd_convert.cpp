@@ -1,5 +1,6 @@
 // `wan-distill convert`: rewrites a DiT checkpoint once in another dtype (bf16 for teachers) and
-// key layout (native, or diffusers for WanTransformer3DModel.from_pretrained).
+// layout (native, diffusers for WanTransformer3DModel.from_pretrained, a diffusers pipeline folder,
+// or a LoRA student's LoRA files).
 #include <spdlog/spdlog.h>
 
 #include "app/commands.hpp"
@@ -16,12 +17,28 @@ namespace wd::app {
 
 namespace {
 
+/// convert --layout: what the output folder is.
+enum class ConvertLayout {
+  kNative,     ///< the official Wan key names and config.json
+  kDiffusers,  ///< a WanTransformer3DModel folder (diffusers' key names and config.json)
+  kPipeline,   ///< a diffusers pipeline folder: model_index.json and the diffusers DiT in transformer/
+  kLora,       ///< a LoRA student's adapters as the diffusers and ComfyUI LoRA files
+};
+
+const std::vector<std::pair<ConvertLayout, const char*>>& choices(ConvertLayout) {
+  static const std::vector<std::pair<ConvertLayout, const char*>> names{{ConvertLayout::kNative, "native"},
+                                                                        {ConvertLayout::kDiffusers, "diffusers"},
+                                                                        {ConvertLayout::kPipeline, "pipeline"},
+                                                                        {ConvertLayout::kLora, "lora"}};
+  return names;
+}
+
 struct ConvertConfig {
   std::string input;
   std::string output;
   std::string model_config;
   std::string dtype = "bf16";
-  std::string layout = "native";
+  std::string layout = "native";  // a ConvertLayout, parsed in validate() to name every bad value at once
   std::string shard_size = "5GB";
   bool keep_fp32 = true;
   bool force = false;
@@ -35,10 +52,12 @@ struct ConvertConfig {
         .bind("model-config", model_config, "config.json of the input (default: in / beside it)")
         .bind("dtype", dtype, "dtype to write: bf16 | fp16 | fp32")
         .bind("layout", layout,
-              "key names and config.json to write: native (official Wan) | diffusers "
-              "(WanTransformer3DModel.from_pretrained(DIR) loads it) | lora (the input a LoRA student "
-              "folder: DIR/" + std::string(kDiffusersLoraFile) + " for diffusers' load_lora_weights and DIR/" +
-                  kComfyLoraFile + " for ComfyUI's LoRA loader; any other layout writes the merged model)")
+              "what to write: native (official Wan) | diffusers "
+              "(WanTransformer3DModel.from_pretrained(DIR) loads it) | pipeline (a diffusers pipeline folder: "
+              "model_index.json and the diffusers DiT in DIR/transformer/; WanImageToVideoPipeline for an i2v "
+              "model, expand_timesteps for a ti2v one) | lora (the input a LoRA student folder: DIR/" +
+                  std::string(kDiffusersLoraFile) + " for diffusers' load_lora_weights and DIR/" + kComfyLoraFile +
+                  " for ComfyUI's LoRA loader; any other layout writes the merged model)")
         .bind("shard-size", shard_size, "largest shard file, e.g. 5GB, 512MB, 2GiB")
         .bind("keep-fp32", keep_fp32,
               "keep fp32 the tensors the model only uses in fp32 (time MLP, time projection, "
@@ -46,6 +65,9 @@ struct ConvertConfig {
         .bind("force", force, "replace an existing --output (swapped in atomically when done)");
     log.bind(t);
   }
+
+  /// --layout as its choice; a ConfigError naming the value and the choices.
+  ConvertLayout layout_choice() const { return parse_choice<ConvertLayout>("layout", layout); }
 
   /// Every bad value, named with its value, in one error.
   ConvertOptions validate() const {
@@ -59,9 +81,11 @@ struct ConvertConfig {
       problems.check(false, e.what());
     }
     try {
-      if (layout != "lora") options.layout = parse_layout(layout);
+      const auto kind = layout_choice();
+      options.layout = kind == ConvertLayout::kNative ? KeyLayout::kNative : KeyLayout::kDiffusers;
+      options.pipeline = kind == ConvertLayout::kPipeline;
     } catch (const ConfigError& e) {
-      problems.check(false, std::string(e.what()) + " (or lora)");
+      problems.check(false, e.what());
     }
     try {
       options.shard_bytes = parse_size(shard_size, "shard-size");
@@ -122,13 +146,15 @@ int run_convert(const std::vector<std::string>& args) {
   cfg.bind(table);
   if (parse_options(args, table).help) {
     print_help(
-        "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers] "
+        "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers|pipeline] "
         "[--shard-size 5GB] [--force]\n       wan-distill convert --input RUN_DIR/student|LORA_PAIR --output DIR --layout lora [--dtype fp32]",
         "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one, or a trained student's\n"
         "RUN_DIR/student) in another dtype and key layout, once: bf16 so that teachers map\n"
         "weights straight from the file; --layout diffusers for diffusers, whose\n"
         "WanTransformer3DModel.from_pretrained(DIR) loads the result (config.json in its field\n"
-        "names, its key names). Writes config.json, safetensors shards and, when sharded, their\n"
+        "names, its key names); --layout pipeline for a diffusers pipeline folder (model_index.json,\n"
+        "the DiT in DIR/transformer/): WanImageToVideoPipeline.from_pretrained(DIR, vae=..., ...)\n"
+        "for an i2v model. Writes config.json, safetensors shards and, when sharded, their\n"
         "index, one shard at a time (memory stays about one shard), into a temporary directory\n"
         "renamed to DIR when complete. By default the tensors the model uses only in fp32 stay\n"
         "fp32 (spec section 6; docs/placement.md). A LoRA student folder (student.lora_rank) is\n"
@@ -141,7 +167,8 @@ int run_convert(const std::vector<std::string>& args) {
   }
   const auto options = cfg.validate();
   init_logging(Topology::single_process(), cfg.log.level);
-  if (cfg.layout == "lora") {
+  const auto layout = cfg.layout_choice();
+  if (layout == ConvertLayout::kLora) {
     export_lora(cfg, options.dtype);
     return kExitOk;
   }
@@ -149,6 +176,11 @@ int run_convert(const std::vector<std::string>& args) {
   if (input.lora()) {
     spdlog::info("convert: {} is a LoRA student folder: writing its base {} with the adapters merged", cfg.input,
                  input.lora()->base);
+  }
+  if (layout == ConvertLayout::kDiffusers && input.config().model_type != "t2v") {
+    spdlog::info("convert: {} is model_type {}; --layout pipeline writes it as a diffusers pipeline folder, whose "
+                 "model_index.json tells diffusers how to sample it ({})", cfg.input, input.config().model_type,
+                 input.config().model_type == "i2v" ? "WanImageToVideoPipeline" : "expand_timesteps: true");
   }
   const auto result = convert_wan_checkpoint(input, cfg.output, options);
   if (result.kept_fp32 > 0) {

@@ -1,6 +1,7 @@
 // Streaming dtype / layout conversion of Wan DiT checkpoints into an atomically published directory.
 #include "model/wan_convert.hpp"
 
+#include "model/diffusers_pipeline.hpp"
 #include "model/wan_keys.hpp"
 
 #include <fcntl.h>
@@ -190,6 +191,8 @@ std::vector<TensorPlan> plan_tensors(const WanCheckpoint& input, const ConvertOp
 ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
                                      const ConvertOptions& options) {
   input.check();  // every missing, unexpected or mis-shaped tensor, named, before any work
+  WD_CHECK_AS(ConfigError, !options.pipeline || options.layout == KeyLayout::kDiffusers,
+              "a diffusers pipeline folder holds the diffusers layout, not " << layout_name(options.layout));
   // The config first: it throws for a model the layout cannot express, before any work.
   const auto config_json = wan_config_json(input.config(), options.layout);
   const auto out = checked_output(input, output, options.force);
@@ -213,7 +216,10 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
                format_bytes(static_cast<double>(options.shard_bytes)));
 
   StagingDir staging(out);
-  write_file_atomically((staging.path() / "config.json").string(), config_json);
+  // A pipeline folder holds the DiT in transformer/, as diffusers' save_pretrained writes it.
+  const auto dit_dir = options.pipeline ? staging.path() / DiffusersPipeline::kTransformer : staging.path();
+  fs::create_directories(dit_dir);
+  write_file_atomically((dit_dir / "config.json").string(), config_json);
 
   Progress progress("converting " + input.path(), static_cast<double>(result.input_bytes), "bytes");
   // Tensors written as they are stored are views of the input mapping: their pages can only be
@@ -260,7 +266,7 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
                        }});
   }
   result.files = write_sharded_safetensors(
-      staging.path().string(), kCheckpointStem, sources, options.shard_bytes, {{"format", "pt"}},
+      dit_dir.string(), kCheckpointStem, sources, options.shard_bytes, {{"format", "pt"}},
       [&input, &written_as_views](std::uint64_t) {
         for (const auto& name : written_as_views) input.release(name);
         written_as_views.clear();
@@ -270,8 +276,11 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
         ::malloc_trim(0);
       });
   progress.finish();
+  // Last, so that the folder is a pipeline only once its transformer is complete.
+  if (options.pipeline) write_diffusers_model_index(staging.path().string(), input.config(), false, std::nullopt);
   staging.publish(exists);
-  spdlog::info("convert: wrote config.json, {} safetensors file(s){} ({}) to {}",
+  spdlog::info("convert: wrote {}config.json, {} safetensors file(s){} ({}) to {}",
+               options.pipeline ? std::string(DiffusersPipeline::kIndexName) + " and transformer/" : "",
                result.files.shard_files.size(),
                result.files.index_file.empty() ? "" : " and " + result.files.index_file,
                format_bytes(static_cast<double>(result.files.total_bytes)), out.string());

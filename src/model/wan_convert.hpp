@@ -18,6 +18,10 @@ struct ConvertOptions {
   c10::ScalarType dtype = torch::kBFloat16;
   /// Key names and config.json: native (official Wan) or diffusers (`WanTransformer3DModel`).
   KeyLayout layout = KeyLayout::kNative;
+  /// With the diffusers layout: write `output` as a diffusers pipeline folder, the DiT in
+  /// transformer/ beside model_index.json (write_diffusers_model_index: WanImageToVideoPipeline for
+  /// an i2v model, expand_timesteps for a ti2v one), which `<Pipeline>.from_pretrained` loads.
+  bool pipeline = false;
   /// Keep the fp32 islands of spec §6 in fp32 when they are stored in fp32 (see kept_in_fp32).
   bool keep_fp32 = true;
   std::uint64_t shard_bytes = 5'000'000'000;  ///< largest shard, like the official checkpoints
@@ -41,12 +45,14 @@ bool kept_in_fp32(const std::string& native_key);
 /// Converts every DiT tensor of `input` (checked against its config first) to `options.dtype`
 /// (fp32 islands excepted when `keep_fp32`), under the names of `options.layout`, into `output`:
 /// config.json (WanConfig::to_json or to_diffusers_json),
-/// `diffusion_pytorch_model[-0000k-of-0000n].safetensors` and, when sharded, the index. The files
+/// `diffusion_pytorch_model[-0000k-of-0000n].safetensors` and, when sharded, the index; with
+/// `options.pipeline`, those in `output`/transformer/ and model_index.json in `output`. The files
 /// are written into a temporary sibling directory that is renamed to `output` when complete
 /// (swapped with the old one under `force`), so a failure leaves nothing behind. At most one
 /// shard's converted tensors are in memory, and the input's pages are dropped from the
 /// resident set once written. Throws wd::ConfigError when `output` exists without `force`, is
-/// the input, or the model cannot be written in the layout; wd::DataError naming the file and
+/// the input, or the model cannot be written in the layout (or a pipeline asked in another
+/// layout than diffusers); wd::DataError naming the file and
 /// tensor for bad input.
 ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
                                      const ConvertOptions& options);

@@ -140,6 +140,30 @@ class Cli:
         return load_file(str(path_out))["out"].float()
 
 
+def start(script):
+    """How a test of the CLI against diffusers begins: its arguments WAN_DISTILL MPIRUN_SH WORK_DIR
+    (the folder emptied), one intra-op thread, diffusers quiet. Returns the Cli, the Checks, the
+    work folder and the start time."""
+    if len(sys.argv) != 4:
+        sys.exit(f"usage: {script} WAN_DISTILL MPIRUN_SH WORK_DIR")
+    torch.set_num_threads(1)
+    diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()
+    work = Path(sys.argv[3]).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return Cli(sys.argv[1], sys.argv[2]), Checks(), work, time.time()
+
+
+def finish(checks, measured, started):
+    """Prints every measured value and the verdict; the exit status."""
+    print(f"\nmeasured ({time.time() - started:.1f} s):")
+    for name, value in measured.items():
+        print(f"  {name:55s} {value:.2e}")
+    print("PASS" if checks.failed == 0 else f"FAIL: {checks.failed} check(s)")
+    return 1 if checks.failed else 0
+
+
 def make_inputs(gen, in_dim, text_dim, y_dim=0, per_token=False, latent=(3, 8, 12), patch=(1, 2, 2)):
     """Two samples, fractional timesteps, contexts of 7 and 20 tokens (zero-padded by both models)."""
     B = 2
@@ -326,25 +350,11 @@ def two_experts(cli, work, checks):
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: test_diffusers_interop.py WAN_DISTILL MPIRUN_SH WORK_DIR")
-    torch.set_num_threads(1)
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    work = Path(sys.argv[3]).resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    cli = Cli(sys.argv[1], sys.argv[2])
-    checks = Checks()
-    start = time.time()
+    cli, checks, work, started = start("test_diffusers_interop.py")
     measured = diffusers_to_ours(cli, work, checks)
     measured.update(ours_to_diffusers(cli, work, checks))
     two_experts(cli, work, checks)
-    print(f"\nmeasured ({time.time() - start:.1f} s):")
-    for name, value in measured.items():
-        print(f"  {name:55s} {value:.2e}")
-    print("PASS" if checks.failed == 0 else f"FAIL: {checks.failed} check(s)")
-    return 1 if checks.failed else 0
+    return finish(checks, measured, started)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ f. A LoRA student over a bf16 teacher (init-teacher's default dtype), as a new u
    check tells them apart), and its forward equals diffusers' fuse_lora of the exported fp32
    LoRA on from_pretrained(BASE in fp32) within 1e-5 of the output's largest magnitude. The
    default bf16 convert is that fp32 merge rounded once, bit for bit.
+g. The I2V LoRA: a LoRA student of a tiny i2v teacher (in_dim 36, y at every forward of its
+   builtin data), the teacher and the merged student exported with `convert --layout pipeline`
+   (WanImageToVideoPipeline folders) and the LoRA with --layout lora. a, b and c again on this
+   model (forwards with y), and WanImageToVideoPipeline.from_pretrained(BASE).load_lora_weights
+   (the I2V pipeline's own loader, its T2V-to-I2V expansion included) logs no warning, puts every
+   tensor of the file into the pipeline transformer's peft layers, and gives the merged forward.
 
 Tolerances (max |ours - diffusers| or |ours - ComfyUI's formula|, fp32 throughout):
   forward outputs                1e-5 absolute, as test_diffusers_interop.py (f: 1e-5 relative to
@@ -57,9 +63,7 @@ Exit status 0 when everything agrees, 1 otherwise (also when a package is missin
 import json
 import logging
 import os
-import shutil
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -81,8 +85,8 @@ except ImportError as e:
 
 import comfyui_lora_keys as comfy  # noqa: E402  (this folder: ComfyUI's LoRA key rules)
 import wan_keys  # noqa: E402  (tools/, after the path is set)
-from test_diffusers_interop import Checks, Cli, diffusers_forward, load_diffusers, make_inputs  # noqa: E402
-from wd_test_support import CPU_JOB  # noqa: E402
+from test_diffusers_interop import diffusers_forward, finish, load_diffusers, make_inputs, start  # noqa: E402
+from wd_test_support import CPU_JOB, OfficialTimesteps  # noqa: E402
 
 RANK, ALPHA = 4, 8
 TRAIN_LR = 0.01  # 5 AdamW steps without warmup move each lora_up entry by ~0.03: a visible LoRA
@@ -403,36 +407,68 @@ def check_bf16_base(cli, checks, work, targets, inputs, text_len):
     return measured
 
 
-def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: test_lora_export.py WAN_DISTILL MPIRUN_SH WORK_DIR")
-    torch.set_num_threads(1)
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    work = Path(sys.argv[3]).resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    cli = Cli(sys.argv[1], sys.argv[2])
-    checks = Checks()
-    start = time.time()
-    teacher, base, lora, merged = make_runs(cli, work)
+def check_i2v(cli, checks, work):
+    print("\ng. a LoRA student of an i2v teacher (in_dim 36) -> WanImageToVideoPipeline.load_lora_weights:")
+    teacher, run, base, lora, merged = (work / f"i2v-{n}" for n in ("teacher", "run", "base", "lora", "merged"))
+    quiet = ("--log.level", "warn")
+    cli.run("init-teacher", "--preset", "tiny", "--model-type", "i2v", "--in-dim", 36, "--out-dim", 16, "--dtype",
+            "fp32", "--seed", 9, "--output", teacher, *quiet)
+    # The i2v teacher's builtin data set holds each sample's image condition: y at every forward.
+    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--train.objective", "guided",
+            "--student.lora_rank", RANK, "--student.lora_alpha", ALPHA, "--train.steps", 5, "--train.lr", TRAIN_LR,
+            "--train.warmup_steps", 0, *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 2))
+    for source, folder, layout in ((teacher, base, "pipeline"), (run / "student", lora, "lora"),
+                                   (run / "student", merged, "pipeline")):
+        cli.run("convert", "--input", source, "--output", folder, "--layout", layout, "--dtype", "fp32", *quiet)
+    teacher_state, targets, config, inputs, text_len = model_inputs(teacher, 5, y_dim=20)
+    # The checks of a, b and c on the i2v model (the base and merged DiTs are the pipelines' transformer/).
+    measured, want = check_diffusers_file(checks, base / "transformer", lora, merged / "transformer", targets, inputs,
+                                          text_len)
+    measured.update(check_comfy_file(checks, base / "transformer", lora, merged / "transformer", teacher_state, targets,
+                                     inputs, text_len, want))
+    print("  the I2V pipeline's own loader:")
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline  # noqa: PLC0415  (only here)
+    pipe = WanImageToVideoPipeline.from_pretrained(base, vae=None, text_encoder=None, tokenizer=None,
+                                                   scheduler=FlowMatchEulerDiscreteScheduler())
+    pipe.transformer.condition_embedder.timesteps_proj = OfficialTimesteps(config["freq_dim"])
+    with Warnings() as log:
+        pipe.load_lora_weights(str(lora), adapter_name="i2v", low_cpu_mem_usage=True)
+    checks.expect(not log.messages, f"WanImageToVideoPipeline.load_lora_weights logs no warning {log.messages[:2] or ''}")
+    stored = load_file(str(lora / DIFFUSERS_FILE))
+    found, scales = adapter_tensors(pipe.transformer, "i2v")
+    equal = [k for k, v in stored.items() if k in found and torch.equal(found[k], v)]
+    checks.expect(len(equal) == len(stored) == len(found) and len(scales) == len(targets) and
+                  set(scales.values()) == {1.0}, f"{len(equal)} of the file's {len(stored)} tensors in the pipeline "
+                  f"transformer's {len(scales)} peft layers bit for bit, each at scale 1 (nothing left over)")
+    measured["forward, I2V pipeline + LoRA file vs merged"] = checks.close(
+        "forward with y, the I2V pipeline's transformer with the LoRA vs the merged export",
+        diffusers_forward(pipe.transformer.eval(), inputs, text_len), want, FORWARD_TOLERANCE)
+    return {f"g (i2v) {k}": v for k, v in measured.items()}
+
+
+def model_inputs(teacher, seed, y_dim=0):
+    """The teacher's weights, its LoRA targets, and inputs for its forward (contexts of 7 and
+    text_len rows); with y_dim, an i2v model's condition channels."""
     teacher_state = load_file(str(teacher / "diffusion_pytorch_model.safetensors"))
-    targets = lora_targets(teacher_state)
     config = json.loads((teacher / "config.json").read_text())
-    inputs = make_inputs(torch.Generator().manual_seed(3), config["in_dim"], config["text_dim"])
+    inputs = make_inputs(torch.Generator().manual_seed(seed), config["in_dim"], config["text_dim"], y_dim=y_dim)
     text_len = config["text_len"]
     inputs["context"], inputs["context_lens"] = inputs["context"][:, :text_len], torch.tensor([7, text_len])
+    return teacher_state, lora_targets(teacher_state), config, inputs, text_len
+
+
+def main():
+    cli, checks, work, started = start("test_lora_export.py")
+    teacher, base, lora, merged = make_runs(cli, work)
+    teacher_state, targets, _, inputs, text_len = model_inputs(teacher, 3)
     measured, want = check_diffusers_file(checks, base, lora, merged, targets, inputs, text_len)
     measured.update(check_comfy_file(checks, base, lora, merged, teacher_state, targets, inputs, text_len, want))
     measured["d weights, imported student vs diffusers' fuse_lora"] = check_import(cli, checks, work, teacher, base,
                                                                                    targets)
     measured.update(check_pair(cli, checks, work, inputs, text_len))
     measured.update(check_bf16_base(cli, checks, work, targets, inputs, text_len))
-    print(f"\nmeasured ({time.time() - start:.1f} s):")
-    for name, value in measured.items():
-        print(f"  {name:55s} {value:.2e}")
-    print("PASS" if checks.failed == 0 else f"FAIL: {checks.failed} check(s)")
-    return 1 if checks.failed else 0
+    measured.update(check_i2v(cli, checks, work))
+    return finish(checks, measured, started)
 
 
 if __name__ == "__main__":

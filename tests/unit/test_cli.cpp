@@ -125,6 +125,13 @@ TEST(Cli, ConvertInspectForwardAndRefusals) {
   EXPECT_NE(r.output.find("format:      diffusers"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dim 64 ffn 128 heads 4 layers 2 in 16 out 16 text 32x8"), std::string::npos)
       << r.output;
+  // A diffusers pipeline folder: model_index.json, the DiT in transformer/, read back whole by inspect.
+  r = run("convert --input " + weights + " --output " + (dir / "p").string() + " --layout pipeline");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "p" / "model_index.json") && fs::exists(dir / "p" / "transformer" / "config.json"));
+  r = run("inspect " + (dir / "p").string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("path:        " + (dir / "p" / "transformer").string()), std::string::npos) << r.output;
   r = run("convert --input /nonexistent/ckpt --output " + (dir / "x").string());
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/ckpt"), std::string::npos) << r.output;

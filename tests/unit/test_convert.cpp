@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/errors.hpp"
+#include "model/diffusers_pipeline.hpp"
 #include "model/wan_convert.hpp"
 #include "test_util.hpp"
 
@@ -164,6 +165,59 @@ TEST(Convert, DiffusersLayoutRefusesAModelDiffusersCannotExpressBeforeWriting) {
     EXPECT_TRUE(test::contains(e.what(), "qk_norm(false)")) << e.what();
   }
   EXPECT_FALSE(fs::exists(d.path() / "out"));
+}
+
+// --layout pipeline: the DiT in transformer/ beside model_index.json, whose class and
+// expand_timesteps are what diffusers samples each model type with (Wan 2.2's own folders:
+// WanImageToVideoPipeline for I2V, WanPipeline with expand_timesteps for TI2V-5B).
+TEST(Convert, PipelineLayoutWritesTheTransformerAndAModelIndexForEachModelType) {
+  TempDir d;
+  struct Case {
+    const char* model_type;
+    std::int64_t in_dim;
+    const char* class_name;
+    const char* expand_timesteps;
+  };
+  for (const auto& c : {Case{"t2v", 16, "WanPipeline", "false"}, Case{"i2v", 36, "WanImageToVideoPipeline", "false"},
+                        Case{"ti2v", 16, "WanPipeline", "true"}}) {
+    auto config = WanConfig::preset("tiny");
+    config.model_type = c.model_type;
+    config.in_dim = c.in_dim;
+    const auto source = d.str(std::string("in-") + c.model_type), output = d.str(std::string("out-") + c.model_type);
+    write_random_wan_checkpoint(source, config, torch::kFloat, 1'000'000, 5);
+    const auto in = WanCheckpoint::open(source);
+    ConvertOptions options;
+    options.layout = KeyLayout::kDiffusers;
+    options.pipeline = true;
+    convert_wan_checkpoint(in, output, options);
+    const auto index = read_text(fs::path(output) / "model_index.json");
+    for (const auto& field : {std::string(R"("_class_name": ")") + c.class_name + "\"",
+                              std::string(R"("expand_timesteps": )") + c.expand_timesteps,
+                              std::string(R"("boundary_ratio": null)"),
+                              std::string("\"transformer\": [\n    \"diffusers\",\n    \"WanTransformer3DModel\"\n  ]"),
+                              std::string("\"transformer_2\": [\n    null,\n    null\n  ]")}) {
+      EXPECT_TRUE(test::contains(index, field)) << c.model_type << ": " << field << "\n" << index;
+    }
+    const auto pipeline = DiffusersPipeline::read(output);
+    EXPECT_EQ(pipeline.class_name, c.class_name);
+    EXPECT_FALSE(pipeline.two_experts);
+    EXPECT_TRUE(fs::exists(fs::path(output) / "transformer" / "config.json")) << c.model_type;
+    EXPECT_FALSE(fs::exists(fs::path(output) / "config.json")) << c.model_type;
+    // The folder reads back as its transformer, bit for bit in bf16, fp32 islands kept.
+    const auto out = WanCheckpoint::open(output);
+    expect_converted(in, out, torch::kBFloat16, true, KeyLayout::kDiffusers);
+    EXPECT_EQ(out.config().model_type, c.model_type);
+  }
+  // A pipeline folder holds diffusers names only: asked with the native layout, nothing is written.
+  ConvertOptions native;
+  native.pipeline = true;
+  try {
+    convert_wan_checkpoint(WanCheckpoint::open(kTinyAWeights), d.str("native-pipeline"), native);
+    FAIL() << "a pipeline was written in the native layout";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "not native")) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d.path() / "native-pipeline"));
 }
 
 TEST(Convert, TinyShardSizeWritesSeveralShardsAndAnIndexThatLoad) {
