@@ -32,7 +32,7 @@ WanImageToVideoPipeline) decode the whole final latent, with no frame replaced i
 The condition is --condition FILE (a data set's /condition, rows from --rows or from the `samples`
 of report.json beside the input: the image as the VAE decodes the condition's first latent frame)
 or --image FILE[,FILE...] (the image itself, resized and centre-cropped to the video's size as
-tools/prepare_data.py does before encoding; one for every batch row, or one per row). `noise` is
+tools/prepare_data.py does before encoding; one file for all batch rows, or one per row). `noise` is
 never conditioned.
 """
 
@@ -175,8 +175,8 @@ def with_image_latent(data, rows, cond, path, name, z):
 
 def image_files(files, count, height, width, processor):
     """The first frame of each of `count` videos from --image (one file for all, or one each): each
-    image resized and centre-cropped
-    to height x width as tools/prepare_data.py makes the pixels it encodes, as 8-bit PIL images."""
+    image resized and centre-cropped to height x width as tools/prepare_data.py makes the pixels it
+    encodes, as 8-bit PIL images."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import prepare_data
 
@@ -215,7 +215,7 @@ class FirstFrames:
         if self.latents is None:
             if len(self.files) not in (1, z.shape[0]):
                 raise Failure(f"--image: {len(self.files)} files for the {z.shape[0]} rows of tensor '{name}' in {path}; "
-                              "give one for every row, or one per row")
+                              "give one file for all rows, or one per row")
             return z, "image"
         kind = condition_kind(self.data, self.latents, path, name, z)
         if kind == "ti2v":
@@ -318,8 +318,8 @@ def parser():
                                        "with; the videos start with those images")
     p.add_argument("--rows", default="", help="with --condition: the data set rows of the batch, e.g. 6,7 or 100-291 "
                                               "(default: `samples` of report.json beside the input)")
-    p.add_argument("--image", help="i2v/ti2v samples: the image file each video starts with (one for every batch row, "
-                                   "or a comma list, one per row)")
+    p.add_argument("--image", help="i2v/ti2v samples: the image file each video starts with (one file for all batch "
+                                   "rows, or a comma list, one per row)")
     return p
 
 
