@@ -10,7 +10,8 @@ int run_evaluate(const std::vector<std::string>& args) {
   eval::EvaluateConfig cfg;
   OptionTable table("evaluate options");
   cfg.bind(table);
-  if (parse_options(args, table).help) {
+  const auto parsed = parse_options(args, table);
+  if (parsed.help) {
     print_help("wan-distill evaluate --teacher.checkpoint T [--student RUN_DIR/student] --data.path D [--count 192] "
                "[--teacher.steps 40 --teacher.guidance g --teacher.shift s --student.steps k] [--output DIR]",
                "Samples every row from the same held-out noises and contexts (by default the data set's last "
@@ -25,6 +26,7 @@ int run_evaluate(const std::vector<std::string>& args) {
     return kExitOk;
   }
   cfg.validate();
+  cfg.given = parsed.given;
   init_logging(Topology::single_process(), cfg.log.level);
   cfg.runtime.apply();
   eval::run_evaluation(cfg);

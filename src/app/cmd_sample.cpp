@@ -11,6 +11,7 @@
 
 #include "app/commands.hpp"
 #include "eval/conditions.hpp"
+#include "eval/sampler_defaults.hpp"
 #include "data/classes.hpp"
 #include "model/negative_context.hpp"
 #include "job/plan_input.hpp"
@@ -64,13 +65,17 @@ struct SampleConfig {
         .bind("latent", latent, "random contexts only: F,H,W of the latent (C = the teacher's out_dim)")
         .bind("count", count, "random contexts only: number of samples")
         .bind("seed", seed, "seed of the noise (per sample index) and of random contexts")
-        .bind("steps", steps, "sampling steps (official Wan 2.2: 40 t2v/i2v, 50 ti2v)")
-        .bind("shift", shift, "σ shift: σ' = shift·σ / (1 + (shift−1)·σ) (official: 12 t2v-A14B, 5 i2v / ti2v)")
+        .bind("steps", steps,
+              "sampling steps; unset: the official sampler's for a teacher shaped as one (T2V-A14B and I2V-A14B "
+              "40, TI2V-5B 50), else this")
+        .bind("shift", shift,
+              "σ shift: σ' = shift·σ / (1 + (shift−1)·σ); unset: the official sampler's for a teacher shaped as one "
+              "(T2V-A14B 12, I2V-A14B 5, TI2V-5B 5), else this")
         .bind("solver", solver, "Euler steps, or UniPC (bh2, order 2, as the official sampler)");
     bind_guidance(t, "guidance", guidance,
-                  "classifier-free guidance scale g: v_neg + g·(v − v_neg); 1 = off; LOW,HIGH: each expert of a "
-                  "two-expert teacher its own (the official T2V-A14B: 3,4), the student at σ as the teacher's expert "
-                  "there")
+                  "classifier-free guidance scale g of both models: v_neg + g·(v − v_neg); 1 = off, whatever the "
+                  "teacher (a guidance-distilled student samples unguided); LOW,HIGH: each expert of a two-expert "
+                  "teacher its own (the official T2V-A14B: 3,4), the student at σ as the teacher's expert there")
         .bind("negative", negative,
               "safetensors with `context` [L,text_dim] or [1,L,text_dim]: the negative context; empty = zeros")
         .bind("collapse-ratio", collapse_ratio,
@@ -178,7 +183,8 @@ int run_sample(const std::vector<std::string>& args) {
   SampleConfig cfg;
   OptionTable table("sample options");
   cfg.bind(table);
-  if (parse_options(args, table).help) {
+  const auto parsed = parse_options(args, table);
+  if (parsed.help) {
     print_help("wan-distill sample --teacher.checkpoint PATH [--student RUN_DIR/student] "
                "[--data.path FILE --samples i,j] [--output DIR] [options]",
                "Samples with the Wan flow-matching sampler (shifted σ schedule, Euler or UniPC, optional "
@@ -194,6 +200,9 @@ int run_sample(const std::vector<std::string>& args) {
   cfg.runtime.apply();
   const c10::Device device(cfg.device);
   auto [teacher, student] = load_models(cfg, device);
+  // One guidance for both models: a guidance-distilled student would be guided twice by an
+  // official scale, so `guidance` keeps 1 whatever the teacher.
+  eval::take_official_defaults(*teacher.experts, parsed.given, {"sample", "steps", &cfg.steps, "shift", &cfg.shift});
   const auto cond = eval::make_conditions({cfg.data_path, cfg.samples, cfg.latent, cfg.count, cfg.seed, cfg.negative},
                                          teacher.experts->config(), device);
   const auto sigmas = data::sampling_sigmas(cfg.steps, cfg.shift);

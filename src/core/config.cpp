@@ -121,6 +121,9 @@ ParsedOptions parse_options(const std::vector<std::string>& args, OptionTable& t
   } catch (const po::error& e) {
     throw ConfigError(e.what());
   }
+  for (const auto& [key, value] : vm) {
+    if (!value.defaulted() && key != "config" && key != positional_name) parsed.given.insert(key);
+  }
   return parsed;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -193,6 +194,9 @@ struct ParsedOptions {
   bool help = false;
   std::string config_file;
   std::vector<std::string> positional;
+  /// The keys given a value on the command line or in the --config file; the others kept their
+  /// bound default (a command whose default depends on the model asks this before taking it).
+  std::set<std::string> given;
 };
 
 /// Parses `args` (the words after the subcommand) into the fields bound in `table`, then the

@@ -15,6 +15,7 @@
 #include "data/flow_sampler.hpp"
 #include "eval/conditions.hpp"
 #include "eval/metrics.hpp"
+#include "eval/sampler_defaults.hpp"
 #include "model/safetensors.hpp"
 #include "model/sampling_model.hpp"
 #include "teacher/sampling_teacher.hpp"
@@ -33,12 +34,17 @@ void EvaluateConfig::bind(OptionTable& t) {
             "with train.eval_samples >= count: never trained on)")
       .bind("count", count, "samples per row when --samples is empty (192 or more: the paired error is heavy-tailed)")
       .bind("seed", seed, "seed of the rows' noise (per sample index); the reference's second set uses seed + 1")
-      .bind("teacher.steps", teacher_steps, "the reference's sampling steps")
+      .bind("teacher.steps", teacher_steps,
+            "the reference's sampling steps; unset: the official sampler's for a teacher shaped as one (T2V-A14B "
+            "and I2V-A14B 40, TI2V-5B 50), else this")
       .bind("teacher.solver", teacher_solver, "the reference's sampler");
   bind_guidance(t, "teacher.guidance", teacher_guidance,
                 "the reference's guidance scale g (teacher_at_k's too); LOW,HIGH: each expert of a two-expert "
-                "teacher its own (the official T2V-A14B: 3,4)")
-      .bind("teacher.shift", shift, "σ shift of every row's schedule")
+                "teacher its own; unset: the official sampler's for a teacher shaped as one (T2V-A14B 3,4, "
+                "I2V-A14B 3.5, TI2V-5B 5), else this")
+      .bind("teacher.shift", shift,
+            "σ shift of every row's schedule; unset: the official sampler's for a teacher shaped as one (T2V-A14B "
+            "12, I2V-A14B 5, TI2V-5B 5), else this")
       .bind("student.steps", student_steps, "k: the Euler steps of teacher_at_k and of the student")
       .bind("student.guidance", student_guidance, "the student's guidance scale (1 = none: a guidance-distilled student)")
       .bind("student.solver", student_solver, "the student's sampler (euler: a few-step student)")
@@ -234,11 +240,15 @@ void take_teacher_rows(const std::string& dir, const nlohmann::json& settings, T
 
 }  // namespace
 
-nlohmann::json run_evaluation(const EvaluateConfig& cfg) {
+nlohmann::json run_evaluation(const EvaluateConfig& options) {
+  auto cfg = options;
   const c10::Device device(cfg.device);
   const auto dtype = dtype_of(cfg.dtype);
   auto teacher = teacher::load_sampling_teacher(
       {cfg.teacher, cfg.boundary, dtype, device, cfg.placement.resolve(device), cfg.placement.stream_ahead});
+  take_official_defaults(*teacher.experts, cfg.given,
+                         {"evaluate", "teacher.steps", &cfg.teacher_steps, "teacher.shift", &cfg.shift,
+                          "teacher.guidance", &cfg.teacher_guidance});
   std::optional<SamplingModel> student;
   // A two-expert student (a LoRA pair) routes at the teacher's boundary.
   const auto boundary = teacher.experts->two_experts() ? std::optional<double>(teacher.experts->boundary()) : std::nullopt;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "core/guidance_scale.hpp"
@@ -39,13 +40,17 @@ struct EvaluateConfig {
   teacher::SamplingPlacement placement;
   LogConfig log;
   RuntimeConfig runtime;
+  /// The keys given on the command line or in --config (ParsedOptions::given): teacher.steps,
+  /// teacher.shift and teacher.guidance left out of it follow the teacher's official sampler.
+  std::set<std::string> given;
 
   void bind(OptionTable& t);
   void validate() const;
 };
 
 /// Samples every row, writes OUTPUT/report.json and OUTPUT/latents.safetensors (when `output` is
-/// set) and returns the report.
-nlohmann::json run_evaluation(const EvaluateConfig& cfg);
+/// set) and returns the report. The teacher's unset sampler keys take its official sampler's
+/// values first (take_official_defaults).
+nlohmann::json run_evaluation(const EvaluateConfig& options);
 
 }  // namespace wd::eval

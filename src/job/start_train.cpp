@@ -162,9 +162,9 @@ DataShape check_inputs(TrainJob& job, int rank) {
       for (const auto& e : job.experts->experts()) e.check();
       if (rank == 0 && job.experts->two_experts()) {
         const auto& ex = *job.experts;
-        spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {})", ex.path(),
+        spdlog::info("teacher {}: two experts, {} for t >= {} and {} below (boundary {}), {}", ex.path(),
                      ex.expert_name(WanExperts::kHigh), ex.boundary_timestep(), ex.expert_name(WanExperts::kLow),
-                     ex.boundary());
+                     ex.boundary(), ex.boundary_origin());
       }
       job.model = job.teacher().config();
     } else {  // every rank reads the data set: its shapes make the model

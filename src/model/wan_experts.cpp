@@ -12,6 +12,7 @@
 #include "core/errors.hpp"
 #include "core/logging.hpp"
 #include "model/diffusers_pipeline.hpp"
+#include "model/official_samplers.hpp"
 
 namespace wd {
 
@@ -28,9 +29,8 @@ std::string format_indices(const std::vector<std::int64_t>& v) {
 }  // namespace
 
 std::optional<double> default_expert_boundary(const std::string& model_type) {
-  if (model_type == "t2v") return 0.875;
-  if (model_type == "i2v") return 0.9;
-  return std::nullopt;
+  const auto* official = official_sampler(model_type, 2);
+  return official ? official->boundary : std::nullopt;
 }
 
 void check_same_architecture(const WanConfig& low, const std::string& low_path,
@@ -89,6 +89,7 @@ WanExperts WanExperts::open(const std::string& path, std::optional<double> bound
   if (both[0].lora() && both[1].lora()) check_lora_pair(*both[0].lora(), *both[1].lora(), path);
   auto out = from_checkpoints(std::move(both), boundary ? boundary : sub->boundary, path);
   out.names_ = sub->names;
+  if (!boundary && sub->boundary) out.boundary_origin_ = "the boundary_ratio of " + path + "/model_index.json";
   return out;
 }
 
@@ -115,6 +116,7 @@ WanExperts WanExperts::from_checkpoints(std::vector<WanCheckpoint> experts,
                         "explicitly (0 < boundary < 1)");
     }
     out.boundary_ = boundary ? *boundary : *fallback;
+    out.boundary_origin_ = boundary ? "set explicitly" : "the official " + describe(*official_sampler(type, 2)) + "'s";
   } else {
     // One expert serves every timestep; the value is only reported.
     out.boundary_ = boundary ? *boundary : default_expert_boundary(type).value_or(0.0);

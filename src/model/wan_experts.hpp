@@ -19,8 +19,8 @@
 
 namespace wd {
 
-/// The boundary Wan 2.2 uses for a model_type (spec §1, §10): t2v 0.875, i2v 0.9; none for the
-/// others (TI2V-5B is a single dense model).
+/// The boundary Wan 2.2 uses for a model_type's two experts (official_samplers: T2V-A14B 0.875,
+/// I2V-A14B 0.9); none for the others (TI2V-5B is a single dense model).
 std::optional<double> default_expert_boundary(const std::string& model_type);
 
 /// Throws wd::DataError when two expert configs describe different architectures, naming both
@@ -72,6 +72,9 @@ class WanExperts {
   const WanConfig& config() const { return experts_.front().config(); }
   /// The boundary ratio; for a single model it is the default of its type (unused) or 0.
   double boundary() const { return boundary_; }
+  /// Where a two-expert teacher's boundary came from, for logs: "set explicitly", the
+  /// boundary_ratio of a pipeline's model_index.json, or the official model's default; "" for one.
+  const std::string& boundary_origin() const { return boundary_origin_; }
   /// boundary · num_train_timesteps (1000), computed as the official pipelines do.
   double boundary_timestep() const { return boundary_ * 1000.0; }
   /// The expert's subfolder ("low_noise_model" / "high_noise_model", or "transformer_2" /
@@ -92,6 +95,7 @@ class WanExperts {
   std::vector<WanCheckpoint> experts_;
   std::array<std::string, 2> names_{kLowDir, kHighDir};
   double boundary_ = 0.0;
+  std::string boundary_origin_;
 };
 
 /// The samples `samples` (indices into the batch, in that order) of `inputs`; `t` rows follow.

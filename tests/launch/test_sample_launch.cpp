@@ -210,6 +210,16 @@ TEST(EvaluateLaunch, ImageConditionedRowsAreScoredOnHowTheyContinueTheirImage) {
                               " --samples 6,7 --steps 2 --output " + (dir / (kind + "-sample")).string() +
                               " --runtime.threads 1 --device cpu");
     ASSERT_EQ(code, 0) << out;
+    // The shift left unset: a ti2v model is shaped as TI2V-5B and samples at its official 5; one
+    // i2v model is no official shape (I2V-A14B is a pair) and keeps sample's own 12.
+    const auto sample_report = nlohmann::json::parse(std::ifstream(dir / (kind + "-sample") / "report.json"));
+    EXPECT_EQ(sample_report["shift"].get<double>(), kind == "ti2v" ? 5.0 : 12.0) << kind;
+    EXPECT_NE(out.find(kind == "ti2v" ? "sample: shift 5 (unset: the official TI2V-5B (model_type ti2v, one model) "
+                                        "sampler's)"
+                                      : "sample: shift 12 (unset: sample's own defaults; the teacher (model_type i2v, 1 "
+                                        "expert(s)) is none of Wan 2.2's official models)"),
+              std::string::npos)
+        << out;
     const auto sampled = SafetensorsFile::open((dir / (kind + "-sample") / "latents.safetensors").string());
     const auto rows = SafetensorsFile::open((dir / kind / "latents.safetensors").string());
     const auto first = [](const torch::Tensor& x) { return x.narrow(0, 0, 2).narrow(2, 0, 1); };

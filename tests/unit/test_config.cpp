@@ -44,18 +44,20 @@ TEST(Config, IniSectionsBindAndTheCommandLineWins) {
   TeacherLike c;
   OptionTable t("test");
   c.bind(t);
-  parse_options({"--config", ini, "--teacher.ranks", "5"}, t);
+  const auto parsed = parse_options({"--config", ini, "--teacher.ranks", "5"}, t);
   EXPECT_EQ(c.placement, "stream");  // from the file
   EXPECT_EQ(c.ranks, 5);             // the flag wins over the file's 3
   EXPECT_DOUBLE_EQ(c.lr, 0.5);
   EXPECT_FALSE(c.frozen);
+  // Given: every key with a value from the file or a flag, not --config itself.
+  EXPECT_EQ(parsed.given, (std::set<std::string>{"teacher.frozen", "teacher.placement", "teacher.ranks", "train.lr"}));
 }
 
 TEST(Config, DefaultsStayWithoutFileOrFlags) {
   TeacherLike c;
   OptionTable t("test");
   c.bind(t);
-  parse_options({}, t);
+  EXPECT_TRUE(parse_options({}, t).given.empty());
   EXPECT_EQ(c.placement, "gpu");
   EXPECT_EQ(c.ranks, 1);
   EXPECT_TRUE(c.frozen);
