@@ -25,8 +25,9 @@
 # the GPU, the teacher rank answering real-score requests), dmd_colocated (dmd with the teacher on
 # the student's rank), shard_none_bf16, shard_optimizer, shard_gradients, shard_gradients_bf16 (train2
 # with student.shard; the two students share the GPU, so over MPI), lora and lora_dmd (LoRA students
-# on the GPU: guided, and dmd with a LoRA critic) and ctest (the whole suite; many
-# tests assume a CPU-only host).
+# on the GPU: guided, and dmd with a LoRA critic), trajectory_i2v and dmd_i2v (the two with a tiny
+# i2v teacher, I2V-A14B's layout: y in every teacher, generator and critic forward) and ctest (the
+# whole suite; many tests assume a CPU-only host).
 #
 # Environment:
 #   OUT            the folder that comes back (the device tool sets it): summary.md, logs.tar.gz
@@ -43,7 +44,8 @@
 #   <STEP>_TIMEOUT a step's limit in seconds, e.g. BUILD_TIMEOUT=420 TRAIN_TIMEOUT=150
 #   KILL_AFTER     seconds from a step's TERM to its KILL (default 15)
 #   TRAIN_STEPS    optimizer steps of the train steps (default 200)
-#   DMD_STEPS      optimizer steps of the trajectory, dmd and dmd_colocated steps (default 50)
+#   DMD_STEPS      optimizer steps of the trajectory, dmd and dmd_colocated steps and their i2v
+#                  twins (default 50)
 #   PEAK_TFLOPS    dense bf16 peak for bench_forward's MFU (default 989: H100 SXM; the H200 has
 #                  the same compute)
 #   FORWARD_ARGS, STREAM_ARGS, CHECKPOINTING_ARGS, NCCL_ARGS, CTEST_ARGS: replace the defaults
@@ -62,7 +64,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated ctest"
+known_steps="$all_steps train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -282,7 +284,7 @@ figures() {
       ;;
     nccl) table_rows "$log" | awk -F'|' '{ for (i = 2; i <= 5; i++) gsub(/^ +| +$/, "", $i); r = $0; s = $2; m = $3; n = $4; p = $5 } END { if (s != "") printf "%s: cudaMemcpy D2D %s GB/s, NCCL to self %s GB/s, rank 0 -> 1 %s", s, m, n, p }' ;;
     train | train_mpi | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated | oom | \
-      lora | lora_dmd | shard_*)
+      lora | lora_dmd | shard_* | *_i2v)
       local last eval ranks
       last=$(grep -oE 'step [0-9]+/[0-9]+ loss [0-9.e+-]+.*samples/s' "$log" | tail -1 | sed -E 's/ lr [^ ]+//')
       eval=$(grep -oE 'eval after training: relative MSE [0-9.e+-]+' "$log" | tail -1 | sed 's/eval after training: //')
@@ -382,7 +384,8 @@ targets_for() {
   case $1 in
     nccl_init) echo test_nccl_mpi ;;
     nccl) echo nccl_bandwidth ;;
-    train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | dmd_colocated) echo wan-distill ;;
+    train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | \
+      dmd_colocated | trajectory_i2v | dmd_i2v) echo wan-distill ;;
     forward) echo bench_forward ;;
     stream) echo bench_stream ;;
     checkpointing) echo bench_checkpointing ;;
@@ -552,6 +555,16 @@ for s in $steps; do
     dmd)
       train_step dmd 2 150 "critic on the GPU; the teacher rank answers real-score requests" --student.device cuda \
         --teacher.placement gpu --train.objective dmd --train.steps "$dmd_steps"
+      ;;
+    trajectory_i2v | dmd_i2v)
+      # A tiny i2v teacher (in_dim 36: 16 noisy + 4 mask + 16 image latent channels); train makes
+      # its builtin data set with each sample's image.
+      i2v_teacher=$build/i2v-teacher
+      [[ -f $i2v_teacher/config.json ]] || "$bin" init-teacher --preset tiny --model-type i2v --in-dim 36 \
+        --out-dim 16 --dtype bf16 --seed 4 --output "$i2v_teacher" >"$out/$s.init.log" 2>&1
+      train_step "$s" 2 150 "an i2v teacher's ${s%_i2v} on the GPU: y in every teacher and student forward" \
+        --teacher.checkpoint "$i2v_teacher" --student.device cuda --teacher.placement gpu \
+        --train.objective "${s%_i2v}" --train.steps "$dmd_steps"
       ;;
     dmd_colocated)
       train_step dmd_colocated 1 150 "dmd with the teacher on the student's rank (local answers)" \

@@ -73,6 +73,25 @@ inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+/// Which kernel `attention` runs for these inputs: LibTorch's own choice among its fused
+/// scaled-dot-product backends (math, flash, efficient, cudnn), with the cuDNN version for CUDA
+/// inputs; "reference" where LibTorch has no fused attention (1.13).
+inline std::string attention_backend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const std::optional<torch::Tensor>& key_mask = std::nullopt) {
+#if WD_TORCH_HAS_SDPA
+  static const char* const kNames[] = {"math", "flash", "efficient", "cudnn", "overrideable"};
+  const auto choice = at::_fused_sdp_choice(q, k, v, key_mask ? c10::optional<at::Tensor>(*key_mask) : c10::nullopt);
+  std::string name = choice >= 0 && choice < 5 ? kNames[choice] : "error";
+#if WD_TORCH_CUDA
+  if (q.is_cuda()) name += " (cuDNN " + std::to_string(at::detail::getCUDAHooks().versionCuDNN()) + ")";
+#endif
+  return name;
+#else
+  static_cast<void>(q), static_cast<void>(k), static_cast<void>(v), static_cast<void>(key_mask);
+  return "reference (LibTorch " TORCH_VERSION " has no fused attention)";
+#endif
+}
+
 /// x·rsqrt(mean(x², last dim) + eps), in x's dtype: LibTorch's fused at::rms_norm where it has
 /// one (2.4 and later), else the same formula from its parts (Debian's 1.13).
 inline torch::Tensor rms_norm(const torch::Tensor& x, double eps) {

@@ -410,10 +410,17 @@ torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Ten
   // The official attention always runs in the half dtype; with fp32 weights it is fp32.
   const auto c = compute_dtype();
   const auto B = q.size(0), S = q.size(1);
-  auto out = compat::attention(
-      q.to(c).transpose(1, 2), k.to(c).transpose(1, 2), v.to(c).transpose(1, 2),
-      masked_by && masked_by->key_mask.defined() ? std::optional<torch::Tensor>(masked_by->key_mask)
-                                                 : std::nullopt);
+  const auto qh = q.to(c).transpose(1, 2), kh = k.to(c).transpose(1, 2), vh = v.to(c).transpose(1, 2);
+  const auto mask = masked_by && masked_by->key_mask.defined() ? std::optional<torch::Tensor>(masked_by->key_mask)
+                                                               : std::nullopt;
+  static std::once_flag logged;  // which kernel the first self-attention of the process runs
+  if (masked_by) {
+    std::call_once(logged, [&] {
+      spdlog::info("attention: {} for [{}, {}, {}, {}] {} on {}", compat::attention_backend(qh, kh, vh, mask),
+                   qh.size(0), qh.size(1), qh.size(2), qh.size(3), c10::toString(c), qh.device().str());
+    });
+  }
+  auto out = compat::attention(qh, kh, vh, mask);
   return out.transpose(1, 2).reshape({B, S, config_.dim});
 }
 

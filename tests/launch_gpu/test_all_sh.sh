@@ -371,6 +371,13 @@ expect "$sum" train '^skipped$'
 expect "$sum" colocated '^ok$'
 expect_text "$sum" 'compute mode Exclusive_Process: 2 processes cannot share the GPU' "why train was skipped"
 expect_text "$tmp/four/preflight.log" 'WARN +compute-mode +Exclusive_Process' "preflight warns about the compute mode"
+# --- 4b. The i2v twins of trajectory and dmd: a tiny i2v teacher made first, each train step on it.
+all_sh six STEPS="trajectory_i2v dmd_i2v"
+sum=$tmp/six/summary.md
+expect "$sum" trajectory_i2v '^ok$'
+expect "$sum" dmd_i2v '^ok$'
+expect_text "$tmp/six/trajectory_i2v.init.log" 'step 200/200' "the i2v teacher's init-teacher ran"
+expect_text "$sum" 'teacher.checkpoint [^ ]*/i2v-teacher .*train.objective dmd' "dmd_i2v's command takes the i2v teacher"
 checks=$((checks + 1))
 env OUT="$tmp/five" STEPS="smi bogus" bash "$repo/launch/gpu/all.sh" >/dev/null 2>&1
 [[ $? == 2 ]] || fail "an unknown step is not refused with exit 2"
