@@ -14,7 +14,7 @@ namespace {
 using u64 = std::uint64_t;
 
 constexpr u64 kF32 = 4;  // fp32: norms, modulation, softmax and residual stream
-constexpr u64 kF64 = 8;  // RoPE rotates in float64
+constexpr u64 kRopeTable = 8;  // RoPE's cos and sin tables: 2 fp32 values per head channel and token
 /// During the backward the gradients of one block's activations and the allocator's retained
 /// blocks add this many times one block's saved activations on top of what is saved (measured
 /// on the CPU build: 1.6 and 1.7 for students of dim 256 and 512, bench/results/planner.md).
@@ -84,10 +84,10 @@ u64 block_activation_bytes(const PlanInput& in, const DitShape& s) {
   const u64 B = n(in.batch), S = n(in.tokens), L = n(in.context_len);
   // Saved for the backward, per token (docs/placement.md): fp32 elementwise work (modulation
   // [B,S,6,D], norms, scale/shift, residuals: 24 x D), linear outputs in the compute dtype
-  // (8 x D), RoPE's float64 pairs of q and k (2 x D doubles), the FFN hidden before and after
-  // GELU (2 x ffn_dim), the softmax outputs of self- and cross-attention (fp32), and the cross
-  // attention's keys and values of the text.
-  u64 bytes = N * D * (24 * kF32 + 8 * c + 2 * kF64) + 2 * N * F * c;
+  // (8 x D), the FFN hidden before and after GELU (2 x ffn_dim), the softmax outputs of self- and
+  // cross-attention (fp32), and the cross attention's keys and values of the text. RoPE keeps
+  // nothing of its own (its fp32 rotation's backward needs only the tables).
+  u64 bytes = N * D * (24 * kF32 + 8 * c) + 2 * N * F * c;
   // The softmax outputs; a fused kernel saves only its log-sum-exp per query row.
   bytes += (in.fused_attention ? 2 * B * H * S : B * H * S * (S + L)) * kF32;
   bytes += 4 * B * L * D * c;
@@ -101,9 +101,9 @@ u64 activation_bytes(const PlanInput& in, const DitShape& s, std::int64_t checkp
   const u64 block = block_activation_bytes(in, s);
   // Embedding: the time embedding (freq_dim, then 10 x D of MLP and e0 [B,rows,6,D]; a row per
   // sample, or per token for TI2V), patch tokens and head (4 x D per token), the RoPE tables
-  // (cos, sin in float64); all fp32 (the official model's choice).
+  // (cos, sin interleaved per channel, fp32); all fp32 (the official model's choice).
   const u64 rows = in.per_token_time ? N : n(in.batch);
-  const u64 embed = rows * (n(s.freq_dim) + 10 * D) * kF32 + N * 4 * D * kF32 + N * n(s.head_dim()) * kF64;
+  const u64 embed = rows * (n(s.freq_dim) + 10 * D) * kF32 + N * 4 * D * kF32 + N * n(s.head_dim()) * kRopeTable;
   // A checkpointed block keeps only its input; one block's internals exist again while it is
   // recomputed in the backward.
   const u64 kept = (layers - k) * block + k * N * D * kF32 + (k > 0 ? block : 0);
@@ -137,13 +137,14 @@ std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples
   // Held through the forward: residual x, e, e0 [B,rows,6,D] (fp32; a row per sample, or per
   // token for TI2V), RoPE tables, text keys.
   const u64 rows = in.per_token_time ? N : B;
-  const u64 state = N * D * kF32 + rows * D * 7 * kF32 + N * n(t.head_dim()) * kF64 + B * L * D * c;
+  const u64 state = N * D * kF32 + rows * D * 7 * kF32 + N * n(t.head_dim()) * kRopeTable + B * L * D * c;
   // One block at a time: modulation m [B,rows,6,D] fp32, then the larger of self-attention
-  // (normed input, q, k, v, RoPE's float64 temporaries, and the scores: the product in the
-  // compute dtype, its fp32 copy, the fp32 softmax and its cast back) and the FFN.
+  // (normed input, q, k, v, RoPE's fp32 temporaries: x·cos, swap(x), the rotated q or k; and the
+  // scores: the product in the compute dtype, its fp32 copy, the fp32 softmax and its cast back)
+  // and the FFN.
   const u64 mod = rows * D * 6 * kF32;
   const u64 scores = in.fused_attention ? B * H * S * kF32 : B * H * S * S * (c == 4 ? 8 : 10);
-  const u64 attention = N * D * (3 * kF32 + c + 2 * kF64) + scores;
+  const u64 attention = N * D * (3 * kF32 + c + 3 * kF32) + scores;
   const u64 ffn = N * D * kF32 + 2 * N * F * c;
   // Hidden states sent for feature distillation (fp32) and the output.
   const u64 features = n(in.feature_blocks) * N * D * kF32;
