@@ -142,6 +142,37 @@ torch::Tensor key_mask(const std::vector<Grid>& grids, std::int64_t S, const c10
   return mask;
 }
 
+/// The tokens of each sample this rank holds: [begin, end) of `total`.
+struct TokenSpan {
+  std::int64_t begin = 0, end = 0, total = 0;
+};
+
+/// All S tokens without sequence parallelism. With a group of N: S padded to a multiple of N
+/// (the padding is masked like a short sample's, so the splits stay even and the all-to-alls
+/// equal), rank r holding the r-th run. Throws ConfigError where the group cannot split.
+TokenSpan token_span(const TokenHeadExchange* sp, const WanConfig& c, std::int64_t S) {
+  if (!sp) return {0, S, S};
+  const std::int64_t n = sp->size();
+  WD_CHECK_AS(ConfigError, c.num_heads % n == 0,
+              "sequence parallelism over " << n << " ranks needs num_heads (" << c.num_heads
+                                           << ") divisible by it; sizes that work: "
+                                           << sequence_parallel_sizes(c.num_heads));
+  WD_CHECK_AS(ConfigError, S >= n,
+              "sequence parallelism over " << n << " ranks needs at least " << n << " tokens, the batch has " << S);
+  const auto total = (S + n - 1) / n * n;
+  const auto local = total / n;
+  return {sp->rank() * local, (sp->rank() + 1) * local, total};
+}
+
+/// Per-token t [B,S] cut to the span (zeros on padding past S); per-sample t as it is.
+torch::Tensor timesteps_of_span(const torch::Tensor& t, std::int64_t B, std::int64_t S, const TokenSpan& span) {
+  if (t.dim() != 2 || (span.begin == 0 && span.end == S)) return t;
+  WD_CHECK(t.size(0) == B && t.size(1) == S,
+           "per-token t must be [B=" << B << ",S=" << S << "], got " << format_shape(t.sizes()));
+  const auto padded = span.total == S ? t : torch::cat({t, torch::zeros({B, span.total - S}, t.options())}, 1);
+  return padded.slice(1, span.begin, span.end);
+}
+
 }  // namespace
 
 torch::Tensor wan_patchify(const torch::Tensor& latent, const std::array<std::int64_t, 3>& p) {
@@ -410,6 +441,7 @@ torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Ten
   // The official attention always runs in the half dtype; with fp32 weights it is fp32.
   const auto c = compute_dtype();
   const auto B = q.size(0), S = q.size(1);
+  const auto width = q.size(2) * q.size(3);  // all heads, or a sequence-parallel rank's share
   const auto qh = q.to(c).transpose(1, 2), kh = k.to(c).transpose(1, 2), vh = v.to(c).transpose(1, 2);
   const auto mask = masked_by && masked_by->key_mask.defined() ? std::optional<torch::Tensor>(masked_by->key_mask)
                                                                : std::nullopt;
@@ -421,7 +453,7 @@ torch::Tensor WanDiTImpl::attention_qkv(const torch::Tensor& q, const torch::Ten
     });
   }
   auto out = compat::attention(qh, kh, vh, mask);
-  return out.transpose(1, 2).reshape({B, S, config_.dim});
+  return out.transpose(1, 2).reshape({B, S, width});
 }
 
 torch::Tensor WanDiTImpl::self_attention(const torch::Tensor& x, const Attention& a,
@@ -430,7 +462,21 @@ torch::Tensor WanDiTImpl::self_attention(const torch::Tensor& x, const Attention
   auto q = rms_norm(linear(x, a.q), a.norm_q).view({B, S, n, d});
   auto k = rms_norm(linear(x, a.k), a.norm_k).view({B, S, n, d});
   auto v = linear(x, a.v).view({B, S, n, d});
+  if (s.sequence_parallel) return linear(split_self_attention(apply_rope(q, s), apply_rope(k, s), v, s), a.o);
   return linear(attention_qkv(apply_rope(q, s), apply_rope(k, s), v, &s), a.o);
+}
+
+torch::Tensor WanDiTImpl::split_self_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v, const WanState& s) const {
+  auto& group = *s.sequence_parallel;
+  const auto c = compute_dtype();
+  const auto B = q.size(0), S_local = q.size(1), n = q.size(2), d = q.size(3);
+  // One all-to-all carries q, k and v: stacked per head as [B,S_local,n,3·d], each head's three
+  // travel together to the rank that owns the head.
+  const auto qkv = group.to_heads(torch::stack({q.to(c), k.to(c), v.to(c)}, 3).view({B, S_local, n, 3 * d}));
+  const auto heads = qkv.view({B, qkv.size(1), qkv.size(2), 3, d});
+  const auto out = attention_qkv(heads.select(3, 0), heads.select(3, 1), heads.select(3, 2), &s);
+  return group.to_tokens(out.view({B, out.size(1), n / group.size(), d})).reshape({B, S_local, n * d});
 }
 
 torch::Tensor WanDiTImpl::cross_attention(const torch::Tensor& x, const Attention& a,
@@ -457,23 +503,32 @@ WanState WanDiTImpl::embed(const WanInputs& in, WanTrace* trace) {
   WanState s;
   s.grids = patch_grids(config_, in);  // before anything moves to the device
   const auto S = padded_length(s.grids, in.seq_len);
-  s.x = embed_patches(in, S);
-  std::tie(s.rope_cos, s.rope_sin) = token_rope(s.grids, S);
-  s.key_mask = key_mask(s.grids, S, patch_weight_.device());
-  std::tie(s.e, s.e0) = embed_time(in.t, B, S);
+  const auto span = token_span(in.sequence_parallel, config_, S);
+  s.sequence_parallel = in.sequence_parallel;
+  s.token_begin = span.begin;
+  s.tokens_total = span.total;
+  s.x = embed_patches(in, span.begin, span.end);
+  std::tie(s.rope_cos, s.rope_sin) = token_rope(s.grids, span.total);
+  if (s.sequence_parallel) {
+    s.rope_cos = s.rope_cos.slice(1, span.begin, span.end);
+    s.rope_sin = s.rope_sin.slice(1, span.begin, span.end);
+  }
+  s.key_mask = key_mask(s.grids, span.total, patch_weight_.device());
+  std::tie(s.e, s.e0) = embed_time(timesteps_of_span(in.t, B, S, span), B, span.end - span.begin);
   s.context = embed_text(in);
 
   if (trace) {
     const auto D = config_.dim;
+    const auto S_local = s.x.size(1);
     trace->patch_tokens = s.x;
-    trace->time_emb_e = s.e.expand({B, S, D});
-    trace->time_proj_e0 = s.e0.expand({B, S, 6, D});
+    trace->time_emb_e = s.e.expand({B, S_local, D});
+    trace->time_proj_e0 = s.e0.expand({B, S_local, 6, D});
     trace->context_emb = s.context;
   }
   return s;
 }
 
-torch::Tensor WanDiTImpl::embed_patches(const WanInputs& in, std::int64_t S) const {
+torch::Tensor WanDiTImpl::embed_patches(const WanInputs& in, std::int64_t begin, std::int64_t end) const {
   const auto B = static_cast<std::int64_t>(in.x.size());
   const auto D = config_.dim;
   const auto device = patch_weight_.device();
@@ -481,12 +536,16 @@ torch::Tensor WanDiTImpl::embed_patches(const WanInputs& in, std::int64_t S) con
   const auto xs = upload_latents(in.x, in.x_batch, device, cdt);
   const auto ys = in.y.empty() ? std::vector<torch::Tensor>() : upload_latents(in.y, in.y_batch, device, cdt);
 
-  // Tokens right-padded with zeros to S (the masks and RoPE rows follow each sample's length).
-  auto x = torch::zeros({B, S, D}, torch::TensorOptions().dtype(cdt).device(device));
+  // Tokens [begin, end) of each sample right-padded with zeros (the masks and RoPE rows follow
+  // each sample's length); all of them without sequence parallelism.
+  auto x = torch::zeros({B, end - begin, D}, torch::TensorOptions().dtype(cdt).device(device));
   for (std::int64_t b = 0; b < B; ++b) {
     const auto xb = ys.empty() ? xs[b] : torch::cat({xs[b], ys[b]}, 0);
     const auto patches = wan_patchify(xb, config_.patch_size);
-    x[b].slice(0, 0, patches.size(0)).copy_(linear(patches, Linear{patch_weight_.view({D, -1}), patch_bias_}));
+    const auto L = patches.size(0);
+    const auto rows = patches.slice(0, std::min(begin, L), std::min(end, L));
+    if (rows.size(0) == 0) continue;  // this rank's part of the sample is all padding
+    x[b].slice(0, 0, rows.size(0)).copy_(linear(rows, Linear{patch_weight_.view({D, -1}), patch_bias_}));
   }
   return x;
 }
@@ -650,12 +709,18 @@ std::vector<torch::Tensor> WanDiTImpl::block_parameters(std::int64_t index) cons
   return out;
 }
 
-std::vector<torch::Tensor> WanDiTImpl::unembed(const WanState& s, WanTrace* trace) {
+torch::Tensor WanDiTImpl::unembed_tokens(const WanState& s, WanTrace* trace) {
   // Head (spec §3.10): e (not e0), fp32 throughout.
   auto m = head_modulation_.to(torch::kFloat).unsqueeze(0) + s.e.unsqueeze(2);
   auto x = s.x.to(torch::kFloat);
   auto out = linear_f32(layer_norm(x) * (1 + m.select(2, 1)) + m.select(2, 0), head_);
   if (trace) trace->head_out = out;
+  return out;
+}
+
+std::vector<torch::Tensor> WanDiTImpl::unembed(const WanState& s, WanTrace* trace) {
+  auto out = unembed_tokens(s, trace);
+  if (s.sequence_parallel) out = s.sequence_parallel->gather_tokens(out);
   const auto& p = config_.patch_size;
   const auto C = config_.out_dim;
   std::vector<torch::Tensor> result;
@@ -679,6 +744,12 @@ std::vector<torch::Tensor> WanDiTImpl::forward(const WanInputs& inputs, WanTrace
     if (trace && i == 0) trace->block0_out = state.x;
   }
   return unembed(state, trace);
+}
+
+torch::Tensor WanDiTImpl::forward_tokens(const WanInputs& inputs) {
+  auto state = embed(inputs);
+  for (std::int64_t i = 0; i < config_.num_layers; ++i) run_block(i, state);
+  return unembed_tokens(state);
 }
 
 }  // namespace wd

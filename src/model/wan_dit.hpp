@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/token_head_exchange.hpp"
 #include "model/wan_config.hpp"
 
 namespace wd {
@@ -27,6 +28,12 @@ struct WanInputs {
   /// the model's device and dtype in one copy instead of one per sample; otherwise they are
   /// ignored. Undefined for inputs built as lists.
   torch::Tensor x_batch, y_batch, context_batch;
+  /// Sequence parallelism (docs/sequence-parallel.md): null for none. Otherwise this rank is
+  /// rank r of the exchange's group of N, which shares every sample of the batch: each sample is
+  /// padded to S' = S rounded up to a multiple of N (the key mask keeps every real token from
+  /// attending to the padding) and this rank holds tokens [r·S'/N, (r+1)·S'/N) through every
+  /// block. Every rank of the group passes the same inputs. Not owned.
+  TokenHeadExchange* sequence_parallel = nullptr;
 
   /// Builds the list form from batched tensors: x [B,C,F,H,W], context [B,L,text_dim] with
   /// `context_lens` [B] (rows past a sample's length are dropped; undefined = all L rows),
@@ -62,6 +69,12 @@ struct WanState {
   /// so self-attention passes no mask and SDPA may pick its flash kernel.
   torch::Tensor key_mask;
   std::vector<std::array<std::int64_t, 3>> grids;  ///< per-sample patch grid (f,h,w)
+  /// Sequence parallelism (WanInputs::sequence_parallel): x, e, e0 and the RoPE rows hold this
+  /// rank's tokens [token_begin, token_begin + x.size(1)) of tokens_total (S', what key_mask
+  /// spans); null, 0 and S without.
+  TokenHeadExchange* sequence_parallel = nullptr;
+  std::int64_t token_begin = 0;
+  std::int64_t tokens_total = 0;
 };
 
 /// How a freshly built module's parameters are filled.
@@ -88,15 +101,25 @@ class WanDiTImpl : public torch::nn::Module {
   /// Dtype of the weights (that of patch_embedding.weight).
   c10::ScalarType dtype() const;
 
-  /// Full forward: list of B float32 tensors [out_dim, F, H, W].
+  /// Full forward: list of B float32 tensors [out_dim, F, H, W]. Under sequence parallelism
+  /// every rank of the group gets the whole output (the head's rows are gathered); for a loss
+  /// over this rank's tokens only, use forward_tokens.
   std::vector<torch::Tensor> forward(const WanInputs& inputs, WanTrace* trace = nullptr);
+  /// Forward to the head's rows of this rank's tokens, [B, S_local, patch_volume·out_dim] fp32
+  /// (unembed_tokens). Without sequence parallelism S_local is S.
+  torch::Tensor forward_tokens(const WanInputs& inputs);
 
   /// Stage 1: patch, time and text embeddings, RoPE tables and masks.
   WanState embed(const WanInputs& inputs, WanTrace* trace = nullptr);
   /// Stage 2: block `index` updates state.x in place of the old value.
   void run_block(std::int64_t index, WanState& state);
-  /// Stage 3: head and unpatchify.
+  /// Stage 3: head and unpatchify (under sequence parallelism the head's rows are gathered
+  /// from the group first, so every rank returns the whole output).
   std::vector<torch::Tensor> unembed(const WanState& state, WanTrace* trace = nullptr);
+  /// The head alone: [B, S_local, patch_volume·out_dim] fp32 rows of this rank's tokens, features
+  /// ordered (pt, ph, pw, out_dim) as wan_patchify orders a latent's; rows past a sample's
+  /// token count (padding) carry no meaning.
+  torch::Tensor unembed_tokens(const WanState& state, WanTrace* trace = nullptr);
   /// The parameters of block `index` (`blocks.<index>.*`) that exist in this config, in a fixed
   /// order; the tensors run_block reads, so a caller can make them inputs of its own autograd node.
   std::vector<torch::Tensor> block_parameters(std::int64_t index) const;
@@ -152,7 +175,7 @@ class WanDiTImpl : public torch::nn::Module {
   torch::Tensor apply_rope(const torch::Tensor& x, const WanState& state) const;
   // The parts of `embed`, in its order: [B,S,D] patch tokens zero-padded to S; the [B,S,1,d]
   // RoPE cos/sin rows of each sample's grid (interleaved per channel); e and e0 of the timesteps; the embedded text.
-  torch::Tensor embed_patches(const WanInputs& in, std::int64_t S) const;
+  torch::Tensor embed_patches(const WanInputs& in, std::int64_t begin, std::int64_t end) const;
   std::pair<torch::Tensor, torch::Tensor> token_rope(const std::vector<std::array<std::int64_t, 3>>& grids,
                                                      std::int64_t S) const;
   std::pair<torch::Tensor, torch::Tensor> embed_time(const torch::Tensor& t, std::int64_t B, std::int64_t S) const;
@@ -160,6 +183,10 @@ class WanDiTImpl : public torch::nn::Module {
   torch::Tensor attention_qkv(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const WanState* masked_by) const;
   torch::Tensor self_attention(const torch::Tensor& x, const Attention& a, const WanState& s) const;
+  /// Self-attention of q, k, v [B,S_local,n,d] (RoPE applied) across the sequence-parallel group:
+  /// all-to-all to n/N heads of every token, attention, all-to-all back; [B,S_local,n·d].
+  torch::Tensor split_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const WanState& s) const;
   torch::Tensor cross_attention(const torch::Tensor& x, const Attention& a, const WanState& s) const;
 
   WanConfig config_;
