@@ -378,6 +378,13 @@ expect "$sum" trajectory_i2v '^ok$'
 expect "$sum" dmd_i2v '^ok$'
 expect_text "$tmp/six/trajectory_i2v.init.log" 'step 200/200' "the i2v teacher's init-teacher ran"
 expect_text "$sum" 'teacher.checkpoint [^ ]*/i2v-teacher .*train.objective dmd' "dmd_i2v's command takes the i2v teacher"
+# --- 4c. Sequence parallelism: a group of two sharing the one GPU (MPI); the NCCL twin needs two.
+all_sh seven STEPS="sequence_parallel sequence_parallel_nccl"
+sum=$tmp/seven/summary.md
+expect "$sum" sequence_parallel '^ok$'
+expect "$sum" sequence_parallel_nccl '^skipped$'
+expect_text "$sum" 'needs 2 GPUs \(1 visible\)' "why sequence_parallel_nccl was skipped"
+expect_text "$sum" 'student.sequence_parallel 2 --comm.backend mpi' "sequence_parallel's command"
 checks=$((checks + 1))
 env OUT="$tmp/five" STEPS="smi bogus" bash "$repo/launch/gpu/all.sh" >/dev/null 2>&1
 [[ $? == 2 ]] || fail "an unknown step is not refused with exit 2"
