@@ -212,6 +212,22 @@ void bind(OptionTable& t, std::string& field) {
       [](const std::string& name) { return name; }, help + "; docs/objectives.md (one of: " + listed + ")");
 }
 
+namespace {
+
+/// data.teacher_cache with train.objective `active` (a teacher objective): what a cache can stand for.
+void check_cached(const Keys& k, const ObjectiveSpec& active, ConfigProblems& p) {
+  p.check(k.teacher.ranks == 0, "data.teacher_cache: the students read the teacher's batches from the cache, with no "
+                                "teacher rank: set teacher.ranks 0, not " + std::to_string(k.teacher.ranks));
+  p.check(k.teacher.placement != TeacherPlacement::kColocated,
+          "data.teacher_cache: no rank computes the teacher; leave teacher.placement at auto, not colocated");
+  p.check(!active.traits().real_score, "data.teacher_cache with train.objective " + active.name() +
+                                           ": its real score needs a live teacher answering the students' own samples");
+  p.check(k.student.features.empty(), "data.teacher_cache with student.features(" + k.student.features +
+                                          "): the cache holds no teacher features yet");
+}
+
+}  // namespace
+
 void check(const Keys& k, ConfigProblems& p) {
   const auto& active = find(k.train.objective);
   active.check(k, p);
@@ -226,8 +242,13 @@ void check(const Keys& k, ConfigProblems& p) {
   for (const auto& s : table()) {
     if (!s->traits().needs_teacher) without += (without.empty() ? "" : " or ") + s->name();
   }
+  if (k.teacher_cache) {
+    check_cached(k, active, p);
+    return;
+  }
   p.check(k.teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective " + without +
-                                    " trains without; train.objective(" + active.name() + ") needs teacher.ranks >= 1");
+                                    " trains without; train.objective(" + active.name() + ") needs teacher.ranks >= 1"
+                                    " (or data.teacher_cache)");
 }
 
 }  // namespace wd::objective

@@ -47,6 +47,8 @@ struct Keys {
   const student::StudentConfig& student;
   const student::TrainConfig& train;
   const student::DmdConfig& dmd;
+  /// data.teacher_cache is set: the teacher's batches come from a cache, with no teacher rank.
+  bool teacher_cache = false;
 };
 
 /// When an objective's teacher forwards are guided ([cond; neg] in one batch, v_neg + g·(v_cond − v_neg)).

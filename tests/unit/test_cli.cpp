@@ -180,6 +180,17 @@ TEST(Cli, UsageErrorsAndHelp) {
   EXPECT_NE(r.output.find("--shard-size arg (=5GB)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("native (official Wan) |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("WanTransformer3DModel.from_pretrained(DIR) loads"), std::string::npos) << r.output;
+  // generate: train's table (the cache's key among them), then its own three.
+  r = run("generate --help");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("usage: mpirun -np N wan-distill generate --output DIR"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--data.teacher_cache arg"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--teacher.steps arg (=40)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--students arg (=1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--shard-positions arg (=64)"), std::string::npos) << r.output;
+  r = run("generate --train.steps 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("generate needs --output DIR"), std::string::npos) << r.output;
 }
 
 TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {
