@@ -138,6 +138,9 @@ int run_generate_job(GenerateJob& g) {
   try {
     // The identity is the train's keys as given (before generate's own placement of the teacher).
     const auto train_cfg = job.cfg;
+    ConfigProblems cacheable;
+    objective::check_cacheable(train_cfg.keys(), cacheable);
+    cacheable.throw_if_any("generate");
     generate_keys(job.cfg);
     start_train(job, mpi);
     layout = cache_layout(g);

@@ -187,7 +187,12 @@ void add(std::unique_ptr<ObjectiveSpec> spec);
 /// not in the table is a ConfigError when the options are parsed.
 void bind(OptionTable& t, std::string& field);
 /// Every objective's checks: the active one's check(), the others' check_unused(), and what
-/// each trait asks of the teacher keys (teacher.ranks against needs_teacher).
+/// each trait asks of the teacher keys (teacher.ranks against needs_teacher; with
+/// Keys::teacher_cache, teacher.ranks 0 and check_cacheable).
 void check(const Keys& k, ConfigProblems& p);
+/// Whether a teacher cache can stand for the teacher of `k` (generate, data.teacher_cache): not
+/// for an objective without a teacher (flow), nor one whose students ask a live teacher (dmd's
+/// real score), nor with student.features (not stored yet).
+void check_cacheable(const Keys& k, ConfigProblems& p);
 
 }  // namespace wd::objective

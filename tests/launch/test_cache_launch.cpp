@@ -1,6 +1,7 @@
 // The teacher cache launched for real: `generate` writes what a trajectory student (k = 4) would
 // receive, and `train --data.teacher_cache` with no teacher rank trains bit for bit as the online
-// run (1 teacher + 1 student) does, losses and weights, and cycles past the cache's end; other keys
+// run (1 teacher + 1 student) does, losses and weights (a guided student too), and cycles past the
+// cache's end; other keys
 // are refused naming each; an altered shard stops the run before training naming the file and the
 // message; 1 and 2 generating ranks write the same cache; a generate killed mid-way resumes to
 // the same cache.
@@ -98,6 +99,26 @@ TEST(Cache, AStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
   const auto weights = [](const fs::path& run) { return file_bytes(run / "student" / "diffusion_pytorch_model.safetensors"); };
   ASSERT_FALSE(weights(dir).empty());
   EXPECT_EQ(weights(dir), weights(root() / "online"));
+}
+
+TEST(Cache, AGuidedStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
+  // The guided target from the data and the teacher's forward (StageTargets), through the cache.
+  const std::string guided = " --train.objective guided --teacher.guidance 4 --teacher.compute fp32 --train.steps 10"
+                             " --train.log_every 1 --train.seed 5 --train.eval_samples 4";
+  const auto online = root() / "guided-online", cache = root() / "guided-cache", cached = root() / "guided-cached";
+  auto r = test::launch_train(2, "--run-dir " + online.string() + assets() + guided);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + online.string() + "-gen" + assets() + guided + " --output " +
+                                              cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(1, "--run-dir " + cached.string() + assets() + guided + " --teacher.ranks 0 --data.teacher_cache " +
+                                cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = test::losses(online), b = test::losses(cached);
+  ASSERT_EQ(a.size(), 10u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(file_bytes(cached / "student" / "diffusion_pytorch_model.safetensors"),
+            file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
 }
 
 TEST(Cache, PastItsEndTheRunCyclesTheCache) {

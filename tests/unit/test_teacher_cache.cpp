@@ -12,6 +12,7 @@
 #include "data/dataset_reader.hpp"
 #include "data/h5_file.hpp"
 #include "data/synthetic_dataset.hpp"
+#include "job/run_config.hpp"
 #include "teacher/flow_targets.hpp"
 #include "teacher/teacher_cache.hpp"
 #include "test_util.hpp"
@@ -218,6 +219,49 @@ TEST(TeacherCache, AShardCutShortIsRedoneAndAResumedCacheIsTheSame) {
   other.shard_positions = 3;
   EXPECT_THROW(teacher::claim_cache_dir(fx.cache, identity, other), ConfigError);
   teacher::claim_cache_dir(fx.cache, identity, fx.layout);  // the same: resumed
+}
+
+/// RunConfig::validate's message for `cfg` ("" when it passes).
+std::string problems(const job::RunConfig& cfg) {
+  try {
+    cfg.validate();
+    return "";
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+}
+
+TEST(TeacherCacheKeys, ACacheStandsForTheTeacherRanksOfTheObjectivesThatStreamTargets) {
+  job::RunConfig cfg;
+  cfg.data.teacher_cache = "cache";
+  cfg.teacher.ranks = 0;
+  for (const char* objective : {"trajectory", "guided", "velocity"}) {
+    cfg.train.objective = objective;
+    EXPECT_EQ(problems(cfg), "") << objective;
+    EXPECT_TRUE(cfg.students_only()) << objective;
+  }
+  cfg.teacher.ranks = 1;
+  EXPECT_NE(problems(cfg).find("data.teacher_cache: the students read the teacher's batches from the cache, with no "
+                               "teacher rank: set teacher.ranks 0, not 1"),
+            std::string::npos)
+      << problems(cfg);
+  cfg.teacher.ranks = 0;
+  cfg.train.objective = "dmd";
+  EXPECT_NE(problems(cfg).find("train.objective dmd: its real score needs a live teacher"), std::string::npos)
+      << problems(cfg);
+  cfg.train.objective = "flow";
+  EXPECT_NE(problems(cfg).find("train.objective flow: it trains on the data alone, there is no teacher to cache"),
+            std::string::npos)
+      << problems(cfg);
+  cfg.train.objective = "guided";
+  cfg.student.features = "1:2";
+  EXPECT_NE(problems(cfg).find("student.features(1:2): the cache holds no teacher features yet"), std::string::npos)
+      << problems(cfg);
+  // Without the cache, teacher.ranks 0 is flow's alone (and says the cache is the other way).
+  cfg.student.features.clear();
+  cfg.data.teacher_cache.clear();
+  EXPECT_NE(problems(cfg).find("needs teacher.ranks >= 1 (or data.teacher_cache)"), std::string::npos)
+      << problems(cfg);
 }
 
 }  // namespace
