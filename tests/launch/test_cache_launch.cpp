@@ -1,10 +1,10 @@
 // The teacher cache launched for real: `generate` writes what a trajectory student (k = 4) would
 // receive, and `train --data.teacher_cache` with no teacher rank trains bit for bit as the online
-// run (1 teacher + 1 student) does, losses and weights (a guided student too), and cycles past the
-// cache's end; other keys
+// run (1 teacher + 1 student) does, losses and weights (a guided student too), resumes exactly,
+// rolls out from the cached start states, and cycles past the cache's end; other keys
 // are refused naming each; an altered shard stops the run before training naming the file and the
-// message; 1 and 2 generating ranks write the same cache; a generate killed mid-way resumes to
-// the same cache.
+// message; 1 and 2 generating ranks write the same cache, which 2 student ranks train from as from
+// 2 teacher replicas; a generate killed mid-way resumes to the same cache.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -121,6 +121,35 @@ TEST(Cache, AGuidedStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
             file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
 }
 
+TEST(Cache, AStudentFromTheCacheResumesExactlyAndRollsOutFromItsStartStates) {
+  // A resume from step 6 reads the cache from there on, as the straight run did.
+  const auto straight = root() / "resume-straight", resumed = root() / "resume-resumed";
+  const auto cached = " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string();
+  auto r = test::launch_train(1, "--run-dir " + straight.string() + assets() + kTrajectory + kSteps + cached +
+                                     " --checkpoint.every 6");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(1, "--run-dir " + resumed.string() + assets() + kTrajectory + kSteps + cached + " --resume " +
+                                (straight / "checkpoints" / "step-00000006").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 12, 6);
+  // train.trajectory_rollout: the cache holds each path's noise (x_start) and the roll-outs
+  // start from it as from the teacher's stream.
+  const std::string rollout = kTrajectory + " --train.steps 6 --train.trajectory_rollout 0.5";
+  const auto online = root() / "rollout-online", cache = root() / "rollout-cache", from = root() / "rollout-cached";
+  r = test::launch_train(2, "--run-dir " + online.string() + assets() + rollout);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + rollout + " --output " +
+                                              cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto index = nlohmann::json::parse(std::ifstream(cache / "index.json"));
+  EXPECT_NE(index["tensors"].dump().find("x_start"), std::string::npos) << index["tensors"].dump();
+  r = test::launch_train(1, "--run-dir " + from.string() + assets() + rollout + " --teacher.ranks 0 --data.teacher_cache " +
+                                cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::losses(from), test::losses(online));
+  EXPECT_EQ(test::losses(from).size(), 6u);
+}
+
 TEST(Cache, PastItsEndTheRunCyclesTheCache) {
   const auto dir = root() / "cycling";
   const auto r = test::launch_train(1, "--run-dir " + dir.string() + assets() + kTrajectory + " --train.steps 15" +
@@ -184,6 +213,15 @@ TEST(Cache, OneAndTwoGeneratingRanksWriteTheSameCache) {
   const auto a = shard_sums(one), b = shard_sums(two);
   EXPECT_EQ(a.size(), 8u);  // per stream: 1 held-out + 3 training shards
   EXPECT_EQ(a, b);
+  // Read by 2 student ranks, it trains as 2 teacher replicas streaming to one student each.
+  r = test::launch_train(4, "--run-dir " + (root() / "two-online").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(2, "--run-dir " + (root() / "two-cached").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 0 --data.teacher_cache " + two.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::losses(root() / "two-cached"), test::losses(root() / "two-online"));
+  EXPECT_EQ(test::losses(root() / "two-cached").size(), 12u);
   // A cache of 2 streams is read by 2 student ranks, not 1.
   r = test::launch_refused(1, "--run-dir " + (root() / "two-streams").string() + assets() + kTrajectory + kSteps +
                                   " --teacher.ranks 0 --data.teacher_cache " + one.string());
