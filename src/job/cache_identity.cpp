@@ -1,11 +1,11 @@
-// The identity of a job's teacher stream and the train side's checks of a teacher cache (generate.hpp).
+// The identity of a job's teacher stream and the train side's checks of a teacher cache (cache_identity.hpp).
 #include <spdlog/spdlog.h>
 
 #include <sstream>
 
 #include "core/checksum.hpp"
 #include "data/dataset_reader.hpp"
-#include "job/generate.hpp"
+#include "job/cache_identity.hpp"
 
 namespace wd::job {
 

@@ -13,6 +13,7 @@
 #include "comm/startup.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "job/cache_identity.hpp"
 #include "job/plan_input.hpp"
 #include "job/startup.hpp"
 

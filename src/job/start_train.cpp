@@ -9,7 +9,7 @@
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
 #include "core/threads.hpp"
-#include "job/generate.hpp"
+#include "job/cache_identity.hpp"
 #include "job/layout_report.hpp"
 #include "job/plan_input.hpp"
 #include "job/rank_placement.hpp"
