@@ -39,8 +39,10 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 /// Writes `text` to `path` through a temporary file, fsynced and renamed: all of it or nothing.
+/// The temporary file is this process's own: two ranks that write the same index at once (both
+/// found every shard in) each rename a whole file.
 void write_atomically(const fs::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
+  const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
