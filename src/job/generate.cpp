@@ -45,7 +45,7 @@ teacher::CacheLayout cache_layout(const GenerateJob& g) {
   p.check(cfg.train.eval_samples % global == 0,
           "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") must be a multiple of train.batch_size(" +
               std::to_string(cfg.train.batch_size) + ") x --students(" + std::to_string(g.students) + ")");
-  p.throw_if_any("generate");
+  p.throw_if_any("cache layout");
   return {g.students, cfg.train.batch_size, cfg.train.eval_samples / global, cfg.train.steps * cfg.train.grad_accum,
           g.shard_positions};
 }
@@ -130,6 +130,10 @@ int startup_failure(int rank) {
 }  // namespace
 
 int run_generate_job(GenerateJob& g) {
+  // What no cache can stand for is refused before MPI starts (every rank alike: the same keys).
+  ConfigProblems cacheable;
+  objective::check_cacheable(g.train.cfg.keys(), cacheable);
+  cacheable.throw_if_any("train keys");
   comm::MpiRuntime mpi(nullptr, nullptr);
   const int rank = mpi.rank();
   comm::install_signal_handlers();
@@ -139,9 +143,6 @@ int run_generate_job(GenerateJob& g) {
   try {
     // The identity is the train's keys as given (before generate's own placement of the teacher).
     const auto train_cfg = job.cfg;
-    ConfigProblems cacheable;
-    objective::check_cacheable(train_cfg.keys(), cacheable);
-    cacheable.throw_if_any("generate");
     generate_keys(job.cfg);
     start_train(job, mpi);
     layout = cache_layout(g);

@@ -191,6 +191,13 @@ TEST(Cli, UsageErrorsAndHelp) {
   r = run("generate --train.steps 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("generate needs --output DIR"), std::string::npos) << r.output;
+  r = run("generate --output x --train.objective dmd");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.objective dmd: its real score needs a live teacher"), std::string::npos) << r.output;
+  r = run("plan --cpu --teacher.ranks 0 --data.teacher_cache x --train.objective trajectory");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("with data.teacher_cache(x) every rank is a student reading the cache"), std::string::npos)
+      << r.output;
 }
 
 TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {
