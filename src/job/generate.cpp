@@ -23,9 +23,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Train's keys as generate runs them: every rank a colocated teacher (the whole teacher where
-/// a student would compute) that reads no cache and resumes no checkpoint.
+/// Train's keys as generate's start-up runs them: every rank a colocated teacher (the whole
+/// teacher where a student would compute) that reads no cache and resumes no checkpoint, with no
+/// held-out set, which is the reading train's, not this job's (cache_layout checks it against the
+/// train's students; run_generate_job puts it back).
 void generate_keys(RunConfig& cfg) {
+  cfg.train.eval_samples = 0;
+  cfg.train.sample_every = 0;
   cfg.data.teacher_cache.clear();
   cfg.teacher.placement = TeacherPlacement::kColocated;
   cfg.teacher.layout = TeacherLayout::kGiven;
@@ -39,6 +43,8 @@ void generate_keys(RunConfig& cfg) {
 teacher::CacheLayout cache_layout(const GenerateJob& g) {
   const auto& cfg = g.train.cfg;
   ConfigProblems p;
+  p.check(g.train.train_samples >= 1, "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+                                          ") leaves no training sample in data.path(" + cfg.data.path + ")");
   p.check(g.students >= 1, "generate --students(" + std::to_string(g.students) + ") must be >= 1");
   p.check(g.shard_positions >= 1, "generate --shard-positions(" + std::to_string(g.shard_positions) + ") must be >= 1");
   const auto global = cfg.train.batch_size * std::max(1, g.students);
@@ -145,6 +151,8 @@ int run_generate_job(GenerateJob& g) {
     const auto train_cfg = job.cfg;
     generate_keys(job.cfg);
     start_train(job, mpi);
+    job.cfg.train.eval_samples = train_cfg.train.eval_samples;
+    job.train_samples -= train_cfg.train.eval_samples;
     layout = cache_layout(g);
     job.plan.eval_messages = layout.eval_messages;
     agreed("claiming the cache folder", job.cfg, [&] {

@@ -3,7 +3,7 @@
 // run (1 teacher + 1 student) does, losses and weights (a guided student too), resumes exactly,
 // rolls out from the cached start states, and cycles past the cache's end; other keys
 // are refused naming each; an altered shard stops the run before training naming the file and the
-// message; 1 and 2 generating ranks write the same cache, which 2 student ranks train from as from
+// message; 1, 2 and 4 generating ranks write the same cache, which 2 student ranks train from as from
 // 2 teacher replicas; a generate killed mid-way resumes to the same cache.
 #include <gtest/gtest.h>
 
@@ -204,15 +204,19 @@ TEST(Cache, AnAlteredShardStopsTheRunBeforeTrainingNamingTheFileAndTheMessage) {
   EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
 }
 
-TEST(Cache, OneAndTwoGeneratingRanksWriteTheSameCache) {
-  const auto one = root() / "students2-on-1", two = root() / "students2-on-2";
+TEST(Cache, OneTwoAndFourGeneratingRanksWriteTheSameCache) {
+  const auto one = root() / "students2-on-1", two = root() / "students2-on-2", four = root() / "students2-on-4";
   auto r = generate(1, one, " --students 2 --shard-positions 4");
   ASSERT_EQ(r.code, 0) << r.output;
   r = generate(2, two, " --students 2 --shard-positions 4");
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto a = shard_sums(one), b = shard_sums(two);
+  // 4 ranks: more than the global batch divides train.eval_samples by; the reading train's counts.
+  r = generate(4, four, " --students 2 --shard-positions 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = shard_sums(one);
   EXPECT_EQ(a.size(), 8u);  // per stream: 1 held-out + 3 training shards
-  EXPECT_EQ(a, b);
+  EXPECT_EQ(shard_sums(two), a);
+  EXPECT_EQ(shard_sums(four), a);
   // Read by 2 student ranks, it trains as 2 teacher replicas streaming to one student each.
   r = test::launch_train(4, "--run-dir " + (root() / "two-online").string() + assets() + kTrajectory + kSteps +
                                 " --teacher.ranks 2");
