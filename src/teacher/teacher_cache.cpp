@@ -244,6 +244,9 @@ std::vector<ShardId> cache_shards(const CacheLayout& layout) {
 std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch) {
   const auto final_path = fs::path(dir) / id.file_name();
   const auto tmp = final_path.string() + ".tmp";
+  // A stale entry (a shard being redone) goes first: no index is made from it meanwhile.
+  std::error_code ec;
+  fs::remove(entry_path(dir, id), ec);
   std::vector<std::string> names;
   {
     const auto file = data::h5_create(tmp);
