@@ -19,6 +19,11 @@ constexpr u64 kRopeTable = 8;  // RoPE's cos and sin tables: 2 fp32 values per h
 /// blocks add this many times one block's saved activations on top of what is saved (measured
 /// on the CPU build: 1.6 and 1.7 for students of dim 256 and 512, bench/results/planner.md).
 constexpr double kBackwardTransient = 1.65;
+/// The reference attention (no fused kernel: LibTorch 1.13) holds this many [B,H,S,S+L] fp32
+/// score-sized tensors beside the saved softmax output in one block's backward: the gradient of
+/// the probabilities, the softmax backward's product and its result, and the scale's gradient.
+/// Measured at 4096 tokens, where they dominate a block: bench/results/sequence-parallel.md.
+constexpr u64 kReferenceAttentionBackward = 4;
 /// Stream placement: the block in use plus two prefetched ahead.
 constexpr u64 kStreamDeviceBlocks = 3;
 
@@ -120,7 +125,14 @@ u64 activation_bytes(const PlanInput& in, const DitShape& s, std::int64_t checkp
   // A checkpointed block keeps only its input; one block's internals exist again while it is
   // recomputed in the backward.
   const u64 kept = (layers - k) * block + k * N * D * kF32 + (k > 0 ? block : 0);
-  return embed + kept + static_cast<u64>(kBackwardTransient * static_cast<double>(block));
+  // The reference attention's backward (no fused kernel): score-sized gradients of the block
+  // in its backward, every token's with this rank's heads under sequence parallelism.
+  const u64 g = n(std::max<std::int64_t>(1, in.sequence_parallel));
+  const u64 S = local_tokens(in) * g;
+  const u64 scores = in.fused_attention ? 0
+                                        : kReferenceAttentionBackward * n(in.batch) * (n(s.num_heads) / g) * S *
+                                              (S + n(in.context_len)) * kF32;
+  return embed + kept + static_cast<u64>(kBackwardTransient * static_cast<double>(block)) + scores;
 }
 
 }  // namespace
