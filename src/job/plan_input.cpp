@@ -224,6 +224,8 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.device_budget = ctx.gpu_bytes;
   in.host_budget = ctx.host_bytes;
   in.gpus_per_node = ctx.gpus_per_node;
+  in.arena_limit = cfg.teacher.arena_limit_bytes();  // stream: the pinned arena's limit (unset: a share of the host)
+  in.copy_threads = cfg.teacher.copy_threads;
   return in;
 }
 
