@@ -14,6 +14,14 @@
 
 namespace wd::teacher {
 
+/// What a copy engine spent so far (the benchmark's per-block figures; zeros where an engine
+/// does not measure).
+struct CopyStats {
+  double staging_s = 0;           ///< host seconds staging blocks into pinned memory (copy threads)
+  double upload_s = 0;            ///< device seconds of the host-to-device copies that were timed
+  std::int64_t uploads_timed = 0; ///< copies whose device time is in upload_s
+};
+
 /// Moves one block's tensors into a buffer slot, asynchronously. Slots are reused in turn:
 /// `start` into a slot is called only after `release` of the compute that read it.
 class CopyEngine {
@@ -26,6 +34,8 @@ class CopyEngine {
   virtual void wait(std::size_t slot) = 0;
   /// The compute that reads `slot` has been issued; the next copy into it must come after it.
   virtual void release(std::size_t slot) = 0;
+  /// Figures so far; safe to call between forwards.
+  virtual CopyStats stats() const { return {}; }
 };
 
 /// Host "device" (the CPU build): a worker thread copies while the caller computes, each block
@@ -95,6 +105,8 @@ class BlockStreamer {
   std::uint64_t copied_bytes() const { return copied_bytes_; }
   /// Seconds `before` spent waiting for copies (compute stalled on the copy).
   double wait_seconds() const { return wait_seconds_; }
+  /// The copy engine's figures (staging and upload times).
+  CopyStats copy_stats() const { return engine_->stats(); }
   /// Turns on recording of StreamEvents.
   void record(bool on) { recording_ = on; }
   const std::vector<StreamEvent>& events() const { return events_; }

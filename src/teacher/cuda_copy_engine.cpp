@@ -3,6 +3,8 @@
 // registration of the arena and the H2D bandwidth probe. Compiled whenever the CUDA toolkit is
 // found (raw CUDA runtime only), so CPU builds check it.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -33,9 +35,15 @@ class CudaCopyEngine final : public CopyEngine {
     WD_CHECK_CUDA(cudaSetDevice(device_));
     WD_CHECK_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     for (auto& s : slots_) {
-      WD_CHECK_CUDA(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming));
+      WD_CHECK_CUDA(cudaEventCreate(&s.begin));  // begin and uploaded time the upload
+      WD_CHECK_CUDA(cudaEventCreate(&s.uploaded));
       WD_CHECK_CUDA(cudaEventCreateWithFlags(&s.read, cudaEventDisableTiming));
     }
+  }
+
+  CopyStats stats() const override {
+    return {1e-9 * static_cast<double>(staging_ns_.load()), 1e-6 * static_cast<double>(upload_us_.load()),
+            uploads_timed_.load()};
   }
 
   ~CudaCopyEngine() override {
@@ -44,6 +52,7 @@ class CudaCopyEngine final : public CopyEngine {
     cudaStreamSynchronize(copy_stream_);
     for (auto& s : slots_) {
       if (s.staging) cudaFreeHost(s.staging);
+      cudaEventDestroy(s.begin);
       cudaEventDestroy(s.uploaded);
       cudaEventDestroy(s.read);
     }
@@ -66,6 +75,7 @@ class CudaCopyEngine final : public CopyEngine {
   struct Slot {
     void* staging = nullptr;
     std::size_t staging_bytes = 0;
+    cudaEvent_t begin = nullptr;
     cudaEvent_t uploaded = nullptr;
     cudaEvent_t read = nullptr;
     bool used = false;  ///< `uploaded` has been recorded once
@@ -83,7 +93,12 @@ class CudaCopyEngine final : public CopyEngine {
     if (s.used) {
       // The staging buffer is rewritten below: its previous upload must be over (long since).
       WD_CHECK_CUDA(cudaEventSynchronize(s.uploaded));
+      float ms = 0;
+      WD_CHECK_CUDA(cudaEventElapsedTime(&ms, s.begin, s.uploaded));
+      upload_us_ += static_cast<std::int64_t>(1e3 * ms);
+      ++uploads_timed_;
     }
+    const auto staging_start = std::chrono::steady_clock::now();
     if (s.staging_bytes < bytes) {
       if (s.staging) WD_CHECK_CUDA(cudaFreeHost(s.staging));
       s.staging = nullptr;
@@ -99,8 +114,10 @@ class CudaCopyEngine final : public CopyEngine {
       at += dst.numel() * dst.element_size();
     }
     parallel_copy(staged, threads_);
+    staging_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - staging_start).count();
     // The slot's device buffer is overwritten only after the compute that last read it.
     WD_CHECK_CUDA(cudaStreamWaitEvent(copy_stream_, s.read, 0));
+    WD_CHECK_CUDA(cudaEventRecord(s.begin, copy_stream_));
     at = static_cast<std::uint8_t*>(s.staging);
     for (const auto& [dst, src] : copies) {
       const auto n = static_cast<std::size_t>(dst.numel() * dst.element_size());
@@ -116,6 +133,7 @@ class CudaCopyEngine final : public CopyEngine {
   cudaStream_t copy_stream_ = nullptr;
   std::vector<Slot> slots_;
   int threads_ = 1;
+  std::atomic<std::int64_t> staging_ns_{0}, upload_us_{0}, uploads_timed_{0};  ///< written by the worker
   bool device_set_ = false;  ///< touched by the worker thread only
   std::optional<CopyWorker> worker_;  ///< last: its thread uses everything above
 };
@@ -128,20 +146,26 @@ class CudaDirectCopyEngine final : public CopyEngine {
   CudaDirectCopyEngine(std::size_t slots, const c10::Device& device)
       : device_(device.index() < 0 ? 0 : device.index()),
         compute_stream_(static_cast<cudaStream_t>(compat::current_cuda_stream(device))),
+        begin_(slots, nullptr),
         uploaded_(slots, nullptr),
-        read_(slots, nullptr) {
+        read_(slots, nullptr),
+        pending_(slots, false) {
     WD_CHECK_CUDA(cudaSetDevice(device_));
     WD_CHECK_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     for (std::size_t i = 0; i < slots; ++i) {
-      WD_CHECK_CUDA(cudaEventCreateWithFlags(&uploaded_[i], cudaEventDisableTiming));
+      WD_CHECK_CUDA(cudaEventCreate(&begin_[i]));  // begin and uploaded time the upload
+      WD_CHECK_CUDA(cudaEventCreate(&uploaded_[i]));
       WD_CHECK_CUDA(cudaEventCreateWithFlags(&read_[i], cudaEventDisableTiming));
     }
   }
+
+  CopyStats stats() const override { return {0, upload_s_, uploads_timed_}; }
 
   ~CudaDirectCopyEngine() override {
     // Never throws: the uploads in flight finish before the slots' buffers go.
     cudaStreamSynchronize(copy_stream_);
     for (std::size_t i = 0; i < uploaded_.size(); ++i) {
+      cudaEventDestroy(begin_[i]);
       cudaEventDestroy(uploaded_[i]);
       cudaEventDestroy(read_[i]);
     }
@@ -149,8 +173,10 @@ class CudaDirectCopyEngine final : public CopyEngine {
   }
 
   void start(std::size_t slot, Copies copies) override {
+    time_last_upload(slot);
     // An event never recorded counts as complete: the first copy into a slot waits for nothing.
     WD_CHECK_CUDA(cudaStreamWaitEvent(copy_stream_, read_.at(slot), 0));
+    WD_CHECK_CUDA(cudaEventRecord(begin_[slot], copy_stream_));
     for (const auto& [dst, src] : copies) {
       WD_CHECK(dst.scalar_type() == src.scalar_type() && dst.numel() == src.numel() && src.is_contiguous(),
                "stream: a direct copy needs the destination's dtype and a contiguous source");
@@ -158,6 +184,7 @@ class CudaDirectCopyEngine final : public CopyEngine {
                                     cudaMemcpyHostToDevice, copy_stream_));
     }
     WD_CHECK_CUDA(cudaEventRecord(uploaded_[slot], copy_stream_));
+    pending_[slot] = true;
   }
 
   void wait(std::size_t slot) override {
@@ -170,8 +197,23 @@ class CudaDirectCopyEngine final : public CopyEngine {
   int device_;
   cudaStream_t compute_stream_;
   cudaStream_t copy_stream_ = nullptr;
+  /// Adds the slot's previous upload to the figures where it is over (a query: never a wait).
+  void time_last_upload(std::size_t slot) {
+    if (!pending_.at(slot) || cudaEventQuery(uploaded_[slot]) != cudaSuccess) return;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, begin_[slot], uploaded_[slot]) == cudaSuccess) {
+      upload_s_ += 1e-3 * ms;
+      ++uploads_timed_;
+    }
+    pending_[slot] = false;
+  }
+
+  std::vector<cudaEvent_t> begin_;
   std::vector<cudaEvent_t> uploaded_;
   std::vector<cudaEvent_t> read_;
+  std::vector<bool> pending_;  ///< an upload was queued and not yet timed
+  double upload_s_ = 0;
+  std::int64_t uploads_timed_ = 0;
 };
 
 }  // namespace

@@ -88,7 +88,8 @@ std::unique_ptr<HostArena> open_arena(WanDiT& model, const StageLoad& how, const
 /// to the device for good, the blocks go to the node's arena (or stay mapped) and are copied
 /// slot by slot.
 StageModel load_streamed(const WanCheckpoint& ck, const StageLoad& how) {
-  auto model = load_wan_dit(ck, std::nullopt, torch::kCPU, {how.blocks.begin, how.blocks.end});
+  const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
+  auto model = load_wan_dit(ck, std::nullopt, torch::kCPU, range);
   torch::NoGradGuard no_grad;
   for (const auto& spec : wan_param_specs(ck.config())) {
     if (wan_block_of(spec.name) >= 0) continue;
@@ -120,7 +121,8 @@ StageModel load_streamed(const WanCheckpoint& ck, const StageLoad& how) {
 
 StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
   if (how.placement != plan::Placement::kStream) {
-    return {load_wan_dit(ck, how.dtype, how.device, {how.blocks.begin, how.blocks.end}), nullptr, nullptr, ""};
+    const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
+    return {load_wan_dit(ck, how.dtype, how.device, range), nullptr, nullptr, ""};
   }
   return load_streamed(ck, how);
 }
