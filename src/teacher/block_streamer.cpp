@@ -202,6 +202,9 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
   }
   // One layout for every slot (and the arena): each tensor on its own aligned offset.
   const auto offsets = block_layout(sources_.front(), dtypes, block_bytes_);
+  std::vector<c10::IntArrayRef> shapes;
+  const auto first = sources_.front();  // the tensors' shapes, kept past the arena's ranges below
+  for (const auto& t : first) shapes.push_back(t.sizes());
   if (from_arena_) {
     // Each block is its one range of the arena: one copy (one DMA) per block.
     for (std::size_t i = 0; i < sources_.size(); ++i) {
@@ -216,7 +219,7 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
     auto* base = slot.storage.data_ptr<std::uint8_t>();
     for (std::size_t k = 0; k < dtypes.size(); ++k) {
       const auto owner = slot.storage;
-      slot.views.push_back(torch::from_blob(base + offsets[k], sources_.front()[k].sizes(),
+      slot.views.push_back(torch::from_blob(base + offsets[k], shapes[k],
                                             [owner](void*) {},
                                             torch::TensorOptions().dtype(dtypes[k]).device(device)));
     }

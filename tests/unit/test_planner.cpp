@@ -661,7 +661,9 @@ TEST(StreamTerm, AStreamedTeacherPaysItsCopiesPerForwardAndLayoutAutoSeesIt) {
       EXPECT_NEAR(l.samples_per_s, 2 / 0.020, 1e-6);  // each teacher's 20 ms forward feeds its student
       ++checked;
     }
-    if (l.colocated || l.stages > 1) EXPECT_EQ(l.stream_overhead, 1.0) << l.name;
+    if (l.colocated || l.stages > 1) {
+      EXPECT_EQ(l.stream_overhead, 1.0) << l.name;
+    }
   }
   EXPECT_EQ(checked, 2) << format_speeds(in, layouts);
   EXPECT_NE(format_speeds(in, layouts).find("stream: 8 blocks of 25.0 MB a forward from the test at 10.0 GB/s"),
