@@ -91,16 +91,16 @@ struct PlanInput {
   /// sample (wan_dit.cpp runs the time MLP once per sample otherwise).
   bool per_token_time = false;
   bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
+  /// stream: bytes the node's pinned arena may take (teacher.arena_limit; unset: the share
+  /// kArenaShareOfAvailable of the host budget); 0: no arena, the copy threads stage each block.
+  std::optional<std::uint64_t> arena_limit;
+  int copy_threads = 4;                    ///< teacher.copy_threads: stream without the arena
   /// Framework overhead of one host-only process of the LibTorch it runs with (kHostProcessBytes
   /// for Debian's CPU build, kHostProcessBytesCudaLibTorch for a CUDA LibTorch on the host).
   std::uint64_t host_process_bytes = 192ull << 20;
   std::uint64_t device_budget = 0;         ///< bytes of one GPU
   std::uint64_t host_budget = 0;           ///< bytes of host memory of one node
   int gpus_per_node = 8;                   ///< ranks per node (one GPU each)
-  /// stream: bytes the node's pinned arena may take (teacher.arena_limit; unset: the share
-  /// kArenaShareOfAvailable of the host budget); 0: no arena, the copy threads stage each block.
-  std::optional<std::uint64_t> arena_limit;
-  int copy_threads = 4;                    ///< teacher.copy_threads: stream without the arena
 };
 
 /// Host-to-device GB/s (1e9 bytes/s) from pinned memory that `plan` and teacher.layout auto
