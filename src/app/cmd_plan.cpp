@@ -59,7 +59,10 @@ nlohmann::json plan_json(const plan::Plan& plan) {
   }
   return {{"placements", placements},
           {"recommended", plan.recommended ? plan::placement_name(*plan.recommended) : ""},
-          {"reason", plan.reason}};
+          {"reason", plan.reason},
+          {"sequence_parallel_fits", plan.sequence_parallel_fits},
+          {"sequence_parallel_placement",
+           plan.sequence_parallel_placement ? plan::placement_name(*plan.sequence_parallel_placement) : ""}};
 }
 
 std::int64_t elem_bytes(c10::ScalarType t) { return static_cast<std::int64_t>(c10::elementSize(t)); }
@@ -226,10 +229,16 @@ void print_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTe
             << t.config.summary() << ", " << cfg.teacher.dtype << ", "
             << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
             << "student: " << cfg.student.model_config(t.config).summary() << ", " << cfg.student.precision
-            << ", checkpointing " << cfg.student.checkpointing.str() << "\n"
+            << ", checkpointing " << cfg.student.checkpointing.str()
+            << (in.sequence_parallel > 1 ? ", sequence parallel " + std::to_string(in.sequence_parallel) + " (" +
+                                               std::to_string((in.tokens + in.sequence_parallel - 1) / in.sequence_parallel) +
+                                               " tokens a rank)"
+                                         : std::string())
+            << "\n"
             << "job: " << layout.teacher_ranks << " teacher + " << layout.student_ranks << " student ranks"
             << (o.cpu ? " on one host (CPU job)" : ", " + std::to_string(o.gpus_per_node) + " GPUs per node")
-            << "; batch " << cfg.train.batch_size << " per student, latent " << lat[0] << "x" << lat[1] << "x"
+            << "; batch " << cfg.train.batch_size << (in.sequence_parallel > 1 ? " per group" : " per student")
+            << ", latent " << lat[0] << "x" << lat[1] << "x"
             << lat[2] << "x" << lat[3] << " = " << in.tokens << " tokens; message "
             << format_bytes(static_cast<double>(in.message_bytes)) << "\n\n"
             << plan::format_plan(in, plan) << "\n"

@@ -155,7 +155,9 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto sc = cfg.student.model_config(tc);
   const auto layout = comm::Layout::make(ctx.world, cfg.teacher.ranks);
   const bool broadcast = cfg.comm.mode == CommMode::kBroadcast;
-  const auto global_batch = cfg.train.batch_size * (broadcast ? layout.replicas : layout.student_ranks);
+  const auto sp = std::max<std::int64_t>(1, cfg.student.sequence_parallel);
+  const auto global_batch =
+      cfg.train.batch_size * (broadcast ? layout.replicas : std::max<std::int64_t>(1, layout.student_ranks / sp));
 
   const auto stream = stream_plan_for(cfg, tc, lat, ctx.context_len);
   const auto pairs = cfg.student.feature_pairs();
@@ -216,6 +218,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.teacher_ranks = layout.teacher_ranks;
   in.student_ranks = layout.student_ranks;
   in.broadcast = broadcast;
+  in.sequence_parallel = sp;
   in.cpu_job = ctx.cpu_job;
   in.host_process_bytes = compat::kHasCuda ? plan::kHostProcessBytesCudaLibTorch : plan::kHostProcessBytes;
   // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.

@@ -172,9 +172,13 @@ DataShape check_inputs(TrainJob& job, int rank) {
     }
     check_job(cfg, job.model, job.layout);
     check_student_expert(cfg, job.experts ? &*job.experts : nullptr);
+    check_sequence_parallel(cfg, job.experts ? &*job.experts : nullptr, job.layout);
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(rank_device(cfg, job.placement, Role::kStudent, job.topo.local_rank));
-    if (job.topo.role == Role::kTeacher || job.layout.colocated()) job.info = check_data(cfg, job.model);
+    if (job.topo.role == Role::kTeacher || job.layout.colocated()) {
+      job.info = check_data(cfg, job.model);
+      check_sequence_tokens(cfg, job.model, job.info->latent_shape);
+    }
   });
   DataShape shape;
   if (rank == 0) shape = {job.info->latent_shape, job.info->context_len, job.info->samples};

@@ -271,7 +271,11 @@ c10::Device rank_device(const RunConfig& cfg, plan::Placement placement, Role ro
 }
 
 std::int64_t per_replica_batch(const RunConfig& cfg, const comm::Layout& layout) {
-  return cfg.train.batch_size * (cfg.comm.mode == CommMode::kBroadcast ? 1 : layout.students_per_replica());
+  // A sequence-parallel group of N students shares its samples: S/R/N groups a replica.
+  return cfg.train.batch_size * (cfg.comm.mode == CommMode::kBroadcast
+                                     ? 1
+                                     : std::max<std::int64_t>(1, layout.students_per_replica() /
+                                                                     std::max<std::int64_t>(1, cfg.student.sequence_parallel)));
 }
 
 std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout) {
@@ -287,8 +291,9 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
           "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
               ") must be a multiple of the global batch " + std::to_string(global) + " (train.batch_size(" +
               std::to_string(cfg.train.batch_size) + ") x " +
-              std::to_string(broadcast ? layout.replicas : layout.student_ranks) +
-              (broadcast ? " replicas" : " students") + ")");
+              std::to_string(global / cfg.train.batch_size) +
+              (broadcast ? " replicas" : cfg.student.sequence_parallel > 1 ? " sequence-parallel groups" : " students") +
+              ")");
   if (const auto fault = FaultSpec::parse(cfg.inject_fault)) {
     const int count = fault->role == Role::kTeacher ? layout.teacher_ranks : layout.student_ranks;
     p.check(fault->role_rank < count && fault->step <= cfg.train.steps,

@@ -107,6 +107,12 @@ void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layou
 /// the noise or the student's steps never reach are refused. Without it a LoRA student of a
 /// two-expert teacher is a LoRA pair, refused with feature matching.
 void check_student_expert(const RunConfig& cfg, const WanExperts* experts);
+/// student.sequence_parallel against the layout and the models (`experts`: null without a
+/// teacher): N must divide each replica's student ranks and the student's heads; what is not
+/// built with it yet (colocated, dmd, broadcast, features, LoRA pairs, projections) is named.
+void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, const comm::Layout& layout);
+/// student.sequence_parallel against the tokens of a sample of `latent` [C,F,H,W].
+void check_sequence_tokens(const RunConfig& cfg, const WanConfig& model, const std::array<std::int64_t, 4>& latent);
 
 /// The data set checked for `teacher` (readable HDF5, its shapes, more samples than the
 /// held-out ones); DataError naming the file and the field otherwise.

@@ -129,10 +129,11 @@ WanDiT load_frozen_base(const TrainJob& job, const char* key, std::optional<std:
 }
 
 student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device,
-                                        const teacher::TeacherStage* own) {
+                                        const teacher::TeacherStage* own, TokenHeadExchange* sequence_parallel) {
   const auto& cfg = job.cfg;
   const auto& tc = job.model;
-  const auto setup = parts_setup(job, device);
+  auto setup = parts_setup(job, device);
+  setup.sequence_parallel = sequence_parallel;
   if (!cfg.student.expert.empty() && job.world_rank() == job.layout.student_world_ranks().front()) {
     spdlog::info("student.expert {}: a student of the teacher's {} expert ({}), trained on {} only", cfg.student.expert,
                  cfg.student.expert, job.student_base().path(), job.student_range().describe());

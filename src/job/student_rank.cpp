@@ -68,7 +68,8 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   const bool real_score = job.plan.score_requests;
   if (real_score && stream.link) open_service(dmd, job, device, services);
   if (real_score && stream.own) dmd.score = local_score(*stream.own_stage());
-  auto parts = make_student_parts(job, device, stream.own_stage());
+  const auto sequence = open_sequence_group(job, services);  // outlives the parts, which use its exchange
+  auto parts = make_student_parts(job, device, stream.own_stage(), sequence ? sequence->exchange.get() : nullptr);
   if (parts.model()->lora().rank > 0) {
     // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds (the
     // tensors a colocated teacher already counted once: not again).
@@ -111,6 +112,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   std::optional<student::EmaWeights> ema;
   if (train.ema_decay > 0) loop.ema = &ema.emplace(parts, train.ema_decay);
   loop.method = dmd.method.get();
+  loop.sequence_parallel = static_cast<int>(cfg.student.sequence_parallel);
   attach_checkpoints(loop, job, parts, services, device);
   const auto stats = student::run_student(loop);
   const student::WholeWeights whole(training.optimizer->shard());  // student.shard parameters: the first student writes them all

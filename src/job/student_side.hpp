@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
+#include "comm/mpi_token_head_exchange.hpp"
 #include "comm/receiver.hpp"
 #include "comm/score_channel.hpp"
 #include "job/train_job.hpp"
@@ -48,6 +49,20 @@ StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleSe
 /// teacher.placement colocated, dmd: `stage`, this rank's own teacher, answers its requests on the spot.
 std::unique_ptr<student::RealScore> local_score(teacher::TeacherStage& stage);
 
+/// student.sequence_parallel's group of this student rank: its communicator and all-to-all.
+struct SequenceGroup {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::unique_ptr<comm::MpiTokenHeadExchange> exchange;
+  SequenceGroup() = default;
+  SequenceGroup(const SequenceGroup&) = delete;
+  SequenceGroup& operator=(const SequenceGroup&) = delete;
+  ~SequenceGroup();
+};
+
+/// Splits the students into consecutive groups of student.sequence_parallel ranks (collective
+/// over the students); null when it is 1.
+std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, RoleServices& services);
+
 /// The parts' set-up of the student (and, without feature pairs, of the dmd critic).
 student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device);
 
@@ -60,7 +75,7 @@ WanDiT load_frozen_base(const TrainJob& job, const char* key, std::optional<std:
 /// Everything the student trains, created once on its device (over `own`, a colocated teacher's
 /// stage, where a LoRA base can share its tensors); the loop creates nothing.
 student::StudentParts make_student_parts(const TrainJob& job, const c10::Device& device,
-                                        const teacher::TeacherStage* own);
+                                        const teacher::TeacherStage* own, TokenHeadExchange* sequence_parallel = nullptr);
 
 /// How a trainable model trains on this rank, made by one factory for the student and dmd's
 /// critic alike: its gradient reduction over the student group, under student.shard this rank's

@@ -145,6 +145,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   }
   teacher::TeacherJob loop{stage_model, source.get(), transport.get(), job.plan, layout.students_per_replica(),
                            job.broadcast};
+  loop.sequence_parallel = static_cast<int>(cfg.student.sequence_parallel);
   loop.memory = &services.monitor;
   loop.health = &services.health;
   loop.faults = &services.faults;

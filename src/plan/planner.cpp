@@ -31,7 +31,14 @@ u64 student_param_bytes(const PlanInput& in) {
 /// The per-replica batch a teacher forward runs.
 std::int64_t teacher_samples(const PlanInput& in, int replicas) {
   const int spr = std::max(1, in.student_ranks / std::max(1, replicas));
-  return in.batch * (in.broadcast ? 1 : spr);
+  return in.batch * (in.broadcast ? 1 : std::max<std::int64_t>(1, spr / std::max<std::int64_t>(1, in.sequence_parallel)));
+}
+
+/// Tokens of a sample one student rank holds: all, or under sequence parallelism ceil(S/N) (the
+/// sample padded to a multiple of N, N equal runs).
+u64 local_tokens(const PlanInput& in) {
+  const u64 g = n(std::max<std::int64_t>(1, in.sequence_parallel));
+  return (n(in.tokens) + g - 1) / g;
 }
 
 PlanItem item(const char* name, u64 device, u64 host, std::string note = "") {
@@ -102,8 +109,11 @@ namespace {
 /// student_block_activation_bytes for a trained DiT of shape `s` (the student, or a dmd critic).
 u64 block_activation_bytes(const PlanInput& in, const DitShape& s) {
   const u64 c = in.student_bf16_mixed ? 2 : 4;  // linear outputs, attention inputs
-  const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim), F = n(s.ffn_dim), H = n(s.num_heads);
-  const u64 B = n(in.batch), S = n(in.tokens), L = n(in.context_len);
+  // Under sequence parallelism the rank's tokens (S_l of them), and in self-attention every
+  // token (S_l·g, with the padding) with H/g heads.
+  const u64 g = n(std::max<std::int64_t>(1, in.sequence_parallel));
+  const u64 N = n(in.batch) * local_tokens(in), D = n(s.dim), F = n(s.ffn_dim), H = n(s.num_heads) / g;
+  const u64 B = n(in.batch), S = local_tokens(in) * g, L = n(in.context_len);
   // Saved for the backward, per token (docs/placement.md): fp32 elementwise work (modulation
   // [B,S,6,D], norms, scale/shift, residuals: 24 x D), linear outputs in the compute dtype
   // (8 x D), the FFN hidden before and after GELU (2 x ffn_dim), the softmax outputs of self- and
@@ -113,12 +123,15 @@ u64 block_activation_bytes(const PlanInput& in, const DitShape& s) {
   // The softmax outputs; a fused kernel saves only its log-sum-exp per query row.
   bytes += (in.fused_attention ? 2 * B * H * S : B * H * S * (S + L)) * kF32;
   bytes += 4 * B * L * D * c;
+  // The all-to-alls' outputs, which attention saves: q, k, v with every token and H/g heads, and
+  // its output before the way back (the same bytes as the rank's tokens with every head).
+  if (g > 1) bytes += 4 * N * D * c;
   return bytes;
 }
 
 /// student_activation_bytes for a trained DiT of shape `s`.
 u64 activation_bytes(const PlanInput& in, const DitShape& s, std::int64_t checkpointed) {
-  const u64 N = n(in.batch) * n(in.tokens), D = n(s.dim);
+  const u64 N = n(in.batch) * local_tokens(in), D = n(s.dim);
   const u64 layers = n(s.num_layers), k = std::min(n(checkpointed), layers);
   const u64 block = block_activation_bytes(in, s);
   // Embedding: the time embedding (freq_dim, then 10 x D of MLP and e0 [B,rows,6,D]; a row per
@@ -407,25 +420,81 @@ PlacementPlan plan_placement(const PlanInput& in, Placement p) {
   return out;
 }
 
+/// The first placement that fits, fastest first: all weights on the device; then a pipeline (no
+/// host traffic, but fewer replicas); then streaming (every block crosses PCIe every step); then
+/// host compute. Under sequence parallelism only placements whose replicas' students its groups
+/// divide.
+std::optional<Placement> first_fitting(const PlanInput& in, const std::vector<PlacementPlan>& placements) {
+  const Placement order[] = {Placement::kGpu, Placement::kShard, Placement::kStream, Placement::kCpu};
+  for (const auto p : order) {
+    const auto& pp = placements[static_cast<std::size_t>(
+        std::find(all_placements().begin(), all_placements().end(), p) - all_placements().begin())];
+    const int replicas = p == Placement::kShard ? 1 : std::max(1, in.teacher_ranks);
+    const bool groups_divide = in.sequence_parallel <= 1 || (in.student_ranks / replicas) % in.sequence_parallel == 0;
+    if (pp.applicable && pp.fits && groups_divide) return p;
+  }
+  return std::nullopt;
+}
+
+/// Plan::sequence_parallel_fits: the smallest size above the input's that divides the student's
+/// heads and with which a placement fits, trying the input's teacher.ranks first and then the
+/// others nearest it (the world kept: students = world − teacher ranks).
+void find_sequence_parallel(const PlanInput& in, Plan& plan) {
+  const int world = in.teacher_ranks + in.student_ranks;
+  std::vector<int> teacher_ranks;
+  for (int d = 0; d < world; ++d) {
+    for (const int t : {in.teacher_ranks - d, in.teacher_ranks + d}) {
+      const bool seen = std::find(teacher_ranks.begin(), teacher_ranks.end(), t) != teacher_ranks.end();
+      if (t >= 1 && t < world && !seen) teacher_ranks.push_back(t);
+    }
+  }
+  for (std::int64_t g = std::max<std::int64_t>(1, in.sequence_parallel) + 1; g <= in.student.num_heads; ++g) {
+    if (in.student.num_heads % g != 0) continue;
+    for (const int t : teacher_ranks) {
+      auto wider = in;
+      wider.sequence_parallel = g;
+      wider.teacher_ranks = t;
+      wider.student_ranks = world - t;
+      if (wider.student_ranks % g != 0) continue;
+      std::vector<PlacementPlan> placements;
+      for (const auto p : all_placements()) placements.push_back(plan_placement(wider, p));
+      const auto p = first_fitting(wider, placements);
+      // Replicas need whole shares of the students (comm::Layout); a pipeline is one replica.
+      if (!p || (*p != Placement::kShard && wider.student_ranks % t != 0)) continue;
+      plan.sequence_parallel_fits = g;
+      plan.sequence_parallel_placement = p;
+      plan.sequence_parallel_teacher_ranks = t;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 Plan make_plan(const PlanInput& in) {
   Plan plan;
   for (const auto p : all_placements()) plan.placements.push_back(plan_placement(in, p));
-  // Fastest first: all weights on the device; then a pipeline (no host traffic, but fewer
-  // replicas); then streaming (every block crosses PCIe every step); then host compute.
-  const Placement order[] = {Placement::kGpu, Placement::kShard, Placement::kStream, Placement::kCpu};
-  for (const auto p : order) {
-    const auto& pp = plan.placements[static_cast<std::size_t>(
-        std::find(all_placements().begin(), all_placements().end(), p) - all_placements().begin())];
-    if (pp.applicable && pp.fits) {
-      plan.recommended = p;
-      break;
-    }
-  }
+  plan.recommended = first_fitting(in, plan.placements);
   if (!plan.recommended) {
     plan.reason = "no placement fits: lower train.batch_size, set student.checkpointing = all, "
                   "use student.precision = bf16-mixed, or add ranks";
+    const int replicas = std::max(1, in.teacher_ranks);
+    if (in.sequence_parallel > 1 && (in.student_ranks / replicas) % in.sequence_parallel != 0) {
+      plan.reason += "; student.sequence_parallel " + std::to_string(in.sequence_parallel) + " does not divide the " +
+                     std::to_string(in.student_ranks / replicas) + " students of each of the " +
+                     std::to_string(replicas) + " teacher replicas";
+    }
+    find_sequence_parallel(in, plan);
+    if (plan.sequence_parallel_fits > 0) {
+      plan.reason += "; student.sequence_parallel " + std::to_string(plan.sequence_parallel_fits) + " fits with " +
+                     (plan.sequence_parallel_teacher_ranks == in.teacher_ranks ? std::string("")
+                                                                               : "teacher.ranks " +
+                                                                                     std::to_string(plan.sequence_parallel_teacher_ranks) +
+                                                                                     " and ") +
+                     "teacher.placement " + placement_name(*plan.sequence_parallel_placement) +
+                     ": each student rank then holds 1/" + std::to_string(plan.sequence_parallel_fits) +
+                     " of every sample's tokens";
+    }
     if (in.lora_pair) {
       plan.reason += "; the LoRA pair holds both experts' bases on every student: student.expert high and low "
                      "train one expert's adapters per job over one base";

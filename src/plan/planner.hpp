@@ -101,6 +101,11 @@ struct PlanInput {
   std::uint64_t device_budget = 0;         ///< bytes of one GPU
   std::uint64_t host_budget = 0;           ///< bytes of host memory of one node
   int gpus_per_node = 8;                   ///< ranks per node (one GPU each)
+  /// student.sequence_parallel: groups of this many student ranks share each sample, each rank
+  /// holding ceil(tokens/N) of its tokens through every block (the student's and the critic's
+  /// activations), the heads split N ways in self-attention; a replica's teacher computes
+  /// batch × (its students / N) samples.
+  std::int64_t sequence_parallel = 1;
 };
 
 /// Host-to-device GB/s (1e9 bytes/s) from pinned memory that `plan` and teacher.layout auto
@@ -160,6 +165,13 @@ struct Plan {
   std::vector<PlacementPlan> placements;  ///< in all_placements() order
   std::optional<Placement> recommended;
   std::string reason;
+  /// When nothing fits at the input's student.sequence_parallel: the smallest larger size that
+  /// divides the student's heads with which a placement fits, the teacher.ranks that lets its
+  /// groups divide each replica's students (the input's where it can, the world kept), and that
+  /// placement (0 and nullopt: none does).
+  std::int64_t sequence_parallel_fits = 0;
+  std::optional<Placement> sequence_parallel_placement;
+  int sequence_parallel_teacher_ranks = 0;  ///< the teacher.ranks of that layout (the world kept)
 };
 
 /// Category names, in table order.

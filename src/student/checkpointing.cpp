@@ -16,11 +16,13 @@ using torch::autograd::variable_list;
 
 /// What a checkpointed block needs in its backward besides its differentiable inputs: the module
 /// (a shared handle, so it outlives the graph), the block index, the state that carries no
-/// gradient (captured by value: RoPE tables, key mask, grids) and the RNG states of the forward.
+/// gradient (captured by value: RoPE tables, key mask, grids, the sequence-parallel group and
+/// this rank's token span) and the RNG states of the forward.
 struct BlockReplay : torch::CustomClassHolder {
   BlockReplay(WanDiT m, std::int64_t i, const WanState& s, BlockGate* g)
       : model(std::move(m)), index(i), rope_cos(s.rope_cos), rope_sin(s.rope_sin),
-        key_mask(s.key_mask), grids(s.grids), gate(g) {}
+        key_mask(s.key_mask), grids(s.grids), sequence_parallel(s.sequence_parallel), token_begin(s.token_begin),
+        tokens_total(s.tokens_total), gate(g) {}
 
   /// The state run_block reads, around the given differentiable inputs.
   WanState state(const torch::Tensor& x, const torch::Tensor& e0, const torch::Tensor& context) const {
@@ -32,6 +34,11 @@ struct BlockReplay : torch::CustomClassHolder {
     s.rope_sin = rope_sin;
     s.key_mask = key_mask;
     s.grids = grids;
+    // The recomputation repeats the block's all-to-alls: every rank of the group recomputes the
+    // same blocks in the same order (the backward runs the blocks in reverse on each of them).
+    s.sequence_parallel = sequence_parallel;
+    s.token_begin = token_begin;
+    s.tokens_total = tokens_total;
     return s;
   }
 
@@ -39,6 +46,8 @@ struct BlockReplay : torch::CustomClassHolder {
   std::int64_t index;
   torch::Tensor rope_cos, rope_sin, key_mask;
   std::vector<std::array<std::int64_t, 3>> grids;
+  TokenHeadExchange* sequence_parallel;
+  std::int64_t token_begin, tokens_total;
   BlockGate* gate;  ///< student.shard parameters: makes the block whole again for the recomputation
   compat::RngSnapshot rng;
 };
@@ -146,9 +155,11 @@ void run_block_checkpointed(WanDiT& model, std::int64_t index, WanState& state, 
                                      std::move(replay));
 }
 
-std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
-                                           const CheckpointPolicy& policy,
-                                           std::map<std::int64_t, torch::Tensor>* hidden, BlockGate* gate) {
+namespace {
+
+/// embed and the blocks of student_forward, up to the head.
+WanState run_student_blocks(WanDiT& model, const WanInputs& in, const CheckpointPolicy& policy,
+                            std::map<std::int64_t, torch::Tensor>* hidden, BlockGate* gate) {
   auto state = model->embed(in);
   const bool recording = torch::GradMode::is_enabled();
   for (std::int64_t i = 0; i < model->config().num_layers; ++i) {
@@ -165,7 +176,20 @@ std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
     if (gate) gate->leave(i);
     if (hidden && hidden->count(i)) (*hidden)[i] = state.x;
   }
-  return model->unembed(state);
+  return state;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
+                                           const CheckpointPolicy& policy,
+                                           std::map<std::int64_t, torch::Tensor>* hidden, BlockGate* gate) {
+  return model->unembed(run_student_blocks(model, in, policy, hidden, gate));
+}
+
+torch::Tensor student_forward_tokens(WanDiT& model, const WanInputs& in, const CheckpointPolicy& policy,
+                                     std::map<std::int64_t, torch::Tensor>* hidden, BlockGate* gate) {
+  return model->unembed_tokens(run_student_blocks(model, in, policy, hidden, gate));
 }
 
 }  // namespace wd::student

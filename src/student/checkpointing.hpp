@@ -42,4 +42,11 @@ std::vector<torch::Tensor> student_forward(WanDiT& model, const WanInputs& in,
                                            std::map<std::int64_t, torch::Tensor>* hidden = nullptr,
                                            BlockGate* gate = nullptr);
 
+/// student_forward up to the head's rows of this rank's tokens, [B, S_local, patch_volume·out_dim]
+/// fp32 (WanDiT::unembed_tokens): under sequence parallelism (in.sequence_parallel) nothing is
+/// gathered, so each rank's loss covers its own rows (the training path).
+torch::Tensor student_forward_tokens(WanDiT& model, const WanInputs& in, const CheckpointPolicy& policy,
+                                     std::map<std::int64_t, torch::Tensor>* hidden = nullptr,
+                                     BlockGate* gate = nullptr);
+
 }  // namespace wd::student

@@ -54,6 +54,7 @@ void sum_over_students(const StudentJob& job, std::vector<double>& values, std::
 Diagnostics::Diagnostics(StudentJob& job)
     : job_(job), metrics_(job.leader ? job.metrics_path : "") {
   MPI_Comm_size(job_.students, &group_size_);
+  group_size_ /= std::max(1, job_.sequence_parallel);  // a sequence-parallel group trains one batch
   // Held-out batches arrive first; kept (copied out of the ring) for every evaluation.
   for (std::int64_t e = 0; e < job_.plan.eval_messages; ++e) {
     comm::TensorDict copy;

@@ -69,7 +69,7 @@ class Diagnostics {
   double first_eval_ = -1;
   std::vector<double> interval_sigmas_;  ///< trajectory: the student's k + 1 σ (empty otherwise)
   std::vector<double> interval_rel_mse_;  ///< the last evaluation's, per interval (-1: none held out)
-  int group_size_ = 1;
+  int group_size_ = 1;  ///< batches per step: the students, or their sequence-parallel groups
   Clock::time_point window_start_;
   double window_wait_ = 0;  ///< the transport's wait seconds when the window opened
 };

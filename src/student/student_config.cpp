@@ -75,7 +75,13 @@ void StudentConfig::bind(OptionTable& t) {
             "two-expert (A14B) teacher: high | low: the student learns that expert alone, on the timesteps the "
             "teacher routes to it (t >= teacher.boundary*1000 or below), from that expert's weights (the LoRA "
             "base, or student.init teacher-blocks); one job per expert, RUN/student holds that expert (docs/lora.md). "
-            "Empty: one student for every t (a LoRA student: a pair, both experts' adapters in one job)");
+            "Empty: one student for every t (a LoRA student: a pair, both experts' adapters in one job)")
+      .bind("student.sequence_parallel", sequence_parallel,
+            "N > 1: sequence parallelism (Ulysses): consecutive groups of N student ranks share each sample, each "
+            "rank holding 1/N of its tokens through every block (all-to-alls around self-attention trade the token "
+            "split for a head split), so activations per rank fall N-fold; N must divide the student's num_heads "
+            "and the students of each teacher replica; train.batch_size is per group (docs/sequence-parallel.md). "
+            "1 = off");
 }
 
 LoraSpec StudentConfig::lora_spec(std::int64_t num_layers, std::int64_t rank) const {
@@ -130,6 +136,8 @@ void StudentConfig::validate(ConfigProblems& p) const {
   }
   p.check(features_ok, "student.features(" + features + ") must be pairs s:t,s:t of block indices");
   p.check(feature_weight >= 0, "student.feature_weight" + config_value(feature_weight) + " must be >= 0");
+  p.check(sequence_parallel >= 1,
+          "student.sequence_parallel" + config_value(sequence_parallel) + " must be >= 1 (1 = off)");
   p.check(lora_rank >= 0, "student.lora_rank" + config_value(lora_rank) + " must be >= 0 (0 = a full student)");
   p.check(lora_alpha >= 0, "student.lora_alpha" + config_value(lora_alpha) + " must be >= 0 (0 = the rank)");
   try {

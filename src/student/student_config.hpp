@@ -54,6 +54,9 @@ struct StudentConfig {
   /// timesteps the teacher routes to it, from that expert's weights (LoRA base, student.init
   /// teacher); empty = one student for every t (a LoRA student then needs a one-expert teacher)
   std::string expert;
+  /// Sequence parallelism (Ulysses, docs/sequence-parallel.md): the N student ranks of a group
+  /// share each sample, each holding 1/N of its tokens through every block; 1 = off
+  std::int64_t sequence_parallel = 1;
 
   void bind(OptionTable& t);
   void validate(ConfigProblems& p) const;

@@ -63,6 +63,8 @@ struct StudentJob {
   /// The objective's student method (dmd's cycle of critic and generator updates); null = the
   /// distillation step (DistillMethod).
   StudentMethod* method = nullptr;
+  /// student.sequence_parallel: the students train students / N batches a step (the log's samples/s).
+  int sequence_parallel = 1;
 };
 
 struct StudentStats {

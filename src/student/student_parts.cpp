@@ -16,6 +16,7 @@
 #include "model/wan_experts.hpp"
 #include "model/wan_lora.hpp"
 #include "student/student_model.hpp"
+#include "student/token_loss.hpp"
 
 namespace wd::student {
 
@@ -97,6 +98,11 @@ StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
     WD_CHECK(c.in_dim == setup_.teacher_in_channels && c.out_dim == setup_.teacher_out_channels,
              "a LoRA pair has the teacher's channels: no projections");
   }
+  // The job refuses these before training (job/sequence_parallel.cpp): the parts split none of them.
+  WD_CHECK(!setup_.sequence_parallel ||
+               (!is_pair() && setup_.feature_pairs.empty() && !setup_.gan && c.in_dim == setup_.teacher_in_channels &&
+                c.out_dim == setup_.teacher_out_channels),
+           "student.sequence_parallel with a LoRA pair, student.features, critic.gan_weight or channel projections");
   if (c.in_dim != setup_.teacher_in_channels) {
     heads_->update({{"in_proj", semi_orthogonal(setup_.teacher_in_channels, c.in_dim, setup_.seed + 1).ptr()}});
   }
@@ -188,8 +194,7 @@ torch::Tensor StudentParts::project_out(const torch::Tensor& y) {
   return heads_->contains("out_proj") ? over_channels(*heads_["out_proj"]->as<torch::nn::Linear>(), y) : y;
 }
 
-torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, const CheckpointPolicy& policy,
-                                    std::map<std::int64_t, torch::Tensor>* hidden) {
+WanInputs StudentParts::inputs_of(const comm::TensorDict& b) {
   // Sampling (predict) passes inputs alone; a training batch also carries its targets.
   for (const auto* name : {"x_t", "teacher_out"}) {
     const auto it = b.find(name);
@@ -199,8 +204,15 @@ torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, cons
                                                                     << it->second.device());
   }
   const auto y = b.find("y");  // an i2v teacher's image condition (StreamPlan::condition_channels)
-  const auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"), 0,
-                                     y == b.end() ? torch::Tensor() : y->second);
+  auto in = WanInputs::batched(project_in(b.at("x_t")), b.at("t"), b.at("context"), b.at("context_lens"), 0,
+                               y == b.end() ? torch::Tensor() : y->second);
+  in.sequence_parallel = setup_.sequence_parallel;
+  return in;
+}
+
+torch::Tensor StudentParts::forward(WanDiT& dit, const comm::TensorDict& b, const CheckpointPolicy& policy,
+                                    std::map<std::int64_t, torch::Tensor>* hidden) {
+  const auto in = inputs_of(b);
   if (is_pair()) return forward_pair(in, policy);  // a pair: no projections, no feature heads
   return project_out(torch::stack(student_forward(dit, in, policy, hidden, gate_)));
 }
@@ -210,7 +222,9 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   std::map<std::int64_t, torch::Tensor> hidden;
   for (const auto& [s, t] : setup_.feature_pairs) hidden[s] = torch::Tensor();
   MicroLosses losses;
-  auto loss = distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"), frame_weights(batch));
+  auto loss = setup_.sequence_parallel
+                  ? token_loss(batch, policy)
+                  : distill_loss(forward(compute_, batch, policy, &hidden), batch.at("teacher_out"), frame_weights(batch));
   losses.output = loss.detach().to(torch::kFloat);
   losses.features = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(setup_.device));
   if (!setup_.feature_pairs.empty()) {
@@ -226,6 +240,12 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
   losses.total = loss.detach().to(torch::kFloat);
   backward(loss * scale);
   return losses;
+}
+
+torch::Tensor StudentParts::token_loss(const comm::TensorDict& batch, const CheckpointPolicy& policy) {
+  const auto rows = student_forward_tokens(compute_, inputs_of(batch), policy, nullptr, gate_);
+  return token_distill_loss(rows, batch.at("teacher_out"), frame_weights(batch), model_->config().patch_size,
+                            *setup_.sequence_parallel);
 }
 
 torch::Tensor StudentParts::frame_weights(const comm::TensorDict& batch) const {

@@ -40,6 +40,10 @@ struct PartsSetup {
   /// hidden states after block gan_block (-1: the last), see StudentParts::realism.
   bool gan = false;
   std::int64_t gan_block = -1;
+  /// student.sequence_parallel > 1: this rank's group (not owned; it outlives the parts). Every
+  /// forward holds this rank's tokens; the training loss covers its rows (token_distill_loss)
+  /// and predict() gathers the whole output. Null: off.
+  TokenHeadExchange* sequence_parallel = nullptr;
 };
 
 /// Losses of one micro-batch (unscaled), as read on the host.
@@ -141,9 +145,13 @@ class StudentParts {
   void add_trainable(WanDiT& dit, const std::string& prefix);
   /// A pair's forward: each expert on its own samples, the outputs merged in batch order.
   torch::Tensor forward_pair(const WanInputs& in, const CheckpointPolicy& policy);
+  /// The DiT's inputs of a batch (its device checked), under the parts' sequence parallelism.
+  WanInputs inputs_of(const comm::TensorDict& batch);
   /// Student forward with hidden states captured after the blocks named by feature pairs.
   torch::Tensor forward(WanDiT& dit, const comm::TensorDict& batch, const CheckpointPolicy& policy,
                         std::map<std::int64_t, torch::Tensor>* hidden);
+  /// micro_step's loss under sequence parallelism: this rank's rows against the target's.
+  torch::Tensor token_loss(const comm::TensorDict& batch, const CheckpointPolicy& policy);
   torch::Tensor project_in(const torch::Tensor& x_t);
   torch::Tensor project_out(const torch::Tensor& y);
 

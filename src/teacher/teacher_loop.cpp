@@ -48,7 +48,10 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
   const auto b = job.plan.batch_per_student;
   const int slots = job.broadcast ? 1 : job.students_per_replica;
   std::vector<comm::TensorDict> messages;
-  for (int s = 0; s < slots; ++s) messages.push_back(student_message(batch, s * b, (s + 1) * b));
+  for (int s = 0; s < slots; ++s) {
+    const auto group = s / job.sequence_parallel;  // a sequence-parallel group's ranks share its samples
+    messages.push_back(student_message(batch, group * b, (group + 1) * b));
+  }
   if (job.broadcast) {
     job.transport->broadcast(step, messages.front());
   } else {
@@ -99,7 +102,7 @@ TeacherStats run_teacher(TeacherJob& job) {
   TeacherStats stats;
   const auto t0 = Clock::now();
   const auto per_replica = job.broadcast ? job.plan.batch_per_student
-                                         : job.plan.batch_per_student * job.students_per_replica;
+                                         : job.plan.batch_per_student * job.students_per_replica / job.sequence_parallel;
   for (std::int64_t e = 0; e < job.plan.eval_messages; ++e) stream_step(job, e, e, true, false, stats);
   const auto device = job.stage.experts().front().model->parameters().front().device();
   try {

@@ -27,6 +27,9 @@ struct TeacherJob {
   const comm::StreamPlan& plan;
   int students_per_replica = 1;
   bool broadcast = false;  ///< every student gets the same batch
+  /// student.sequence_parallel: each group of this many consecutive students shares its samples
+  /// (every rank of the group gets the group's whole batch and keeps its own tokens).
+  int sequence_parallel = 1;
   /// Called after every training step (memory reports gather every rank); null = none.
   memory::MemoryMonitor* memory = nullptr;
   /// Polled at every step; null in single-process tests.

@@ -341,6 +341,70 @@ TEST(Planner, RecommendsTheFastestPlacementThatFits) {
   EXPECT_NE(format_plan(in, plan).find("recommended: none"), std::string::npos);
 }
 
+// student.sequence_parallel: each rank holds ceil(S/g) tokens (S padded to a multiple of g), every
+// token with H/g heads in self-attention; the text's keys and values stay whole; the all-to-alls'
+// outputs (q, k, v with H/g heads, the attention's output) add 4·N_l·D in the compute dtype.
+TEST(Planner, SequenceParallelGroupsHoldTheirTokensShare) {
+  auto in = small_job();
+  in.tokens = 7;
+  in.student.num_heads = 2;
+  in.sequence_parallel = 2;  // 7 tokens: 4 a rank, 8 with the padding
+  // N_l·D·(24·4 + 8·4) + 2·N_l·F·4 + B·(H/g)·S'·(S'+L)·4 + 4·B·L·D·4 + 4·N_l·D·4
+  const std::uint64_t expected = 4 * 8 * 128 + 2 * 4 * 16 * 4 + 1 * 1 * 8 * 10 * 4 + 4 * 1 * 2 * 8 * 4 + 4 * 4 * 8 * 4;
+  EXPECT_EQ(student_block_activation_bytes(in), expected);
+  // Checkpointed blocks keep their inputs at N_l tokens: the whole student's grows as N_l.
+  in.tokens = 4096;
+  in.student.num_layers = 6;
+  in.student.num_heads = 4;
+  in.fused_attention = true;
+  const auto one = [&](std::int64_t g) {
+    auto x = in;
+    x.sequence_parallel = g;
+    return static_cast<double>(student_activation_bytes(x, 6));
+  };
+  EXPECT_LT(one(2), 0.6 * one(1));
+  EXPECT_LT(one(4), 0.6 * one(2));
+  // A replica's teacher computes batch x (its students / g).
+  in.teacher_ranks = 1;
+  in.student_ranks = 4;
+  in.sequence_parallel = 2;
+  const auto plan = make_plan(in);
+  const auto& cpu = placement(plan, Placement::kGpu);
+  auto whole = in;
+  whole.sequence_parallel = 1;
+  whole.student_ranks = 2;
+  EXPECT_EQ(cpu.teacher.at(kTeacherActivations).device, placement(make_plan(whole), Placement::kGpu).teacher.at(kTeacherActivations).device);
+}
+
+// Nothing fits: plan names the smallest sequence-parallel size (dividing the heads) that does, and
+// the teacher.ranks that lets its groups divide each replica's students.
+TEST(Planner, RecommendsASequenceParallelSizeWhenNothingFits) {
+  auto in = small_job();
+  in.tokens = 1 << 14;
+  in.student.num_heads = 8;
+  in.student.dim = 64;
+  in.fused_attention = true;
+  in.teacher_ranks = 2;
+  in.student_ranks = 6;  // 3 students a replica
+  const auto at = [&](std::int64_t g) {
+    auto x = in;
+    x.sequence_parallel = g;
+    return placement(make_plan(x), Placement::kGpu).student.device_total();
+  };
+  in.device_budget = (at(2) + at(4)) / 2;  // groups of 4 fit, groups of 2 do not
+  const auto plan = make_plan(in);
+  EXPECT_FALSE(plan.recommended.has_value());
+  EXPECT_EQ(plan.sequence_parallel_fits, 4);
+  // The world of 8 kept: 2 teacher ranks leave 3 students a replica, which 4 does not divide;
+  // 4 ranks as one pipeline (shard) feed 4 students, one group.
+  EXPECT_EQ(plan.sequence_parallel_teacher_ranks, 4);
+  EXPECT_EQ(plan.sequence_parallel_placement, Placement::kShard);
+  EXPECT_NE(plan.reason.find("student.sequence_parallel 4 fits with teacher.ranks " +
+                             std::to_string(plan.sequence_parallel_teacher_ranks)),
+            std::string::npos)
+      << plan.reason;
+}
+
 }  // namespace
 }  // namespace wd::plan::test_planner
 

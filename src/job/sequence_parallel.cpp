@@ -1,0 +1,76 @@
+// student.sequence_parallel: the checks before training and a student rank's group
+// (docs/sequence-parallel.md).
+#include <spdlog/spdlog.h>
+
+#include "comm/mpi_check.hpp"
+#include "job/plan_input.hpp"
+#include "job/startup.hpp"
+#include "job/student_side.hpp"
+
+namespace wd::job {
+
+void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, const comm::Layout& layout) {
+  const auto n = cfg.student.sequence_parallel;
+  if (n <= 1) return;
+  const auto sp = "student.sequence_parallel(" + std::to_string(n) + ")";
+  ConfigProblems p;
+  const auto not_built = [&](bool ok, const std::string& what) {
+    p.check(ok, sp + " with " + what + " is not built yet (docs/sequence-parallel.md)");
+  };
+  not_built(!layout.colocated(), experts ? "teacher.placement colocated (each student computing its own targets)"
+                                         : "train.objective " + cfg.train.objective + " (no teacher rank)");
+  not_built(!cfg.objective().traits().real_score, "train.objective " + cfg.train.objective + " (its critic and real score)");
+  not_built(cfg.comm.mode != CommMode::kBroadcast, "comm.mode broadcast");
+  not_built(cfg.student.feature_pairs().empty(), "student.features");
+  not_built(!cfg.lora_pair(experts ? experts->size() : 0), "a LoRA pair (one adapter set per expert)");
+  if (experts) {
+    const auto& teacher = experts->expert(0).config();
+    const auto student = cfg.student.lora_rank > 0 ? teacher : cfg.student.model_config(teacher);
+    not_built(student.in_dim == teacher.in_dim && student.out_dim == teacher.out_dim,
+              "a student whose channels differ from the teacher's (student.in_dim/out_dim: channel projections)");
+    p.check(student.num_heads % n == 0, sp + " must divide the student's num_heads (" +
+                                            std::to_string(student.num_heads) +
+                                            "); sizes that work: " + sequence_parallel_sizes(student.num_heads));
+  }
+  const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;
+  p.check(per_replica % n == 0,
+          sp + " must divide the student ranks of each teacher replica: " + std::to_string(layout.student_ranks) +
+              " student rank(s) over " + std::to_string(layout.replicas) + " replica(s) is " +
+              std::to_string(per_replica) + " each; a group shares its replica's samples");
+  p.throw_if_any("train config");
+}
+
+void check_sequence_tokens(const RunConfig& cfg, const WanConfig& model, const std::array<std::int64_t, 4>& latent) {
+  const auto n = cfg.student.sequence_parallel;
+  if (n <= 1) return;
+  const auto tokens = tokens_per_sample(model, latent);
+  WD_CHECK_AS(ConfigError, tokens >= n,
+              "student.sequence_parallel(" << n << ") is larger than the " << tokens
+                                           << " tokens of a sample of the data set (latent " << latent[0] << "x"
+                                           << latent[1] << "x" << latent[2] << "x" << latent[3]
+                                           << "): each rank of a group needs at least one");
+}
+
+SequenceGroup::~SequenceGroup() {
+  exchange.reset();
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+}
+
+std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, RoleServices& services) {
+  const auto n = job.cfg.student.sequence_parallel;
+  if (n <= 1) return nullptr;
+  int index = 0;
+  WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &index));
+  auto group = std::make_unique<SequenceGroup>();
+  // Consecutive student indices: a replica's slots are consecutive, and N divides their count.
+  WD_CHECK_MPI(MPI_Comm_split(job.groups->students(), static_cast<int>(index / n), index, &group->comm));
+  group->exchange = std::make_unique<comm::MpiTokenHeadExchange>(group->comm, job.cfg.comm.timeout_s, &services.health);
+  if (index == 0) {
+    spdlog::info("sequence parallelism: {} group(s) of {} student ranks, each rank holding 1/{} of every sample's "
+                 "tokens; all-to-alls over {}",
+                 job.layout.student_ranks / n, n, n, group->exchange->backend());
+  }
+  return group;
+}
+
+}  // namespace wd::job
