@@ -31,8 +31,11 @@
 # the student's rank), shard_none_bf16, shard_optimizer, shard_gradients, shard_gradients_bf16 (train2
 # with student.shard; the two students share the GPU, so over MPI), lora and lora_dmd (LoRA students
 # on the GPU: guided, and dmd with a LoRA critic), trajectory_i2v and dmd_i2v (the two with a tiny
-# i2v teacher, I2V-A14B's layout: y in every teacher, generator and critic forward) and ctest (the
-# whole suite; many tests assume a CPU-only host).
+# i2v teacher, I2V-A14B's layout: y in every teacher, generator and critic forward),
+# sequence_parallel (1 teacher + one group of 2 students sharing the GPU, student.sequence_parallel 2:
+# the all-to-all over MPI; compare its losses with train's), sequence_parallel_nccl (the same on
+# two GPUs or more, the all-to-all over NCCL; "needs 2 GPUs" and skipped where fewer are visible)
+# and ctest (the whole suite; many tests assume a CPU-only host).
 #
 # Environment:
 #   OUT            the folder that comes back (the device tool sets it): summary.md, logs.tar.gz
@@ -69,7 +72,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps profile train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v ctest"
+known_steps="$all_steps profile train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v sequence_parallel sequence_parallel_nccl ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -391,7 +394,7 @@ targets_for() {
     nccl_init) echo test_nccl_mpi ;;
     nccl) echo nccl_bandwidth ;;
     train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | \
-      dmd_colocated | trajectory_i2v | dmd_i2v) echo wan-distill ;;
+      dmd_colocated | trajectory_i2v | dmd_i2v | sequence_parallel | sequence_parallel_nccl) echo wan-distill ;;
     forward) echo bench_forward ;;
     stream) echo bench_stream ;;
     profile) echo bench_forward bench_stream ;;
@@ -424,6 +427,7 @@ start_epoch=$(date +%s)
 start_text=$(date -u -d "@$start_epoch" '+%Y-%m-%d %H:%M:%S UTC')
 tag_base="$tag_prefix$$-$start_epoch"
 compute_mode=unknown
+gpu_count=0
 for s in "${order[@]}"; do
   rm -f "$out/$s.log" "$out/$s.ranks" "$out/$s.diagnosis.txt" "$out/$s.summary.json" "$out/$s.metrics.jsonl"
 done
@@ -439,6 +443,8 @@ preflight_ok=no
 [[ $step_status == ok ]] && preflight_ok=yes
 if [[ -f $build/preflight.env ]]; then
   compute_mode=$(sed -n 's/^WD_GPU_COMPUTE_MODE=//p' "$build/preflight.env")
+  gpu_count=$(sed -n 's/^WD_GPU_COUNT=//p' "$build/preflight.env")
+  [[ $gpu_count =~ ^[0-9]+$ ]] || gpu_count=0
   gpu_line="$(sed -n 's/^WD_GPU_NAME=//p' "$build/preflight.env" | tr -d '"') x$(sed -n 's/^WD_GPU_COUNT=//p' "$build/preflight.env"), compute mode $compute_mode"
 fi
 finish_step preflight
@@ -572,6 +578,22 @@ for s in $steps; do
       train_step "$s" 2 150 "an i2v teacher's ${s%_i2v} on the GPU: y in every teacher and student forward" \
         --teacher.checkpoint "$i2v_teacher" --student.device cuda --teacher.placement gpu \
         --train.objective "${s%_i2v}" --train.steps "$dmd_steps"
+      ;;
+    sequence_parallel)
+      train_step sequence_parallel 3 150 "1 teacher + a group of 2 students sharing the GPU: all-to-all over MPI" \
+        --student.device cuda --teacher.placement gpu --student.sequence_parallel 2 --comm.backend mpi \
+        --train.steps "$train_steps"
+      ;;
+    sequence_parallel_nccl)
+      if ((gpu_count < 2)); then
+        skip sequence_parallel_nccl "skipped" "needs 2 GPUs ($gpu_count visible): NCCL refuses two ranks of one communicator on one GPU"
+      else
+        # comm.backend auto: NCCL between ranks on distinct GPUs (the group's all-to-all, the
+        # gradient all-reduce), MPI where a student shares the teacher's GPU.
+        train_step sequence_parallel_nccl 3 150 "1 teacher + a group of 2 students on $gpu_count GPUs: all-to-all over NCCL" \
+          --student.device cuda --teacher.placement gpu --student.sequence_parallel 2 --comm.backend auto \
+          --train.steps "$train_steps"
+      fi
       ;;
     dmd_colocated)
       train_step dmd_colocated 1 150 "dmd with the teacher on the student's rank (local answers)" \

@@ -275,6 +275,11 @@ int run_plan(const std::vector<std::string>& args) {
               "plan sizes the teacher and student ranks of a distillation; train.objective("
                   << cfg.train.objective << ") trains without a teacher, every rank a student: its memory is "
                   "a student rank's in any placement's plan of the same student keys with train.objective velocity");
+  WD_CHECK_AS(ConfigError, !cfg.from_cache(),
+              "plan sizes the teacher and student ranks of a distillation; with data.teacher_cache("
+                  << cfg.data.teacher_cache << ") every rank is a student reading the cache: its memory is a "
+                  "student rank's in the plan of the same keys without data.teacher_cache (plan does not count "
+                  "`generate` or a cache's students yet, docs/teacher-cache.md#not-yet)");
   init_logging(Topology::single_process(), cfg.log.level);
   const auto t = planned_teacher(cfg, o);
   // The same checks `train` makes once it knows the teacher.

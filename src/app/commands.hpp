@@ -16,6 +16,7 @@ int run_forward(const std::vector<std::string>& args);
 int run_init_teacher(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
 int run_plan(const std::vector<std::string>& args);
 int run_make_dataset(const std::vector<std::string>& args);
 int run_layout(const std::vector<std::string>& args);

@@ -34,6 +34,9 @@ const std::map<std::string, Command>& commands() {
        {wd::app::run_evaluate,
         "score a few-step student against the teacher's rows on held-out noise (report.json)"}},
       {"train", {wd::app::run_train, "distil a teacher into a student (run under mpirun)"}},
+      {"generate",
+       {wd::app::run_generate,
+        "write the teacher's batches of a train's keys into a cache that train reads (run under mpirun)"}},
       {"make-dataset", {wd::app::run_make_dataset, "write a synthetic HDF5 data set"}},
       {"layout", {wd::app::run_layout, "print which rank is teacher/student on which node and GPU"}},
   };

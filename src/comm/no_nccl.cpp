@@ -4,6 +4,7 @@
 
 #include "comm/backend_choice.hpp"
 #include "comm/nccl_gradient_reducer.hpp"
+#include "comm/token_head_exchange_factory.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/errors.hpp"
 
@@ -35,6 +36,11 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm, std::vecto
                                                             std::uint64_t, double, int world_rank,
                                                             const c10::Device& device, HealthChannel*) {
   no_nccl(world_rank, "the NCCL gradient all-reduce", device);
+}
+
+std::unique_ptr<TokenHeadExchange> make_nccl_token_head_exchange(MPI_Comm, const c10::Device& device, double,
+                                                                 int world_rank, HealthChannel*) {
+  no_nccl(world_rank, "the NCCL sequence-parallel all-to-all", device);
 }
 
 }  // namespace wd::comm

@@ -15,6 +15,9 @@ struct DataConfig {
   /// A t2v teacher's data set may hold image conditions (/condition): true trains on the videos
   /// alone, false (the default) refuses the data set, naming the dataset.
   bool ignore_condition = false;
+  /// A teacher cache written by `generate` (docs/teacher-cache.md): the students read their
+  /// batches from it, with no teacher rank (teacher.ranks 0). Empty: the teacher's stream.
+  std::string teacher_cache;
 
   void bind(OptionTable& table) {
     table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
@@ -22,7 +25,11 @@ struct DataConfig {
         .bind("data.ignore_condition", ignore_condition,
               "a data set with image conditions (/condition): train on the videos alone, a t2v teacher "
               "instead of refusing it, a ti2v teacher's text-to-video mode instead of its image mode "
-              "(an i2v teacher needs them)");
+              "(an i2v teacher needs them)")
+        .bind("data.teacher_cache", teacher_cache,
+              "a teacher cache written by `wan-distill generate --output DIR` with the same keys: every rank a "
+              "student (teacher.ranks 0) reading the batches the teacher would have sent; empty = the teacher's "
+              "stream (docs/teacher-cache.md)");
   }
   void validate(ConfigProblems& p) const {
     p.check(!path.empty(), "data.path must not be empty");

@@ -43,13 +43,18 @@ struct RunConfig {
   /// Every section's problems and the objectives' checks, in one ConfigError.
   void validate() const;
   /// The sections the objectives read.
-  objective::Keys keys() const { return {teacher, student, train, dmd}; }
+  objective::Keys keys() const { return {teacher, student, train, dmd, !data.teacher_cache.empty()}; }
   /// train.objective's spec in the objective table.
   const objective::ObjectiveSpec& objective() const { return objective::find(train.objective); }
   /// Whether the job has a teacher (not for an objective trained on the data alone).
   bool has_teacher() const { return objective().traits().needs_teacher; }
-  /// Whether every rank is a student computing its own targets: a colocated teacher, or none.
-  bool students_only() const { return teacher.placement == TeacherPlacement::kColocated || !has_teacher(); }
+  /// Whether every rank is a student computing its own targets: a colocated teacher, none, or a
+  /// teacher cache (data.teacher_cache) read by every rank.
+  bool students_only() const {
+    return teacher.placement == TeacherPlacement::kColocated || !has_teacher() || from_cache();
+  }
+  /// Whether the students read the teacher's batches from a cache (data.teacher_cache).
+  bool from_cache() const { return !data.teacher_cache.empty(); }
   /// Every objective's checks (objective::check), and what student.shard parameters excludes.
   void check_objective(ConfigProblems& p) const;
   /// The [train] section as the student loop uses it (ObjectiveSpec::loop_train).

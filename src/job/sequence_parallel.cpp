@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/mpi_check.hpp"
+#include "comm/token_head_exchange_factory.hpp"
 #include "job/plan_input.hpp"
 #include "job/startup.hpp"
 #include "job/student_side.hpp"
@@ -56,7 +57,8 @@ SequenceGroup::~SequenceGroup() {
   if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
 }
 
-std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, RoleServices& services) {
+std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, const c10::Device& device,
+                                                   RoleServices& services) {
   const auto n = job.cfg.student.sequence_parallel;
   if (n <= 1) return nullptr;
   int index = 0;
@@ -64,12 +66,13 @@ std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, RoleServ
   auto group = std::make_unique<SequenceGroup>();
   // Consecutive student indices: a replica's slots are consecutive, and N divides their count.
   WD_CHECK_MPI(MPI_Comm_split(job.groups->students(), static_cast<int>(index / n), index, &group->comm));
-  group->exchange = std::make_unique<comm::MpiTokenHeadExchange>(group->comm, job.cfg.comm.timeout_s, &services.health);
   if (index == 0) {
     spdlog::info("sequence parallelism: {} group(s) of {} student ranks, each rank holding 1/{} of every sample's "
-                 "tokens; all-to-alls over {}",
-                 job.layout.student_ranks / n, n, n, group->exchange->backend());
+                 "tokens",
+                 job.layout.student_ranks / n, n, n);
   }
+  group->exchange = comm::make_token_head_exchange(group->comm, device, job.cfg.comm.backend, job.cfg.comm.timeout_s,
+                                                   job.world_rank(), &services.health);
   return group;
 }
 

@@ -9,6 +9,7 @@
 #include "comm/startup.hpp"
 #include "core/logging.hpp"
 #include "core/threads.hpp"
+#include "job/cache_identity.hpp"
 #include "job/layout_report.hpp"
 #include "job/plan_input.hpp"
 #include "job/rank_placement.hpp"
@@ -134,7 +135,11 @@ void settle_roles(TrainJob& job, const comm::MpiRuntime& mpi, const std::vector<
   }
   const auto places = log_rank_placement(job.topo, gpu, cfg.comm.timeout_s);
   const auto& layout = job.layout;
-  if (mpi.rank() == 0 && !cfg.has_teacher()) {
+  if (mpi.rank() == 0 && cfg.from_cache()) {
+    spdlog::info("train: data.teacher_cache {}: {} student rank(s), each reading its stream of the teacher's batches "
+                 "from the cache, no teacher ranks, run dir {}",
+                 cfg.data.teacher_cache, layout.student_ranks, cfg.run_dir);
+  } else if (mpi.rank() == 0 && !cfg.has_teacher()) {
     spdlog::info("train: train.objective {}: {} student rank(s), each computing its own targets from its share of "
                  "the data, no teacher, run dir {}",
                  cfg.train.objective, layout.student_ranks, cfg.run_dir);
@@ -189,7 +194,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
 /// teacher, or a colocated student: where the teacher computes).
 std::int64_t agreed_micro_batch(const TrainJob& job) {
   const auto& cfg = job.cfg;
-  if (!job.experts) return 0;  // no teacher
+  if (!job.experts || cfg.from_cache()) return 0;  // no teacher forward on this job
   if (const auto n = cfg.teacher.micro_batch_samples()) return *n;
   return decided_by<std::int64_t>(0, "choosing the teacher micro-batch (teacher.micro_batch auto)", cfg, [&] {
     const auto role = job.layout.colocated() ? Role::kStudent : Role::kTeacher;
@@ -242,6 +247,7 @@ void start_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.plan.eval_messages = cfg.train.eval_samples / global_batch(cfg, job.layout);
   job.plan.train_steps = cfg.train.steps;
   job.train_samples = shape.samples - cfg.train.eval_samples;
+  if (cfg.from_cache()) agreed("checking the teacher cache (data.teacher_cache)", cfg, [&] { check_teacher_cache(job); });
   job.micro_batch = agreed_micro_batch(job);
   agree_on_resume_point(job);
 }

@@ -68,7 +68,7 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   const bool real_score = job.plan.score_requests;
   if (real_score && stream.link) open_service(dmd, job, device, services);
   if (real_score && stream.own) dmd.score = local_score(*stream.own_stage());
-  const auto sequence = open_sequence_group(job, services);  // outlives the parts, which use its exchange
+  const auto sequence = open_sequence_group(job, device, services);  // outlives the parts, which use its exchange
   auto parts = make_student_parts(job, device, stream.own_stage(), sequence ? sequence->exchange.get() : nullptr);
   if (parts.model()->lora().rank > 0) {
     // A LoRA student's frozen base, reported as the frozen teacher weights this rank holds (the

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
-#include "comm/mpi_token_head_exchange.hpp"
+#include "core/token_head_exchange.hpp"
 #include "comm/receiver.hpp"
 #include "comm/score_channel.hpp"
 #include "job/train_job.hpp"
@@ -52,7 +52,7 @@ std::unique_ptr<student::RealScore> local_score(teacher::TeacherStage& stage);
 /// student.sequence_parallel's group of this student rank: its communicator and all-to-all.
 struct SequenceGroup {
   MPI_Comm comm = MPI_COMM_NULL;
-  std::unique_ptr<comm::MpiTokenHeadExchange> exchange;
+  std::unique_ptr<TokenHeadExchange> exchange;  ///< MPI or NCCL (comm.backend, as the gradient all-reduce)
   SequenceGroup() = default;
   SequenceGroup(const SequenceGroup&) = delete;
   SequenceGroup& operator=(const SequenceGroup&) = delete;
@@ -60,8 +60,9 @@ struct SequenceGroup {
 };
 
 /// Splits the students into consecutive groups of student.sequence_parallel ranks (collective
-/// over the students); null when it is 1.
-std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, RoleServices& services);
+/// over the students); null when it is 1. Its all-to-all carries tensors on `device`.
+std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, const c10::Device& device,
+                                                   RoleServices& services);
 
 /// The parts' set-up of the student (and, without feature pairs, of the dmd critic).
 student::PartsSetup parts_setup(const TrainJob& job, const c10::Device& device);

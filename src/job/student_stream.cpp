@@ -5,6 +5,7 @@
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
 #include "teacher/target_source.hpp"
+#include "teacher/teacher_cache.hpp"
 
 namespace wd::job {
 
@@ -50,9 +51,10 @@ class LocalScore final : public student::RealScore {
 }  // namespace
 
 /// A rank that makes its own batches (teacher.placement colocated, or an objective without a
-/// teacher): its own teacher when the objective has one (all blocks on the student's device,
-/// teacher.compute and micro_batch as on a teacher rank), its share of the data, and the
-/// objective's source, which makes the messages a teacher rank would have sent it.
+/// teacher) or reads them (data.teacher_cache): its own teacher when the objective has one and
+/// there is no cache (all blocks on the student's device, teacher.compute and micro_batch as on a
+/// teacher rank), its share of the data, and the source: the objective's, which makes the
+/// messages a teacher rank would have sent it, or the cache's stream of this rank, which holds them.
 struct OwnStream {
   std::optional<teacher::TeacherStage> stage;
   LocalData data;
@@ -60,16 +62,24 @@ struct OwnStream {
   teacher::LocalReceiver transport;
 
   OwnStream(const TrainJob& job, const c10::Device& device, RankMemory& memory)
-      : stage(job.experts ? std::optional<teacher::TeacherStage>(
-                                          load_teacher_stage(job, load_for(job, device), memory))
-                                    : std::nullopt),
+      : stage(job.experts && !job.cfg.from_cache()
+                  ? std::optional<teacher::TeacherStage>(load_teacher_stage(job, load_for(job, device), memory))
+                  : std::nullopt),
         data(job),
-        source(job.cfg.objective().source(
-            job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser,
-                              job.layout.replica_of(job.world_rank()), job.layout.replicas, job.per_replica,
-                              job.train_samples},
-                             stage ? &*stage : nullptr, job.plan, job.model.patch_size, job.student_range()})),
-        transport(stage ? "colocated teacher" : "local targets", *source, job.plan, device, stage.has_value()) {}
+        source(make_source(job, stage ? &*stage : nullptr, data)),
+        transport(job.cfg.from_cache() ? "teacher cache" : stage ? "colocated teacher" : "local targets", *source,
+                  job.plan, device, stage.has_value()) {}
+
+  static std::unique_ptr<teacher::TargetSource> make_source(const TrainJob& job, teacher::TeacherStage* stage,
+                                                            LocalData& data) {
+    const int replica = job.layout.replica_of(job.world_rank());
+    const auto& dir = job.cfg.data.teacher_cache;
+    if (!dir.empty()) return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir), replica);
+    return job.cfg.objective().source(
+        job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser, replica, job.layout.replicas,
+                          job.per_replica, job.train_samples},
+                         stage, job.plan, job.model.patch_size, job.student_range()});
+  }
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {
     teacher::StageLoad how;

@@ -134,6 +134,24 @@ TeacherPlacement placement_choice(plan::Placement p) {
   return TeacherPlacement::kCpu;
 }
 
+/// The larger student.sequence_parallel sizes the diagnosis may offer: those check_sequence_parallel
+/// would take for this job (the same layout, teacher and student), smallest first.
+std::vector<std::int64_t> sequence_parallel_remedies(const TrainJob& job) {
+  std::vector<std::int64_t> sizes;
+  if (!job.experts) return sizes;
+  const auto heads = job.cfg.student.lora_rank > 0 ? job.model.num_heads : job.cfg.student.model_config(job.model).num_heads;
+  for (std::int64_t g = job.cfg.student.sequence_parallel + 1; g <= heads; ++g) {
+    auto cfg = job.cfg;
+    cfg.student.sequence_parallel = g;
+    try {
+      check_sequence_parallel(cfg, &*job.experts, job.layout);
+      sizes.push_back(g);
+    } catch (const ConfigError&) {  // this size does not fit the job: not a remedy
+    }
+  }
+  return sizes;
+}
+
 /// What the failure handler needs besides the exception: the remedies' config values, the
 /// deadline, where the diagnosis goes.
 FailureSetup failure_setup_for(const TrainJob& job) {
@@ -149,6 +167,8 @@ FailureSetup failure_setup_for(const TrainJob& job) {
                     job.layout.stages, cfg.teacher.stream_ahead, cfg.student.shard, job.layout.student_ranks};
   // A colocated teacher holds both experts whichever the students train: one job per expert frees nothing.
   setup.remedies.lora_pair = job.lora_pair() && !job.layout.colocated();
+  setup.remedies.sequence_parallel = cfg.student.sequence_parallel;
+  setup.remedies.sequence_parallel_sizes = sequence_parallel_remedies(job);
   setup.timeout_s = cfg.comm.timeout_s;
   setup.diagnosis_path = (fs::path(cfg.run_dir) / "diagnosis.txt").string();
   for (int r = 0; r < job.layout.world_size; ++r) setup.roles.push_back(job.layout.role_of(r));

@@ -96,6 +96,28 @@ void student_checkpointing(const OomFacts& f, std::vector<Remedy>& out) {
                  {{"student.checkpointing", "all"}}});
 }
 
+/// Groups of student ranks that share each sample, each rank holding its share of the tokens
+/// through every block: the activations fall by the group's size; the accumulation grows by as
+/// much, so the global batch stays.
+void student_sequence_parallel(const OomFacts& f, std::vector<Remedy>& out) {
+  if (!f.activations_matter) return;
+  // A multiple of today's size: the accumulation then keeps the global batch exactly.
+  const auto now = std::max<std::int64_t>(1, f.ctx.sequence_parallel);
+  const auto& sizes = f.ctx.sequence_parallel_sizes;
+  const auto it = std::find_if(sizes.begin(), sizes.end(), [&](std::int64_t g) { return g > now && g % now == 0; });
+  if (it == sizes.end()) return;
+  const auto g = *it;
+  const auto ratio = static_cast<std::uint64_t>(g / now);
+  const auto accum = f.ctx.grad_accum * static_cast<std::int64_t>(ratio);
+  out.push_back({fmt::format("activations are {:.0f}% of {}'s peak ({} of {}): --student.sequence_parallel {} splits "
+                             "every sample's tokens over groups of {} student ranks (about {} of activations a rank; "
+                             "the same loss curve, docs/sequence-parallel.md); the groups train 1/{} as many batches "
+                             "a step, so --train.grad_accum {} keeps the global batch",
+                             100 * f.share, f.who, bytes(f.transient), bytes(f.peak), g, g,
+                             bytes(f.transient / ratio), ratio, accum),
+                 {{"student.sequence_parallel", std::to_string(g)}, {"train.grad_accum", std::to_string(accum)}}});
+}
+
 /// Half the batch per student with twice the accumulation (the same global batch), advised in `text`
 /// ({} the batch, the half, the accumulation); none when activations do not matter or the batch is 1.
 void halved_batch(const OomFacts& f, const std::string& text, std::vector<Remedy>& out) {
@@ -213,8 +235,9 @@ void teacher_batch(const OomFacts& f, std::vector<Remedy>& out) {
 }
 
 /// Each role's remedies, in the order the diagnosis offers them.
-const std::vector<OomRule> kStudentRules{student_checkpointing, student_batch,      student_shard_gradients,
-                                         student_shard_parameters, student_one_expert, student_bf16};
+const std::vector<OomRule> kStudentRules{student_checkpointing,    student_batch,      student_sequence_parallel,
+                                         student_shard_gradients,  student_shard_parameters, student_one_expert,
+                                         student_bf16};
 const std::vector<OomRule> kTeacherRules{teacher_bf16, teacher_stream, teacher_shard, teacher_batch};
 
 void out_of_memory_remedies(const DiagnosisInput& in, std::vector<Remedy>& out) {

@@ -47,6 +47,11 @@ struct RemedyContext {
   int student_ranks = 1;
   bool lora_pair = false;                    ///< a LoRA pair: both experts' bases on every student
                                              ///< (false under a colocated teacher, which holds both anyway)
+  std::int64_t sequence_parallel = 1;        ///< student.sequence_parallel
+  /// Larger student.sequence_parallel sizes this job could take (dividing the student's heads and
+  /// each replica's students), smallest first; empty where its samples cannot be split (what
+  /// sequence parallelism does not build yet: dmd, colocated, features, LoRA pairs, projections).
+  std::vector<std::int64_t> sequence_parallel_sizes;
 };
 
 /// Everything the diagnosis reports.

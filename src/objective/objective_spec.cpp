@@ -212,12 +212,36 @@ void bind(OptionTable& t, std::string& field) {
       [](const std::string& name) { return name; }, help + "; docs/objectives.md (one of: " + listed + ")");
 }
 
+namespace {
+
+/// data.teacher_cache: no teacher rank, and what a cache can stand for (check_cacheable).
+void check_cached(const Keys& k, ConfigProblems& p) {
+  check_cacheable(k, p);
+  p.check(k.teacher.ranks == 0, "data.teacher_cache: the students read the teacher's batches from the cache, with no "
+                                "teacher rank: set teacher.ranks 0, not " + std::to_string(k.teacher.ranks));
+  p.check(k.teacher.placement != TeacherPlacement::kColocated,
+          "data.teacher_cache: no rank computes the teacher; leave teacher.placement at auto, not colocated");
+}
+
+}  // namespace
+
+void check_cacheable(const Keys& k, ConfigProblems& p) {
+  const auto& active = find(k.train.objective);
+  const auto cached = "a teacher cache (data.teacher_cache, generate) with train.objective " + active.name();
+  p.check(active.traits().needs_teacher, cached + ": it trains on the data alone, there is no teacher to cache");
+  p.check(!active.traits().real_score,
+          cached + ": its real score needs a live teacher answering the students' own samples");
+  p.check(k.student.features.empty(),
+          cached + " and student.features(" + k.student.features + "): the cache holds no teacher features yet");
+}
+
 void check(const Keys& k, ConfigProblems& p) {
   const auto& active = find(k.train.objective);
   active.check(k, p);
   for (const auto& s : table()) {
     if (s.get() != &active) s->check_unused(k, active.name(), p);
   }
+  if (k.teacher_cache) check_cached(k, p);
   if (!active.traits().needs_teacher) return;
   p.check(k.student.model_type.empty(),
           "student.model_type(" + k.student.model_type + ") sets the type of a student trained without a teacher; "
@@ -226,8 +250,10 @@ void check(const Keys& k, ConfigProblems& p) {
   for (const auto& s : table()) {
     if (!s->traits().needs_teacher) without += (without.empty() ? "" : " or ") + s->name();
   }
+  if (k.teacher_cache) return;
   p.check(k.teacher.ranks >= 1, "teacher.ranks(0) means no teacher, which only train.objective " + without +
-                                    " trains without; train.objective(" + active.name() + ") needs teacher.ranks >= 1");
+                                    " trains without; train.objective(" + active.name() + ") needs teacher.ranks >= 1"
+                                    " (or data.teacher_cache)");
 }
 
 }  // namespace wd::objective

@@ -47,6 +47,8 @@ struct Keys {
   const student::StudentConfig& student;
   const student::TrainConfig& train;
   const student::DmdConfig& dmd;
+  /// data.teacher_cache is set: the teacher's batches come from a cache, with no teacher rank.
+  bool teacher_cache = false;
 };
 
 /// When an objective's teacher forwards are guided ([cond; neg] in one batch, v_neg + g·(v_cond − v_neg)).
@@ -185,7 +187,12 @@ void add(std::unique_ptr<ObjectiveSpec> spec);
 /// not in the table is a ConfigError when the options are parsed.
 void bind(OptionTable& t, std::string& field);
 /// Every objective's checks: the active one's check(), the others' check_unused(), and what
-/// each trait asks of the teacher keys (teacher.ranks against needs_teacher).
+/// each trait asks of the teacher keys (teacher.ranks against needs_teacher; with
+/// Keys::teacher_cache, teacher.ranks 0 and check_cacheable).
 void check(const Keys& k, ConfigProblems& p);
+/// Whether a teacher cache can stand for the teacher of `k` (generate, data.teacher_cache): not
+/// for an objective without a teacher (flow), nor one whose students ask a live teacher (dmd's
+/// real score), nor with student.features (not stored yet).
+void check_cacheable(const Keys& k, ConfigProblems& p);
 
 }  // namespace wd::objective

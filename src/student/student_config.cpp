@@ -196,7 +196,8 @@ WanConfig StudentConfig::model_config(const WanConfig& teacher) const {
 
 void TrainConfig::bind(OptionTable& t) {
   t.bind("train.steps", steps, "optimizer steps")
-      .bind("train.batch_size", batch_size, "samples per student rank per micro-batch")
+      .bind("train.batch_size", batch_size,
+            "samples per student rank per micro-batch (under student.sequence_parallel: per group of ranks)")
       .bind("train.grad_accum", grad_accum, "micro-batches per optimizer step")
       .bind("train.lr", lr, "peak learning rate (AdamW)")
       .bind("train.min_lr", min_lr, "learning rate at the end of the cosine decay")

@@ -104,17 +104,21 @@ inline LaunchResult run_captured(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
 }
 
-/// Runs `wan-distill train <args>` on `ranks` ranks, pinned to the host (pinned_args) and to
+/// Runs `wan-distill <command> <args>` (launch_command; launch_train: `train`) on `ranks` ranks, pinned to the host (pinned_args) and to
 /// kPinnedKernels. mpirun's --timeout bounds a hang; `kill_grace_s` is how long mpirun lets the
 /// other ranks finish after one exits non-zero (long enough for the failure protocol, see
 /// launch/mpirun.sh).
-inline LaunchResult launch_train(int ranks, const std::string& args, int timeout_s = 240, int kill_grace_s = 3) {
+inline LaunchResult launch_command(int ranks, const std::string& command, const std::string& args, int timeout_s = 240,
+                                   int kill_grace_s = 3) {
   const std::string cmd = std::string(WD_MPIEXEC) + " -n " + std::to_string(ranks) +
                           " --oversubscribe --allow-run-as-root --bind-to none --timeout " + std::to_string(timeout_s) +
                           " --mca odls_base_sigkill_timeout " + std::to_string(kill_grace_s) +
-                          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + kPinnedKernels + WD_CLI + " train " +
-                          pinned_args(args) + " 2>&1";
+                          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 " + kPinnedKernels + WD_CLI + " " + command +
+                          " " + pinned_args(args) + " 2>&1";
   return run_captured(cmd);
+}
+inline LaunchResult launch_train(int ranks, const std::string& args, int timeout_s = 240, int kill_grace_s = 3) {
+  return launch_command(ranks, "train", args, timeout_s, kill_grace_s);
 }
 
 /// launch_train for a job every rank refuses before training (a bad key or combination): each

@@ -393,13 +393,20 @@ expect "$sum" trajectory_i2v '^ok$'
 expect "$sum" dmd_i2v '^ok$'
 expect_text "$tmp/six/trajectory_i2v.init.log" 'step 200/200' "the i2v teacher's init-teacher ran"
 expect_text "$sum" 'teacher.checkpoint [^ ]*/i2v-teacher .*train.objective dmd' "dmd_i2v's command takes the i2v teacher"
-# --- 4c. The profile step (issue 46): kernels, blocks and streaming at real dims in one file.
-all_sh seven STEPS="profile"
+# --- 4c. Sequence parallelism: a group of two sharing the one GPU (MPI); the NCCL twin needs two.
+all_sh seven STEPS="sequence_parallel sequence_parallel_nccl"
 sum=$tmp/seven/summary.md
+expect "$sum" sequence_parallel '^ok$'
+expect "$sum" sequence_parallel_nccl '^skipped$'
+expect_text "$sum" 'needs 2 GPUs \(1 visible\)' "why sequence_parallel_nccl was skipped"
+expect_text "$sum" 'student.sequence_parallel 2 --comm.backend mpi' "sequence_parallel's command"
+# --- 4d. The profile step (issue 46): kernels, blocks and streaming at real dims in one file.
+all_sh eight STEPS="profile"
+sum=$tmp/eight/summary.md
 expect "$sum" profile '^ok$'
 expect_text "$sum" '\| profile \| ok \| 0 \|.*H2D 53.2 GB/s; 5B forward 250 ms, MFU 43.3%; stream ahead 2 \(5B 480p, 5B 720p, 5B no arena, A14B\): 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\); top kernel nvjet_fake_gemm 31.2%' "profile's figures"
-expect_text "$tmp/seven/build.log" 'TARGETS=bench_forward bench_stream LOG_DIR' "the profile step's targets"
-prof=$tmp/seven/profile.md
+expect_text "$tmp/eight/build.log" 'TARGETS=bench_forward bench_stream LOG_DIR' "the profile step's targets"
+prof=$tmp/eight/profile.md
 # shellcheck disable=SC2016  # backquotes of the markdown
 expect_text "$prof" '^`bench_forward --device cuda --sizes wan22-ti2v-5b .*--profile-top 25 --profile-trace .*/profile.trace.json`$' "the Kineto forward's command"
 expect_text "$prof" '^## Stream: TI2V-5B blocks, 27,280 tokens \(720p\)' "the 720p stream part"
@@ -408,7 +415,7 @@ expect_text "$prof" '^`bench_stream .*--preset wan22-ti2v-5b --blocks 6 .*--aren
 expect_text "$prof" '^`bench_stream .*--preset wan22-t2v-a14b --blocks 4 ' "the A14B part"
 # shellcheck disable=SC2016
 expect_text "$prof" '^\| 1 \| `nvjet_fake_gemm` \| GEMM' "the kernel table in profile.md"
-packed=$(tar -tzf "$tmp/seven-out/logs.tar.gz" 2>/dev/null | sed 's|^\./||' | sort | paste -sd' ')
+packed=$(tar -tzf "$tmp/eight-out/logs.tar.gz" 2>/dev/null | sed 's|^\./||' | sort | paste -sd' ')
 checks=$((checks + 1))
 [[ " $packed " == *" profile.md "* ]] || fail "logs.tar.gz lacks profile.md (has: $packed)"
 checks=$((checks + 1))
@@ -417,7 +424,7 @@ env OUT="$tmp/five" STEPS="smi bogus" bash "$repo/launch/gpu/all.sh" >/dev/null 
 
 echo "$checks checks, $failures failed ($SECONDS s)"
 if ((failures)); then
-  for f in one two three four seven; do
+  for f in one two three four seven eight; do
     [[ -f $tmp/$f/summary.md ]] && { echo "--- $f/summary.md"; cat "$tmp/$f/summary.md"; }
   done
   exit 1

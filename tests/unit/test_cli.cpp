@@ -180,6 +180,24 @@ TEST(Cli, UsageErrorsAndHelp) {
   EXPECT_NE(r.output.find("--shard-size arg (=5GB)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("native (official Wan) |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("WanTransformer3DModel.from_pretrained(DIR) loads"), std::string::npos) << r.output;
+  // generate: train's table (the cache's key among them), then its own three.
+  r = run("generate --help");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("usage: mpirun -np N wan-distill generate --output DIR"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--data.teacher_cache arg"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--teacher.steps arg (=40)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--students arg (=1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--shard-positions arg (=64)"), std::string::npos) << r.output;
+  r = run("generate --train.steps 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("generate needs --output DIR"), std::string::npos) << r.output;
+  r = run("generate --output x --train.objective dmd");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.objective dmd: its real score needs a live teacher"), std::string::npos) << r.output;
+  r = run("plan --cpu --teacher.ranks 0 --data.teacher_cache x --train.objective trajectory");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("with data.teacher_cache(x) every rank is a student reading the cache"), std::string::npos)
+      << r.output;
 }
 
 TEST(Cli, TinyIniIsTheBuiltinDefaultAndExampleConfigsParse) {

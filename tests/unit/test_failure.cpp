@@ -263,6 +263,29 @@ TEST(Diagnosis, OutOfMemoryRemediesUseTheRanksNumbers) {
       << text;
 }
 
+// A job whose samples can be split (student.sequence_parallel sizes that fit it): the diagnosis
+// offers the smallest, with the accumulation that keeps the global batch.
+TEST(Diagnosis, ActivationsOfOneSampleAreOfferedSequenceParallelism) {
+  auto in = student_oom();
+  in.context.checkpointing = CheckpointPolicy::parse("all");
+  in.context.batch_size = 1;
+  in.context.grad_accum = 3;
+  in.context.sequence_parallel_sizes = {2, 4};
+  const auto remedies = memory::compute_remedies(in);
+  ASSERT_GE(remedies.size(), 1u);
+  EXPECT_TRUE(test::contains(remedies[0].text, "--student.sequence_parallel 2 splits every sample's tokens over groups "
+                                               "of 2 student ranks (about 750.00 MiB of activations a rank"))
+      << remedies[0].text;
+  EXPECT_EQ(remedies[0].changes, (std::vector<std::pair<std::string, std::string>>{{"student.sequence_parallel", "2"},
+                                                                                  {"train.grad_accum", "6"}}));
+  // Already in groups of 2: the next size, 4, halves again.
+  in.context.sequence_parallel = 2;
+  in.context.sequence_parallel_sizes = {5, 4};  // 2 -> 5 would not keep the global batch whole
+  const auto next = memory::compute_remedies(in);
+  EXPECT_TRUE(test::contains(next[0].text, "--student.sequence_parallel 4")) << next[0].text;
+  EXPECT_EQ(next[0].changes.back(), (std::pair<std::string, std::string>{"train.grad_accum", "6"}));
+}
+
 TEST(Diagnosis, RemediesFollowTheConfig) {
   auto in = student_oom();
   in.context.checkpointing = CheckpointPolicy::parse("all");

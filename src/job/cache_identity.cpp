@@ -1,0 +1,103 @@
+// The identity of a job's teacher stream and the train side's checks of a teacher cache (cache_identity.hpp).
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "core/checksum.hpp"
+#include "data/dataset_reader.hpp"
+#include "job/cache_identity.hpp"
+
+namespace wd::job {
+
+namespace {
+
+/// The keys whose values decide the teacher's batches (besides every noise.* key).
+const char* const kIdentityKeys[] = {
+    "train.objective", "teacher.guidance", "teacher.steps", "teacher.shift", "teacher.solver", "teacher.dtype",
+    "teacher.compute", "teacher.boundary", "student.steps", "student.expert", "train.seed", "train.batch_size",
+    "train.grad_accum", "train.eval_samples", "train.trajectory_rollout", "data.ignore_condition"};
+
+/// Every key of `cfg` with its value as the config writes it ("teacher.shift" -> "5").
+std::map<std::string, std::string> config_values(RunConfig cfg) {
+  OptionTable table("");
+  cfg.bind(table);
+  std::map<std::string, std::string> out;
+  std::istringstream ini(table.to_ini());
+  std::string line, section;
+  while (std::getline(ini, line)) {
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      section = line.substr(1, line.size() - 2) + ".";
+      continue;
+    }
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+std::string teacher_xxh64(const WanExperts& teacher) {
+  Xxh64 h;
+  for (const auto& e : teacher.experts()) {
+    for (const auto& f : e.files()) {
+      const auto file = file_xxh64_hex(f.path());
+      h.update(file.data(), file.size());
+    }
+  }
+  return xxh64_hex(h.digest());
+}
+
+std::string data_fingerprint(const data::DatasetInfo& info) {
+  data::DatasetReader reader(info);
+  const auto b = reader.read({0, info.samples - 1});
+  Xxh64 h;
+  h.update(&info.samples, sizeof(info.samples));
+  h.update(info.latent_shape.data(), sizeof(info.latent_shape));
+  for (const auto* t : {&b.latents, &b.context, &b.context_lens, &b.condition}) {
+    if (!t->defined()) continue;
+    const auto c = t->contiguous();
+    h.update(c.data_ptr(), c.numel() * c.element_size());
+  }
+  return xxh64_hex(h.digest());
+}
+
+}  // namespace
+
+teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data) {
+  const auto values = config_values(cfg);
+  teacher::CacheIdentity id;
+  for (const auto* key : kIdentityKeys) id[key] = values.at(key);
+  for (const auto& [key, value] : values) {
+    if (key.rfind("noise.", 0) == 0) id[key] = value;
+  }
+  const auto& negative = cfg.teacher.negative;
+  id["teacher.negative"] = negative.empty() ? "" : "xxh64 " + file_xxh64_hex(negative);
+  id["teacher"] = "xxh64 " + teacher_xxh64(teacher);
+  id["data"] = "fingerprint " + data_fingerprint(data);
+  return id;
+}
+
+void check_teacher_cache(const TrainJob& job) {
+  const auto& dir = job.cfg.data.teacher_cache;
+  const auto index = teacher::read_cache_index(dir);
+  teacher::check_identity(dir, index.identity, cache_identity(job.cfg, *job.experts, *job.info), "this train");
+  const auto& l = index.layout;
+  WD_CHECK_AS(ConfigError, l.students == job.layout.student_ranks,
+              "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
+                                    << "has " << job.layout.student_ranks << " (run it on " << l.students
+                                    << " ranks, or generate with --students " << job.layout.student_ranks << ")");
+  WD_CHECK_AS(ConfigError, l.eval_messages == job.plan.eval_messages && l.batch == job.plan.batch_per_student,
+              "data.teacher_cache(" << dir << ") holds " << l.eval_messages << " held-out message(s) of " << l.batch
+                                    << " sample(s) per student; this train needs " << job.plan.eval_messages << " of "
+                                    << job.plan.batch_per_student);
+  const int stream = job.layout.replica_of(job.world_rank());
+  teacher::verify_stream(dir, index, stream);
+  if (job.world_rank() != 0) return;
+  const auto positions = job.plan.train_steps * job.plan.micro_batches;
+  spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}; every shard's "
+               "checksum verified",
+               dir, l.positions, positions,
+               positions > l.positions ? " (past the cache's end it reads the cache again from the start)" : "");
+}
+
+}  // namespace wd::job

@@ -1,0 +1,186 @@
+// run_generate_job: `generate`'s start-up (train's, every rank holding a whole teacher), the cache
+// claimed, then this rank's shards with progress and ETA, and the index once every shard is in.
+#include "job/generate.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+
+#include "comm/mpi_runtime.hpp"
+#include "comm/signals.hpp"
+#include "comm/startup.hpp"
+#include "data/noiser.hpp"
+#include "data/sample_schedule.hpp"
+#include "job/cache_identity.hpp"
+#include "job/plan_input.hpp"
+#include "job/startup.hpp"
+
+namespace wd::job {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Train's keys as generate's start-up runs them: every rank a colocated teacher (the whole
+/// teacher where a student would compute) that reads no cache and resumes no checkpoint, with no
+/// held-out set, which is the reading train's, not this job's (cache_layout checks it against the
+/// train's students; run_generate_job puts it back).
+void generate_keys(RunConfig& cfg) {
+  cfg.train.eval_samples = 0;
+  cfg.train.sample_every = 0;
+  cfg.data.teacher_cache.clear();
+  cfg.teacher.placement = TeacherPlacement::kColocated;
+  cfg.teacher.layout = TeacherLayout::kGiven;
+  cfg.teacher.ranks = 1;
+  cfg.teacher.stages = 0;
+  cfg.teacher.shard_map.clear();
+  cfg.checkpoint.resume.clear();
+}
+
+/// The streams of the train that reads the cache: one per student rank, train.batch_size each.
+teacher::CacheLayout cache_layout(const GenerateJob& g) {
+  const auto& cfg = g.train.cfg;
+  ConfigProblems p;
+  p.check(g.train.train_samples >= 1, "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
+                                          ") leaves no training sample in data.path(" + cfg.data.path + ")");
+  p.check(g.students >= 1, "generate --students(" + std::to_string(g.students) + ") must be >= 1");
+  p.check(g.shard_positions >= 1, "generate --shard-positions(" + std::to_string(g.shard_positions) + ") must be >= 1");
+  const auto global = cfg.train.batch_size * std::max(1, g.students);
+  p.check(cfg.train.eval_samples % global == 0,
+          "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") must be a multiple of train.batch_size(" +
+              std::to_string(cfg.train.batch_size) + ") x --students(" + std::to_string(g.students) + ")");
+  p.throw_if_any("cache layout");
+  return {g.students, cfg.train.batch_size, cfg.train.eval_samples / global, cfg.train.steps * cfg.train.grad_accum,
+          g.shard_positions};
+}
+
+/// This rank's whole teacher, where a colocated student of this job would compute.
+teacher::TeacherStage load_generating_teacher(const TrainJob& job, RankMemory& memory) {
+  teacher::StageLoad how;
+  how.placement = job.placement;
+  how.dtype = teacher_dtype(job.cfg);
+  how.device = rank_device(job.cfg, job.placement, Role::kStudent, job.topo.local_rank);
+  how.blocks = {0, job.teacher().config().num_layers};
+  how.timeout_s = job.cfg.comm.timeout_s;
+  return load_teacher_stage(job, how, memory);
+}
+
+/// Writes the shards of `layout` that fall to this rank (shard i: rank i mod world) and are not
+/// complete yet, logging each with the rank's progress and its ETA.
+void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int rank, int world) {
+  auto& job = g.train;
+  const auto& cfg = job.cfg;
+  RankMemory memory;
+  auto stage = load_generating_teacher(job, memory);
+  data::DatasetReader reader(*job.info);
+  const data::SampleSchedule schedule(job.train_samples, layout.batch, layout.students, cfg.train.seed);
+  const data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed, job.student_range());
+  const data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL, job.student_range());
+  std::vector<teacher::ShardId> mine;
+  const auto all = teacher::cache_shards(layout);
+  for (std::size_t i = static_cast<std::size_t>(rank); i < all.size(); i += static_cast<std::size_t>(world)) {
+    mine.push_back(all[i]);
+  }
+  std::int64_t total = 0, done = 0, written = 0;
+  for (const auto& id : mine) total += id.count;
+  const auto t0 = Clock::now();
+  for (std::size_t n = 0; n < mine.size(); ++n) {
+    // SIGTERM/SIGINT stop the job between shards (a SIGKILL inside one leaves it to be redone).
+    if (const int signal = comm::stop_signal()) throw comm::Interrupted(signal);
+    const auto& id = mine[n];
+    done += id.count;
+    if (teacher::shard_complete(g.output, id, true)) {
+      spdlog::info("generate: {} is complete already (a previous run's), kept", id.file_name());
+      continue;
+    }
+    auto source = cfg.objective().source(
+        cfg.keys(), {{reader, schedule, noiser, eval_noiser, id.student, layout.students, layout.batch,
+                      job.train_samples},
+                     &stage, job.plan, job.model.patch_size, job.student_range()});
+    const auto t = Clock::now();
+    const auto hash = teacher::write_shard(g.output, id, *source, layout.batch);
+    written += id.count;
+    const auto seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    spdlog::info("generate: shard {}/{} of this rank, {} ({} messages, xxh64 {}) in {:.1f} s; {}/{} messages, "
+                 "ETA {:.0f} s",
+                 n + 1, mine.size(), id.file_name(), id.count,  hash,
+                 std::chrono::duration<double>(Clock::now() - t).count(), done, total,
+                 seconds / static_cast<double>(written) * static_cast<double>(total - done));
+  }
+}
+
+/// Before generating: every rank agrees (all go on, or all stop with one error).
+template <typename F>
+void agreed(const std::string& stage, const RunConfig& cfg, F&& stage_fn) {
+  std::exception_ptr failure;
+  try {
+    stage_fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::agree_on_startup(stage, failure, MPI_COMM_WORLD, cfg.comm.timeout_s, nullptr);
+}
+
+/// A failure before generating, agreed by every rank: rank 0 explains, all exit alike.
+int startup_failure(int rank) {
+  if (rank != 0) return exit_code_of(std::current_exception());
+  const int code = report_failure("generate", std::current_exception());
+  if (const char* status = std::getenv("WD_LAUNCH_STATUS"); status != nullptr && *status != '\0') {
+    std::ofstream(status) << code << "\n";
+  }
+  return code;
+}
+
+}  // namespace
+
+int run_generate_job(GenerateJob& g) {
+  // What no cache can stand for is refused before MPI starts (every rank alike: the same keys).
+  ConfigProblems cacheable;
+  objective::check_cacheable(g.train.cfg.keys(), cacheable);
+  cacheable.throw_if_any("train keys");
+  comm::MpiRuntime mpi(nullptr, nullptr);
+  const int rank = mpi.rank();
+  comm::install_signal_handlers();
+  auto& job = g.train;
+  teacher::CacheLayout layout;
+  teacher::CacheIdentity identity;
+  try {
+    // The identity is the train's keys as given (before generate's own placement of the teacher).
+    const auto train_cfg = job.cfg;
+    generate_keys(job.cfg);
+    start_train(job, mpi);
+    job.cfg.train.eval_samples = train_cfg.train.eval_samples;
+    job.train_samples -= train_cfg.train.eval_samples;
+    layout = cache_layout(g);
+    job.plan.eval_messages = layout.eval_messages;
+    agreed("claiming the cache folder", job.cfg, [&] {
+      identity = cache_identity(train_cfg, *job.experts, *job.info);
+      if (rank == 0) teacher::claim_cache_dir(g.output, identity, layout);
+    });
+    if (rank == 0) {
+      spdlog::info("generate: {} stream(s) of {} held-out and {} training messages of {} sample(s), {} shard(s) over "
+                   "{} rank(s), into {}",
+                   layout.students, layout.eval_messages, layout.positions, layout.batch,
+                   teacher::cache_shards(layout).size(), mpi.size(), g.output);
+    }
+  } catch (...) {
+    return startup_failure(rank);
+  }
+  try {
+    write_my_shards(g, layout, rank, mpi.size());
+    // The rank that finds every shard's entry in writes the index (two that do write the same one).
+    if (teacher::write_index_if_complete(g.output, identity, layout)) {
+      spdlog::info("generate: the cache {} is complete (index.json written)", g.output);
+    }
+    return kExitOk;
+  } catch (...) {
+    // The ranks generate apart: this one stops the job (mpirun ends the others); what was complete
+    // stays, and a rerun redoes the rest.
+    const int code = report_failure("generate", std::current_exception());
+    mpi.exit_without_finalize(code);
+  }
+}
+
+}  // namespace wd::job

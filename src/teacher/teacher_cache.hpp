@@ -1,0 +1,112 @@
+// The teacher cache: what the students of a `train` would receive from their teachers, written
+// once by `generate` into checksummed HDF5 shards with an index, and read back by `train
+// --data.teacher_cache` as one more target source (docs/teacher-cache.md; the schema is in
+// docs/data-format.md#teacher-cache).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "teacher/target_source.hpp"
+
+namespace wd::teacher {
+
+/// What decides a cache's batches, key -> value as the config writes it (`teacher.shift` ->
+/// "5"), with the derived entries `teacher` (the teacher files' xxh64) and `data` (the data set's
+/// fingerprint). A cache is read only by a run whose identity is the same.
+using CacheIdentity = std::map<std::string, std::string>;
+
+/// Throws ConfigError naming every key whose value differs between the cache at `dir` (`cache`)
+/// and this run (`run`), or that one of them lacks; `what` says what the run is ("this train").
+void check_identity(const std::string& dir, const CacheIdentity& cache, const CacheIdentity& run,
+                    const std::string& what);
+
+/// How the streams of a cache are laid out: one stream per student rank of the train that reads
+/// it (each its own replica: the batches a teacher replica serving that student alone would send).
+struct CacheLayout {
+  int students = 1;                    ///< streams (student ranks of the reading train)
+  std::int64_t batch = 1;              ///< samples per message (train.batch_size)
+  std::int64_t eval_messages = 0;      ///< held-out messages per stream
+  std::int64_t positions = 0;          ///< training messages per stream (train.steps · train.grad_accum)
+  std::int64_t shard_positions = 64;   ///< messages per shard (the last of a stream may hold fewer)
+
+  bool operator==(const CacheLayout& o) const {
+    return students == o.students && batch == o.batch && eval_messages == o.eval_messages &&
+           positions == o.positions && shard_positions == o.shard_positions;
+  }
+};
+
+/// One shard: messages [first, first + count) of stream `student`'s training (or held-out) messages.
+struct ShardId {
+  int student = 0;
+  bool eval = false;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  /// "s00000-train-000000064.h5" (stream, kind, first position).
+  std::string file_name() const;
+};
+
+/// Every shard of `layout`, in one fixed order: by stream, its held-out shard first, then its
+/// training shards by position. Shard i of a generate job on G ranks is written by rank i mod G.
+std::vector<ShardId> cache_shards(const CacheLayout& layout);
+
+/// Writes shard `id` of the cache at `dir`: the messages `source` makes at its positions (each
+/// `batch` samples, the student message of student_message), with each message's xxh64, into a
+/// temporary file, fsynced and renamed into place; then its entry (the file's xxh64) the same
+/// way. A shard is either complete with its entry or redone. Returns the file's xxh64.
+std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch);
+
+/// Whether shard `id` of the cache at `dir` is complete: its entry is there, and (when `rehash`)
+/// the file's xxh64 is the entry's.
+bool shard_complete(const std::string& dir, const ShardId& id, bool rehash);
+
+/// The start of a generate job at `dir`: creates it and writes its identity and layout
+/// (identity.json), or, resuming, checks them against the ones there (check_identity; a layout
+/// that differs is named too).
+void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout);
+
+/// A complete cache: its identity, layout and shards with their files' xxh64.
+struct CacheIndex {
+  CacheIdentity identity;
+  CacheLayout layout;
+  std::vector<ShardId> shards;
+  std::vector<std::string> xxh64;    ///< shards[i]'s file
+  std::vector<std::string> tensors;  ///< the message's tensors, one dataset each
+};
+
+/// Writes index.json once every shard of `layout` has its entry (the cache is complete), and
+/// returns true; false (nothing written) while some shard is missing.
+bool write_index_if_complete(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout);
+
+/// The index of the cache at `dir`; DataError naming the file when it is missing (generate has
+/// not finished: rerun it to resume) or malformed.
+CacheIndex read_cache_index(const std::string& dir);
+
+/// Checks every shard of stream `student`: the file's xxh64 against the index, then each
+/// message against its own xxh64. DataError naming the file, the dataset and the message
+/// (stream position) of the first problem: a truncated, altered or missing shard stops the run
+/// before training.
+void verify_stream(const std::string& dir, const CacheIndex& index, int student);
+
+/// The batches of one stream of a cache (the student's replica): message `position` of the
+/// training (or held-out) messages, read from its shard. Training positions past the cache's end
+/// read it again from the start (position mod positions), with one log line when that begins.
+class CacheSource final : public TargetSource {
+ public:
+  CacheSource(std::string dir, CacheIndex index, int student);
+  ~CacheSource() override;
+  StageBatch make(std::int64_t position, bool eval) override;
+
+ private:
+  std::string dir_;
+  CacheIndex index_;
+  int student_;
+  bool cycling_logged_ = false;
+  struct OpenShard;                  ///< the shard read last, kept open for the next message
+  std::unique_ptr<OpenShard> open_;
+};
+
+}  // namespace wd::teacher

@@ -1,0 +1,265 @@
+// The teacher cache launched for real: `generate` writes what a trajectory student (k = 4) would
+// receive, and `train --data.teacher_cache` with no teacher rank trains bit for bit as the online
+// run (1 teacher + 1 student) does, losses and weights (a guided student too), resumes exactly,
+// rolls out from the cached start states, and cycles past the cache's end; other keys
+// are refused naming each; an altered shard stops the run before training naming the file and the
+// message; 1, 2 and 4 generating ranks write the same cache, which 2 student ranks train from as from
+// 2 teacher replicas; a generate killed mid-way resumes to the same cache.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "launch_util.hpp"
+
+namespace wd::test_cache_launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path& root() {
+  static const fs::path dir = test::shared_dir("cache");
+  return dir;
+}
+
+/// The builtin teacher and data set, made once: every run reads the same files.
+std::string assets() {
+  const auto dir = root() / "assets";
+  return " --teacher.checkpoint " + (dir / "cache" / "tiny-teacher").string() + " --data.path " +
+         (dir / "cache" / "tiny-data.h5").string();
+}
+
+/// A k = 4 trajectory student of the guided tiny teacher (8 teacher steps), fp32 throughout.
+const std::string kTrajectory = " --train.objective trajectory --teacher.guidance 3 --teacher.steps 8 --student.steps 4"
+                                " --teacher.shift 3 --teacher.compute fp32 --train.log_every 1 --train.seed 5"
+                                " --train.eval_samples 4 --train.eval_every 6";
+const std::string kSteps = " --train.steps 12";
+
+test::LaunchResult generate(int ranks, const fs::path& out, const std::string& extra = "") {
+  return test::launch_command(ranks, "generate", "--run-dir " + (out.string() + "-run") + assets() + kTrajectory +
+                                                     kSteps + " --output " + out.string() + extra);
+}
+
+/// The shards' checksums of the cache at `dir`, by file name (the content, whatever rank wrote it).
+std::map<std::string, std::string> shard_sums(const fs::path& dir) {
+  const auto index = nlohmann::json::parse(std::ifstream(dir / "index.json"));
+  std::map<std::string, std::string> out;
+  for (const auto& s : index["shards"]) out[s["file"].get<std::string>()] = s["xxh64"].get<std::string>();
+  return out;
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Cache, SetupTheOnlineRunAndItsCache) {
+  fs::remove_all(root());  // a cache left by an earlier run would be resumed, not generated
+  fs::create_directories(root());
+  auto r = test::launch_train(2, "--run-dir " + (root() / "assets").string() + " --train.steps 1 --log.level warn");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(2, "--run-dir " + (root() / "online").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = generate(1, root() / "cache");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("generate: 1 stream(s) of 2 held-out and 12 training messages of 2 sample(s), 2 shard(s)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ETA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is complete (index.json written)"), std::string::npos) << r.output;
+}
+
+TEST(Cache, AStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
+  const auto dir = root() / "from-cache";
+  const auto r = test::launch_train(1, "--run-dir " + dir.string() + assets() + kTrajectory + kSteps +
+                                           " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train: data.teacher_cache"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every shard's checksum verified"), std::string::npos) << r.output;
+  const auto online = test::losses(root() / "online"), cached = test::losses(dir);
+  ASSERT_EQ(online.size(), 12u);
+  ASSERT_EQ(cached.size(), 12u);
+  for (std::size_t i = 0; i < online.size(); ++i) EXPECT_EQ(cached[i], online[i]) << "step " << i + 1;
+  // The held-out evaluations (the cache's held-out messages) agree too.
+  std::vector<double> a, b;
+  for (const auto& j : test::read_metrics(root() / "online" / "metrics.jsonl")) {
+    if (j.contains("eval_step")) a.push_back(j["rel_mse"].get<double>());
+  }
+  for (const auto& j : test::read_metrics(dir / "metrics.jsonl")) {
+    if (j.contains("eval_step")) b.push_back(j["rel_mse"].get<double>());
+  }
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  // The weights: the saved students are the same bytes.
+  const auto weights = [](const fs::path& run) { return file_bytes(run / "student" / "diffusion_pytorch_model.safetensors"); };
+  ASSERT_FALSE(weights(dir).empty());
+  EXPECT_EQ(weights(dir), weights(root() / "online"));
+}
+
+TEST(Cache, AGuidedStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
+  // The guided target from the data and the teacher's forward (StageTargets), through the cache.
+  const std::string guided = " --train.objective guided --teacher.guidance 4 --teacher.compute fp32 --train.steps 10"
+                             " --train.log_every 1 --train.seed 5 --train.eval_samples 4";
+  const auto online = root() / "guided-online", cache = root() / "guided-cache", cached = root() / "guided-cached";
+  auto r = test::launch_train(2, "--run-dir " + online.string() + assets() + guided);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + online.string() + "-gen" + assets() + guided + " --output " +
+                                              cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(1, "--run-dir " + cached.string() + assets() + guided + " --teacher.ranks 0 --data.teacher_cache " +
+                                cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = test::losses(online), b = test::losses(cached);
+  ASSERT_EQ(a.size(), 10u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(file_bytes(cached / "student" / "diffusion_pytorch_model.safetensors"),
+            file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
+}
+
+TEST(Cache, AStudentFromTheCacheResumesExactlyAndRollsOutFromItsStartStates) {
+  // A resume from step 6 reads the cache from there on, as the straight run did.
+  const auto straight = root() / "resume-straight", resumed = root() / "resume-resumed";
+  const auto cached = " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string();
+  auto r = test::launch_train(1, "--run-dir " + straight.string() + assets() + kTrajectory + kSteps + cached +
+                                     " --checkpoint.every 6");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(1, "--run-dir " + resumed.string() + assets() + kTrajectory + kSteps + cached + " --resume " +
+                                (straight / "checkpoints" / "step-00000006").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_resumed_exactly(straight, resumed, 12, 6);
+  // train.trajectory_rollout: the cache holds each path's noise (x_start) and the roll-outs
+  // start from it as from the teacher's stream.
+  const std::string rollout = kTrajectory + " --train.steps 6 --train.trajectory_rollout 0.5";
+  const auto online = root() / "rollout-online", cache = root() / "rollout-cache", from = root() / "rollout-cached";
+  r = test::launch_train(2, "--run-dir " + online.string() + assets() + rollout);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + rollout + " --output " +
+                                              cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto index = nlohmann::json::parse(std::ifstream(cache / "index.json"));
+  EXPECT_NE(index["tensors"].dump().find("x_start"), std::string::npos) << index["tensors"].dump();
+  r = test::launch_train(1, "--run-dir " + from.string() + assets() + rollout + " --teacher.ranks 0 --data.teacher_cache " +
+                                cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::losses(from), test::losses(online));
+  EXPECT_EQ(test::losses(from).size(), 6u);
+}
+
+TEST(Cache, PastItsEndTheRunCyclesTheCache) {
+  const auto dir = root() / "cycling";
+  const auto r = test::launch_train(1, "--run-dir " + dir.string() + assets() + kTrajectory + " --train.steps 15" +
+                                           " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the cache holds 12 training batches per student; from batch 12 on the run reads them again "
+                          "from the start (cycling)"),
+            std::string::npos)
+      << r.output;
+  const auto cached = test::losses(dir), online = test::losses(root() / "online");
+  ASSERT_EQ(cached.size(), 15u);
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(cached[i], online[i]) << "step " << i + 1;
+}
+
+TEST(Cache, OtherKeysAreRefusedNamingEachKey) {
+  const auto r = test::launch_refused(1, "--run-dir " + (root() / "refused").string() + assets() +
+                                             " --train.objective trajectory --teacher.guidance 3 --teacher.steps 8"
+                                             " --student.steps 2 --teacher.shift 5 --teacher.compute fp32"
+                                             " --train.log_every 1 --train.seed 5 --train.eval_samples 4" + kSteps +
+                                             " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("was generated for other keys"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("teacher.shift: the cache has '3', this train has '5'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("student.steps: the cache has '4', this train has '2'"), std::string::npos) << r.output;
+  // A teacher rank beside the cache is refused too.
+  const auto t = test::launch_refused(2, "--run-dir " + (root() / "refused-ranks").string() + assets() + kTrajectory +
+                                             kSteps + " --data.teacher_cache " + (root() / "cache").string());
+  EXPECT_EQ(t.code, 2) << t.output;
+  EXPECT_NE(t.output.find("data.teacher_cache: the students read the teacher's batches from the cache, with no teacher "
+                          "rank: set teacher.ranks 0, not 1"),
+            std::string::npos)
+      << t.output;
+}
+
+TEST(Cache, AnAlteredShardStopsTheRunBeforeTrainingNamingTheFileAndTheMessage) {
+  const auto copy = root() / "altered";
+  fs::remove_all(copy);
+  fs::copy(root() / "cache", copy, fs::copy_options::recursive);
+  // Bytes in the middle of the training shard: inside a message's tensors.
+  const auto shard = copy / "s00000-train-000000000.h5";
+  const auto size = fs::file_size(shard);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size * 3 / 4));
+    f.write("\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", 8);
+  }
+  const auto r = test::launch_refused(1, "--run-dir " + (root() / "altered-run").string() + assets() + kTrajectory +
+                                             kSteps + " --teacher.ranks 0 --data.teacher_cache " + copy.string());
+  EXPECT_EQ(r.code, 3) << r.output;  // a data error
+  EXPECT_NE(r.output.find(shard.string()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("training message "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
+}
+
+TEST(Cache, OneTwoAndFourGeneratingRanksWriteTheSameCache) {
+  const auto one = root() / "students2-on-1", two = root() / "students2-on-2", four = root() / "students2-on-4";
+  auto r = generate(1, one, " --students 2 --shard-positions 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = generate(2, two, " --students 2 --shard-positions 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // 4 ranks: more than the global batch divides train.eval_samples by; the reading train's counts.
+  r = generate(4, four, " --students 2 --shard-positions 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = shard_sums(one);
+  EXPECT_EQ(a.size(), 8u);  // per stream: 1 held-out + 3 training shards
+  EXPECT_EQ(shard_sums(two), a);
+  EXPECT_EQ(shard_sums(four), a);
+  // Read by 2 student ranks, it trains as 2 teacher replicas streaming to one student each.
+  r = test::launch_train(4, "--run-dir " + (root() / "two-online").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(2, "--run-dir " + (root() / "two-cached").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 0 --data.teacher_cache " + two.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::losses(root() / "two-cached"), test::losses(root() / "two-online"));
+  EXPECT_EQ(test::losses(root() / "two-cached").size(), 12u);
+  // A cache of 2 streams is read by 2 student ranks, not 1.
+  r = test::launch_refused(1, "--run-dir " + (root() / "two-streams").string() + assets() + kTrajectory + kSteps +
+                                  " --teacher.ranks 0 --data.teacher_cache " + one.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds the streams of 2 student rank(s); this train has 1"), std::string::npos) << r.output;
+}
+
+TEST(Cache, AGenerateKilledMidWayResumesToTheSameCache) {
+  const auto straight = root() / "kill-straight", killed = root() / "kill-resumed";
+  const std::string more = " --shard-positions 1";
+  fs::remove_all(killed);
+  auto r = generate(1, straight, more);
+  ASSERT_EQ(r.code, 0) << r.output;
+  // One process (an MPI singleton), killed with SIGKILL once 3 shards are in: the one it was
+  // writing is left half done.
+  const std::string args = "--run-dir " + killed.string() + "-run" + assets() + kTrajectory + kSteps + " --output " +
+                           killed.string() + more;
+  // The kernels mpirun's ranks are pinned to (test::kPinnedKernels), as environment variables.
+  std::string env = test::kPinnedKernels;
+  for (auto at = env.find("-x "); at != std::string::npos; at = env.find("-x ")) env.erase(at, 3);
+  const std::string cmd = "( OMP_NUM_THREADS=1 " + env + std::string(WD_CLI) + " generate " + test::pinned_args(args) +
+                          " > " + killed.string() + ".log 2>&1 & pid=$!; for i in $(seq 1200); do n=$(ls " +
+                          killed.string() + "/*.h5.json 2>/dev/null | wc -l); [ \"$n\" -ge 3 ] && break; "
+                          "kill -0 $pid 2>/dev/null || break; sleep 0.05; done; kill -9 $pid; wait $pid; "
+                          "echo killed after $n shards )";
+  r = test::run_captured(cmd);
+  ASSERT_NE(r.output.find("killed after "), std::string::npos) << r.output;
+  ASSERT_EQ(r.output.find("killed after 0 "), std::string::npos) << r.output << file_bytes(killed.string() + ".log");
+  ASSERT_FALSE(fs::exists(killed / "index.json")) << "it finished before the kill";
+  r = generate(1, killed, more);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(test::count_of(r.output, "is complete already (a previous run's), kept"), 3) << r.output;
+  EXPECT_EQ(shard_sums(killed), shard_sums(straight));
+}
+
+}  // namespace
+}  // namespace wd::test_cache_launch
