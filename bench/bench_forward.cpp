@@ -1,12 +1,16 @@
 // bench_forward: forward throughput (tokens/s, GFLOP/s) of the Wan DiT on CPU at two sizes,
-// with fp32 and bf16 weights, over a sweep of thread counts.
+// with fp32 and bf16 weights, over a sweep of thread counts; with --profile-top, the first
+// point's kernels under Kineto and its blocks timed one by one.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_profile.hpp"
 #include "core/threads.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
@@ -33,6 +37,8 @@ struct ForwardBenchConfig {
   std::uint64_t seed = 0;
   std::string device = "cpu";
   double peak_tflops = 0;  ///< the device's dense peak for the MFU column; 0: no MFU
+  int profile_top = 0;     ///< kernels listed from the first point's Kineto profile; 0: none
+  std::string profile_trace;  ///< the Chrome trace of that forward; empty: not written
   LogConfig log;
 
   ForwardBenchConfig() { log.level = "warn"; }
@@ -53,7 +59,12 @@ struct ForwardBenchConfig {
               "with a device synchronisation")
         .bind("peak-tflops", peak_tflops,
               "the device's dense peak TFLOP/s in the benchmarked dtype, for the MFU column "
-              "(e.g. 989 for an H100 SXM in bf16); 0 leaves MFU out");
+              "(e.g. 989 for an H100 SXM in bf16); 0 leaves MFU out")
+        .bind("profile-top", profile_top,
+              "after the first point: one more forward under LibTorch's Kineto profiler, its top N kernels "
+              "(CUDA; on the host, aten ops) and their time by category, and each block's time on its own; "
+              "0: no profile")
+        .bind("profile-trace", profile_trace, "with --profile-top: write that forward's Chrome trace here");
     log.bind(t);
   }
   void validate() const {
@@ -131,6 +142,42 @@ struct Inputs {
   WanInputs view() const { return WanInputs{x, {}, t, context, 0}; }
 };
 
+/// The first point's profile: each block timed on its own (host clock between device
+/// synchronisations: the block's kernels, not its launch), then one forward under Kineto.
+void profile_point(WanDiT& model, const Inputs& in, const WanConfig& c, const c10::Device& device,
+                   const ForwardBenchConfig& cfg) {
+  std::vector<double> block_ms;
+  auto state = model->embed(in.view());
+  compat::synchronize_device(device);
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const auto start = Clock::now();
+    model->run_block(i, state);
+    compat::synchronize_device(device);
+    block_ms.push_back(seconds_since(start) * 1e3);
+  }
+  std::printf("\n### Blocks timed one by one (host clock between device synchronisations)\n\n");
+  std::printf("%lld blocks: median %.3f ms, min %.3f ms, max %.3f ms, sum %.3f ms\n",
+              static_cast<long long>(c.num_layers), median(block_ms), min_of(block_ms),
+              *std::max_element(block_ms.begin(), block_ms.end()),
+              std::accumulate(block_ms.begin(), block_ms.end(), 0.0));
+  double wall_ms = 0;
+  try {
+    const auto rows = profile_kernels(
+        [&] {
+          const auto start = Clock::now();
+          model->forward(in.view());
+          compat::synchronize_device(device);
+          wall_ms = seconds_since(start) * 1e3;
+        },
+        device.is_cuda(), cfg.profile_trace);
+    print_kernel_tables(rows, cfg.profile_top, static_cast<int>(c.num_layers), wall_ms, device.is_cuda());
+    if (!cfg.profile_trace.empty()) std::printf("trace: %s\n", cfg.profile_trace.c_str());
+  } catch (const std::exception& e) {
+    std::printf("\nKineto profile unavailable in this LibTorch (%s): %s\n", compat::torch_version(), e.what());
+  }
+  std::fflush(stdout);
+}
+
 Inputs make_inputs(const WanConfig& c, const ForwardBenchConfig& cfg, int batch, const c10::Device& device) {
   Inputs in;
   for (int b = 0; b < batch; ++b) {
@@ -174,6 +221,7 @@ int run(const std::vector<std::string>& args) {
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
 
+  bool profiled = cfg.profile_top <= 0;
   for (const auto& [name, c] : sizes) {
     const auto& p = c.patch_size;
     const double S = static_cast<double>((cfg.frames / p[0]) * (cfg.height / p[1]) * (cfg.width / p[2]));
@@ -205,6 +253,10 @@ int run(const std::vector<std::string>& args) {
                       name.c_str(), dtype_name(dtype), threads, batch, tokens, med * 1e3,
                       min_of(secs) * 1e3, tokens / med, gflop, gflop / med, mfu);
           std::fflush(stdout);
+          if (!profiled) {
+            profiled = true;
+            profile_point(model, in, c, device, cfg);
+          }
         }
       }
     }

@@ -20,6 +20,11 @@
 #   stream         bench_stream --device cuda
 #   checkpointing  bench_checkpointing --device cuda
 #   ctest_gpu      builds the executables of the CTest tests labelled gpu, then ctest -L gpu
+#   profile        (not in the default list: STEPS="profile") launch/gpu/profile.sh: Kineto's
+#                  top 25 kernels of a TI2V-5B forward and their time by category per block, each
+#                  block timed, the pinned H2D bandwidth, bench_stream at real TI2V-5B and A14B
+#                  block dims (arena, 720p, the copy threads' fallback) beside plan's ratio; all
+#                  in profile.md (in logs.tar.gz), key figures in the summary row
 # Not in the default list: train2 (1 teacher + 2 students on the GPU, 3 ranks), trajectory (the
 # teacher's sampler on the GPU, the trajectory objective), dmd (the dmd objective: the critic on
 # the GPU, the teacher rank answering real-score requests), dmd_colocated (dmd with the teacher on
@@ -67,7 +72,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v sequence_parallel sequence_parallel_nccl ctest"
+known_steps="$all_steps profile train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v sequence_parallel sequence_parallel_nccl ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -272,6 +277,7 @@ figures() {
   [[ -f $log ]] || return 0
   case $step in
     preflight) sed -n 's/^preflight: //p' "$log" | tail -1 ;;
+    profile) sed -n 's/^profile: //p' "$log" | tail -1 ;;
     build)
       local progress errors
       progress=$(grep -oE '^\[[0-9]+/[0-9]+\]' "$log" | tail -1)
@@ -295,7 +301,7 @@ figures() {
       echo "${last:-no step line}${eval:+; $eval}; rank:exit ${ranks:-none recorded}"
       ;;
     forward) table_rows "$log" | awk -F'|' '{ gsub(/ /, "", $7); gsub(/ /, "", $11); gsub(/ /, "", $12); printf "%s%s ms/forward, %s GFLOP/s, MFU %s", (NR > 1 ? "; " : ""), $7, $11, $12 }' ;;
-    stream) table_rows "$log" | awk -F'|' '{ gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); printf "%s%s%s %s ms (%s)", (NR > 1 ? "; " : ""), $2, ($3 == "-" ? "" : " ahead " $3), $4, $5 }' ;;
+    stream) table_rows "$log" | awk -F'|' '{ gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $6); printf "%s%s%s %s ms (%s%s)", (NR > 1 ? "; " : ""), $2, ($3 == "-" ? "" : " ahead " $3), $4, $5, ($6 == "-" ? "" : ", waited " $6 " ms") }' ;;
     checkpointing) table_rows "$log" | awk -F'|' '{ gsub(/ /, "", $2); gsub(/ /, "", $4); gsub(/ /, "", $7); printf "%s%s %s MiB %s s", (NR > 1 ? "; " : ""), $2, $4, $7 }' ;;
   esac
 }
@@ -391,6 +397,7 @@ targets_for() {
       dmd_colocated | trajectory_i2v | dmd_i2v | sequence_parallel | sequence_parallel_nccl) echo wan-distill ;;
     forward) echo bench_forward ;;
     stream) echo bench_stream ;;
+    profile) echo bench_forward bench_stream ;;
     checkpointing) echo bench_checkpointing ;;
     ctest) echo all ;;
   esac
@@ -603,6 +610,12 @@ for s in $steps; do
       # shellcheck disable=SC2206
       args=(${STREAM_ARGS:---batch 1 --frames 21 --height 30 --width 52})
       bench_step stream 120 "$build/bench/bench_stream" --device cuda "${args[@]}"
+      ;;
+    profile)
+      # One file, profile.md, in LOGS_DIR (so in logs.tar.gz): OUT returns at most 8 files.
+      run_step profile 330 "kernels, blocks and streaming at real dims: profile.md in logs.tar.gz" \
+        env BUILD_DIR="$build" OUT_DIR="$out" PEAK_TFLOPS="$peak" bash "$repo/launch/gpu/profile.sh"
+      finish_step profile "kernels, blocks and streaming at real dims: profile.md in logs.tar.gz"
       ;;
     checkpointing)
       # shellcheck disable=SC2206

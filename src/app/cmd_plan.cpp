@@ -73,7 +73,8 @@ nlohmann::json speed_json(const plan::SpeedInput& in, const std::vector<plan::La
     rows.push_back({{"layout", l.name}, {"colocated", l.colocated}, {"teacher_ranks", l.teacher_ranks},
                     {"stages", l.stages}, {"students", l.students}, {"samples_per_s", l.samples_per_s},
                     {"student_wait", l.student_wait}, {"bound", l.bound}, {"replica_batch", l.replica_batch},
-                    {"micro_batch", l.micro_batch}, {"flags", plan::layout_flags(l)}});
+                    {"micro_batch", l.micro_batch}, {"flags", plan::layout_flags(l)},
+                    {"stream_overhead", l.stream_overhead}});
   }
   nlohmann::json by_size = nlohmann::json::array();
   for (const auto& [n, seconds] : in.teacher_measured_by_size) by_size.push_back({{"size", n}, {"s_per_sample", seconds}});
@@ -82,6 +83,11 @@ nlohmann::json speed_json(const plan::SpeedInput& in, const std::vector<plan::La
           {"teacher_s_per_sample", plan::teacher_seconds_per_sample(in)},
           {"student_s_per_sample", plan::student_seconds_per_sample(in)},
           {"measured", in.teacher_measured_s > 0 && in.student_measured_s > 0}, {"cores", in.cores},
+          {"stream", in.stream.on ? nlohmann::json{{"blocks", in.stream.blocks}, {"block_bytes", in.stream.block_bytes},
+                                                   {"gbps", in.stream.gbps}, {"pcie_gbps", in.stream.pcie_gbps},
+                                                   {"copy_s", plan::stream_copy_seconds(in.stream)},
+                                                   {"source", in.stream.source}}
+                                  : nlohmann::json()},
           {"layouts", rows}};
 }
 

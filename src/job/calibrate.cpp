@@ -22,6 +22,7 @@
 #include "student/student_parts.hpp"
 #include "student/train_step.hpp"
 #include "teacher/compute_dtype.hpp"
+#include "teacher/cuda_host.hpp"
 #include "teacher/matmul_probe.hpp"
 
 namespace wd::job {
@@ -167,6 +168,33 @@ Calibration calibrate_speed(const RunConfig& cfg, const WanConfig& teacher, c10:
   return c;
 }
 
+namespace {
+
+/// teacher.placement stream (given, or auto where the plan recommends it): what each teacher
+/// forward copies, at teacher.pcie_gbps, else the host-to-device rate measured on `device` (a
+/// GPU), else plan::kPcieGbps.
+plan::StreamCost planned_stream(const RunConfig& cfg, const plan::PlanInput& in, std::optional<c10::Device> device) {
+  if (in.cpu_job) return {};
+  const auto p = cfg.teacher.placement;
+  const bool streams = p == TeacherPlacement::kStream ||
+                       (p == TeacherPlacement::kAuto && plan::make_plan(in).recommended == plan::Placement::kStream);
+  if (!streams) return {};
+  double gbps = cfg.teacher.pcie_gbps;
+  std::string how = "teacher.pcie_gbps";
+  if (gbps <= 0 && device && device->is_cuda()) {
+    gbps = teacher::measure_h2d_gbps(*device, 256ull << 20, 3);
+    how = "measured on " + device->str() + ", pinned, 256 MiB";
+  }
+  if (gbps <= 0) {
+    gbps = plan::kPcieGbps;
+    how = "plan::kPcieGbps, PCIe 5 x16 pinned; none measured";
+  }
+  spdlog::info("stream: host-to-device {:.1f} GB/s ({})", gbps, how);
+  return plan::stream_cost(in, gbps);
+}
+
+}  // namespace
+
 std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::PlanInput& in, const WanConfig& tc,
                                               c10::ScalarType weights, const std::array<std::int64_t, 4>& latent,
                                               int world, std::optional<c10::Device> device, int cores,
@@ -189,6 +217,7 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.cores = cores >= 0 ? cores : (host ? hw : 0);
   s.teacher_gflops = teacher_gflops;
   s.student_gflops = student_gflops;
+  s.stream = planned_stream(cfg, in, device);
   if (teacher_gflops > 0 && student_gflops > 0) return s;
   if (!device) return std::nullopt;
   // What a rank of the job gets: the host's cores shared out over the ranks (train's rule); a

@@ -149,6 +149,21 @@ comm::StreamPlan stream_plan_for(const RunConfig& cfg, const WanConfig& tc,
   return stream;
 }
 
+namespace {
+
+/// The machine's side of the plan: the budgets, the GPUs per node, and where a streamed
+/// teacher's blocks may live (the pinned arena's limit, unset: a share of the host; the
+/// fallback's copy threads).
+void set_machine(const RunConfig& cfg, const PlanContext& ctx, plan::PlanInput& in) {
+  in.device_budget = ctx.gpu_bytes;
+  in.host_budget = ctx.host_bytes;
+  in.gpus_per_node = ctx.gpus_per_node;
+  in.arena_limit = cfg.teacher.arena_limit_bytes();
+  in.copy_threads = cfg.teacher.copy_threads;
+}
+
+}  // namespace
+
 plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   const auto& tc = ctx.teacher;
   const auto& lat = ctx.latent;
@@ -224,9 +239,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   // GPU jobs run a CUDA LibTorch 2.x (fused attention); a CPU job runs this build.
   in.fused_attention = !ctx.cpu_job || compat::kHasFusedAttention;
   in.per_token_time = ctx.teacher.model_type == "ti2v";
-  in.device_budget = ctx.gpu_bytes;
-  in.host_budget = ctx.host_bytes;
-  in.gpus_per_node = ctx.gpus_per_node;
+  set_machine(cfg, ctx, in);
   return in;
 }
 

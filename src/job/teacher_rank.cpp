@@ -29,7 +29,9 @@ teacher::TeacherStage load_teacher_stage(const TrainJob& job, const teacher::Sta
     for (const auto& e : job.experts->experts()) load.push_back(&e);
   }
   for (const auto* e : load) {
-    models.push_back(teacher::load_stage_model(*e, how));
+    auto expert = how;
+    expert.arena_tag = "expert" + std::to_string(models.size());  // each expert its own arena segment
+    models.push_back(teacher::load_stage_model(*e, expert));
     memory.teacher_weights_bytes += teacher::stage_weight_bytes(models.back());
   }
   if (one_expert && job.world_rank() == 0) {
@@ -99,6 +101,9 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   how.blocks = ranges[static_cast<std::size_t>(stage)];
   how.stream_ahead = cfg.teacher.stream_ahead;
   how.timeout_s = cfg.comm.timeout_s;
+  how.arena_group = job.groups->teachers();  // stream: the node's teacher ranks share one arena
+  how.arena_limit = cfg.teacher.arena_limit_bytes();
+  how.copy_threads = cfg.teacher.copy_threads;
   services.memory.device = how.device;
   if (layout.stages > 1) {
     spdlog::info("teacher stage {}/{} of replica {}: blocks {}-{} on {}", stage + 1, layout.stages,

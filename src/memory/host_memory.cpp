@@ -68,6 +68,8 @@ void release_free_host_memory() { malloc_trim(0); }
 
 std::uint64_t host_total_bytes() { return meminfo("MemTotal:"); }
 
+std::uint64_t host_available_bytes() { return meminfo("MemAvailable:"); }
+
 std::uint64_t proportional_set_size() {
   std::uint64_t pss = 0;
   for_each_kib_field("/proc/self/smaps_rollup", [&](const std::string& key, std::uint64_t bytes) {

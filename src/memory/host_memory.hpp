@@ -16,6 +16,8 @@ HostMemory host_memory();
 
 /// The host's MemTotal (/proc/meminfo); 0 where unreadable.
 std::uint64_t host_total_bytes();
+/// The host's MemAvailable (/proc/meminfo: free plus reclaimable page cache); 0 where unreadable.
+std::uint64_t host_available_bytes();
 
 /// Proportional set size of this process (the Pss line of /proc/self/smaps_rollup): each page
 /// counted as its share among the processes that map it, so file pages mapped by every rank of

@@ -52,6 +52,28 @@ PlanItem item(const char* name, u64 device, u64 host, std::string note = "") {
 
 }  // namespace
 
+std::uint64_t arena_bytes(const PlanInput& in) {
+  const auto& t = in.teacher;
+  return n(t.experts) * n(t.num_layers) * n(t.block_params) * n(in.teacher_elem_bytes);
+}
+
+std::uint64_t arena_limit_of(const PlanInput& in) {
+  if (in.arena_limit) return *in.arena_limit;
+  return static_cast<u64>(kArenaShareOfAvailable * static_cast<double>(in.host_budget));
+}
+
+bool arena_fits(const PlanInput& in) { return arena_limit_of(in) > 0 && arena_bytes(in) <= arena_limit_of(in); }
+
+std::string stream_source(const PlanInput& in) {
+  const auto bytes = format_bytes(static_cast<double>(arena_bytes(in)));
+  if (arena_fits(in)) return "pinned arena of " + bytes + ", shared per node";
+  const auto limit = arena_limit_of(in);
+  return "mapped checkpoint, " + std::to_string(in.copy_threads) + " copy threads (" +
+         (limit == 0 ? std::string("teacher.arena_limit 0: no arena")
+                     : "an arena of " + bytes + " exceeds its limit of " + format_bytes(static_cast<double>(limit))) +
+         ")";
+}
+
 std::string placement_name(Placement p) {
   switch (p) {
     case Placement::kGpu: return "gpu";
@@ -231,10 +253,13 @@ u64 plan_teacher(const PlanInput& in, Placement p, const Shape& s, RankPlan& ran
       T.push_back(item(kTeacherActivations, 0, act));
       break;
     case Placement::kStream:
-      T.push_back(item(kTeacherWeights, 0, s.weights, "mapped read-only, shared per node"));
+      // The arena (pinned, one per node) replaces the page cache as the blocks' home; the
+      // embeddings and head are on the device, counted within the weights' bytes here.
+      T.push_back(item(kTeacherWeights, 0, s.weights, stream_source(in)));
       shared_page_cache = s.weights;
-      T.push_back(item(kStreamingBuffers, kStreamDeviceBlocks * block_bytes, block_bytes,
-                       "3 block buffers on the device, 1 pinned staging block"));
+      T.push_back(item(kStreamingBuffers, kStreamDeviceBlocks * block_bytes, arena_fits(in) ? 0 : block_bytes,
+                       arena_fits(in) ? "3 block buffers on the device, one DMA a block from the arena"
+                                      : "3 block buffers on the device, 1 pinned staging block"));
       T.push_back(item(kTeacherActivations, act, 0));
       break;
     case Placement::kShard: {
@@ -539,7 +564,9 @@ std::string format_plan(const PlanInput& in, const Plan& plan) {
     }
     os << "  student activations: checkpointing off " << b(pp.student_activations_off) << ", all "
        << b(pp.student_activations_all) << "\n";
-    os << "  host memory of the fullest node: " << b(pp.host_per_node) << " of " << b(in.host_budget) << "\n\n";
+    os << "  host memory of the fullest node: " << b(pp.host_per_node) << " of " << b(in.host_budget) << "\n";
+    if (pp.placement == Placement::kStream) os << "  blocks stream from the " << stream_source(in) << "\n";
+    os << "\n";
   }
   if (plan.recommended) {
     os << "recommended: teacher.placement = " << placement_name(*plan.recommended) << " (" << plan.reason << ")\n";

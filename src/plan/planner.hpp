@@ -91,6 +91,10 @@ struct PlanInput {
   /// sample (wan_dit.cpp runs the time MLP once per sample otherwise).
   bool per_token_time = false;
   bool cpu_job = false;                    ///< every rank on the host (the CPU build): only cpu applies
+  /// stream: bytes the node's pinned arena may take (teacher.arena_limit; unset: the share
+  /// kArenaShareOfAvailable of the host budget); 0: no arena, the copy threads stage each block.
+  std::optional<std::uint64_t> arena_limit;
+  int copy_threads = 4;                    ///< teacher.copy_threads: stream without the arena
   /// Framework overhead of one host-only process of the LibTorch it runs with (kHostProcessBytes
   /// for Debian's CPU build, kHostProcessBytesCudaLibTorch for a CUDA LibTorch on the host).
   std::uint64_t host_process_bytes = 192ull << 20;
@@ -103,6 +107,28 @@ struct PlanInput {
   /// batch × (its students / N) samples.
   std::int64_t sequence_parallel = 1;
 };
+
+/// Host-to-device GB/s (1e9 bytes/s) from pinned memory that `plan` and teacher.layout auto
+/// assume where none is measured or given (teacher.pcie_gbps): PCIe 5 x16 carries 63 GB/s a
+/// direction in theory; H100/H200 hosts measure about 50-55 GB/s pinned (gpu-speed notes, §1.3).
+inline constexpr double kPcieGbps = 50;
+/// GB/s of one thread staging a block from the mapped checkpoint (page cache) into pinned
+/// memory: 8 blocks of 33.6 MB in 44.7-53.5 ms on an H200 host (bench/results/gpu-h200.md).
+inline constexpr double kStagingGbpsPerThread = 5.5;
+/// The share of the node's available memory (MemAvailable at load, the host budget in `plan`)
+/// the pinned arena may take when teacher.arena_limit is not set: pinned pages cannot be
+/// reclaimed, so the rest stays for the other ranks and the page cache.
+inline constexpr double kArenaShareOfAvailable = 0.8;
+
+/// Bytes of the node's arena: every block of every expert in the teacher's dtype.
+std::uint64_t arena_bytes(const PlanInput& in);
+/// The limit the arena is held to (arena_limit, or the share of the host budget).
+std::uint64_t arena_limit_of(const PlanInput& in);
+/// stream: the blocks go to a pinned arena (its bytes within the limit), else the copy threads
+/// stage them from the mapped checkpoint.
+bool arena_fits(const PlanInput& in);
+/// Where a streamed teacher's blocks come from, in words (the plan's note and the log's).
+std::string stream_source(const PlanInput& in);
 
 /// One category of one rank: bytes on its device and on the host.
 struct PlanItem {

@@ -51,11 +51,49 @@ TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_s
   return {best->first == replica_batch ? 0 : best->first, best->second};
 }
 
+double stream_gbps(double pcie_gbps, bool arena, int copy_threads) {
+  if (arena) return pcie_gbps;
+  return std::min(pcie_gbps, kStagingGbpsPerThread * std::max(1, copy_threads));
+}
+
+StreamCost stream_cost(const PlanInput& in, double pcie_gbps) {
+  StreamCost s;
+  s.on = true;
+  s.block_bytes = static_cast<double>(in.teacher.block_params) * static_cast<double>(in.teacher_elem_bytes);
+  s.blocks = in.teacher.num_layers;
+  s.pcie_gbps = pcie_gbps;
+  s.gbps = stream_gbps(pcie_gbps, arena_fits(in), in.copy_threads);
+  s.source = stream_source(in);
+  return s;
+}
+
+double stream_copy_seconds(const StreamCost& s) {
+  if (!s.on || s.gbps <= 0) return 0;
+  return static_cast<double>(s.blocks) * s.block_bytes / (s.gbps * 1e9);
+}
+
+double streamed_forward_seconds(double compute_s, const StreamCost& s) {
+  return std::max(compute_s, stream_copy_seconds(s));
+}
+
 TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch) {
-  if (in.teacher_measured_by_size.empty()) return {0, teacher_seconds_per_sample(in)};
+  // Seconds per sample of a forward of n samples, its copies included (a trajectory's or a
+  // guided teacher's several forward samples per trained sample are counted as one forward
+  // each: an upper bound where guided runs both halves in one copy-bound forward).
+  const auto streamed = [&in](double seconds_per_sample, std::int64_t n) {
+    if (!in.stream.on) return seconds_per_sample;
+    const double samples = static_cast<double>(std::max<std::int64_t>(1, n));
+    return streamed_forward_seconds(seconds_per_sample * samples, in.stream) / samples;
+  };
+  if (in.teacher_measured_by_size.empty()) {
+    const double tf = std::max(1e-12, in.teacher_forwards);
+    return {0, tf * streamed(teacher_seconds_per_sample(in) / tf, replica_batch)};
+  }
+  auto by_size = in.teacher_measured_by_size;
+  for (auto& [n, seconds] : by_size) seconds = streamed(seconds, n);
   // A guided teacher runs each sample twice in one forward: timed sizes of n forwards serve n/2
   // samples (the micro-batch stays in trained samples).
-  auto forward = fastest_forward(in.teacher_measured_by_size, replica_batch);
+  auto forward = fastest_forward(by_size, replica_batch);
   forward.seconds_per_sample *= in.teacher_forwards;
   return forward;
 }
@@ -187,9 +225,15 @@ LayoutSpeed predict(LayoutSpeed l, const SpeedInput& in, double tS) {
   const double B = static_cast<double>(in.batch);
   const double overhead = in.step_overhead_s;
   l.replica_batch = l.colocated ? in.batch : in.batch * l.students / (l.teacher_ranks / l.stages);
-  const auto forward = teacher_forward(in, l.replica_batch);
+  // Only a whole teacher on its own rank streams: a colocated teacher is resident on its
+  // student's GPU, pipeline stages hold their blocks (shard).
+  SpeedInput resident = in;
+  resident.stream.on = false;
+  const bool streams = in.stream.on && !l.colocated && l.stages == 1;
+  const auto forward = teacher_forward(streams ? in : resident, l.replica_batch);
   l.micro_batch = forward.micro_batch;
   const double tT = forward.seconds_per_sample;
+  if (streams) l.stream_overhead = tT / std::max(1e-30, teacher_forward(resident, l.replica_batch).seconds_per_sample);
   std::vector<SimRank> ranks;
   if (l.colocated) {
     // A colocated rank does a teacher rank's per-step work (read, noise) and a student's.
@@ -278,13 +322,22 @@ std::string format_speeds(const SpeedInput& in, const std::vector<LayoutSpeed>& 
     }
     s += "  teacher forward by size: " + sizes + " (each layout's teacher computes in its fastest size)\n";
   }
-  s += fmt::format("  {:<40} {:>10} {:>14} {:>9} {:>16}\n", "layout", "samples/s", "student wait %", "bound",
-                   "teacher forward");
+  if (in.stream.on) {
+    s += fmt::format(
+        "  stream: {} blocks of {:.1f} MB a forward from the {} at {:.1f} GB/s ({:.1f} GB/s host-to-device): "
+        "{:.2f} ms of copies a forward, overlapping the compute (a forward takes the longer of the two)\n",
+        in.stream.blocks, in.stream.block_bytes / 1e6, in.stream.source, in.stream.gbps, in.stream.pcie_gbps,
+        1e3 * stream_copy_seconds(in.stream));
+  }
+  const auto stream_column = [&](const std::string& v) { return in.stream.on ? fmt::format(" {:>8}", v) : std::string(); };
+  s += fmt::format("  {:<40} {:>10} {:>14} {:>9} {:>16}{}\n", "layout", "samples/s", "student wait %", "bound",
+                   "teacher forward", stream_column("stream"));
   for (const auto& l : layouts) {
-    s += fmt::format("  {:<40} {:>10.2f} {:>14.0f} {:>9} {:>16}\n", l.name, l.samples_per_s, 100 * l.student_wait,
+    s += fmt::format("  {:<40} {:>10.2f} {:>14.0f} {:>9} {:>16}{}\n", l.name, l.samples_per_s, 100 * l.student_wait,
                      l.bound,
                      l.micro_batch > 0 ? fmt::format("{} of {}", l.micro_batch, l.replica_batch)
-                                       : fmt::format("all {}", l.replica_batch));
+                                       : fmt::format("all {}", l.replica_batch),
+                     stream_column(l.colocated || l.stages > 1 ? "-" : fmt::format("{:.2f}x", l.stream_overhead)));
   }
   if (!layouts.empty()) {
     const auto& best = layouts.front();

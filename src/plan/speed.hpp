@@ -32,6 +32,28 @@ inline constexpr double kStepOverheadSeconds = 0.0025;
 /// time projection. Embeddings and head are left out (under 2% for every preset).
 double dit_forward_flops(const DitShape& d, std::int64_t tokens, std::int64_t context_len);
 
+/// teacher.placement stream: what its forward copies, and how fast.
+struct StreamCost {
+  bool on = false;               ///< the teacher streams its blocks
+  double block_bytes = 0;        ///< one block in the teacher's dtype
+  std::int64_t blocks = 0;       ///< blocks a forward copies (one expert's)
+  double gbps = kPcieGbps;       ///< the copies' rate (stream_gbps)
+  double pcie_gbps = kPcieGbps;  ///< the host-to-device rate it was derived from
+  std::string source;            ///< where the blocks come from (stream_source)
+};
+
+/// The copies' rate: PCIe from a pinned arena; without one, the copy threads' staging
+/// (kStagingGbpsPerThread each), never above PCIe.
+double stream_gbps(double pcie_gbps, bool arena, int copy_threads);
+/// The stream of `in`'s teacher over a host-to-device link of `pcie_gbps`.
+StreamCost stream_cost(const PlanInput& in, double pcie_gbps);
+/// Seconds one forward's copies take (each block once).
+double stream_copy_seconds(const StreamCost& s);
+/// Seconds of a streamed forward whose blocks compute in `compute_s` resident: block i+1's copy
+/// overlaps block i's compute (and block 0's the previous forward's last block), so with
+/// blocks of one size the forward takes the longer of its compute and its copies.
+double streamed_forward_seconds(double compute_s, const StreamCost& s);
+
 /// What the prediction needs besides the shapes.
 struct SpeedInput {
   DitShape teacher;
@@ -68,6 +90,9 @@ struct SpeedInput {
   std::int64_t prefetch_depth = 2;
   /// Fixed seconds per rank and job step (kStepOverheadSeconds).
   double step_overhead_s = kStepOverheadSeconds;
+  /// teacher.placement stream: every teacher forward also copies its blocks (the colocated
+  /// layouts' teachers are on the student's GPU, resident: not streamed).
+  StreamCost stream;
 };
 
 /// One candidate layout and its predicted speed.
@@ -82,6 +107,7 @@ struct LayoutSpeed {
   double samples_per_s = 0;
   double student_wait = 0;   ///< fraction of a student's time spent waiting for batches
   std::string bound;         ///< what limits it: "teacher", "students" or "cores"
+  double stream_overhead = 1;  ///< the teacher's streamed forward over its resident one
 };
 
 /// Seconds one rank needs per sample: the teacher's forward, the student's training step (the
@@ -108,7 +134,8 @@ struct TeacherForward {
 TeacherForward fastest_forward(std::vector<std::pair<std::int64_t, double>> by_size, std::int64_t replica_batch);
 
 /// fastest_forward over in.teacher_measured_by_size; without measurements by size, the whole
-/// batch at teacher_seconds_per_sample.
+/// batch at teacher_seconds_per_sample. A streamed teacher's forward of n samples takes at
+/// least its copies (streamed_forward_seconds), so small forwards cost it more per sample.
 TeacherForward teacher_forward(const SpeedInput& in, std::int64_t replica_batch);
 
 /// The forward sizes `plan` and `train --teacher.layout auto` time the teacher at for a job of

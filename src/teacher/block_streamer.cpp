@@ -2,7 +2,10 @@
 // worker thread both copy engines run on.
 #include "teacher/block_streamer.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <thread>
 
 #include "core/errors.hpp"
 #include "teacher/copy_worker.hpp"
@@ -14,24 +17,33 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint64_t kAlign = 256;  // slot views start on cache-line and DMA-friendly offsets
+/// parallel_copy's pieces: large enough that a thread's start and a copy_ call cost nothing
+/// next to the bytes, small enough that a block of a few hundred MB spreads over the threads.
+constexpr std::uint64_t kPieceBytes = 8ull << 20;
 
 /// The host as the device: the worker thread copies while the caller computes.
 class HostCopyEngine final : public CopyEngine {
  public:
-  HostCopyEngine(std::size_t slots, double timeout_s)
-      : worker_(slots, timeout_s, "the copy of a block",
-                [](std::size_t, Copies& copies) {
-                  // Grad mode is per thread; the copies never need autograd.
-                  torch::NoGradGuard no_grad;
-                  for (auto& [dst, src] : copies) dst.copy_(src);
-                }) {}
+  HostCopyEngine(std::size_t slots, double timeout_s, int threads)
+      : worker_(slots, timeout_s, "the copy of a block", [this, threads](std::size_t, Copies& copies) {
+          const auto start = Clock::now();
+          parallel_copy(copies, threads);
+          copy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+        }) {}
+
+  /// The host's copy is both the staging and the upload.
+  CopyStats stats() const override {
+    const double s = 1e-9 * static_cast<double>(copy_ns_.load());
+    return {s, 0, 0};
+  }
 
   void start(std::size_t slot, Copies copies) override { worker_.start(slot, std::move(copies)); }
   void wait(std::size_t slot) override { worker_.wait(slot); }
   void release(std::size_t) override {}  // host compute is synchronous: done when issued
 
  private:
-  CopyWorker worker_;
+  std::atomic<std::int64_t> copy_ns_{0};  ///< written by the worker
+  CopyWorker worker_;  ///< last: its thread uses everything above
 };
 
 }  // namespace
@@ -93,14 +105,84 @@ void CopyWorker::loop() {
   }
 }
 
-std::unique_ptr<CopyEngine> make_host_copy_engine(std::size_t slots, double timeout_s) {
-  return std::make_unique<HostCopyEngine>(slots, timeout_s);
+std::unique_ptr<CopyEngine> make_host_copy_engine(std::size_t slots, double timeout_s, int threads) {
+  return std::make_unique<HostCopyEngine>(slots, timeout_s, threads);
+}
+
+void parallel_copy(const CopyEngine::Copies& copies, int threads) {
+  torch::NoGradGuard no_grad;  // grad mode is per thread; the copies never need autograd
+  if (threads <= 1) {
+    for (const auto& [dst, src] : copies) dst.copy_(src);
+    return;
+  }
+  CopyEngine::Copies pieces;
+  for (const auto& [dst, src] : copies) {
+    if (!dst.is_contiguous() || !src.is_contiguous() || dst.numel() == 0) {
+      pieces.emplace_back(dst, src);  // whole: a flat view needs contiguous tensors
+      continue;
+    }
+    const auto d = dst.view({-1}), s = src.view({-1});
+    const auto step = std::max<std::int64_t>(1, static_cast<std::int64_t>(kPieceBytes / dst.element_size()));
+    for (std::int64_t at = 0; at < d.numel(); at += step) {
+      const auto len = std::min(step, d.numel() - at);
+      pieces.emplace_back(d.narrow(0, at, len), s.narrow(0, at, len));
+    }
+  }
+  std::atomic<std::size_t> next{0};
+  std::mutex failed;
+  std::exception_ptr failure;
+  const auto work = [&] {
+    torch::NoGradGuard thread_no_grad;
+    try {
+      for (auto i = next++; i < pieces.size(); i = next++) pieces[i].first.copy_(pieces[i].second);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failed);
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  const auto helpers = std::min<std::size_t>(static_cast<std::size_t>(threads) - 1, pieces.size());
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::vector<std::uint64_t> BlockStreamer::block_layout(const std::vector<torch::Tensor>& tensors,
+                                                       const std::vector<c10::ScalarType>& dtypes,
+                                                       std::uint64_t& block_bytes) {
+  WD_CHECK(tensors.size() == dtypes.size(), "stream: " << tensors.size() << " tensors, " << dtypes.size() << " dtypes");
+  std::vector<std::uint64_t> offsets;
+  block_bytes = 0;
+  for (std::size_t k = 0; k < dtypes.size(); ++k) {
+    offsets.push_back(block_bytes);
+    const auto bytes = static_cast<std::uint64_t>(tensors[k].numel()) * c10::elementSize(dtypes[k]);
+    block_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  return offsets;
+}
+
+void BlockStreamer::write_arena(WanDiT model, std::int64_t begin, std::int64_t end,
+                                const std::vector<c10::ScalarType>& dtypes, std::uint8_t* arena, int threads) {
+  std::uint64_t block_bytes = 0;
+  const auto offsets = block_layout(model->block_parameters(begin), dtypes, block_bytes);
+  CopyEngine::Copies copies;
+  for (std::int64_t b = begin; b < end; ++b) {
+    auto* base = arena + static_cast<std::uint64_t>(b - begin) * block_bytes;
+    const auto params = model->block_parameters(b);
+    WD_CHECK(params.size() == dtypes.size(), "stream: block " << b << " has " << params.size() << " tensors");
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      copies.emplace_back(torch::from_blob(base + offsets[k], params[k].sizes(), torch::TensorOptions().dtype(dtypes[k])),
+                          params[k].detach());
+    }
+  }
+  parallel_copy(copies, threads);
 }
 
 BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end, int ahead,
                              const c10::Device& device, const std::vector<c10::ScalarType>& dtypes,
-                             std::unique_ptr<CopyEngine> engine)
-    : model_(std::move(model)), begin_(begin), end_(end), engine_(std::move(engine)) {
+                             std::unique_ptr<CopyEngine> engine, std::uint8_t* arena)
+    : model_(std::move(model)), begin_(begin), end_(end), engine_(std::move(engine)), from_arena_(arena != nullptr) {
   WD_CHECK(begin >= 0 && end > begin && end <= model_->config().num_layers,
            "stream: blocks [" << begin << ", " << end << ") outside the model's " << model_->config().num_layers);
   ahead_ = static_cast<int>(slots_for(ahead, end - begin)) - 1;
@@ -118,12 +200,17 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
     }
     sources_.push_back(std::move(sources));
   }
-  // One layout for every slot: each tensor on its own aligned offset.
-  std::vector<std::uint64_t> offsets;
-  for (std::size_t k = 0; k < dtypes.size(); ++k) {
-    offsets.push_back(block_bytes_);
-    const auto bytes = static_cast<std::uint64_t>(sources_.front()[k].numel()) * c10::elementSize(dtypes[k]);
-    block_bytes_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  // One layout for every slot (and the arena): each tensor on its own aligned offset.
+  const auto offsets = block_layout(sources_.front(), dtypes, block_bytes_);
+  std::vector<c10::IntArrayRef> shapes;
+  const auto first = sources_.front();  // the tensors' shapes, kept past the arena's ranges below
+  for (const auto& t : first) shapes.push_back(t.sizes());
+  if (from_arena_) {
+    // Each block is its one range of the arena: one copy (one DMA) per block.
+    for (std::size_t i = 0; i < sources_.size(); ++i) {
+      sources_[i] = {torch::from_blob(arena + i * block_bytes_, {static_cast<std::int64_t>(block_bytes_)},
+                                      torch::TensorOptions().dtype(torch::kUInt8))};
+    }
   }
   slots_.resize(static_cast<std::size_t>(ahead_) + 1);
   for (auto& slot : slots_) {
@@ -132,7 +219,7 @@ BlockStreamer::BlockStreamer(WanDiT model, std::int64_t begin, std::int64_t end,
     auto* base = slot.storage.data_ptr<std::uint8_t>();
     for (std::size_t k = 0; k < dtypes.size(); ++k) {
       const auto owner = slot.storage;
-      slot.views.push_back(torch::from_blob(base + offsets[k], sources_.front()[k].sizes(),
+      slot.views.push_back(torch::from_blob(base + offsets[k], shapes[k],
                                             [owner](void*) {},
                                             torch::TensorOptions().dtype(dtypes[k]).device(device)));
     }
@@ -169,7 +256,11 @@ void BlockStreamer::issue(std::int64_t block) {
   slot.block = block;
   CopyEngine::Copies copies;
   const auto& sources = sources_[static_cast<std::size_t>(block - begin_)];
-  for (std::size_t k = 0; k < sources.size(); ++k) copies.emplace_back(slot.views[k], sources[k]);
+  if (from_arena_) {
+    copies.emplace_back(slot.storage, sources.front());
+  } else {
+    for (std::size_t k = 0; k < sources.size(); ++k) copies.emplace_back(slot.views[k], sources[k]);
+  }
   engine_->start(free, std::move(copies));
   queued_.emplace_back(block, free);
   last_issued_ = block;

@@ -62,7 +62,10 @@ SamplingModel load_sampling_teacher(const SamplingTeacherLoad& how) {
   load.blocks = {0, tc.num_layers};
   load.stream_ahead = how.stream_ahead;
   std::vector<StageModel> models;
-  for (const auto& e : teacher.experts->experts()) models.push_back(load_stage_model(e, load));
+  for (const auto& e : teacher.experts->experts()) {
+    load.arena_tag = "expert" + std::to_string(models.size());  // stream: each expert its own arena
+    models.push_back(load_stage_model(e, load));
+  }
   Router router;
   if (teacher.experts->two_experts()) {
     // The experts outlive the stage: both are held by the returned model's forward.

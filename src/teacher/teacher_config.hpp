@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/choices.hpp"
+#include "core/errors.hpp"
 #include "core/config.hpp"
 #include "core/guidance_scale.hpp"
 
@@ -37,6 +38,15 @@ struct TeacherConfig {
   std::string shard_map;
   /// `stream`: blocks copied to the device ahead of the one computing (device buffers = ahead + 1).
   int stream_ahead = 2;
+  /// `stream`: host bytes the node's pinned arena (one copy of the streamed blocks in
+  /// teacher.dtype, shared by the node's teacher ranks) may take; empty = kArenaShareOfAvailable
+  /// of MemAvailable at load; 0 = no arena. Past it, copy_threads copy from the mapped checkpoint.
+  std::string arena_limit;
+  /// `stream` without the arena: threads staging each block from the mapped checkpoint.
+  int copy_threads = 4;
+  /// Host-to-device GB/s for the stream's copy time (plan, teacher.layout auto); 0 = measured
+  /// on the GPU at start-up, else plan::kPcieGbps.
+  double pcie_gbps = 0;
   /// `gpu` / `stream` / `shard` in a CUDA build: the device; empty = cuda:<local rank mod GPUs>.
   std::string device;
   /// `auto`: memory to plan with; empty = detected (cudaMemGetInfo, /proc/meminfo).
@@ -63,6 +73,13 @@ struct TeacherConfig {
     } catch (const std::out_of_range&) {
       return std::nullopt;
     }
+  }
+
+  /// teacher.arena_limit in bytes: 0 for "0" (no arena), nullopt when empty (measured at load).
+  std::optional<std::uint64_t> arena_limit_bytes() const {
+    if (arena_limit.empty()) return std::nullopt;
+    if (arena_limit == "0") return 0;
+    return parse_size(arena_limit, "teacher.arena_limit");
   }
 
   void bind(OptionTable& t) {
@@ -97,6 +114,15 @@ struct TeacherConfig {
         .bind("teacher.shard_map", shard_map,
               "shard: blocks per stage, e.g. 0-13,14-27,28-39; empty = balanced by parameter bytes")
         .bind("teacher.stream_ahead", stream_ahead, "stream: blocks copied ahead of the computing one")
+        .bind("teacher.arena_limit", arena_limit,
+              "stream: host memory the node's pinned arena may take (one copy of the blocks in teacher.dtype, "
+              "shared by the node's teacher ranks, each block one DMA); empty = 80% of MemAvailable at load, "
+              "0 = no arena; past it teacher.copy_threads copy each block from the mapped checkpoint")
+        .bind("teacher.copy_threads", copy_threads,
+              "stream without the arena: threads that stage each block from the mapped checkpoint")
+        .bind("teacher.pcie_gbps", pcie_gbps,
+              "host-to-device GB/s the stream's copy time is planned with (plan, teacher.layout auto); 0 = "
+              "measured on the GPU at start-up, 50 (PCIe 5 x16, pinned) where none is measured")
         .bind("teacher.device", device, "device of gpu/stream/shard; empty = cuda:<local rank mod GPUs>")
         .bind("teacher.gpu_memory", gpu_memory, "auto: GPU memory to plan with (e.g. 80GiB); empty = detect")
         .bind("teacher.host_memory", host_memory, "auto: host memory per node (e.g. 1TiB); empty = detect")
@@ -138,6 +164,14 @@ struct TeacherConfig {
             "teacher.boundary(" + std::to_string(boundary) + ") must be 0 (the default) or in (0, 1)");
     p.check(stream_ahead >= 1 && stream_ahead <= 8,
             "teacher.stream_ahead(" + std::to_string(stream_ahead) + ") must be in 1..8");
+    try {
+      static_cast<void>(arena_limit_bytes());
+    } catch (const ConfigError& e) {
+      p.check(false, std::string(e.what()) + " (or 0: no arena)");
+    }
+    p.check(copy_threads >= 1 && copy_threads <= 64,
+            "teacher.copy_threads(" + std::to_string(copy_threads) + ") must be in 1..64");
+    p.check(pcie_gbps >= 0, "teacher.pcie_gbps(" + std::to_string(pcie_gbps) + ") must be >= 0 (0: measured)");
   }
 };
 

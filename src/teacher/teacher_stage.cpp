@@ -7,6 +7,7 @@
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "memory/host_memory.hpp"
 #include "memory/memory_report.hpp"
 
 namespace wd::teacher {
@@ -26,13 +27,68 @@ StageBatch StageBatch::inputs_of(const std::map<std::string, torch::Tensor>& m) 
   return b;
 }
 
-StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
-  const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
-  if (how.placement != plan::Placement::kStream) {
-    return {load_wan_dit(ck, how.dtype, how.device, range), nullptr};
+namespace {
+
+/// The most bytes the node's arena may take, and what set it.
+std::pair<std::uint64_t, std::string> arena_limit(const StageLoad& how) {
+  if (how.arena_limit) return {*how.arena_limit, "teacher.arena_limit"};
+  const auto available = memory::host_available_bytes();
+  return {static_cast<std::uint64_t>(plan::kArenaShareOfAvailable * static_cast<double>(available)),
+          fmt::format("{:.0f}% of MemAvailable {}", 100 * plan::kArenaShareOfAvailable,
+                      format_bytes(static_cast<double>(available)))};
+}
+
+/// The copy engine for where the blocks come from and where they go: one DMA per block from a
+/// pinned arena; staging on the copy threads from pageable memory (the mapped checkpoint, or an
+/// arena CUDA would not register); the host "device" of the CPU build copies on the same threads.
+std::unique_ptr<CopyEngine> copy_engine(const StageLoad& how, std::size_t slots, const HostArena* arena) {
+  const int threads = arena ? 1 : how.copy_threads;  // an arena block is one contiguous copy
+  if (!how.device.is_cuda()) return make_host_copy_engine(slots, how.timeout_s, threads);
+  if (arena && arena->pinned()) return make_cuda_direct_copy_engine(slots, how.device);
+  return make_cuda_copy_engine(slots, how.device, how.timeout_s, how.copy_threads);
+}
+
+/// The node's arena of `model`'s blocks in `dtypes` (one copy per node, filled by its first
+/// teacher rank), pinned for a CUDA device; null where it does not fit or could not be made,
+/// with `source` saying where the blocks come from instead.
+std::unique_ptr<HostArena> open_arena(WanDiT& model, const StageLoad& how, const std::vector<c10::ScalarType>& dtypes,
+                                      std::string& source) {
+  std::uint64_t block_bytes = 0;
+  BlockStreamer::block_layout(model->block_parameters(how.blocks.begin), dtypes, block_bytes);
+  const auto bytes = block_bytes * static_cast<std::uint64_t>(how.blocks.size());
+  const auto [limit, limit_source] = arena_limit(how);
+  const auto fallback = fmt::format("mapped checkpoint, {} copy thread(s)", how.copy_threads);
+  if (limit == 0) {
+    source = fallback + " (teacher.arena_limit 0: no arena)";
+    return nullptr;
   }
-  // Stream: every tensor first bound zero-copy to the mapping; the embeddings and head then go
-  // to the device for good, the blocks stay mapped and are copied slot by slot.
+  std::string why;
+  auto arena = HostArena::create(
+      how.arena_group, how.arena_tag, bytes, limit,
+      [&](std::uint8_t* data) {
+        BlockStreamer::write_arena(model, how.blocks.begin, how.blocks.end, dtypes, data, how.copy_threads);
+      },
+      how.timeout_s, why);
+  if (!arena) {
+    source = fmt::format("{}: no pinned arena ({}; {})", fallback, why, limit_source);
+    return nullptr;
+  }
+  std::string pin = "pinned";
+  if (how.device.is_cuda() && !arena->pin_for_cuda(why)) {
+    pin = "not pinned (" + why + "), so staged on " + std::to_string(how.copy_threads) + " copy thread(s)";
+  }
+  source = fmt::format("{} arena {} of {} shared by {} teacher rank(s) of this node ({}), one copy per block",
+                       how.device.is_cuda() ? pin : std::string("host"), arena->name(),
+                       format_bytes(static_cast<double>(bytes)), arena->node_ranks(),
+                       arena->filled_here() ? "filled here" : "mapped, filled by the node's first teacher rank");
+  return arena;
+}
+
+/// Stream: every tensor first bound zero-copy to the mapping; the embeddings and head then go
+/// to the device for good, the blocks go to the node's arena (or stay mapped) and are copied
+/// slot by slot.
+StageModel load_streamed(const WanCheckpoint& ck, const StageLoad& how) {
+  const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
   auto model = load_wan_dit(ck, std::nullopt, torch::kCPU, range);
   torch::NoGradGuard no_grad;
   for (const auto& spec : wan_param_specs(ck.config())) {
@@ -43,15 +99,32 @@ StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
   for (const auto& p : model->block_parameters(how.blocks.begin)) {
     dtypes.push_back(how.dtype ? *how.dtype : p.scalar_type());
   }
+  StageModel out{model, nullptr, nullptr, ""};
+  out.arena = open_arena(model, how, dtypes, out.stream_source);
   const auto slots = BlockStreamer::slots_for(how.stream_ahead, how.blocks.size());
-  auto engine = how.device.is_cuda() ? make_cuda_copy_engine(slots, how.device, how.timeout_s)
-                                     : make_host_copy_engine(slots, how.timeout_s);
-  auto streamer = std::make_unique<BlockStreamer>(model, how.blocks.begin, how.blocks.end, how.stream_ahead,
-                                                  how.device, dtypes, std::move(engine));
-  spdlog::info("stream: blocks {}-{} stay mapped on the host; {} buffers of {} on {}", how.blocks.begin,
-               how.blocks.end - 1, slots, format_bytes(static_cast<double>(streamer->block_bytes())),
-               how.device.str());
-  return {model, std::move(streamer)};
+  out.streamer = std::make_unique<BlockStreamer>(model, how.blocks.begin, how.blocks.end, how.stream_ahead, how.device,
+                                                 dtypes, copy_engine(how, slots, out.arena.get()),
+                                                 out.arena ? out.arena->data() : nullptr);
+  const auto line = fmt::format("stream: blocks {}-{} from the {}; {} buffers of {} on {}", how.blocks.begin,
+                                how.blocks.end - 1, out.stream_source, slots,
+                                format_bytes(static_cast<double>(out.streamer->block_bytes())), how.device.str());
+  // No arena where one was wanted is slower (the copy threads stage every block): a warning.
+  if (out.arena || how.arena_limit == std::optional<std::uint64_t>(0)) {
+    spdlog::info(line);
+  } else {
+    spdlog::warn(line);
+  }
+  return out;
+}
+
+}  // namespace
+
+StageModel load_stage_model(const WanCheckpoint& ck, const StageLoad& how) {
+  if (how.placement != plan::Placement::kStream) {
+    const std::pair<std::int64_t, std::int64_t> range{how.blocks.begin, how.blocks.end};
+    return {load_wan_dit(ck, how.dtype, how.device, range), nullptr, nullptr, ""};
+  }
+  return load_streamed(ck, how);
 }
 
 std::uint64_t stage_weight_bytes(const StageModel& m) {

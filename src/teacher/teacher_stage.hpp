@@ -15,6 +15,7 @@
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_dit.hpp"
 #include "teacher/block_streamer.hpp"
+#include "teacher/host_arena.hpp"
 #include "teacher/placement.hpp"
 
 namespace wd::teacher {
@@ -43,7 +44,13 @@ struct StageBatch {
 /// One expert's model on this rank, with its streamer when the placement is `stream`.
 struct StageModel {
   WanDiT model;
+  /// stream: the node's arena the blocks are copied from; null where they come from the mapped
+  /// checkpoint. Declared before the streamer, so it goes after the streamer's copies drained.
+  std::unique_ptr<HostArena> arena;
   std::unique_ptr<BlockStreamer> streamer;  ///< null unless teacher.placement = stream
+  /// stream: where the blocks come from, as logged ("pinned arena ..." or "mapped checkpoint, N
+  /// copy threads (why no arena)").
+  std::string stream_source;
 };
 
 /// How one rank loads its model (one expert's, for an A14B teacher).
@@ -53,7 +60,15 @@ struct StageLoad {
   c10::Device device = torch::kCPU;
   BlockRange blocks;                     ///< all blocks unless shard
   int stream_ahead = 2;
-  double timeout_s = 120;                ///< deadline of a streamed block's copy
+  double timeout_s = 120;                ///< deadline of a streamed block's copy (and the arena's fill)
+  /// stream: the teacher ranks whose node-mates share one arena (MPI_Comm_split_type SHARED of
+  /// it); MPI_COMM_NULL: this rank alone.
+  MPI_Comm arena_group = MPI_COMM_NULL;
+  /// stream: the most bytes the node's arena may take (0: no arena); nullopt = measured
+  /// (plan::kArenaShareOfAvailable of MemAvailable on the node's first teacher rank).
+  std::optional<std::uint64_t> arena_limit;
+  int copy_threads = 4;                  ///< stream without the arena: staging threads
+  std::string arena_tag = "teacher";     ///< tells one job's segments apart (each expert its own)
 };
 
 /// Loads the model for `how`: gpu/cpu/shard bind (or convert) only the blocks in `how.blocks`

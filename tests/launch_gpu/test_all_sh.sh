@@ -126,6 +126,7 @@ cat >"$fake/fake-prog" <<'EOF'
 #!/usr/bin/env bash
 # Behaves per step (WD_GPU_STEP, set by all.sh) as the FAKE_* variables say.
 name=$(basename "$0")
+args=" $* "
 step=${WD_GPU_STEP:-none}
 rank=${OMPI_COMM_WORLD_RANK:-0}
 [[ " $* " == *" --help "* ]] && { echo "--student.device --device --comm.backend"; exit 0; }
@@ -148,6 +149,20 @@ case $name in
     echo "| size | weights | threads | batch | tokens | ms/forward | min ms | tokens/s | GFLOP/forward | GFLOP/s | MFU |"
     echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     echo "| wan22-ti2v-5b | bf16 | 1 | 1 | 8190 | 250 | 248 | 32760 | 107000.0 | 428000.0 | 43.3% |"
+    if [[ $args == *" --profile-top 25 "* ]]; then
+      echo "### Kineto: top 25 CUDA kernels of one forward (device time)"
+      echo "| # | kernel | category | calls | total ms | % of kernel time |"
+      echo "|---:|---|---|---:|---:|---:|"
+      echo "| 1 | \`nvjet_fake_gemm\` | GEMM | 240 | 78.0 | 31.2% |"
+    fi
+    ;;
+  bench_stream)
+    echo "pinned host-to-device: 53.2 GB/s (1 GiB from cudaHostAlloc, best of 5)"
+    echo "| placement | ahead | forward ms (median of 3) | vs gpu | compute waited for copies ms/forward | copied per forward | device buffers | device peak | staging ms/block | upload ms/block | plan's ratio |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| gpu | - | 52.0 | 1.00 | - | - | - | 20 GiB | - | - | - |"
+    [[ $args == *" --aheads 2 "* ]] || echo "| stream | 1 | 56.1 | 1.08 | 0.4 | 1.9 GiB | 982 MiB | 21 GiB | - | 6.40 | 1.02 |"
+    echo "| stream | 2 | 54.9 | 1.06 | 0.2 | 1.9 GiB | 1.3 GiB | 21 GiB | - | 6.41 | 1.02 |"
     ;;
   nccl_bandwidth)
     echo "| size | cudaMemcpy D2D | NCCL self send/recv | NCCL rank 0 -> 1 |"
@@ -385,13 +400,31 @@ expect "$sum" sequence_parallel '^ok$'
 expect "$sum" sequence_parallel_nccl '^skipped$'
 expect_text "$sum" 'needs 2 GPUs \(1 visible\)' "why sequence_parallel_nccl was skipped"
 expect_text "$sum" 'student.sequence_parallel 2 --comm.backend mpi' "sequence_parallel's command"
+# --- 4d. The profile step (issue 46): kernels, blocks and streaming at real dims in one file.
+all_sh eight STEPS="profile"
+sum=$tmp/eight/summary.md
+expect "$sum" profile '^ok$'
+expect_text "$sum" '\| profile \| ok \| 0 \|.*H2D 53.2 GB/s; 5B forward 250 ms, MFU 43.3%; stream ahead 2 \(5B 480p, 5B 720p, 5B no arena, A14B\): 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\), 1.06x \(plan 1.02x\); top kernel nvjet_fake_gemm 31.2%' "profile's figures"
+expect_text "$tmp/eight/build.log" 'TARGETS=bench_forward bench_stream LOG_DIR' "the profile step's targets"
+prof=$tmp/eight/profile.md
+# shellcheck disable=SC2016  # backquotes of the markdown
+expect_text "$prof" '^`bench_forward --device cuda --sizes wan22-ti2v-5b .*--profile-top 25 --profile-trace .*/profile.trace.json`$' "the Kineto forward's command"
+expect_text "$prof" '^## Stream: TI2V-5B blocks, 27,280 tokens \(720p\)' "the 720p stream part"
+# shellcheck disable=SC2016
+expect_text "$prof" '^`bench_stream .*--preset wan22-ti2v-5b --blocks 6 .*--arena-limit 0 --copy-threads 4 --aheads 2`$' "the fallback part"
+expect_text "$prof" '^`bench_stream .*--preset wan22-t2v-a14b --blocks 4 ' "the A14B part"
+# shellcheck disable=SC2016
+expect_text "$prof" '^\| 1 \| `nvjet_fake_gemm` \| GEMM' "the kernel table in profile.md"
+packed=$(tar -tzf "$tmp/eight-out/logs.tar.gz" 2>/dev/null | sed 's|^\./||' | sort | paste -sd' ')
+checks=$((checks + 1))
+[[ " $packed " == *" profile.md "* ]] || fail "logs.tar.gz lacks profile.md (has: $packed)"
 checks=$((checks + 1))
 env OUT="$tmp/five" STEPS="smi bogus" bash "$repo/launch/gpu/all.sh" >/dev/null 2>&1
 [[ $? == 2 ]] || fail "an unknown step is not refused with exit 2"
 
 echo "$checks checks, $failures failed ($SECONDS s)"
 if ((failures)); then
-  for f in one two three four; do
+  for f in one two three four seven eight; do
     [[ -f $tmp/$f/summary.md ]] && { echo "--- $f/summary.md"; cat "$tmp/$f/summary.md"; }
   done
   exit 1
