@@ -11,7 +11,10 @@
 #
 #   bench/bench_sequence_parallel.sh [STEPS]      (default 6)
 #
-# Environment: WD_BIN (default build/src/app/wan-distill), WORK_DIR (default /tmp/wd-bench-sp).
+# Environment: WD_BIN (default build/src/app/wan-distill), WORK_DIR (default /tmp/wd-bench-sp),
+# SIZES (the group sizes of the memory jobs, default "1 2 4"), KEEP_ROWS=1 (add to the rows of an
+# earlier run instead of starting afresh), SKIP=memory|speed (leave one part out), ONLY (a regex
+# of the memory jobs' names to run, e.g. "all-2|lora-off-2").
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,16 +37,18 @@ lora="--student.lora_rank 8 --train.objective guided"
 common_flags="--data.path $data --train.eval_samples 4 --teacher.compute fp32 --runtime.threads 1"
 
 jobs=()
-for n in 1 2 4; do
+[[ ${SKIP:-} == memory ]] && SIZES=" "
+for n in ${SIZES:-1 2 4}; do
   jobs+=("full-off-$n|$n|$student")
   jobs+=("full-all-$n|$n|$student --student.checkpointing all")
   jobs+=("lora-off-$n|$n|$lora")
 done
 
 rows=$work/rows.jsonl
-: >"$rows"
+[[ ${KEEP_ROWS:-} == 1 ]] || : >"$rows"
 for job in "${jobs[@]}"; do
   IFS='|' read -r name n flags <<<"$job"
+  [[ $name =~ ${ONLY:-.} ]] || continue
   read -r -a args <<<"$flags $common_flags --student.sequence_parallel $n"
   dir=$work/$name
   rm -rf "$dir"
@@ -71,8 +76,10 @@ done
 
 # Speed: the same three ranks, two data-parallel students against one group of two.
 speed=$work/speed.jsonl
-: >"$speed"
-for n in 1 2; do
+[[ ${SKIP:-} == speed ]] || : >"$speed"
+speed_sizes="1 2"
+[[ ${SKIP:-} == speed ]] && speed_sizes=""
+for n in $speed_sizes; do
   dir=$work/speed-$n
   rm -rf "$dir"
   read -r -a args <<<"$student $common_flags --student.sequence_parallel $n --train.log_every 1"
@@ -99,7 +106,7 @@ for r in rows:
     print(f"| {r['name']} | {r['n']} | {r['ranks']} | {mib(r['measured']):.1f} | {mib(base):.1f} | "
           f"{r['measured'] / base:.2f} | {mib(r['predicted']):.1f} | {100 * (r['predicted'] - r['measured']) / r['measured']:+.1f}% |")
 s = {r["n"]: r["samples_per_s"] for r in map(json.loads, open(sys.argv[2]))}
-print(f"\nspeed, 1 teacher + 2 student ranks: N = 1 (2 data-parallel students) {s[1]:.3f} samples/s, "
+if len(s) == 2: print(f"\nspeed, 1 teacher + 2 student ranks: N = 1 (2 data-parallel students) {s[1]:.3f} samples/s, "
       f"N = 2 (one group) {s[2]:.3f} samples/s: {s[2] / s[1]:.2f}x\n")
 print(f"Flags of each job (after `train --run-dir DIR --train.steps {sys.argv[3]} --memory.report_every 0`, "
       "plus the data set, eval_samples 4, teacher.compute fp32, runtime.threads 1):\n")
