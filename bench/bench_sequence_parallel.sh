@@ -76,7 +76,7 @@ done
 
 # Speed: the same three ranks, two data-parallel students against one group of two.
 speed=$work/speed.jsonl
-[[ ${SKIP:-} == speed ]] || : >"$speed"
+if [[ ${SKIP:-} == speed ]]; then touch "$speed"; else : >"$speed"; fi
 speed_sizes="1 2"
 [[ ${SKIP:-} == speed ]] && speed_sizes=""
 for n in $speed_sizes; do
