@@ -87,6 +87,20 @@ torch::Tensor TokenHeadExchange::gather_tokens(const torch::Tensor& x) {
   return to_heads(x.unsqueeze(2).expand({B, Sl, size_, X})).view({B, size_ * Sl, X});
 }
 
+torch::Tensor TokenHeadExchange::sum(const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  auto shape = x.sizes().vec();
+  shape.insert(shape.begin(), size_);
+  return all_to_all(x.detach().unsqueeze(0).expand(shape).contiguous()).sum(0);
+}
+
+TokenSpan token_span(int rank, int size, std::int64_t S) {
+  if (size <= 1) return {0, S, S};
+  const std::int64_t n = size;
+  const auto local = (S + n - 1) / n;
+  return {rank * local, (rank + 1) * local, local * n};
+}
+
 std::string sequence_parallel_sizes(std::int64_t num_heads) {
   std::ostringstream out;
   for (std::int64_t n = 1; n <= num_heads; ++n) {

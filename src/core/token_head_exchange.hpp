@@ -4,10 +4,23 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 namespace wd {
+
+/// The tokens of each sample one rank of a sequence-parallel group holds: [begin, end) of
+/// `total`, the sample's S tokens right-padded to a multiple of N so that every rank holds
+/// total / N (the padding is masked as a short sample's is). Without a group: all S.
+struct TokenSpan {
+  std::int64_t begin = 0, end = 0, total = 0;
+  std::int64_t local() const { return end - begin; }
+  /// This rank's tokens that are real (below S), not padding.
+  std::int64_t real(std::int64_t S) const { return std::max<std::int64_t>(0, std::min(end, S) - begin); }
+};
+/// Rank `rank`'s span of S tokens in a group of `size` (size 1: [0, S)).
+TokenSpan token_span(int rank, int size, std::int64_t S);
 
 /// The collective of a sequence-parallel group of N ranks that share each sample, rank r
 /// holding the r-th of N equal runs of its tokens. Around self-attention it trades that token
@@ -34,6 +47,11 @@ class TokenHeadExchange {
   /// all-gather through to_heads, N·S_local·X elements sent by each rank); the backward sums
   /// the group's gradients of this rank's rows.
   torch::Tensor gather_tokens(const torch::Tensor& x);
+  /// The sum over the group of `x` (same shape on every rank), added in rank order so every rank
+  /// gets the same values; not differentiable (N·x.numel() elements sent by each rank).
+  torch::Tensor sum(const torch::Tensor& x);
+  /// This rank's span of a sample of S tokens.
+  TokenSpan span(std::int64_t S) const { return token_span(rank_, size_, S); }
 
   /// The raw collective: `send` is [N, ...] contiguous on any device, send[j] for rank j; the
   /// answer has its shape, dtype and device, row i being what rank i sent to this one. Not

@@ -7,6 +7,7 @@
 #include "job/plan_input.hpp"
 #include "job/startup.hpp"
 #include "job/student_side.hpp"
+#include "objective/dmd.hpp"
 
 namespace wd::job {
 
@@ -21,7 +22,6 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
   not_built(!layout.colocated(), cfg.from_cache() ? "data.teacher_cache (every rank a student, reading its own stream)"
                                  : experts        ? "teacher.placement colocated (each student computing its own targets)"
                                                   : "train.objective " + cfg.train.objective + " (no teacher rank)");
-  not_built(!cfg.objective().traits().real_score, "train.objective " + cfg.train.objective + " (its critic and real score)");
   not_built(cfg.comm.mode != CommMode::kBroadcast, "comm.mode broadcast");
   not_built(cfg.student.feature_pairs().empty(), "student.features");
   not_built(!cfg.lora_pair(experts ? experts->size() : 0), "a LoRA pair (one adapter set per expert)");
@@ -33,6 +33,15 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
     p.check(student.num_heads % n == 0, sp + " must divide the student's num_heads (" +
                                             std::to_string(student.num_heads) +
                                             "); sizes that work: " + sequence_parallel_sizes(student.num_heads));
+    if (cfg.objective().traits().real_score) {
+      // The critic splits its tokens as the generator does: a LoRA critic has the teacher's heads.
+      const auto critic = objective::critic_lora(cfg.keys(), teacher.num_layers).rank > 0
+                              ? teacher
+                              : objective::critic_model_config(cfg.keys(), teacher);
+      p.check(critic.num_heads % n == 0, sp + " must divide the dmd critic's num_heads (" +
+                                             std::to_string(critic.num_heads) + "); sizes that work: " +
+                                             sequence_parallel_sizes(critic.num_heads) + " (or set critic.num_heads)");
+    }
   }
   const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;
   p.check(per_replica % n == 0,

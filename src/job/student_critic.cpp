@@ -2,6 +2,8 @@
 // optimizer and reducer, the real score's channel, and the trainer.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
 #include "objective/dmd.hpp"
@@ -56,6 +58,7 @@ student::StudentParts make_critic_parts(const TrainJob& job, const c10::Device& 
   const auto& cfg = job.cfg;
   auto setup = parts_setup(job, device);
   setup.feature_pairs.clear();  // the critic matches no teacher features
+  setup.sequence_parallel = generator.sequence_parallel();  // its tokens split as the generator's
   setup.gan = cfg.dmd.gan();
   setup.gan_block = cfg.dmd.critic_gan_block;
   const bool lora = objective::critic_lora(cfg.keys(), job.model.num_layers).rank > 0;
@@ -91,6 +94,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
   const auto& cfg = job.cfg;
   side.train = cfg.student_train();
   side.critic = std::make_unique<student::StudentParts>(make_critic_parts(job, device, generator));
+  const auto sequence_parallel = std::max<std::int64_t>(1, cfg.student.sequence_parallel);
   const auto& train = cfg.train;
   // The critic shards as the student does (the same code: a trainable model and its optimizer).
   side.training = make_training(job, *side.critic, device, services,
@@ -102,7 +106,9 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           *side.training.optimizer,
                           side.training.reducer.get(),
                           *side.score,
-                          student::DmdSpec::from(cfg.student_train(), cfg.dmd, job.plan.latent, group_rank),
+                          // A sequence-parallel group's ranks draw as one student: the group's index.
+                          student::DmdSpec::from(cfg.student_train(), cfg.dmd, job.plan.latent,
+                                                 group_rank / static_cast<int>(sequence_parallel)),
                           service_schedule(cfg, job.plan),
                           side.train,
                           cfg.dmd,
@@ -111,7 +117,8 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           job.groups->students(),
                           cfg.comm.timeout_s,
                           peers,
-                          &services.health};
+                          &services.health,
+                          static_cast<int>(sequence_parallel)};
   side.trainer = std::make_unique<student::DmdTrainer>(std::move(parts));
   side.method = std::make_unique<student::DmdMethod>(*side.trainer, *side.score, side.train, group_rank == 0);
 }

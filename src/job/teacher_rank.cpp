@@ -1,6 +1,8 @@
 // run_teacher_rank: a teacher rank's wiring (device, link, stage model, stage links) and its loop.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include <optional>
 
 #include "job/plan_input.hpp"
@@ -156,6 +158,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
     loop.server = &server.emplace(stage_model, *service, service_schedule(job.cfg, job.plan));
     server->set_faults(&services.faults);
     server->set_health(&services.health);
+    server->set_sequence_parallel(static_cast<int>(std::max<std::int64_t>(1, job.cfg.student.sequence_parallel)));
   }
   const auto stats = teacher::run_teacher(loop);
   RoleResult result;

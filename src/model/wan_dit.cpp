@@ -142,14 +142,8 @@ torch::Tensor key_mask(const std::vector<Grid>& grids, std::int64_t S, const c10
   return mask;
 }
 
-/// The tokens of each sample this rank holds: [begin, end) of `total`.
-struct TokenSpan {
-  std::int64_t begin = 0, end = 0, total = 0;
-};
-
-/// All S tokens without sequence parallelism. With a group of N: S padded to a multiple of N
-/// (the padding is masked like a short sample's, so the splits stay even and the all-to-alls
-/// equal), rank r holding the r-th run. Throws ConfigError where the group cannot split.
+/// All S tokens without sequence parallelism; with a group, this rank's run of S padded to a
+/// multiple of N (TokenSpan). Throws ConfigError where the group cannot split.
 TokenSpan token_span(const TokenHeadExchange* sp, const WanConfig& c, std::int64_t S) {
   if (!sp) return {0, S, S};
   const std::int64_t n = sp->size();
@@ -159,9 +153,7 @@ TokenSpan token_span(const TokenHeadExchange* sp, const WanConfig& c, std::int64
                                            << sequence_parallel_sizes(c.num_heads));
   WD_CHECK_AS(ConfigError, S >= n,
               "sequence parallelism over " << n << " ranks needs at least " << n << " tokens, the batch has " << S);
-  const auto total = (S + n - 1) / n * n;
-  const auto local = total / n;
-  return {sp->rank() * local, (sp->rank() + 1) * local, total};
+  return sp->span(S);
 }
 
 /// Per-token t [B,S] cut to the span (zeros on padding past S); per-sample t as it is.

@@ -261,7 +261,12 @@ torch::Tensor gan_gradient(StudentParts& critic, const torch::Tensor& x0, const 
   const auto leaf = x0.detach().requires_grad_(true);
   const auto logits = critic.realism(model_inputs(clean.keep(noised_to(leaf, sample_timesteps(t), noise)), t, in), policy);
   const auto loss = torch::softplus(-logits).mean();
-  return torch::autograd::grad({loss}, {leaf})[0].detach();
+  const auto g = torch::autograd::grad({loss}, {leaf})[0].detach();
+  auto* group = critic.sequence_parallel();
+  if (!group) return g;
+  // Each rank holds the gradient of its own tokens' patches (zero elsewhere), N times over: every
+  // rank differentiated the same logits, and the pooling's backward adds the group's gradients.
+  return group->sum(g) / static_cast<double>(group->size());
 }
 
 void DmdTrainer::ask(std::int64_t step, const comm::TensorDict& batch) {
@@ -322,6 +327,7 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
   int size = 1, rank = 0;
   MPI_Comm_size(p_.students, &size);
   MPI_Comm_rank(p_.students, &rank);
+  const int n = p_.sequence_parallel;  // a group's ranks hold the same inputs: its first rank's are kept
   for (const auto& [name, t] : pending_) {
     if (name.rfind("dmd.", 0) == 0) continue;  // recomputed from the rest
     const auto mine = t.detach().cpu().contiguous();
@@ -340,7 +346,12 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
       comm::keep_until_exit(mine);
       throw;
     }
-    if (rank == 0) out[name] = all;
+    if (rank == 0 && n == 1) out[name] = all;
+    if (rank == 0 && n > 1) {
+      std::vector<std::int64_t> grouped{size / n, n, mine.size(0)};
+      grouped.insert(grouped.end(), sizes.begin() + 1, sizes.end());
+      out[name] = all.view(grouped).select(1, 0).flatten(0, 1).contiguous();
+    }
   }
   return out;
 }
@@ -366,14 +377,17 @@ void DmdTrainer::restore(const std::string& dir) {
                 "is missing: step " << first << " is inside critic cycle " << cycle
                                     << ", whose generator request inputs the checkpoint must hold");
   const auto file = SafetensorsFile::open(path);
-  int size = 1, rank = 0;
-  MPI_Comm_size(p_.students, &size);
-  MPI_Comm_rank(p_.students, &rank);
+  int students = 1, index = 0;
+  MPI_Comm_size(p_.students, &students);
+  MPI_Comm_rank(p_.students, &index);
+  // Rows by data-parallel group: a sequence-parallel group's ranks each take its rows.
+  const int size = students / p_.sequence_parallel, rank = index / p_.sequence_parallel;
   pending_.clear();
   for (const auto& info : file.tensors()) {
     WD_CHECK_DATA(!info.shape.empty() && info.shape[0] % size == 0, path, info.name,
                   "has " << (info.shape.empty() ? 0 : info.shape[0]) << " rows, not a multiple of the " << size
-                         << " students that resume from it");
+                         << (p_.sequence_parallel > 1 ? " sequence-parallel groups" : " students")
+                         << " that resume from it");
     const auto rows = info.shape[0] / size;
     // This student's rows, copied off the mapping (which closes with `file`).
     const auto t = file.tensor(info.name).slice(0, rank * rows, (rank + 1) * rows).clone();

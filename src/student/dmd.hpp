@@ -41,7 +41,9 @@ struct DmdSpec {
   double t_min = 0.02, t_max = 0.98;  ///< u range of the re-noising σ = shift(u)
   double shift = 5.0;                 ///< teacher.shift
   std::uint64_t seed = 0;             ///< train.seed
-  std::uint64_t student = 0;          ///< the student's rank in its group: its own noise
+  /// The student's rank in its group (under student.sequence_parallel its group's index: a
+  /// group's ranks draw the same samples): its own noise.
+  std::uint64_t student = 0;
   std::array<std::int64_t, 4> latent{};  ///< C, F, H, W
 
   /// From the loop's [train] (RunConfig::student_train(): sample_steps = student.steps,
@@ -162,6 +164,9 @@ struct DmdParts {
   double timeout_s = 120;
   std::vector<int> peers;              ///< world ranks of the other students (named on a timeout)
   comm::HealthChannel* health = nullptr;
+  /// student.sequence_parallel: consecutive students of this many share each sample (and its
+  /// request inputs, kept once a group in a checkpoint).
+  int sequence_parallel = 1;
 };
 
 /// Losses of one dmd step (this rank's).
@@ -182,8 +187,9 @@ class DmdTrainer {
   /// Whether step `step` (0-based) ends a cycle, i.e. updates the generator (train.critic_ratio).
   bool generator_step(std::int64_t step) const { return (step + 1) % p_.dmd.critic_ratio == 0; }
   /// Every student's request inputs of the cycle under way after `steps_done` steps, concatenated
-  /// in group-rank order on group rank 0 (empty elsewhere, and between cycles). Collective over
-  /// the student group, with the loop's deadline.
+  /// in group-rank order on group rank 0 (empty elsewhere, and between cycles); under
+  /// student.sequence_parallel one copy a group, in group order. Collective over the student
+  /// group, with the loop's deadline.
   TensorMap gather_pending(std::int64_t steps_done) const;
   /// The directory under a checkpoint that holds the critic's training state.
   static std::string critic_dir(const std::string& dir);

@@ -100,9 +100,9 @@ StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
   }
   // The job refuses these before training (job/sequence_parallel.cpp): the parts split none of them.
   WD_CHECK(!setup_.sequence_parallel ||
-               (!is_pair() && setup_.feature_pairs.empty() && !setup_.gan && c.in_dim == setup_.teacher_in_channels &&
+               (!is_pair() && setup_.feature_pairs.empty() && c.in_dim == setup_.teacher_in_channels &&
                 c.out_dim == setup_.teacher_out_channels),
-           "student.sequence_parallel with a LoRA pair, student.features, critic.gan_weight or channel projections");
+           "student.sequence_parallel with a LoRA pair, student.features or channel projections");
   if (c.in_dim != setup_.teacher_in_channels) {
     heads_->update({{"in_proj", semi_orthogonal(setup_.teacher_in_channels, c.in_dim, setup_.seed + 1).ptr()}});
   }
@@ -267,10 +267,25 @@ torch::Tensor StudentParts::realism(const comm::TensorDict& batch, const Checkpo
   WD_CHECK(gan_block_ >= 0, "this model has no realism classifier (critic.gan_weight 0)");
   std::map<std::int64_t, torch::Tensor> hidden{{gan_block_, torch::Tensor()}};
   static_cast<void>(forward(compute_, batch, policy, &hidden));  // the blocks after gan_block_ are not read
-  auto h = hidden.at(gan_block_).to(torch::kFloat).mean(1);       // [B, L, dim] -> [B, dim]
+  auto h = pool_tokens(hidden.at(gan_block_).to(torch::kFloat), batch.at("x_t"));  // [B, L, dim] -> [B, dim]
   h = torch::layer_norm(h, {h.size(-1)});
   h = torch::silu(heads_["gan_in"]->as<torch::nn::Linear>()->forward(h));
   return heads_["gan_out"]->as<torch::nn::Linear>()->forward(h).squeeze(-1);
+}
+
+torch::Tensor StudentParts::pool_tokens(const torch::Tensor& hidden, const torch::Tensor& x_t) const {
+  auto* group = setup_.sequence_parallel;
+  if (!group) return hidden.mean(1);
+  // This rank's real rows (its run of the padded sequence, less the padding), summed, then the
+  // group's sums added (gather_tokens: its backward hands each rank the group's gradients of
+  // its own sum, as one rank's mean would): the mean over every token of the sample.
+  const auto& p = model_->config().patch_size;
+  const auto S = x_t.size(2) / p[0] * (x_t.size(3) / p[1]) * (x_t.size(4) / p[2]);
+  const auto span = group->span(S);
+  WD_CHECK(hidden.size(1) == span.local(), "the hidden states of rank " << group->rank() << " hold " << hidden.size(1)
+                                                                        << " tokens, its span " << span.local());
+  const auto mine = hidden.narrow(1, 0, span.real(S)).sum(1, /*keepdim=*/true);  // [B, 1, dim]
+  return group->gather_tokens(mine).sum(1) / static_cast<double>(S);
 }
 
 torch::Tensor StudentParts::predict(const comm::TensorDict& batch) {

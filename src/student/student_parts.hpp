@@ -127,6 +127,8 @@ class StudentParts {
   std::size_t module_count() const;
   std::size_t parameter_count() const;
 
+  /// student.sequence_parallel's group (PartsSetup::sequence_parallel), or null.
+  TokenHeadExchange* sequence_parallel() const { return setup_.sequence_parallel; }
   /// The DiT (a LoRA pair: the high-noise expert's).
   WanDiT& model() { return model_; }
   /// A LoRA pair (StudentParts::pair): two experts, both trained.
@@ -152,6 +154,9 @@ class StudentParts {
                         std::map<std::int64_t, torch::Tensor>* hidden);
   /// micro_step's loss under sequence parallelism: this rank's rows against the target's.
   torch::Tensor token_loss(const comm::TensorDict& batch, const CheckpointPolicy& policy);
+  /// The mean over a sample's tokens of `hidden` [B, L, dim] (blocks' states of the batch whose
+  /// latent is `x_t`): under sequence parallelism, over the group's real tokens.
+  torch::Tensor pool_tokens(const torch::Tensor& hidden, const torch::Tensor& x_t) const;
   torch::Tensor project_in(const torch::Tensor& x_t);
   torch::Tensor project_out(const torch::Tensor& y);
 

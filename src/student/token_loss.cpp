@@ -29,12 +29,13 @@ torch::Tensor token_distill_loss(const torch::Tensor& rows, const torch::Tensor&
                                  const TokenHeadExchange& group) {
   const auto n = static_cast<std::int64_t>(group.size());
   const auto L = teacher_out.size(2) / patch[0] * (teacher_out.size(3) / patch[1]) * (teacher_out.size(4) / patch[2]);
-  const auto local = (L + n - 1) / n;  // WanDiT's span: L padded to a multiple of N, N equal runs
+  const auto span = group.span(L);  // WanDiT's: L padded to a multiple of N, N equal runs
+  const auto local = span.local();
   WD_CHECK(rows.size(0) == teacher_out.size(0) && rows.size(1) == local,
            "sequence-parallel rows " << rows.sizes() << " do not hold rank " << group.rank() << "'s " << local
                                      << " tokens of " << L << " (group of " << n << ") for teacher_out "
                                      << teacher_out.sizes());
-  const auto begin = group.rank() * local;
+  const auto begin = span.begin;
   const auto target = latent_token_rows(teacher_out.to(rows.scalar_type()), patch, begin, begin + local);
   // Weights are 1 (or the frame's weight) on real tokens and 0 on the padding.
   const auto full = weights.defined() ? weights.to(rows.scalar_type()).expand_as(teacher_out)

@@ -15,11 +15,13 @@ void ScoreServer::after_stream_step(std::int64_t step) {
 }
 
 void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
-  // Every student's request, concatenated by name (copies: the request slots are free again below).
+  // Every student's request, concatenated by name (copies: the request slots are free again
+  // below). The ranks of a sequence-parallel group ask alike: its first rank's request is run.
   std::map<std::string, std::vector<torch::Tensor>> parts;
   std::vector<std::int64_t> rows;
-  for (auto& requests : service_.requests) {
-    const auto& m = requests->recv(cycle);
+  for (std::size_t slot = 0; slot < service_.requests.size(); ++slot) {
+    const auto& m = service_.requests[slot]->recv(cycle);
+    if (slot % static_cast<std::size_t>(sequence_parallel_) != 0) continue;
     for (const auto& [name, tensor] : m.tensors) parts[name].push_back(tensor);
     rows.push_back(m.at("x_t").size(0));
   }
@@ -39,7 +41,7 @@ void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
   std::vector<comm::TensorDict> answers;
   std::int64_t lo = 0;
   for (const auto n : rows) {
-    answers.push_back({{"teacher_out", batch.out.slice(0, lo, lo + n)}});
+    for (int r = 0; r < sequence_parallel_; ++r) answers.push_back({{"teacher_out", batch.out.slice(0, lo, lo + n)}});
     lo += n;
   }
   service_.answers->send(cycle, answers);

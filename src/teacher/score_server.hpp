@@ -12,7 +12,7 @@
 namespace wd::teacher {
 
 /// Answers each cycle's requests after the forward stream's step schedule.answer_after(cycle):
-/// receives every student's request, runs them as one batch through the whole (guided) teacher
+/// receives every student's request (a sequence-parallel group's once), runs them as one batch through the whole (guided) teacher
 /// (teacher.micro_batch slices it; a two-expert teacher routes each sample by its t), and sends
 /// each student its teacher_out.
 class ScoreServer {
@@ -23,6 +23,9 @@ class ScoreServer {
   void after_stream_step(std::int64_t step);
   /// Testing aid: inject-fault's point serve strikes at step + 1 inside the answer due after step.
   void set_faults(const FaultInjector* faults) { faults_ = faults; }
+  /// student.sequence_parallel: consecutive slots of this many are one group, whose ranks send
+  /// the same request; the teacher runs each group's once and answers every rank of it.
+  void set_sequence_parallel(int n) { sequence_parallel_ = n; }
   /// Where a failure report says this rank was ("real-score answer"); null = none.
   void set_health(comm::HealthChannel* health) { health_ = health; }
   /// Waits until every answer is sent.
@@ -43,6 +46,7 @@ class ScoreServer {
   std::int64_t next_;  ///< the next cycle to answer
   double busy_seconds_ = 0;
   std::int64_t answered_ = 0;  ///< samples
+  int sequence_parallel_ = 1;
 };
 
 }  // namespace wd::teacher

@@ -1,8 +1,9 @@
 // student.sequence_parallel as `train` runs it: groups of 2 and 4 student ranks that share each
 // sample, each holding its tokens through every block, train as one rank does over the same
-// batches (velocity, trajectory with roll-outs, checkpointed blocks, bf16-mixed, a LoRA student,
-// sharded gradients, i2v and ti2v teachers, a token count the group does not divide); a
-// checkpoint written by groups of 2 resumes on 1 and 4; what is not built is refused by name.
+// batches (velocity, trajectory with roll-outs, dmd with its GAN and regression terms,
+// checkpointed blocks, bf16-mixed, a LoRA student, sharded gradients, i2v and ti2v teachers, a
+// token count the group does not divide); a checkpoint written by groups of 2 resumes on 1 and 4;
+// what is not built is refused by name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,6 +26,11 @@ std::string run_dir(const std::string& name) { return " --run-dir " + (root() / 
 // eval_samples 8: a multiple of every global batch here (1 or 2 groups of train.batch_size 2...).
 // teacher.compute fp32: auto's timing could choose apart between two runs (another target).
 const std::string kBase = " --train.log_every 1 --train.eval_samples 8 --teacher.compute fp32";
+
+// dmd with DMD2's GAN term and the regression term on (a generator update every 5 steps).
+const std::string kDmd = " --train.objective dmd --teacher.guidance 3 --student.steps 2 --teacher.shift 3"
+                         " --train.seed 5 --critic.gan_weight 0.01 --train.gan_weight 0.003 --critic.gan_block 0"
+                         " --train.dmd_regression_weight 0.5 --teacher.steps 4";
 
 /// Trains `args` over `groups` data-parallel groups at sequence-parallel sizes 1 and each of `sizes`
 /// (one teacher rank), and expects every curve within `relative` of size 1's, step by step, and
@@ -119,6 +125,8 @@ TEST(SequenceParallel, ATokenCountTheGroupDoesNotDivideAndImageConditionedTeache
     const auto assets = " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
     // ti2v's image mode: per-token t, the clean first frame out of the loss on every rank.
     expect_groups_train_alike(kind, assets + " --train.steps 12", 12, {2}, 1e-5);
+    // dmd keeps the image in every sample it makes (ti2v: the clean first frame; i2v: y).
+    if (kind == "ti2v") expect_groups_train_alike("ti2v-dmd", assets + kDmd + " --train.steps 10", 10, {2}, 1e-5);
   }
 }
 
@@ -141,6 +149,30 @@ TEST(SequenceParallel, ACheckpointOfGroupsOfTwoResumesOnOneAndFourRanks) {
   }
 }
 
+// dmd with its GAN and regression terms: the generator's k-step samples and the critic's forwards
+// split the tokens of each sample over the group (the classifier's mean over tokens summed across
+// it), the teacher answers one request a group, and a checkpoint inside a cycle (its request
+// inputs kept once a group) resumes on 1 and 4 ranks a group.
+TEST(SequenceParallel, DmdWithItsGanAndRegressionTermsTrainsAlikeAndResumesOnOtherGroupSizes) {
+  const std::string dmd = kDmd + " --train.steps 12";
+  expect_groups_train_alike("dmd", dmd + " --checkpoint.every 3 --checkpoint.keep 0", 12, {2}, 1e-5);
+  const auto straight = root() / "dmd-2";
+  EXPECT_TRUE(fs::exists(straight / "checkpoints" / "step-00000003" / "dmd_pending.safetensors"));
+  for (const int n : {1, 4}) {
+    SCOPED_TRACE("resumed on " + std::to_string(n));
+    const auto resumed = root() / ("dmd-resume-" + std::to_string(n));
+    const auto r = test::launch_train(1 + n, " --run-dir " + resumed.string() + kBase + dmd + " --resume " +
+                                                 (straight / "checkpoints" / "step-00000003").string() +
+                                                 " --student.sequence_parallel " + std::to_string(n));
+    ASSERT_EQ(r.code, 0) << r.output;
+    // One real-score forward a group: 2 samples in each of the two updates after the resume.
+    EXPECT_NE(r.output.find("teacher real-score service: 4 samples answered"), std::string::npos) << r.output;
+    const auto all = test::losses(straight), tail = test::losses(resumed);
+    ASSERT_EQ(tail.size(), 9u);
+    for (std::size_t i = 0; i < tail.size(); ++i) EXPECT_NEAR(tail[i], all[i + 3], 1e-6 * all[i + 3]) << "step " << i + 4;
+  }
+}
+
 TEST(SequenceParallel, BadCombinationsAreRefusedBeforeTraining) {
   fs::create_directories(root());
   const auto one_token = (root() / "one-token.h5").string();
@@ -154,8 +186,11 @@ TEST(SequenceParallel, BadCombinationsAreRefusedBeforeTraining) {
   const Case cases[] = {
       {4, " --student.sequence_parallel 3", "must divide the student's num_heads (4); sizes that work: 1, 2, 4"},
       {4, " --student.sequence_parallel 2", "must divide the student ranks of each teacher replica: 3 student rank(s)"},
-      {3, " --student.sequence_parallel 2 --train.objective dmd", "with train.objective dmd (its critic and real score) "
-                                                                  "is not built yet"},
+      {5, " --student.sequence_parallel 4 --train.objective dmd --critic.init random --critic.dim 32"
+          " --critic.ffn_dim 64 --critic.num_heads 2 --critic.num_layers 1",
+       "must divide the dmd critic's num_heads (2); sizes that work: 1, 2"},
+      {2, " --student.sequence_parallel 2 --train.objective dmd --teacher.placement colocated",
+       "with teacher.placement colocated"},
       {2, " --student.sequence_parallel 2 --teacher.placement colocated", "with teacher.placement colocated"},
       {3, " --student.sequence_parallel 2 --student.features 1:1", "with student.features is not built yet"},
       {3, " --student.sequence_parallel 2 --student.out_dim 8", "whose channels differ from the teacher's"},
