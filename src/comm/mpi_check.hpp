@@ -1,10 +1,11 @@
-// The WD_CHECK_MPI macro, its message formatter, and the world ranks of a communicator.
+// The WD_CHECK_MPI macro, its message formatter, and the ranks of a communicator.
 // Torch-free, for the NCCL layer too.
 #pragma once
 
 #include <mpi.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -16,6 +17,10 @@ std::string mpi_error_message(int code, const char* call, const char* file, int 
 
 /// World ranks of the members of `comm`, in communicator order.
 std::vector<int> world_ranks_of(MPI_Comm comm);
+
+/// This rank's rank in `comm` and its size; throws (naming `what`) where this rank is in no
+/// communicator (MPI_COMM_NULL).
+std::pair<int, int> rank_and_size(MPI_Comm comm, const char* what);
 
 }  // namespace wd::comm
 

@@ -28,6 +28,14 @@ std::string mpi_error_message(int code, const char* call, const char* file, int 
   return std::string(call) + " failed: " + reason + " " + call_site(file, line);
 }
 
+std::pair<int, int> rank_and_size(MPI_Comm comm, const char* what) {
+  WD_CHECK(comm != MPI_COMM_NULL, what << " needs a communicator; this rank is in none");
+  int rank = 0, size = 0;
+  WD_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  WD_CHECK_MPI(MPI_Comm_size(comm, &size));
+  return {rank, size};
+}
+
 std::vector<int> world_ranks_of(MPI_Comm comm) {
   int size = 0;
   WD_CHECK_MPI(MPI_Comm_size(comm, &size));

@@ -12,18 +12,8 @@
 
 namespace wd::comm {
 
-namespace {
-std::pair<int, int> rank_and_size(MPI_Comm group) {
-  WD_CHECK(group != MPI_COMM_NULL, "a sequence-parallel exchange needs a communicator; this rank is in none");
-  int rank = 0, size = 0;
-  WD_CHECK_MPI(MPI_Comm_rank(group, &rank));
-  WD_CHECK_MPI(MPI_Comm_size(group, &size));
-  return {rank, size};
-}
-}  // namespace
-
 MpiTokenHeadExchange::MpiTokenHeadExchange(MPI_Comm group, double timeout_s, HealthChannel* health)
-    : MpiTokenHeadExchange(group, rank_and_size(group), timeout_s, health) {}
+    : MpiTokenHeadExchange(group, rank_and_size(group, "a sequence-parallel exchange"), timeout_s, health) {}
 
 MpiTokenHeadExchange::MpiTokenHeadExchange(MPI_Comm group, std::pair<int, int> rank_size, double timeout_s,
                                            HealthChannel* health)

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <optional>
 
+#include "comm/mpi_check.hpp"
 #include "comm/nccl_comm.hpp"
 #include "comm/token_head_exchange_factory.hpp"
 #include "core/errors.hpp"
@@ -85,13 +86,6 @@ class NcclTokenHeadExchange final : public TokenHeadExchange {
   std::optional<NcclComm> comm_;
 };
 
-std::pair<int, int> rank_and_size(MPI_Comm group) {
-  int rank = 0, size = 0;
-  MPI_Comm_rank(group, &rank);
-  MPI_Comm_size(group, &size);
-  return {rank, size};
-}
-
 }  // namespace
 
 std::unique_ptr<TokenHeadExchange> make_nccl_token_head_exchange(MPI_Comm group, const c10::Device& device,
@@ -99,8 +93,9 @@ std::unique_ptr<TokenHeadExchange> make_nccl_token_head_exchange(MPI_Comm group,
                                                                  HealthChannel* health) {
   WD_CHECK(device.is_cuda(), "the NCCL sequence-parallel all-to-all needs a CUDA device, rank " << world_rank
                                                                                                << " has " << device);
-  return std::make_unique<NcclTokenHeadExchange>(group, rank_and_size(group), device.index() < 0 ? 0 : device.index(),
-                                                 timeout_s, world_rank, health);
+  return std::make_unique<NcclTokenHeadExchange>(group, rank_and_size(group, "a sequence-parallel exchange"),
+                                                 device.index() < 0 ? 0 : device.index(), timeout_s, world_rank,
+                                                 health);
 }
 
 }  // namespace wd::comm
