@@ -23,7 +23,8 @@ struct ConvertOptions {
   KeyLayout layout = KeyLayout::kNative;
   /// With the diffusers layout: write `output` as a diffusers pipeline folder, the DiT in
   /// transformer/ beside model_index.json (write_diffusers_model_index: WanImageToVideoPipeline for
-  /// an i2v model, expand_timesteps for a ti2v one), which `<Pipeline>.from_pretrained` loads.
+  /// an i2v model, expand_timesteps for a ti2v one), which `<Pipeline>.from_pretrained` loads;
+  /// two experts (convert_wan_experts) in transformer/ and transformer_2/ with boundary_ratio.
   bool pipeline = false;
   /// Keep the fp32 islands of spec §6 in fp32 when they are stored in fp32 (see kept_in_fp32).
   bool keep_fp32 = true;

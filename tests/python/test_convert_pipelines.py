@@ -293,8 +293,7 @@ def fp32_merge(teacher, lora):
 
 
 def check_pair(checks, cli, work, vae):
-    print("
-the I2V-A14B LoRA pair: convert --layout pipeline of RUN/student -> one two-expert pipeline:")
+    print("\nthe I2V-A14B LoRA pair: convert --layout pipeline of RUN/student -> one two-expert pipeline:")
     teacher, pair, folder = make_pair(cli, work)
     print(f"  model_index.json: {json.dumps(json.loads((folder / 'model_index.json').read_text()), sort_keys=True)}")
     pipe = DiffusionPipeline.from_pretrained(folder, vae=vae, text_encoder=None, tokenizer=None, scheduler=scheduler())
@@ -337,9 +336,9 @@ def refused(checks, cli, work, what, code, text, *args):
     """`convert` of `args` exits with `code`, says `text` and writes nothing."""
     out = work / "refused"
     r = subprocess.run([cli.binary, "convert", *map(str, args), "--output", str(out)], capture_output=True, text=True)
-    said = (r.stdout + r.stderr).strip().splitlines()
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "[error]" in line]
     checks.expect(r.returncode == code and text in r.stdout + r.stderr and not out.exists(),
-                  f"{what}: exit {r.returncode} (want {code}), nothing written: {said[-1] if said else ''}")
+                  f"{what}: exit {r.returncode} (want {code}), nothing written: {said[0] if said else 'no error logged'}")
 
 
 def check_refusals(checks, cli, work, pair):
