@@ -339,7 +339,7 @@ std::array<ConvertResult, 2> convert_wan_experts(const WanExperts& experts, cons
   jobs[1].sub = options.pipeline ? DiffusersPipeline::kTransformer : WanExperts::kHighDir;
   const auto& type = experts.config().model_type;
   if (!options.pipeline && default_expert_boundary(type) != experts.boundary()) {
-    spdlog::warn("convert: the official two-expert layout records no boundary, and {}'s is {} where a {} teacher's "
+    spdlog::warn("convert: the official two-expert layout records no boundary, and {}'s is {} where model type {}'s "
                  "default is {}: pass teacher.boundary {} wherever the output is used", experts.path(),
                  experts.boundary(), type, default_expert_boundary(type).value_or(0.0), experts.boundary());
   }
