@@ -1,6 +1,6 @@
 // `wan-distill convert`: rewrites a DiT checkpoint once in another dtype (bf16 for teachers) and
 // layout (native, diffusers for WanTransformer3DModel.from_pretrained, a diffusers pipeline folder,
-// or a LoRA student's LoRA files).
+// or a LoRA student's LoRA files); a two-expert model (an A14B teacher, a LoRA pair merged) whole.
 #include <spdlog/spdlog.h>
 
 #include "app/commands.hpp"
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 namespace wd::app {
 
@@ -40,6 +41,7 @@ struct ConvertConfig {
   std::string dtype = "bf16";
   std::string layout = "native";  // a ConvertLayout, parsed in validate() to name every bad value at once
   std::string shard_size = "5GB";
+  double boundary = 0.0;  // 0: the teacher's
   bool keep_fp32 = true;
   bool force = false;
   LogConfig log;
@@ -55,10 +57,14 @@ struct ConvertConfig {
               "what to write: native (official Wan) | diffusers "
               "(WanTransformer3DModel.from_pretrained(DIR) loads it) | pipeline (a diffusers pipeline folder: "
               "model_index.json and the diffusers DiT in DIR/transformer/; WanImageToVideoPipeline for an i2v "
-              "model, expand_timesteps for a ti2v one) | lora (the input a LoRA student folder: DIR/" +
+              "model, expand_timesteps for a ti2v one; a two-expert input or LoRA pair: transformer/ the high-noise "
+              "expert, transformer_2/ the low-noise one, and boundary_ratio) | lora (the input a LoRA student folder: DIR/" +
                   std::string(kDiffusersLoraFile) + " for diffusers' load_lora_weights and DIR/" + kComfyLoraFile +
                   " for ComfyUI's LoRA loader; any other layout writes the merged model)")
         .bind("shard-size", shard_size, "largest shard file, e.g. 5GB, 512MB, 2GiB")
+        .bind("boundary", boundary,
+              "a two-expert input with --layout pipeline: the boundary_ratio model_index.json records (0 = the "
+              "teacher's: its pipeline's boundary_ratio, else its model type's, t2v 0.875, i2v 0.9)")
         .bind("keep-fp32", keep_fp32,
               "keep fp32 the tensors the model only uses in fp32 (time MLP, time projection, "
               "modulations, cross-attn LayerNorms, head); false = everything in --dtype")
@@ -93,6 +99,7 @@ struct ConvertConfig {
     } catch (const ConfigError& e) {
       problems.check(false, e.what());
     }
+    problems.check(boundary >= 0 && boundary < 1, fmt::format("boundary({}) must be in [0, 1)", boundary));
     log.validate(problems);
     problems.throw_if_any("convert");
     return options;
@@ -138,6 +145,29 @@ void export_lora(const ConvertConfig& cfg, c10::ScalarType dtype) {
   }
 }
 
+/// A two-expert input (an A14B teacher, or a LoRA pair: each expert its base with its adapters
+/// merged in fp32) as one folder of both experts: --layout pipeline (transformer/ the high-noise
+/// expert, transformer_2/ the low-noise one, model_index.json with the boundary) or native.
+void convert_experts(const ConvertConfig& cfg, const ConvertOptions& options) {
+  const auto experts = WanExperts::open(cfg.input, cfg.boundary > 0 ? std::optional<double>(cfg.boundary) : std::nullopt,
+                                         cfg.model_config);
+  const auto* high = experts.expert(WanExperts::kHigh).lora();
+  const auto* low = experts.expert(WanExperts::kLow).lora();
+  if (high && low) {
+    spdlog::info("convert: {} is a LoRA pair: writing each expert's base ({}, {}) with its adapters merged",
+                 cfg.input, high->base, low->base);
+  }
+  spdlog::info("convert: two experts, boundary {} ({})", experts.boundary(),
+               cfg.boundary > 0 ? "--boundary" : experts.boundary_origin());
+  const auto results = convert_wan_experts(experts, cfg.output, options);
+  for (std::size_t i : {WanExperts::kHigh, WanExperts::kLow}) {
+    if (results[i].kept_fp32 == 0) continue;
+    spdlog::info("convert: {}: {} of {} tensors kept in fp32 ({} of input); the rest are {}", experts.expert_name(i),
+                 results[i].kept_fp32, results[i].tensors,
+                 format_bytes(static_cast<double>(results[i].kept_fp32_bytes)), dtype_name(options.dtype));
+  }
+}
+
 }  // namespace
 
 int run_convert(const std::vector<std::string>& args) {
@@ -147,7 +177,9 @@ int run_convert(const std::vector<std::string>& args) {
   if (parse_options(args, table).help) {
     print_help(
         "wan-distill convert --input PATH --output DIR [--dtype bf16] [--layout native|diffusers|pipeline] "
-        "[--shard-size 5GB] [--force]\n       wan-distill convert --input RUN_DIR/student|LORA_PAIR --output DIR --layout lora [--dtype fp32]",
+        "[--shard-size 5GB] [--force]\n"
+        "       wan-distill convert --input A14B|LORA_PAIR --output DIR --layout pipeline|native [--boundary B]\n"
+        "       wan-distill convert --input RUN_DIR/student|LORA_PAIR --output DIR --layout lora [--dtype fp32]",
         "Rewrites a Wan DiT checkpoint (e.g. the official fp32 one, or a trained student's\n"
         "RUN_DIR/student) in another dtype and key layout, once: bf16 so that teachers map\n"
         "weights straight from the file; --layout diffusers for diffusers, whose\n"
@@ -158,10 +190,16 @@ int run_convert(const std::vector<std::string>& args) {
         "index, one shard at a time (memory stays about one shard), into a temporary directory\n"
         "renamed to DIR when complete. By default the tensors the model uses only in fp32 stay\n"
         "fp32 (spec section 6; docs/placement.md). A LoRA student folder (student.lora_rank) is\n"
-        "written merged (base + adapters), or with --layout lora as the LoRA files diffusers and\n"
-        "ComfyUI load on top of the base (docs/lora.md); a two-expert LoRA pair (high_noise_model/ and\n"
-        "low_noise_model/ LoRA folders of student.expert runs) as one such folder per expert. Exit codes: 2 bad options, existing output or\n"
-        "a model the layout cannot express, 3 bad input checkpoint.",
+        "written merged (base + adapters, merged in fp32), or with --layout lora as the LoRA files\n"
+        "diffusers and ComfyUI load on top of the base (docs/lora.md).\n"
+        "A two-expert input (an A14B teacher, or a LoRA pair: high_noise_model/ and\n"
+        "low_noise_model/ LoRA folders, as a LoRA pair run writes RUN_DIR/student) is written whole:\n"
+        "--layout pipeline as Wan2.2-T2V/I2V-A14B-Diffusers, transformer/ the high-noise expert,\n"
+        "transformer_2/ the low-noise one, each merged with its adapters, and model_index.json with\n"
+        "the teacher's boundary_ratio (WanPipeline / WanImageToVideoPipeline.from_pretrained(DIR));\n"
+        "--layout native as the official high_noise_model/ and low_noise_model/; --layout lora as\n"
+        "one folder of LoRA files per expert. Exit codes: 2 bad options, existing output or a\n"
+        "model the layout cannot express, 3 bad input checkpoint.",
         table);
     return kExitOk;
   }
@@ -170,6 +208,10 @@ int run_convert(const std::vector<std::string>& args) {
   const auto layout = cfg.layout_choice();
   if (layout == ConvertLayout::kLora) {
     export_lora(cfg, options.dtype);
+    return kExitOk;
+  }
+  if (WanExperts::is_two_expert_dir(cfg.input)) {
+    convert_experts(cfg, options);
     return kExitOk;
   }
   const auto input = WanCheckpoint::open(cfg.input, cfg.model_config);

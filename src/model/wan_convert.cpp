@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -146,16 +147,27 @@ struct TensorPlan {
   std::uint64_t in_bytes, out_bytes;
 };
 
-/// The output directory, absolute; a ConfigError when it is empty, holds the input, or exists
+/// One DiT of the output: its checkpoint, the folder it goes into (relative to the output; empty
+/// for the output itself), its config.json and its tensors' plans.
+struct DitJob {
+  const WanCheckpoint* input;
+  fs::path sub;
+  std::string config_json;
+  std::vector<TensorPlan> plans;
+  ConvertResult result;
+};
+
+/// The output directory, absolute; a ConfigError when it is empty, holds an input, or exists
 /// without `force`.
-fs::path checked_output(const WanCheckpoint& input, const std::string& output, bool force) {
+fs::path checked_output(const std::vector<std::string>& inputs, const std::string& output, bool force) {
   fs::path out = fs::path(output).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   if (out.empty()) throw ConfigError("output() must name a directory");
   out = fs::absolute(out);
-  if (is_within(input.path(), out)) {
-    throw ConfigError("output(" + output + ") is or holds the input " + input.path() +
-                      "; write the converted copy elsewhere");
+  for (const auto& input : inputs) {
+    if (is_within(input, out)) {
+      throw ConfigError("output(" + output + ") is or holds the input " + input + "; write the converted copy elsewhere");
+    }
   }
   if (fs::exists(fs::symlink_status(out)) && !force) {
     throw ConfigError("output(" + output + ") already exists; pass --force to replace it");
@@ -186,87 +198,55 @@ std::vector<TensorPlan> plan_tensors(const WanCheckpoint& input, const ConvertOp
   return plans;
 }
 
-}  // namespace
-
-ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
-                                     const ConvertOptions& options) {
-  input.check();  // every missing, unexpected or mis-shaped tensor, named, before any work
-  WD_CHECK_AS(ConfigError, !options.pipeline || options.layout == KeyLayout::kDiffusers,
-              "a diffusers pipeline folder holds the diffusers layout, not " << layout_name(options.layout));
-  // The config first: it throws for a model the layout cannot express, before any work.
-  const auto config_json = wan_config_json(input.config(), options.layout);
-  const auto out = checked_output(input, output, options.force);
-  const bool exists = fs::exists(fs::symlink_status(out));
-  ConvertResult result;
-  std::uint64_t out_bytes = 0;
-  const auto plans = plan_tensors(input, options, result, out_bytes);
-
-  fs::create_directories(out.parent_path());
-  const auto space = fs::space(out.parent_path());
-  if (space.available < out_bytes) {
-    throw Error("output(" + output + ") is on a file system with " +
-                format_bytes(static_cast<double>(space.available)) + " free; the converted copy needs " +
-                format_bytes(static_cast<double>(out_bytes)));
+/// One tensor of `input` as `plan` writes it. A tensor written as stored is a view of the input
+/// mapping, named in `written_as_views` so that its pages are dropped once its shard is on disk.
+torch::Tensor convert_tensor(const WanCheckpoint& input, const TensorPlan& plan,
+                             std::vector<std::string>& written_as_views) {
+  const auto [file, stored] = input.location(plan.name);
+  try {
+    // A LoRA folder's adapted weight converts from its fp32 merge: the merge rounded to the
+    // base's dtype first would lose what a wider output keeps (--dtype fp32 over a bf16 base).
+    const bool merged = input.merges(plan.name);
+    const auto source = merged ? input.tensor(plan.name, torch::kFloat) : input.tensor(plan.name);
+    if (plan.from == plan.to && !merged) {
+      written_as_views.push_back(plan.name);
+      return source;
+    }
+    // Two reductions instead of an isfinite() pass: no temporary the size of the tensor, so
+    // memory stays at one shard.
+    const double largest = std::max(source.max().item<double>(), -source.min().item<double>());
+    if (largest >= overflow_threshold(plan.to)) {
+      throw DataError(file, stored, "holds " + std::to_string(largest) + ", beyond the range of " +
+                                        dtype_name(plan.to) + " (it would become inf)");
+    }
+    auto converted = source.to(plan.to);
+    input.release(plan.name);
+    return converted;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DataError(file, stored, std::string("cannot be converted to ") + dtype_name(plan.to) + ": " + e.what());
   }
-  spdlog::info("convert: {} ({}, {} layout{}) -> {} ({} layout) as {}{} in shards of at most {}",
-               input.path(), format_bytes(static_cast<double>(result.input_bytes)),
-               layout_name(input.layout()), input.prefixed() ? ", ComfyUI prefix" : "",
-               out.string(), layout_name(options.layout), dtype_name(options.dtype),
-               result.kept_fp32 ? fmt::format(" ({} fp32 tensors kept fp32)", result.kept_fp32) : "",
-               format_bytes(static_cast<double>(options.shard_bytes)));
+}
 
-  StagingDir staging(out);
-  // A pipeline folder holds the DiT in transformer/, as diffusers' save_pretrained writes it.
-  const auto dit_dir = options.pipeline ? staging.path() / DiffusersPipeline::kTransformer : staging.path();
-  fs::create_directories(dit_dir);
-  write_file_atomically((dit_dir / "config.json").string(), config_json);
-
-  Progress progress("converting " + input.path(), static_cast<double>(result.input_bytes), "bytes");
-  // Tensors written as they are stored are views of the input mapping: their pages can only be
-  // dropped once their shard is on disk.
+/// Writes one DiT into `dir`: its config.json and its converted tensors, one shard at a time.
+void write_dit(DitJob& job, const fs::path& dir, const ConvertOptions& options) {
+  const auto& input = *job.input;
+  fs::create_directories(dir);
+  write_file_atomically((dir / "config.json").string(), job.config_json);
+  Progress progress("converting " + input.path(), static_cast<double>(job.result.input_bytes), "bytes");
   std::vector<std::string> written_as_views;
   std::vector<TensorSource> sources;
-  for (const auto& plan : plans) {
-    const auto stored_as =
-        options.layout == KeyLayout::kNative ? plan.name : native_to_diffusers(plan.name);
+  for (const auto& plan : job.plans) {
+    const auto stored_as = options.layout == KeyLayout::kNative ? plan.name : native_to_diffusers(plan.name);
     sources.push_back({stored_as, plan.out_bytes, [&input, &progress, &written_as_views, plan] {
-                         const auto [file, stored] = input.location(plan.name);
-                         torch::Tensor converted;
-                         try {
-                           // A LoRA folder's adapted weight converts from its fp32 merge:
-                           // the merge rounded to the base's dtype first would lose what a
-                           // wider output keeps (--dtype fp32 over a bf16 base).
-                           const bool merged = input.merges(plan.name);
-                           const auto source = merged ? input.tensor(plan.name, torch::kFloat) : input.tensor(plan.name);
-                           if (plan.from == plan.to && !merged) {
-                             converted = source;
-                             written_as_views.push_back(plan.name);
-                           } else {
-                             // Two reductions instead of an isfinite() pass: no temporary
-                             // the size of the tensor, so memory stays at one shard.
-                             const double largest = std::max(source.max().item<double>(),
-                                                             -source.min().item<double>());
-                             if (largest >= overflow_threshold(plan.to)) {
-                               throw DataError(file, stored,
-                                               "holds " + std::to_string(largest) +
-                                                   ", beyond the range of " + dtype_name(plan.to) +
-                                                   " (it would become inf)");
-                             }
-                             converted = source.to(plan.to);
-                             input.release(plan.name);
-                           }
-                         } catch (const Error&) {
-                           throw;
-                         } catch (const std::exception& e) {
-                           throw DataError(file, stored, std::string("cannot be converted to ") +
-                                                             dtype_name(plan.to) + ": " + e.what());
-                         }
+                         auto converted = convert_tensor(input, plan, written_as_views);
                          progress.advance(static_cast<double>(plan.in_bytes));
                          return converted;
                        }});
   }
-  result.files = write_sharded_safetensors(
-      dit_dir.string(), kCheckpointStem, sources, options.shard_bytes, {{"format", "pt"}},
+  job.result.files = write_sharded_safetensors(
+      dir.string(), kCheckpointStem, sources, options.shard_bytes, {{"format", "pt"}},
       [&input, &written_as_views](std::uint64_t) {
         for (const auto& name : written_as_views) input.release(name);
         written_as_views.clear();
@@ -276,15 +256,97 @@ ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::stri
         ::malloc_trim(0);
       });
   progress.finish();
-  // Last, so that the folder is a pipeline only once its transformer is complete.
-  if (options.pipeline) write_diffusers_model_index(staging.path().string(), input.config(), false, std::nullopt);
+}
+
+/// Converts each of `jobs` (input and subfolder set) into its subfolder of `output`, then lets
+/// `finish` write what the folder holds beside them (a pipeline's model_index.json), all in a
+/// staging directory published as `output` when complete. Every input is checked, and the
+/// output and free space with it, before anything is written.
+void convert_dits(std::vector<DitJob>& jobs, const std::string& output, const ConvertOptions& options,
+                  const std::function<void(const fs::path&)>& finish) {
+  std::vector<std::string> inputs;
+  for (auto& job : jobs) {
+    job.input->check();  // every missing, unexpected or mis-shaped tensor, named, before any work
+    // The config first: it throws for a model the layout cannot express, before any work.
+    job.config_json = wan_config_json(job.input->config(), options.layout);
+    inputs.push_back(job.input->path());
+  }
+  const auto out = checked_output(inputs, output, options.force);
+  const bool exists = fs::exists(fs::symlink_status(out));
+  std::uint64_t out_bytes = 0;
+  for (auto& job : jobs) job.plans = plan_tensors(*job.input, options, job.result, out_bytes);
+
+  fs::create_directories(out.parent_path());
+  const auto space = fs::space(out.parent_path());
+  if (space.available < out_bytes) {
+    throw Error("output(" + output + ") is on a file system with " + format_bytes(static_cast<double>(space.available)) +
+                " free; the converted copy needs " + format_bytes(static_cast<double>(out_bytes)));
+  }
+  for (const auto& job : jobs) {
+    const auto& r = job.result;
+    spdlog::info("convert: {} ({}, {} layout{}) -> {} ({} layout) as {}{} in shards of at most {}", job.input->path(),
+                 format_bytes(static_cast<double>(r.input_bytes)), layout_name(job.input->layout()),
+                 job.input->prefixed() ? ", ComfyUI prefix" : "", (job.sub.empty() ? out : out / job.sub).string(),
+                 layout_name(options.layout), dtype_name(options.dtype),
+                 r.kept_fp32 ? fmt::format(" ({} fp32 tensors kept fp32)", r.kept_fp32) : "",
+                 format_bytes(static_cast<double>(options.shard_bytes)));
+  }
+  StagingDir staging(out);
+  std::size_t files = 0;
+  std::uint64_t bytes = 0;
+  for (auto& job : jobs) {
+    write_dit(job, staging.path() / job.sub, options);
+    files += job.result.files.shard_files.size() + (job.result.files.index_file.empty() ? 0 : 1);
+    bytes += job.result.files.total_bytes;
+  }
+  // Last, so that the folder is what `finish` says it is only once its DiTs are complete.
+  finish(staging.path());
   staging.publish(exists);
-  spdlog::info("convert: wrote {}config.json, {} safetensors file(s){} ({}) to {}",
-               options.pipeline ? std::string(DiffusersPipeline::kIndexName) + " and transformer/" : "",
-               result.files.shard_files.size(),
-               result.files.index_file.empty() ? "" : " and " + result.files.index_file,
-               format_bytes(static_cast<double>(result.files.total_bytes)), out.string());
-  return result;
+  spdlog::info("convert: wrote {} config.json and {} safetensors file(s) ({}) to {}", jobs.size(), files,
+               format_bytes(static_cast<double>(bytes)), out.string());
+}
+
+}  // namespace
+
+ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
+                                     const ConvertOptions& options) {
+  WD_CHECK_AS(ConfigError, !options.pipeline || options.layout == KeyLayout::kDiffusers,
+              "a diffusers pipeline folder holds the diffusers layout, not " << layout_name(options.layout));
+  // A pipeline folder holds the DiT in transformer/, as diffusers' save_pretrained writes it.
+  std::vector<DitJob> jobs(1);
+  jobs[0].input = &input;
+  if (options.pipeline) jobs[0].sub = DiffusersPipeline::kTransformer;
+  convert_dits(jobs, output, options, [&](const fs::path& dir) {
+    if (options.pipeline) write_diffusers_model_index(dir.string(), input.config(), false, std::nullopt);
+  });
+  return jobs[0].result;
+}
+
+std::array<ConvertResult, 2> convert_wan_experts(const WanExperts& experts, const std::string& output,
+                                                 const ConvertOptions& options) {
+  WD_CHECK_AS(ConfigError, experts.two_experts(), experts.path() << " is one model, not two experts");
+  WD_CHECK_AS(ConfigError, options.pipeline || options.layout == KeyLayout::kNative,
+              "the two experts of " << experts.path() << " make no single diffusers WanTransformer3DModel folder; "
+                                    << "--layout pipeline writes them as a diffusers pipeline (transformer/ and "
+                                       "transformer_2/, as Wan2.2-T2V-A14B-Diffusers), --layout native as the "
+                                       "official high_noise_model/ and low_noise_model/");
+  WD_CHECK_AS(ConfigError, !options.pipeline || options.layout == KeyLayout::kDiffusers,
+              "a diffusers pipeline folder holds the diffusers layout, not " << layout_name(options.layout));
+  std::vector<DitJob> jobs(2);
+  jobs[0].input = &experts.expert(WanExperts::kLow);
+  jobs[1].input = &experts.expert(WanExperts::kHigh);
+  jobs[0].sub = options.pipeline ? DiffusersPipeline::kTransformer2 : WanExperts::kLowDir;
+  jobs[1].sub = options.pipeline ? DiffusersPipeline::kTransformer : WanExperts::kHighDir;
+  const auto& type = experts.config().model_type;
+  if (!options.pipeline && default_expert_boundary(type) != experts.boundary()) {
+    spdlog::warn("convert: the official two-expert layout records no boundary, and {}'s is {} where model type {}'s "
+                 "default is {}: pass teacher.boundary {} wherever the output is used", experts.path(),
+                 experts.boundary(), type, default_expert_boundary(type).value_or(0.0), experts.boundary());
+  }
+  convert_dits(jobs, output, options, [&](const fs::path& dir) {
+    if (options.pipeline) write_diffusers_model_index(dir.string(), experts.config(), true, experts.boundary());
+  });
+  return {jobs[0].result, jobs[1].result};
 }
 
 }  // namespace wd

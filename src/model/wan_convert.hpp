@@ -1,15 +1,18 @@
-// convert_wan_checkpoint: rewrites a Wan DiT checkpoint in another dtype and key layout,
-// one shard at a time, into a directory that appears atomically.
+// convert_wan_checkpoint and convert_wan_experts: rewrite a Wan DiT checkpoint, or the two experts of
+// an A14B model, in another dtype and key layout, one shard at a time, into a directory that
+// appears atomically.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/wan_experts.hpp"
 
 namespace wd {
 
@@ -20,7 +23,8 @@ struct ConvertOptions {
   KeyLayout layout = KeyLayout::kNative;
   /// With the diffusers layout: write `output` as a diffusers pipeline folder, the DiT in
   /// transformer/ beside model_index.json (write_diffusers_model_index: WanImageToVideoPipeline for
-  /// an i2v model, expand_timesteps for a ti2v one), which `<Pipeline>.from_pretrained` loads.
+  /// an i2v model, expand_timesteps for a ti2v one), which `<Pipeline>.from_pretrained` loads;
+  /// two experts (convert_wan_experts) in transformer/ and transformer_2/ with boundary_ratio.
   bool pipeline = false;
   /// Keep the fp32 islands of spec §6 in fp32 when they are stored in fp32 (see kept_in_fp32).
   bool keep_fp32 = true;
@@ -56,5 +60,17 @@ bool kept_in_fp32(const std::string& native_key);
 /// tensor for bad input.
 ConvertResult convert_wan_checkpoint(const WanCheckpoint& input, const std::string& output,
                                      const ConvertOptions& options);
+
+/// Converts the two experts of `experts` (an A14B teacher, or a LoRA pair whose experts open as
+/// their bases with the adapters merged, in fp32 as above) into one folder: with
+/// `options.pipeline`, a diffusers pipeline folder laid out as Wan2.2-T2V-A14B-Diffusers, the
+/// high-noise expert in transformer/, the low-noise one in transformer_2/ and model_index.json
+/// with boundary_ratio experts.boundary(); in the native layout, the official
+/// high_noise_model/ and low_noise_model/ (which record no boundary: a warning when it is not
+/// the model type's default). Same checks, staging and publishing as convert_wan_checkpoint;
+/// a ConfigError for the diffusers layout without a pipeline (one WanTransformer3DModel folder
+/// holds one DiT). Returns each expert's result, {low, high}.
+std::array<ConvertResult, 2> convert_wan_experts(const WanExperts& experts, const std::string& output,
+                                                 const ConvertOptions& options);
 
 }  // namespace wd

@@ -86,10 +86,22 @@ WanExperts WanExperts::open(const std::string& path, std::optional<double> bound
   both.push_back(WanCheckpoint::open((p / low).string()));
   both.push_back(WanCheckpoint::open((p / high).string()));
   // A LoRA pair (one student.expert run per expert): each must adapt the expert whose place it takes.
-  if (both[0].lora() && both[1].lora()) check_lora_pair(*both[0].lora(), *both[1].lora(), path);
-  auto out = from_checkpoints(std::move(both), boundary ? boundary : sub->boundary, path);
+  auto recorded = sub->boundary;
+  std::string recorded_in = path;
+  if (both[0].lora() && both[1].lora()) {
+    check_lora_pair(*both[0].lora(), *both[1].lora(), path);
+    // Its boundary is its teacher's, the folder holding both bases, when that records one.
+    auto base = fs::path(both[kHigh].lora()->base).lexically_normal();
+    if (!base.has_filename()) base = base.parent_path();
+    const auto teacher = folders(base.parent_path().string());
+    if (!recorded && teacher && teacher->boundary) {
+      recorded = teacher->boundary;
+      recorded_in = base.parent_path().string();
+    }
+  }
+  auto out = from_checkpoints(std::move(both), boundary ? boundary : recorded, path);
   out.names_ = sub->names;
-  if (!boundary && sub->boundary) out.boundary_origin_ = "the boundary_ratio of " + path + "/model_index.json";
+  if (!boundary && recorded) out.boundary_origin_ = "the boundary_ratio of " + recorded_in + "/model_index.json";
   return out;
 }
 

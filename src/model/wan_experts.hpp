@@ -54,7 +54,8 @@ class WanExperts {
 
   /// Opens `path`: a two-expert folder (both subfolders required) or anything
   /// WanCheckpoint::open takes (one expert). `boundary` (0 < b < 1) overrides the folder's own
-  /// (a diffusers pipeline's boundary_ratio), which overrides the model_type's default; a
+  /// (a diffusers pipeline's boundary_ratio; for a LoRA pair, its teacher's, the folder holding
+  /// both bases), which overrides the model_type's default; a
   /// two-expert folder with neither needs it. `config_path` overrides the config of a single
   /// checkpoint; a two-expert folder refuses it (each expert has its own config.json).
   static WanExperts open(const std::string& path, std::optional<double> boundary = std::nullopt,

@@ -28,12 +28,30 @@ its tokens at timestep 0):
    the image on both sides (diffusers puts it back in the model input and at the end:
    (1 − first_frame_mask)·condition + first_frame_mask·latents).
 
+The I2V-A14B LoRA pair as one merged pipeline (issue 44):
+4. A tiny two-expert i2v teacher in bf16 (init-teacher --experts 2 --layout diffusers: a pipeline
+   folder whose model_index.json is set to boundary_ratio 0.85, not the I2V default 0.9), a LoRA
+   pair trained on it in one run for 3 guided steps (--student.lora_rank 4 --student.lora_alpha 8:
+   RUN/student holds high_noise_model/ and low_noise_model/) and `convert --layout pipeline --dtype fp32` of it.
+   DiffusionPipeline.from_pretrained builds a WanImageToVideoPipeline with transformer and
+   transformer_2, boundary_ratio 0.85 (the teacher's), no key of either missing or unexpected.
+   transformer/ is the high-noise expert and transformer_2/ the low-noise one, each its bf16 base
+   widened plus (alpha / rank) up @ down in fp32 (1e-6 a weight; the merge rounded to bf16 lies
+   ~1e-3 away, so the check tells them apart), and each one's forward (with y) equals `wan-distill
+   forward --dtype fp32` of its expert's LoRA folder within 1e-5 of the output's largest
+   magnitude; the two experts' outputs differ.
+5. Bad pairs are refused before anything is written: --layout diffusers (exit 2, one
+   WanTransformer3DModel holds one DiT), a pair whose teacher is gone (exit 3, naming the
+   lora.json and its base field), a pair with one expert's folder missing (exit 3, naming it).
+
 Usage: .venv/bin/python tests/python/test_convert_pipelines.py WAN_DISTILL MPIRUN_SH WORK_DIR
 Exit status 0 when everything agrees, 1 otherwise (also when a package is missing).
 """
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,14 +70,18 @@ try:
 except ImportError as e:
     sys.exit(f"FAIL: {e}; install launch/requirements.txt into .venv/ (bash launch/setup.sh venv)")
 
-from test_diffusers_interop import finish, start  # noqa: E402  (this folder)
-from wd_test_support import CPU_JOB, padded_context  # noqa: E402
+import wan_keys  # noqa: E402  (tools/, after the path is set)
+from test_diffusers_interop import diffusers_forward, finish, make_inputs, start  # noqa: E402  (this folder)
+from wd_test_support import CPU_JOB, OfficialTimesteps, padded_context  # noqa: E402
 
 TOLERANCE = 1e-5  # the issue's bound: max|ours - diffusers| / max|diffusers| of every state
 LATENT = (16, 3, 8, 8)  # C, F, H, W: 9 video frames of 64 x 64 for a VAE of strides 4 and 8
 SAMPLES, ROWS = 12, (0, 1)
 STEPS, SHIFT = 3, 5.0  # the official Wan 2.2 image models' shift
 PIPELINES = {"i2v": WanImageToVideoPipeline, "ti2v": WanPipeline}  # what model_index.json names
+PAIR_BOUNDARY = 0.85  # the pair's teacher's boundary_ratio, not I2V-A14B's default 0.9
+WEIGHT_TOLERANCE = 1e-6  # both sides add the same rank-4 product to the same widened weight
+EXPERTS = {"high": ("high_noise_model", "transformer"), "low": ("low_noise_model", "transformer_2")}
 
 
 def tiny_vae():
@@ -233,6 +255,109 @@ def compare(checks, kind, solver, pipe, pictures, teacher, data, student, cli, w
     return worst
 
 
+def make_pair(cli, work):
+    """The two-expert i2v teacher (a bf16 pipeline folder at PAIR_BOUNDARY), its LoRA pair trained in
+    one run, and the pair's merged pipeline."""
+    teacher, run, folder = work / "a14b-teacher", work / "a14b-run", work / "a14b-pipeline"
+    quiet = ("--log.level", "warn")
+    cli.run("init-teacher", "--preset", "tiny", "--experts", 2, "--layout", "diffusers", "--model-type", "i2v",
+            "--in-dim", 36, "--out-dim", LATENT[0], "--dtype", "bf16", "--seed", 3, "--output", teacher, *quiet)
+    index = json.loads((teacher / "model_index.json").read_text())
+    index["boundary_ratio"] = PAIR_BOUNDARY
+    (teacher / "model_index.json").write_text(json.dumps(index, indent=2))
+    # The i2v teacher's builtin data set holds each sample's image condition: y at every forward.
+    # guided (a LoRA starts as the teacher: velocity would teach it nothing) at Wan's training shift,
+    # which puts ~37% of the draws on the high-noise expert's side.
+    cli.run("train", "--run-dir", run, "--teacher.checkpoint", teacher, "--train.objective", "guided", "--noise.shift",
+            5, "--student.lora_rank", 4, "--student.lora_alpha", 8, "--train.steps", 3, "--train.lr", 0.01,
+            "--train.warmup_steps", 0, "--train.eval_samples", 4, *CPU_JOB, launcher=("bash", cli.mpirun, "-np", 2))
+    cli.run("convert", "--input", run / "student", "--output", folder, "--layout", "pipeline", "--dtype", "fp32",
+            *quiet)
+    return teacher, run / "student", folder
+
+
+def fp32_merge(teacher, lora):
+    """An expert's weights as the fp32 merge, in diffusers' names: the bf16 base widened, plus
+    (alpha / rank) up @ down of each adapted linear."""
+    want = {k: v.float() for k, v in load_file(str(teacher / "diffusion_pytorch_model.safetensors")).items()}
+    meta = json.loads((lora / "lora.json").read_text())
+    factors = load_file(str(lora / "adapters.safetensors"))
+    adapted = []
+    for name in factors:
+        if name.endswith(".lora_up"):
+            linear = name[: -len(".lora_up")]
+            key = wan_keys.native_to_diffusers(f"{linear}.weight")
+            want[key] = want[key] + (meta["alpha"] / meta["rank"]) * (factors[name] @ factors[f"{linear}.lora_down"])
+            adapted.append(key)
+    return want, adapted
+
+
+def check_pair(checks, cli, work, vae):
+    print("\nthe I2V-A14B LoRA pair: convert --layout pipeline of RUN/student -> one two-expert pipeline:")
+    teacher, pair, folder = make_pair(cli, work)
+    print(f"  model_index.json: {json.dumps(json.loads((folder / 'model_index.json').read_text()), sort_keys=True)}")
+    pipe = DiffusionPipeline.from_pretrained(folder, vae=vae, text_encoder=None, tokenizer=None, scheduler=scheduler())
+    checks.expect(type(pipe) is WanImageToVideoPipeline and pipe.transformer_2 is not None and
+                  pipe.config.boundary_ratio == PAIR_BOUNDARY,
+                  f"DiffusionPipeline.from_pretrained builds a {type(pipe).__name__} with transformer_2 "
+                  f"{type(pipe.transformer_2).__name__}, boundary_ratio {pipe.config.boundary_ratio} (the teacher's "
+                  f"{PAIR_BOUNDARY})")
+    measured, outputs = {}, {}
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    inputs = make_inputs(torch.Generator().manual_seed(6), config["in_channels"], config["text_dim"], y_dim=20)
+    text_len = config["_wan_text_len"]
+    inputs["context"], inputs["context_lens"] = inputs["context"][:, :text_len], torch.tensor([7, text_len])
+    for expert, (lora, sub) in EXPERTS.items():
+        _, info = type(pipe.transformer).from_pretrained(folder, subfolder=sub, output_loading_info=True)
+        problems = {k: v for k, v in info.items() if v}
+        checks.expect(not problems, f"{sub}/ loads with no missing, unexpected or mismatched keys {problems or ''}")
+        want, adapted = fp32_merge(teacher / sub, pair / lora)
+        got = getattr(pipe, sub).state_dict()
+        worst = max((got[k].double() - want[k].double()).abs().max().item() for k in want)
+        rounding = max((want[k] - want[k].bfloat16().float()).abs().max().item() for k in adapted)
+        checks.expect(got.keys() == want.keys() and worst <= WEIGHT_TOLERANCE < rounding / 100,
+                      f"{sub}/ is the {expert}-noise expert's fp32 merge: {len(want)} tensors ({len(adapted)} adapted), "
+                      f"max|d| {worst:.2e} (tolerance {WEIGHT_TOLERANCE:.0e}; that merge rounded to bf16 is "
+                      f"{rounding:.2e} away)")
+        measured[f"pair: {sub}/ weights vs the fp32 merge"] = worst
+        model = getattr(pipe, sub).eval()
+        model.condition_embedder.timesteps_proj = OfficialTimesteps(config["freq_dim"])
+        outputs[expert] = diffusers_forward(model, inputs, text_len)
+        measured[f"pair: {sub}/ forward vs ours, relative"] = checks.close(
+            f"forward with y, the pipeline's {sub} vs wan-distill forward of {lora}/ (merged in fp32)",
+            cli.forward(pair / lora, inputs, "fp32", work), outputs[expert], TOLERANCE, relative=True)
+    apart = (outputs["high"] - outputs["low"]).abs().max().item()
+    checks.expect(apart > 100 * TOLERANCE, f"the two experts' outputs differ (max|d| {apart:.2e})")
+    check_refusals(checks, cli, work, pair)
+    return measured
+
+
+def refused(checks, cli, work, what, code, text, *args):
+    """`convert` of `args` exits with `code`, says `text` and writes nothing."""
+    out = work / "refused"
+    r = subprocess.run([cli.binary, "convert", *map(str, args), "--output", str(out)], capture_output=True, text=True)
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "[error]" in line]
+    checks.expect(r.returncode == code and text in r.stdout + r.stderr and not out.exists(),
+                  f"{what}: exit {r.returncode} (want {code}), nothing written: {said[0] if said else 'no error logged'}")
+
+
+def check_refusals(checks, cli, work, pair):
+    refused(checks, cli, work, "--layout diffusers of a pair", 2, "make no single diffusers WanTransformer3DModel",
+            "--input", pair, "--layout", "diffusers")
+    gone = work / "pair-teacher-gone"
+    shutil.copytree(pair, gone, symlinks=True)
+    for lora, _ in EXPERTS.values():
+        meta = json.loads((gone / lora / "lora.json").read_text())
+        meta["base"] = str(work / "moved-teacher" / Path(meta["base"]).name)
+        (gone / lora / "lora.json").write_text(json.dumps(meta))
+    refused(checks, cli, work, "a pair whose teacher is gone", 3,
+            f"{gone / 'low_noise_model' / 'lora.json'}: base: names a base checkpoint that does not open",
+            "--input", gone, "--layout", "pipeline")
+    shutil.rmtree(gone / "low_noise_model")
+    refused(checks, cli, work, "a pair without its low-noise expert", 3, f"{gone}: low_noise_model: is missing",
+            "--input", gone, "--layout", "pipeline")
+
+
 def main():
     cli, checks, work, started = start("test_convert_pipelines.py")
     vae, pictures = tiny_vae(), images(SAMPLES)
@@ -245,6 +370,7 @@ def main():
         for solver in ("unipc", "euler"):
             measured[f"{kind}: {STEPS} {solver} steps, max relative"] = compare(
                 checks, kind, solver, pipe, pictures, teacher, data, student, cli, work)
+    measured.update(check_pair(checks, cli, work, vae))
     return finish(checks, measured, started)
 
 

@@ -2,7 +2,7 @@
 // model's, only adapters get gradients and checkpointed blocks give the same ones, the target
 // list's words, LoRA folders round-trip and open merged, and LoRA files of every layout import
 // with their scale (or are refused naming the file and key); a LoRA pair routes each sample to
-// its expert and trains only that expert's adapters on it.
+// its expert and trains only that expert's adapters on it, and converts to one pipeline of both.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +10,9 @@
 #include "core/errors.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
+#include "model/diffusers_pipeline.hpp"
 #include "model/wan_convert.hpp"
+#include "model/wan_experts.hpp"
 #include "model/wan_lora.hpp"
 #include "student/checkpointing.hpp"
 #include "student/student_parts.hpp"
@@ -273,6 +275,69 @@ TEST(Lora, AFolderOverABf16BaseConvertsToItsFp32MergeNotTheMergeRoundedToBf16) {
   }
   EXPECT_FALSE(folder.merges("blocks.0.modulation"));
   EXPECT_TRUE(torch::equal(wide.tensor("blocks.0.modulation"), base.tensor("blocks.0.modulation").to(torch::kFloat)));
+}
+
+// A LoRA pair converts whole (convert_wan_experts): a diffusers pipeline of both experts,
+// transformer/ the high-noise one and transformer_2/ the low-noise one, each its bf16 base plus its
+// adapters merged in fp32, with its teacher's boundary_ratio; the official layout holds the same
+// tensors. A single diffusers DiT folder, an existing output and a pair whose teacher is gone are
+// refused, and nothing is written.
+TEST(Lora, APairConvertsToOnePipelineOfBothExpertsEachMergedInFp32) {
+  test::TempDir tmp{"lora-pair-convert"};
+  const auto config = small_config();
+  const auto teacher = tmp.path() / "teacher";
+  write_random_wan_experts(teacher.string(), config, torch::kBFloat16, 1ULL << 30, 3, KeyLayout::kDiffusers);
+  write_diffusers_model_index(teacher.string(), config, true, 0.8);  // the teacher's own, not t2v's 0.875
+  const auto high = adapted(config, "attn,ffn", 3), low = adapted(config, "q,v", 4);
+  const auto pair = tmp.path() / "pair";
+  const std::array<fs::path, 2> bases{teacher / DiffusersPipeline::kTransformer2, teacher / DiffusersPipeline::kTransformer};
+  write_lora_folder(*high, (pair / WanExperts::kHighDir).string(), bases[WanExperts::kHigh].string());
+  write_lora_folder(*low, (pair / WanExperts::kLowDir).string(), bases[WanExperts::kLow].string());
+  const auto experts = WanExperts::open(pair.string());
+  EXPECT_EQ(experts.boundary(), 0.8) << experts.boundary_origin();
+  ConvertOptions options;
+  options.dtype = torch::kFloat;
+  options.layout = KeyLayout::kDiffusers;
+  options.pipeline = true;
+  convert_wan_experts(experts, tmp.str("pipeline"), options);
+  const auto index = DiffusersPipeline::read(tmp.str("pipeline"));
+  EXPECT_TRUE(index.two_experts);
+  EXPECT_EQ(index.boundary_ratio, 0.8);
+  EXPECT_EQ(index.class_name, "WanPipeline");
+  options.layout = KeyLayout::kNative;
+  options.pipeline = false;
+  convert_wan_experts(experts, tmp.str("native"), options);
+  const auto converted = WanExperts::open(tmp.str("pipeline")), native = WanExperts::open(tmp.str("native"));
+  EXPECT_EQ(converted.boundary(), 0.8);
+  EXPECT_EQ(converted.expert_name(WanExperts::kHigh), DiffusersPipeline::kTransformer);
+  for (const auto i : {WanExperts::kLow, WanExperts::kHigh}) {
+    const auto& lora = i == WanExperts::kHigh ? high : low;
+    const auto base = WanCheckpoint::open(bases[i].string());
+    auto params = lora->named_parameters();
+    for (const auto& linear : lora->lora().targets) {
+      const auto key = linear + ".weight";
+      const auto want = base.tensor(key).to(torch::kFloat) +
+                        lora->lora().scale() * torch::mm(params[linear + ".lora_up"], params[linear + ".lora_down"]);
+      const auto got = converted.expert(i).tensor(key);
+      EXPECT_TRUE(torch::allclose(got, want, 0, 1e-6)) << i << " " << key << ": the fp32 merge";
+      EXPECT_FALSE(torch::equal(got, want.to(torch::kBFloat16).to(torch::kFloat))) << i << " " << key;
+      EXPECT_TRUE(torch::equal(native.expert(i).tensor(key), got)) << i << " " << key;
+    }
+  }
+  // The low expert's adapters are on q and v: its k is the base's, widened.
+  const auto k = "blocks.0.self_attn.k.weight";
+  EXPECT_TRUE(torch::equal(converted.expert(WanExperts::kLow).tensor(k),
+                           WanCheckpoint::open(bases[WanExperts::kLow].string()).tensor(k).to(torch::kFloat)));
+  options.layout = KeyLayout::kDiffusers;
+  expect_throw_contains<ConfigError>([&] { convert_wan_experts(experts, tmp.str("diffusers"), options); },
+                                     "make no single diffusers WanTransformer3DModel folder");
+  options.pipeline = true;
+  expect_throw_contains<ConfigError>([&] { convert_wan_experts(experts, tmp.str("pipeline"), options); },
+                                     "already exists; pass --force");
+  fs::rename(teacher, tmp.path() / "moved");
+  expect_throw_contains<DataError>([&] { WanExperts::open(pair.string()); },
+                                   "low_noise_model/lora.json: base: names a base checkpoint that does not open");
+  EXPECT_FALSE(fs::exists(tmp.path() / "diffusers"));
 }
 
 TEST(Lora, FilesOfEveryLayoutImportWithTheirScale) {
