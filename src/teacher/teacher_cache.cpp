@@ -374,14 +374,16 @@ struct CacheSource::OpenShard {
   data::H5File file;
 };
 
-CacheSource::CacheSource(std::string dir, CacheIndex index, int student)
-    : dir_(std::move(dir)), index_(std::move(index)), student_(student) {}
+CacheSource::CacheSource(std::string dir, CacheIndex index, int student, bool cycle)
+    : dir_(std::move(dir)), index_(std::move(index)), student_(student), cycle_(cycle) {}
 
 CacheSource::~CacheSource() = default;
 
 StageBatch CacheSource::make(std::int64_t position, bool eval) {
   const auto& l = index_.layout;
   if (!eval && position >= l.positions) {
+    WD_CHECK(cycle_, "teacher cache " << dir_ << ": training batch " << position << " is past the cache's "
+                                      << l.positions << " and data.teacher_cache_end is stop");
     if (!cycling_logged_) {
       spdlog::info("data.teacher_cache: the cache holds {} training batches per student; from batch {} on the run "
                    "reads them again from the start (cycling)",
