@@ -241,6 +241,15 @@ std::vector<ShardId> cache_shards(const CacheLayout& layout) {
   return out;
 }
 
+std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ranks) {
+  std::vector<ShardId> out;
+  const auto all = cache_shards(layout);
+  for (std::size_t i = static_cast<std::size_t>(rank); i < all.size(); i += static_cast<std::size_t>(ranks)) {
+    out.push_back(all[i]);
+  }
+  return out;
+}
+
 std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch) {
   const auto final_path = fs::path(dir) / id.file_name();
   const auto tmp = final_path.string() + ".tmp";

@@ -53,6 +53,10 @@ struct ShardId {
 /// training shards by position. Shard i of a generate job on G ranks is written by rank i mod G.
 std::vector<ShardId> cache_shards(const CacheLayout& layout);
 
+/// The shards rank `rank` of a generate job on `ranks` ranks writes, in cache_shards' order:
+/// shard i on rank i mod ranks.
+std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ranks);
+
 /// Writes shard `id` of the cache at `dir`: the messages `source` makes at its positions (each
 /// `batch` samples, the student message of student_message), with each message's xxh64, into a
 /// temporary file, fsynced and renamed into place; then its entry (the file's xxh64) the same
