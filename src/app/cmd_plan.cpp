@@ -145,6 +145,9 @@ struct PlanOptions {
     p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
     p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
     p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
+    p.check(generate || (students == 1 && shard_positions == 64),
+            "students(" + std::to_string(students) + ") and shard-positions(" + std::to_string(shard_positions) +
+                ") are generate's: plan them with --generate");
     p.throw_if_any("plan");
   }
 };

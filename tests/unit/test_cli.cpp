@@ -267,6 +267,9 @@ TEST(Cli, PlanGeneratePrintsItsRanksTheCachesSizeAndItsTime) {
   EXPECT_EQ(j["generate"]["cache_bytes"].get<std::int64_t>(), 26 * j["generate"]["message_bytes"].get<std::int64_t>());
   EXPECT_GT(j["generate"]["seconds"].get<double>(), 0);
   EXPECT_EQ(j["recommended"], "cpu");
+  r = run("plan --cpu --students 2");  // generate's option without --generate
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("are generate's: plan them with --generate"), std::string::npos) << r.output;
   // What generate refuses, plan --generate refuses alike.
   r = run("plan --generate --cpu --train.objective dmd");
   EXPECT_EQ(r.code, 2) << r.output;
