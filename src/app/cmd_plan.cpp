@@ -1,5 +1,6 @@
 // `wan-distill plan`: each rank's predicted memory for every teacher placement, before anything
 // is loaded, from the same config file `train` reads.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "app/commands.hpp"
 #include "job/calibrate.hpp"
+#include "job/generate.hpp"
 #include "job/plan_input.hpp"
 #include "job/run_config.hpp"
 #include "comm/process_groups.hpp"
@@ -50,9 +52,11 @@ nlohmann::json plan_json(const plan::Plan& plan) {
                      {"fits", pp.fits}, {"why_not", pp.why_not}};
     if (pp.applicable) {
       j["teacher"] = rank_json(pp.teacher);
-      j["student"] = rank_json(pp.student);
-      j["student_activations_off_bytes"] = pp.student_activations_off;
-      j["student_activations_all_bytes"] = pp.student_activations_all;
+      if (!pp.student.items.empty()) {  // generate's plan has no student rank
+        j["student"] = rank_json(pp.student);
+        j["student_activations_off_bytes"] = pp.student_activations_off;
+        j["student_activations_all_bytes"] = pp.student_activations_all;
+      }
       j["host_per_node_bytes"] = pp.host_per_node;
     }
     placements.push_back(j);
@@ -96,7 +100,9 @@ struct PlanOptions {
   std::string gpu_memory = "180GiB", host_memory = "2TiB", latent, preset;
   int gpus_per_node = 8, np = 0;
   std::int64_t experts = 0;
-  bool cpu = false, json = false;
+  bool cpu = false, json = false, generate = false;
+  int students = 1;                   ///< --students (with --generate), generate's
+  std::int64_t shard_positions = 64;  ///< --shard-positions (with --generate), generate's
   double teacher_gflops = 0, student_gflops = 0;
   int cores = -1;
   Calibrate calibrate = Calibrate::kAuto;
@@ -106,7 +112,13 @@ struct PlanOptions {
         .bind("host-memory", host_memory, "host memory of one node")
         .bind("gpus-per-node", gpus_per_node, "GPUs (= ranks) per node")
         .bind("np", np, "world ranks as given to mpirun; 0 = one node of --gpus-per-node ranks "
-                        "(with --cpu: teacher.ranks x 3, the tiny job's 1 teacher + 2 students)")
+                        "(with --cpu: teacher.ranks x 3, the tiny job's 1 teacher + 2 students; "
+                        "with --generate --cpu: 1)")
+        .bind("generate", generate,
+              "plan `wan-distill generate` with these keys instead of train: --np ranks, each a whole teacher "
+              "writing the cache (no student rank), the cache's size on disk and its time")
+        .bind("students", students, "with --generate: generate's --students (streams of the cache)")
+        .bind("shard-positions", shard_positions, "with --generate: generate's --shard-positions")
         .bind("cpu", cpu, "a CPU job (the CPU build): every rank on one host, teacher.placement cpu")
         .bind("latent", latent, "C,F,H,W of a latent when data.path does not exist yet "
                                 "(default for builtin:tiny: in_dim,3,16,16)")
@@ -133,6 +145,9 @@ struct PlanOptions {
     p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
     p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
     p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
+    p.check(generate || (students == 1 && shard_positions == 64),
+            "students(" + std::to_string(students) + ") and shard-positions(" + std::to_string(shard_positions) +
+                ") are generate's: plan them with --generate");
     p.throw_if_any("plan");
   }
 };
@@ -221,14 +236,18 @@ std::optional<plan::SpeedInput> planned_speed(const job::RunConfig& cfg, const P
                           o.cores, o.teacher_gflops, o.student_gflops, o.calibrate);
 }
 
+/// "teacher SOURCE: its shape, dtype, bytes" and a newline.
+std::string teacher_line(const job::RunConfig& cfg, const PlannedTeacher& t, const plan::PlanInput& in) {
+  return "teacher " + t.source + ": " + (t.experts > 1 ? std::to_string(t.experts) + " experts of " : "") +
+         t.config.summary() + ", " + name_of(cfg.teacher.dtype) + ", " +
+         format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) + "\n";
+}
+
 void print_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTeacher& t, const plan::PlanInput& in,
                 const plan::Plan& plan, const std::optional<plan::SpeedInput>& speed,
                 const std::vector<plan::LayoutSpeed>& layouts, const comm::Layout& layout,
                 const std::array<std::int64_t, 4>& lat) {
-  std::cout << "teacher " << t.source << ": " << (t.experts > 1 ? std::to_string(t.experts) + " experts of " : "")
-            << t.config.summary() << ", " << cfg.teacher.dtype << ", "
-            << format_bytes(static_cast<double>(in.teacher.params() * in.teacher_elem_bytes)) << "\n"
-            << "student: " << cfg.student.model_config(t.config).summary() << ", " << cfg.student.precision
+  std::cout << teacher_line(cfg, t, in) << "student: " << cfg.student.model_config(t.config).summary() << ", " << cfg.student.precision
             << ", checkpointing " << cfg.student.checkpointing.str()
             << (in.sequence_parallel > 1 ? ", sequence parallel " + std::to_string(in.sequence_parallel) + " (" +
                                                std::to_string((in.tokens + in.sequence_parallel - 1) / in.sequence_parallel) +
@@ -248,6 +267,106 @@ void print_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTe
                         "--cpu\n");
 }
 
+/// The planner's context: the teacher and latent planned for, `world` ranks, the machine of `o`.
+job::PlanContext plan_context(const PlannedTeacher& t, const std::array<std::int64_t, 4>& lat,
+                              std::int64_t context_len, int world, const PlanOptions& o) {
+  job::PlanContext ctx;
+  ctx.teacher = t.config;
+  ctx.stored_elem_bytes = t.stored_bytes;
+  ctx.experts = t.experts;
+  ctx.latent = lat;
+  ctx.context_len = context_len;
+  ctx.world = world;
+  ctx.cpu_job = o.cpu;
+  ctx.gpu_bytes = parse_size(o.gpu_memory, "gpu-memory");
+  ctx.host_bytes = parse_size(o.host_memory, "host-memory");
+  ctx.gpus_per_node = o.gpus_per_node;
+  return ctx;
+}
+
+/// What `generate` writes: its cache's messages, those of its busiest rank (shard i on rank
+/// i mod ranks), and the bytes on disk (each message's tensors as the stream lays them out).
+struct GenerateCount {
+  teacher::CacheLayout layout;
+  int ranks = 1;
+  std::int64_t messages = 0;
+  std::int64_t busiest = 0;
+  std::uint64_t bytes = 0;
+};
+
+GenerateCount count_generate(const teacher::CacheLayout& layout, int ranks, std::int64_t message_bytes) {
+  GenerateCount c{layout, ranks};
+  for (int r = 0; r < ranks; ++r) {
+    std::int64_t mine = 0;
+    for (const auto& id : teacher::shards_of_rank(layout, r, ranks)) mine += id.count;
+    c.messages += mine;
+    c.busiest = std::max(c.busiest, mine);
+  }
+  c.bytes = static_cast<std::uint64_t>(c.messages) * static_cast<std::uint64_t>(message_bytes);
+  return c;
+}
+
+void print_generate_plan(const job::RunConfig& cfg, const PlanOptions& o, const PlannedTeacher& t,
+                         const plan::PlanInput& in, const plan::Plan& plan, const GenerateCount& c,
+                         const std::optional<plan::SpeedInput>& speed) {
+  const auto& l = c.layout;
+  std::cout << teacher_line(cfg, t, in) << "generate: " << c.ranks << " rank(s)" << (o.cpu ? " on one host (CPU job)" : "")
+            << ", each a whole teacher, no student; " << l.students << " stream(s) of " << l.eval_messages
+            << " held-out and " << l.positions << " training messages of " << l.batch << " sample(s), "
+            << teacher::cache_shards(l).size() << " shard(s) of up to " << l.shard_positions << "\n\n"
+            << plan::format_plan(in, plan) << "\n"
+            << "cache on disk: " << c.messages << " messages x " << format_bytes(static_cast<double>(in.message_bytes))
+            << " = " << format_bytes(static_cast<double>(c.bytes)) << " (each message's tensors; the shards' HDF5 "
+            << "headers and checksums add a few KiB each)\n";
+  if (!speed) {
+    std::cout << "time: not predicted; give --teacher-gflops and --student-gflops, run plan on a machine with a GPU "
+                 "like the job's, or plan a CPU job with --cpu\n";
+    return;
+  }
+  std::cout << fmt::format("time: {:.0f} s, the busiest rank's {} messages of {} sample(s) at {:.3f} s/sample "
+                           "({:g} teacher forward(s) per sample{})\n",
+                           plan::generate_seconds(*speed, c.busiest), c.busiest, l.batch,
+                           plan::teacher_seconds_per_sample(*speed), speed->teacher_forwards,
+                           speed->cores > 0 ? fmt::format(", {} rank(s) sharing {} cores", c.ranks, speed->cores)
+                                            : std::string(", a device each"));
+}
+
+/// plan --generate: `generate`'s ranks with these keys (each a whole teacher as a colocated one
+/// computes it, serving one stream at a time), its cache's size and its time.
+int plan_generate(job::RunConfig cfg, const PlanOptions& o) {
+  ConfigProblems cacheable;
+  objective::check_cacheable(cfg.keys(), cacheable);
+  cacheable.throw_if_any("train keys");
+  const auto layout = job::cache_layout(cfg, o.students, o.shard_positions);
+  init_logging(Topology::single_process(), cfg.log.level);
+  const auto t = planned_teacher(cfg, o);
+  ConfigProblems with_teacher;
+  job::validate_with_teacher(cfg, t.config, 1, with_teacher);
+  with_teacher.throw_if_any("plan");
+  const auto [lat, context_len] = planned_latent(cfg, o, t.config);
+  const int ranks = o.np > 0 ? o.np : (o.cpu ? 1 : o.gpus_per_node);
+  // A stream of the cache is what one teacher replica serving one student sends.
+  cfg.teacher.ranks = 1;
+  auto in = job::make_plan_input(cfg, plan_context(t, lat, context_len, 2, o));
+  in.teacher_ranks = ranks;
+  in.student_ranks = 0;
+  in.eval_messages = layout.eval_messages;
+  const auto plan = plan::make_generate_plan(in);
+  const auto count = count_generate(layout, ranks, in.message_bytes);
+  const auto speed = planned_speed(cfg, o, in, t, lat, ranks);
+  if (o.json) {
+    auto j = plan_json(plan);
+    j["generate"] = {{"ranks", ranks}, {"streams", layout.students}, {"messages", count.messages},
+                     {"message_bytes", in.message_bytes}, {"cache_bytes", count.bytes},
+                     {"busiest_rank_messages", count.busiest},
+                     {"seconds", speed ? nlohmann::json(plan::generate_seconds(*speed, count.busiest)) : nlohmann::json()}};
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  print_generate_plan(cfg, o, t, in, plan, count, speed);
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_plan(const std::vector<std::string>& args) {
@@ -260,17 +379,21 @@ int run_plan(const std::vector<std::string>& args) {
   table.add(own);
   if (parse_options(args, table).help) {
     print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
-               "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME] [--json]",
+               "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME] [--json] "
+               "[--generate [--students S] [--shard-positions P]]",
                "Prints each rank's predicted memory (teacher weights, streaming buffers, activations,\n"
                "transport buffers, student weights, gradients, optimizer state, framework overhead)\n"
                "for every teacher placement (gpu, cpu, stream, shard), which fit the budgets, and\n"
                "recommends one. Nothing is loaded: the teacher's config.json and safetensors headers\n"
-               "and the data set's shapes are read when they exist (docs/placement.md).",
+               "and the data set's shapes are read when they exist (docs/placement.md). With\n"
+               "--generate, the same for the ranks of `generate` with these keys (a whole teacher\n"
+               "each), the cache's size on disk and its time (docs/teacher-cache.md).",
                table);
     return kExitOk;
   }
   cfg.validate();
   o.validate();
+  if (o.generate) return plan_generate(cfg, o);
   WD_CHECK_AS(ConfigError, cfg.has_teacher(),
               "plan sizes the teacher and student ranks of a distillation; train.objective("
                   << cfg.train.objective << ") trains without a teacher, every rank a student: its memory is "
@@ -279,7 +402,7 @@ int run_plan(const std::vector<std::string>& args) {
               "plan sizes the teacher and student ranks of a distillation; with data.teacher_cache("
                   << cfg.data.teacher_cache << ") every rank is a student reading the cache: its memory is a "
                   "student rank's in the plan of the same keys without data.teacher_cache (plan does not count "
-                  "`generate` or a cache's students yet, docs/teacher-cache.md#not-yet)");
+                  "a cache's students yet, docs/teacher-cache.md#not-yet; `plan --generate` counts generate's ranks)");
   init_logging(Topology::single_process(), cfg.log.level);
   const auto t = planned_teacher(cfg, o);
   // The same checks `train` makes once it knows the teacher.
@@ -289,18 +412,7 @@ int run_plan(const std::vector<std::string>& args) {
   const auto [lat, context_len] = planned_latent(cfg, o, t.config);
   const int world = o.np > 0 ? o.np : (o.cpu ? cfg.teacher.ranks * 3 : o.gpus_per_node);
   const auto layout = comm::Layout::make(world, cfg.teacher.ranks);
-  job::PlanContext ctx;
-  ctx.teacher = t.config;
-  ctx.stored_elem_bytes = t.stored_bytes;
-  ctx.experts = t.experts;
-  ctx.latent = lat;
-  ctx.context_len = context_len;
-  ctx.world = world;
-  ctx.cpu_job = o.cpu;
-  ctx.gpu_bytes = parse_size(o.gpu_memory, "gpu-memory");
-  ctx.host_bytes = parse_size(o.host_memory, "host-memory");
-  ctx.gpus_per_node = o.gpus_per_node;
-  const auto in = job::make_plan_input(cfg, ctx);
+  const auto in = job::make_plan_input(cfg, plan_context(t, lat, context_len, world, o));
   const auto plan = plan::make_plan(in);
   const auto speed = planned_speed(cfg, o, in, t, lat, world);
   const auto layouts = speed ? plan::predict_layouts(*speed) : std::vector<plan::LayoutSpeed>{};

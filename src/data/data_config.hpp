@@ -3,10 +3,22 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.hpp"
 
 namespace wd::data {
+
+/// data.teacher_cache_end: what a run from a teacher cache does past the cache's last training
+/// batch: cycle (read it again from the start) | stop (refused before training when
+/// train.steps needs more batches than the cache holds).
+enum class CacheEnd { kCycle, kStop };
+inline const std::vector<std::pair<CacheEnd, const char*>>& choices(CacheEnd) {
+  static const std::vector<std::pair<CacheEnd, const char*>> names{{CacheEnd::kCycle, "cycle"},
+                                                                    {CacheEnd::kStop, "stop"}};
+  return names;
+}
 
 struct DataConfig {
   /// HDF5 file, or `builtin:tiny` for the synthetic set generated into the run's cache.
@@ -18,6 +30,7 @@ struct DataConfig {
   /// A teacher cache written by `generate` (docs/teacher-cache.md): the students read their
   /// batches from it, with no teacher rank (teacher.ranks 0). Empty: the teacher's stream.
   std::string teacher_cache;
+  CacheEnd teacher_cache_end = CacheEnd::kCycle;  ///< past the cache's end (CacheEnd)
 
   void bind(OptionTable& table) {
     table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
@@ -29,7 +42,11 @@ struct DataConfig {
         .bind("data.teacher_cache", teacher_cache,
               "a teacher cache written by `wan-distill generate --output DIR` with the same keys: every rank a "
               "student (teacher.ranks 0) reading the batches the teacher would have sent; empty = the teacher's "
-              "stream (docs/teacher-cache.md)");
+              "stream (docs/teacher-cache.md)")
+        .bind("data.teacher_cache_end", teacher_cache_end,
+              "past the last training batch of data.teacher_cache: cycle (read the cache again from the start, "
+              "with a log line) | stop (refuse, before training, a train.steps that needs more batches than the "
+              "cache holds)");
   }
   void validate(ConfigProblems& p) const {
     p.check(!path.empty(), "data.path must not be empty");

@@ -90,10 +90,17 @@ void check_teacher_cache(const TrainJob& job) {
               "data.teacher_cache(" << dir << ") holds " << l.eval_messages << " held-out message(s) of " << l.batch
                                     << " sample(s) per student; this train needs " << job.plan.eval_messages << " of "
                                     << job.plan.batch_per_student);
+  const auto positions = job.plan.train_steps * job.plan.micro_batches;
+  WD_CHECK_AS(ConfigError, job.cfg.data.teacher_cache_end != data::CacheEnd::kStop || positions <= l.positions,
+              "data.teacher_cache(" << dir << ") holds " << l.positions << " training batches per student; this "
+                                    << "train needs " << positions << " (train.steps(" << job.plan.train_steps
+                                    << ") x train.grad_accum(" << job.plan.micro_batches << ")) and "
+                                    << "data.teacher_cache_end is stop: set train.steps <= "
+                                    << l.positions / job.plan.micro_batches << ", generate a cache of "
+                                    << job.plan.train_steps << " steps, or set data.teacher_cache_end cycle");
   const int stream = job.layout.replica_of(job.world_rank());
   teacher::verify_stream(dir, index, stream);
   if (job.world_rank() != 0) return;
-  const auto positions = job.plan.train_steps * job.plan.micro_batches;
   spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}; every shard's "
                "checksum verified",
                dir, l.positions, positions,

@@ -39,21 +39,13 @@ void generate_keys(RunConfig& cfg) {
   cfg.checkpoint.resume.clear();
 }
 
-/// The streams of the train that reads the cache: one per student rank, train.batch_size each.
-teacher::CacheLayout cache_layout(const GenerateJob& g) {
+/// The cache's layout, once the data set's size is known: a training sample must remain.
+teacher::CacheLayout checked_layout(const GenerateJob& g) {
   const auto& cfg = g.train.cfg;
-  ConfigProblems p;
-  p.check(g.train.train_samples >= 1, "train.eval_samples(" + std::to_string(cfg.train.eval_samples) +
-                                          ") leaves no training sample in data.path(" + cfg.data.path + ")");
-  p.check(g.students >= 1, "generate --students(" + std::to_string(g.students) + ") must be >= 1");
-  p.check(g.shard_positions >= 1, "generate --shard-positions(" + std::to_string(g.shard_positions) + ") must be >= 1");
-  const auto global = cfg.train.batch_size * std::max(1, g.students);
-  p.check(cfg.train.eval_samples % global == 0,
-          "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") must be a multiple of train.batch_size(" +
-              std::to_string(cfg.train.batch_size) + ") x --students(" + std::to_string(g.students) + ")");
-  p.throw_if_any("cache layout");
-  return {g.students, cfg.train.batch_size, cfg.train.eval_samples / global, cfg.train.steps * cfg.train.grad_accum,
-          g.shard_positions};
+  WD_CHECK_AS(ConfigError, g.train.train_samples >= 1,
+              "train.eval_samples(" << cfg.train.eval_samples << ") leaves no training sample in data.path("
+                                    << cfg.data.path << ")");
+  return cache_layout(cfg, g.students, g.shard_positions);
 }
 
 /// This rank's whole teacher, where a colocated student of this job would compute.
@@ -78,11 +70,7 @@ void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int ran
   const data::SampleSchedule schedule(job.train_samples, layout.batch, layout.students, cfg.train.seed);
   const data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed, job.student_range());
   const data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL, job.student_range());
-  std::vector<teacher::ShardId> mine;
-  const auto all = teacher::cache_shards(layout);
-  for (std::size_t i = static_cast<std::size_t>(rank); i < all.size(); i += static_cast<std::size_t>(world)) {
-    mine.push_back(all[i]);
-  }
+  const auto mine = teacher::shards_of_rank(layout, rank, world);
   std::int64_t total = 0, done = 0, written = 0;
   for (const auto& id : mine) total += id.count;
   const auto t0 = Clock::now();
@@ -135,6 +123,19 @@ int startup_failure(int rank) {
 
 }  // namespace
 
+teacher::CacheLayout cache_layout(const RunConfig& cfg, int students, std::int64_t shard_positions) {
+  ConfigProblems p;
+  p.check(students >= 1, "generate --students(" + std::to_string(students) + ") must be >= 1");
+  p.check(shard_positions >= 1, "generate --shard-positions(" + std::to_string(shard_positions) + ") must be >= 1");
+  const auto global = cfg.train.batch_size * std::max(1, students);
+  p.check(cfg.train.eval_samples % global == 0,
+          "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") must be a multiple of train.batch_size(" +
+              std::to_string(cfg.train.batch_size) + ") x --students(" + std::to_string(students) + ")");
+  p.throw_if_any("cache layout");
+  return {students, cfg.train.batch_size, cfg.train.eval_samples / global, cfg.train.steps * cfg.train.grad_accum,
+          shard_positions};
+}
+
 int run_generate_job(GenerateJob& g) {
   // What no cache can stand for is refused before MPI starts (every rank alike: the same keys).
   ConfigProblems cacheable;
@@ -153,7 +154,7 @@ int run_generate_job(GenerateJob& g) {
     start_train(job, mpi);
     job.cfg.train.eval_samples = train_cfg.train.eval_samples;
     job.train_samples -= train_cfg.train.eval_samples;
-    layout = cache_layout(g);
+    layout = checked_layout(g);
     job.plan.eval_messages = layout.eval_messages;
     agreed("claiming the cache folder", job.cfg, [&] {
       identity = cache_identity(train_cfg, *job.experts, *job.info);

@@ -74,7 +74,10 @@ struct OwnStream {
                                                             LocalData& data) {
     const int replica = job.layout.replica_of(job.world_rank());
     const auto& dir = job.cfg.data.teacher_cache;
-    if (!dir.empty()) return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir), replica);
+    if (!dir.empty()) {
+      return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir), replica,
+                                                    job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle);
+    }
     return job.cfg.objective().source(
         job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser, replica, job.layout.replicas,
                           job.per_replica, job.train_samples},

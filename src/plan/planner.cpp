@@ -524,10 +524,62 @@ Plan make_plan(const PlanInput& in) {
   return plan;
 }
 
+Plan make_generate_plan(const PlanInput& in) {
+  WD_CHECK(in.student_ranks == 0, "make_generate_plan: generate has no student rank, not " << in.student_ranks);
+  Plan plan;
+  for (const auto p : all_placements()) {
+    PlacementPlan out;
+    out.placement = p;
+    out.applicable = p == Placement::kCpu || (p == Placement::kGpu && !in.cpu_job);
+    if (!out.applicable) {
+      out.why_not = in.cpu_job && p == Placement::kGpu ? "a CPU job has no device"
+                                                       : "generate holds the whole teacher on every rank";
+      plan.placements.push_back(out);
+      continue;
+    }
+    const auto s = shape_of(in, p);
+    const u64 shared_page_cache = plan_teacher(in, p, s, out.teacher);
+    // No send ring: the message in hand, copied to the host for its shard.
+    for (auto& i : out.teacher.items) {
+      if (i.name == kTransportBuffers) i = item(kTransportBuffers, 0, n(in.message_bytes), "the message being written");
+    }
+    out.host_per_node = host_per_node(in, s, out, shared_page_cache);
+    out.why_not = why_not(in, s, out);
+    out.fits = out.why_not.empty();
+    plan.placements.push_back(out);
+  }
+  for (const auto& pp : plan.placements) {  // gpu first, then cpu: the others do not apply
+    if (!plan.recommended && pp.applicable && pp.fits) plan.recommended = pp.placement;
+  }
+  if (!plan.recommended) {
+    plan.reason = "no placement fits: generate holds the whole teacher on every rank (no stream or shard placement "
+                  "of it yet); lower train.batch_size, or plan a machine with more memory";
+  } else if (*plan.recommended == Placement::kGpu) {
+    plan.reason = "the whole teacher fits on each rank's GPU: generate computes where a colocated student would "
+                  "(student.device)";
+  } else {
+    plan.reason = in.cpu_job ? "a CPU job" : "the teacher does not fit on a GPU: generate computes on the host with "
+                                             "student.device cpu";
+  }
+  return plan;
+}
+
 std::string format_plan(const PlanInput& in, const Plan& plan) {
   const auto b = [](u64 v) { return v ? format_bytes(static_cast<double>(v)) : std::string("-"); };
+  // generate's plan has no student rank: its columns are left out.
+  const bool students = in.student_ranks > 0;
+  const auto row = [&](const std::string& label, const std::string& td, const std::string& th, const std::string& sd,
+                       const std::string& sh) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-34s %12s %12s", label.c_str(), td.c_str(), th.c_str());
+    std::string out = line;
+    if (students) {
+      std::snprintf(line, sizeof line, "   %12s %12s", sd.c_str(), sh.c_str());
+      out += line;
+    }
+    return out + "\n";
+  };
   std::ostringstream os;
-  char line[256];
   for (const auto& pp : plan.placements) {
     os << "placement " << placement_name(pp.placement);
     if (!pp.applicable) {
@@ -535,41 +587,41 @@ std::string format_plan(const PlanInput& in, const Plan& plan) {
       continue;
     }
     os << (pp.fits ? ": fits" : ": does not fit") << (pp.fits ? "" : " (" + pp.why_not + ")") << "\n";
-    std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "per rank", "teacher dev",
-                  "teacher host", "student dev", "student host");
-    os << line;
+    os << row(students ? "per rank" : "per generating rank", "teacher dev", "teacher host", "student dev",
+              "student host");
     const char* names[] = {kTeacherWeights, kStreamingBuffers, kTeacherActivations, kTransportBuffers,
                            kStudentWeights, kGradients, kOptimizerState, kStudentActivations,
                            kFrameworkOverhead};
     for (const char* name : names) {
       PlanItem t{name}, s{name};
-      for (const auto& i : pp.teacher.items) if (i.name == name) t = i;
+      bool teachers = false;
+      for (const auto& i : pp.teacher.items) {
+        if (i.name != name) continue;
+        t = i;
+        teachers = true;
+      }
       for (const auto& i : pp.student.items) if (i.name == name) s = i;
+      if (!students && !teachers) continue;  // a student's category
       std::string label = name;
       if (label == kStudentActivations) {
         label += " (" + std::to_string(in.checkpointed_blocks) + "/" + std::to_string(in.student.num_layers) + " ckpt)";
       }
-      std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", label.c_str(), b(t.device).c_str(),
-                    b(t.host).c_str(), b(s.device).c_str(), b(s.host).c_str());
-      os << line;
+      os << row(label, b(t.device), b(t.host), b(s.device), b(s.host));
     }
-    std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "total", b(pp.teacher.device_total()).c_str(),
-                  b(pp.teacher.host_total()).c_str(), b(pp.student.device_total()).c_str(),
-                  b(pp.student.host_total()).c_str());
-    os << line;
-    if (!in.cpu_job) {
-      std::snprintf(line, sizeof line, "  %-34s %12s %12s   %12s %12s\n", "budget", b(in.device_budget).c_str(), "",
-                    b(in.device_budget).c_str(), "");
-      os << line;
+    os << row("total", b(pp.teacher.device_total()), b(pp.teacher.host_total()), b(pp.student.device_total()),
+              b(pp.student.host_total()));
+    if (!in.cpu_job) os << row("budget", b(in.device_budget), "", b(in.device_budget), "");
+    if (students) {
+      os << "  student activations: checkpointing off " << b(pp.student_activations_off) << ", all "
+         << b(pp.student_activations_all) << "\n";
     }
-    os << "  student activations: checkpointing off " << b(pp.student_activations_off) << ", all "
-       << b(pp.student_activations_all) << "\n";
     os << "  host memory of the fullest node: " << b(pp.host_per_node) << " of " << b(in.host_budget) << "\n";
     if (pp.placement == Placement::kStream) os << "  blocks stream from the " << stream_source(in) << "\n";
     os << "\n";
   }
+  const std::string what = students ? "teacher.placement = " : "";
   if (plan.recommended) {
-    os << "recommended: teacher.placement = " << placement_name(*plan.recommended) << " (" << plan.reason << ")\n";
+    os << "recommended: " << what << placement_name(*plan.recommended) << " (" << plan.reason << ")\n";
   } else {
     os << "recommended: none (" << plan.reason << ")\n";
   }

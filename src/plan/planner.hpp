@@ -207,7 +207,15 @@ std::uint64_t teacher_activation_bytes(const PlanInput& in, std::int64_t samples
 /// The prediction for every placement and the recommended one.
 Plan make_plan(const PlanInput& in);
 
-/// "1.50 GiB"-style rendering of the plan as a table per placement, then the recommendation.
+/// `generate`'s ranks: in.teacher_ranks of them, each a whole teacher computing the batches of
+/// one student stream at a time (in.batch samples, in.teacher_forwards forwards each) and
+/// writing them to its shards, one message in hand; no student rank (in.student_ranks 0). Only
+/// gpu and cpu apply (generate holds the whole teacher on every rank); recommended: gpu where it
+/// fits, else cpu.
+Plan make_generate_plan(const PlanInput& in);
+
+/// "1.50 GiB"-style rendering of the plan as a table per placement, then the recommendation
+/// (teacher columns only for a plan without students: make_generate_plan's).
 std::string format_plan(const PlanInput& in, const Plan& plan);
 
 }  // namespace wd::plan

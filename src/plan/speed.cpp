@@ -295,6 +295,15 @@ std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in) {
   return out;
 }
 
+double generate_seconds(const SpeedInput& in, std::int64_t messages) {
+  SpeedInput resident = in;  // generate holds the whole teacher where it computes: nothing streams
+  resident.stream.on = false;
+  const double per_message =
+      static_cast<double>(in.batch) * teacher_forward(resident, in.batch).seconds_per_sample + in.step_overhead_s;
+  const double share = in.cores > 0 ? std::min(1.0, static_cast<double>(in.cores) / std::max(1, in.ranks)) : 1.0;
+  return static_cast<double>(messages) * per_message / share;
+}
+
 std::string layout_flags(const LayoutSpeed& l) {
   std::string flags = l.colocated ? "--teacher.placement colocated"
                       : l.stages > 1

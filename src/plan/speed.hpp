@@ -148,6 +148,12 @@ std::vector<std::int64_t> teacher_forward_sizes(std::int64_t largest);
 /// replicas), colocated first, each with its prediction; fastest first.
 std::vector<LayoutSpeed> predict_layouts(const SpeedInput& in);
 
+/// Seconds `generate` takes on in.ranks ranks, each a whole resident teacher, when its busiest
+/// rank writes `messages` messages: each one in.batch samples at the teacher's seconds per
+/// sample (teacher_forward for a batch of in.batch, in.teacher_forwards included) plus
+/// in.step_overhead_s, the ranks sharing in.cores (0: a device each).
+double generate_seconds(const SpeedInput& in, std::int64_t messages);
+
 /// The flags that select `l`: placement, teacher ranks, stages and micro-batch.
 std::string layout_flags(const LayoutSpeed& l);
 

@@ -241,6 +241,15 @@ std::vector<ShardId> cache_shards(const CacheLayout& layout) {
   return out;
 }
 
+std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ranks) {
+  std::vector<ShardId> out;
+  const auto all = cache_shards(layout);
+  for (std::size_t i = static_cast<std::size_t>(rank); i < all.size(); i += static_cast<std::size_t>(ranks)) {
+    out.push_back(all[i]);
+  }
+  return out;
+}
+
 std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch) {
   const auto final_path = fs::path(dir) / id.file_name();
   const auto tmp = final_path.string() + ".tmp";
@@ -374,14 +383,16 @@ struct CacheSource::OpenShard {
   data::H5File file;
 };
 
-CacheSource::CacheSource(std::string dir, CacheIndex index, int student)
-    : dir_(std::move(dir)), index_(std::move(index)), student_(student) {}
+CacheSource::CacheSource(std::string dir, CacheIndex index, int student, bool cycle)
+    : dir_(std::move(dir)), index_(std::move(index)), student_(student), cycle_(cycle) {}
 
 CacheSource::~CacheSource() = default;
 
 StageBatch CacheSource::make(std::int64_t position, bool eval) {
   const auto& l = index_.layout;
   if (!eval && position >= l.positions) {
+    WD_CHECK(cycle_, "teacher cache " << dir_ << ": training batch " << position << " is past the cache's "
+                                      << l.positions << " and data.teacher_cache_end is stop");
     if (!cycling_logged_) {
       spdlog::info("data.teacher_cache: the cache holds {} training batches per student; from batch {} on the run "
                    "reads them again from the start (cycling)",

@@ -53,6 +53,10 @@ struct ShardId {
 /// training shards by position. Shard i of a generate job on G ranks is written by rank i mod G.
 std::vector<ShardId> cache_shards(const CacheLayout& layout);
 
+/// The shards rank `rank` of a generate job on `ranks` ranks writes, in cache_shards' order:
+/// shard i on rank i mod ranks.
+std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ranks);
+
 /// Writes shard `id` of the cache at `dir`: the messages `source` makes at its positions (each
 /// `batch` samples, the student message of student_message), with each message's xxh64, into a
 /// temporary file, fsynced and renamed into place; then its entry (the file's xxh64) the same
@@ -93,10 +97,12 @@ void verify_stream(const std::string& dir, const CacheIndex& index, int student)
 
 /// The batches of one stream of a cache (the student's replica): message `position` of the
 /// training (or held-out) messages, read from its shard. Training positions past the cache's end
-/// read it again from the start (position mod positions), with one log line when that begins.
+/// read it again from the start (position mod positions), with one log line when that begins,
+/// or, when not `cycle` (data.teacher_cache_end stop, which the train refused before training
+/// for a train.steps past the end), are an error.
 class CacheSource final : public TargetSource {
  public:
-  CacheSource(std::string dir, CacheIndex index, int student);
+  CacheSource(std::string dir, CacheIndex index, int student, bool cycle);
   ~CacheSource() override;
   StageBatch make(std::int64_t position, bool eval) override;
 
@@ -104,6 +110,7 @@ class CacheSource final : public TargetSource {
   std::string dir_;
   CacheIndex index_;
   int student_;
+  bool cycle_;
   bool cycling_logged_ = false;
   struct OpenShard;                  ///< the shard read last, kept open for the next message
   std::unique_ptr<OpenShard> open_;

@@ -1,10 +1,11 @@
 // The teacher cache launched for real: `generate` writes what a trajectory student (k = 4) would
 // receive, and `train --data.teacher_cache` with no teacher rank trains bit for bit as the online
 // run (1 teacher + 1 student) does, losses and weights (a guided student too), resumes exactly,
-// rolls out from the cached start states, and cycles past the cache's end; other keys
-// are refused naming each; an altered shard stops the run before training naming the file and the
-// message; 1, 2 and 4 generating ranks write the same cache, which 2 student ranks train from as from
-// 2 teacher replicas; a generate killed mid-way resumes to the same cache.
+// rolls out from the cached start states, and cycles past the cache's end (or, asked to stop, is
+// refused before training); other keys are refused naming each; an altered shard stops the run
+// before training naming the file and the message; 1, 2 and 4 generating ranks write the same
+// cache, which 2 student ranks train from as from 2 teacher replicas; a generate killed mid-way
+// resumes to the same cache.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -162,6 +163,19 @@ TEST(Cache, PastItsEndTheRunCyclesTheCache) {
   const auto cached = test::losses(dir), online = test::losses(root() / "online");
   ASSERT_EQ(cached.size(), 15u);
   for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(cached[i], online[i]) << "step " << i + 1;
+}
+
+TEST(Cache, AskedToStopATrainPastItsEndIsRefusedBeforeTraining) {
+  const auto r = test::launch_refused(1, "--run-dir " + (root() / "stop").string() + assets() + kTrajectory +
+                                             " --train.steps 15 --teacher.ranks 0 --data.teacher_cache " +
+                                             (root() / "cache").string() + " --data.teacher_cache_end stop");
+  EXPECT_EQ(r.code, 2) << r.output;  // a config error
+  EXPECT_NE(r.output.find("data.teacher_cache(" + (root() / "cache").string() + ") holds 12 training batches per "
+                          "student; this train needs 15 (train.steps(15) x train.grad_accum(1)) and "
+                          "data.teacher_cache_end is stop"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
 }
 
 TEST(Cache, OtherKeysAreRefusedNamingEachKey) {

@@ -1,5 +1,5 @@
 // The wan-distill executable end to end: forward on the golden inputs, init-teacher + inspect +
-// forward, and the exit codes and messages of bad input.
+// forward, plan and plan --generate, and the exit codes and messages of bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "model/safetensors.hpp"
 #include "test_util.hpp"
@@ -240,6 +242,38 @@ TEST(Cli, PlanPrintsEveryPlacementAndRecommendsOne) {
   r = run("plan --gpu-memory lots");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("gpu-memory(lots)"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PlanGeneratePrintsItsRanksTheCachesSizeAndItsTime) {
+  // 2 streams of 1 held-out and 12 training messages, shards of 4: 8 shards on 2 ranks, the
+  // busiest (shards 1, 3, 5, 7) writing 16 messages.
+  const std::string keys = "plan --generate --cpu --np 2 --students 2 --shard-positions 4 --train.objective trajectory "
+                           "--teacher.guidance 3 --teacher.steps 8 --student.steps 4 --train.steps 12 "
+                           "--train.batch_size 2 --train.eval_samples 4 --teacher-gflops 10 --student-gflops 10";
+  auto r = run(keys);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* p : {"generate: 2 rank(s) on one host (CPU job), each a whole teacher, no student; 2 stream(s) of 1 "
+                        "held-out and 12 training messages of 2 sample(s), 8 shard(s) of up to 4",
+                        "placement cpu: fits", "per generating rank", "cache on disk: 26 messages x ",
+                        "time: ", "the busiest rank's 16 messages of 2 sample(s)", "(4 teacher forward(s) per sample",
+                        "recommended: cpu (a CPU job)"}) {
+    EXPECT_NE(r.output.find(p), std::string::npos) << p << "\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("student dev"), std::string::npos) << r.output;
+  r = run(keys + " --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j["generate"]["messages"], 26);
+  EXPECT_EQ(j["generate"]["cache_bytes"].get<std::int64_t>(), 26 * j["generate"]["message_bytes"].get<std::int64_t>());
+  EXPECT_GT(j["generate"]["seconds"].get<double>(), 0);
+  EXPECT_EQ(j["recommended"], "cpu");
+  r = run("plan --cpu --students 2");  // generate's option without --generate
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("are generate's: plan them with --generate"), std::string::npos) << r.output;
+  // What generate refuses, plan --generate refuses alike.
+  r = run("plan --generate --cpu --train.objective dmd");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.objective dmd: its real score needs a live teacher"), std::string::npos) << r.output;
 }
 
 }  // namespace

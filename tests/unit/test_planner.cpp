@@ -1,5 +1,5 @@
 // The memory planner: every category follows from its formula for small hand-checked shapes;
-// placements, budgets and the recommendation.
+// placements, budgets and the recommendation; generate's ranks and time.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -341,6 +341,47 @@ TEST(Planner, RecommendsTheFastestPlacementThatFits) {
   EXPECT_NE(format_plan(in, plan).find("recommended: none"), std::string::npos);
 }
 
+// `generate`'s ranks (plan --generate): a whole teacher each, its batch of one stream at a time,
+// the message being written on the host, no student; gpu where it fits, else cpu.
+TEST(GeneratePlan, EachRankHoldsAWholeTeacherAndTheMessageItWrites) {
+  auto in = small_job();
+  in.teacher_ranks = 2;
+  in.student_ranks = 0;
+  in.batch = 2;
+  in.teacher_forwards = 2;  // guided: conditional and negative halves
+  auto plan = make_generate_plan(in);
+  const std::uint64_t weights = (10 * 1000 + 500) * 2;
+  const auto& gpu = placement(plan, Placement::kGpu);
+  ASSERT_TRUE(gpu.applicable);
+  EXPECT_TRUE(gpu.student.items.empty());
+  EXPECT_EQ(gpu.teacher.at(kTeacherWeights).device, weights);
+  EXPECT_EQ(gpu.teacher.at(kTeacherActivations).device, teacher_activation_bytes(in, 4));
+  EXPECT_EQ(gpu.teacher.at(kTransportBuffers).device, 0u);
+  EXPECT_EQ(gpu.teacher.at(kTransportBuffers).host, 1000u);  // one message, no ring
+  EXPECT_EQ(gpu.teacher.device_total(), weights + teacher_activation_bytes(in, 4) + kDeviceContextBytes);
+  // The host teacher: both ranks of the node map the checkpoint once.
+  const auto& cpu = placement(plan, Placement::kCpu);
+  EXPECT_EQ(cpu.teacher.at(kTeacherWeights).host, weights);
+  EXPECT_EQ(cpu.host_per_node, 2 * (cpu.teacher.host_total() - weights) + weights);
+  for (const auto p : {Placement::kStream, Placement::kShard}) {
+    EXPECT_FALSE(placement(plan, p).applicable);
+    EXPECT_EQ(placement(plan, p).why_not, "generate holds the whole teacher on every rank");
+  }
+  EXPECT_EQ(plan.recommended, Placement::kGpu);
+  const auto table = format_plan(in, plan);
+  EXPECT_NE(table.find("per generating rank"), std::string::npos) << table;
+  EXPECT_EQ(table.find("student dev"), std::string::npos) << table;
+  EXPECT_NE(table.find("recommended: gpu ("), std::string::npos) << table;
+  // A GPU smaller than the teacher: the host; a CPU job: only the host applies.
+  in.device_budget = weights;
+  EXPECT_EQ(make_generate_plan(in).recommended, Placement::kCpu);
+  in.cpu_job = true;
+  plan = make_generate_plan(in);
+  EXPECT_FALSE(placement(plan, Placement::kGpu).applicable);
+  EXPECT_EQ(plan.recommended, Placement::kCpu);
+  EXPECT_EQ(plan.reason, "a CPU job");
+}
+
 // student.sequence_parallel: each rank holds ceil(S/g) tokens (S padded to a multiple of g), every
 // token with H/g heads in self-attention; the text's keys and values stay whole; the all-to-alls'
 // outputs (q, k, v with H/g heads, the attention's output) add 4·N_l·D in the compute dtype.
@@ -465,6 +506,24 @@ TEST(Speed, RatesOrMeasuredSecondsGiveTheSecondsPerSample) {
   EXPECT_EQ(teacher_seconds_per_sample(in), 5.0);
 }
 
+// generate's time: the busiest rank's messages, each its batch at the teacher's seconds per
+// sample (its forwards per sample included) plus a step's overhead; ranks over the cores share them.
+TEST(Speed, GenerateTakesTheBusiestRanksMessagesAtTheTeachersRate) {
+  SpeedInput in;
+  in.teacher = dit(512, 1024, 8, 8, 256);
+  in.batch = 2;
+  in.teacher_measured_s = 0.25;
+  in.teacher_forwards = 20;  // trajectory: 40 guided teacher steps for 4 student intervals
+  in.step_overhead_s = 0.5;
+  in.ranks = 4;
+  EXPECT_DOUBLE_EQ(generate_seconds(in, 16), 16 * (2 * 20 * 0.25 + 0.5));  // a device each
+  in.cores = 2;  // 4 ranks on 2 cores: each at half speed
+  EXPECT_DOUBLE_EQ(generate_seconds(in, 16), 2 * 16 * (2 * 20 * 0.25 + 0.5));
+  in.cores = 8;  // more cores than ranks: a core each
+  EXPECT_DOUBLE_EQ(generate_seconds(in, 16), 16 * (2 * 20 * 0.25 + 0.5));
+  in.stream = {true, 1e9, 8, 1, 1, "arena"};  // a streamed teacher's copies: generate does not stream
+  EXPECT_DOUBLE_EQ(generate_seconds(in, 16), 16 * (2 * 20 * 0.25 + 0.5));
+}
 
 /// The `small` job's shapes on 3 ranks sharing 2 cores, batch 2, a student step of 0.15 s/sample.
 SpeedInput small_job_on_two_cores() {

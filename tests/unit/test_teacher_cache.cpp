@@ -94,7 +94,7 @@ std::uint64_t row_offset(const std::string& path, const char* name, std::int64_t
   return H5Dget_offset(set.get()) + row_bytes * static_cast<std::uint64_t>(row);
 }
 
-TEST(TeacherCache, ReadsBackExactlyWhatTheSourceMadeAndCyclesPastTheEnd) {
+TEST(TeacherCache, ReadsBackExactlyWhatTheSourceMadeAndCyclesOrStopsPastTheEnd) {
   Fixture fx;
   ASSERT_TRUE(generate(fx));
   const auto index = teacher::read_cache_index(fx.cache);
@@ -104,7 +104,7 @@ TEST(TeacherCache, ReadsBackExactlyWhatTheSourceMadeAndCyclesPastTheEnd) {
   for (int student = 0; student < 2; ++student) {
     teacher::verify_stream(fx.cache, index, student);
     Stream online(fx, student);
-    teacher::CacheSource cached(fx.cache, index, student);
+    teacher::CacheSource cached(fx.cache, index, student, /*cycle=*/true);
     const auto where = "stream " + std::to_string(student);
     expect_same_batch(cached.make(0, true), online.targets.make(0, true), where + " held-out 0");
     for (std::int64_t p = 0; p < 5; ++p) {
@@ -114,8 +114,13 @@ TEST(TeacherCache, ReadsBackExactlyWhatTheSourceMadeAndCyclesPastTheEnd) {
     expect_same_batch(cached.make(7, false), online.targets.make(2, false), where + " position 7 (cycled)");
   }
   // The two streams are different replicas: other samples.
-  teacher::CacheSource a(fx.cache, index, 0), b(fx.cache, index, 1);
+  teacher::CacheSource a(fx.cache, index, 0, true), b(fx.cache, index, 1, true);
   EXPECT_FALSE(torch::equal(a.make(0, false).x_t, b.make(0, false).x_t));
+  // data.teacher_cache_end stop: the last position reads, the one past it is an error, not a cycle.
+  teacher::CacheSource stop(fx.cache, index, 0, /*cycle=*/false);
+  const auto last = fx.layout.positions - 1;
+  expect_same_batch(stop.make(last, false), a.make(last, false), "the last position, stop");
+  EXPECT_THROW(stop.make(last + 1, false), Error);
 }
 
 TEST(TeacherCache, TheIndexWaitsForEveryShard) {
