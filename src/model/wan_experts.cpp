@@ -193,6 +193,7 @@ WanInputs select_samples(const WanInputs& in, const std::vector<std::int64_t>& s
                 << B << " rows of the batch");
   WanInputs out;
   out.seq_len = in.seq_len;
+  out.sequence_parallel = in.sequence_parallel;  // a group routes its samples alike on every rank
   if (out.seq_len == 0) {
     // The full batch pads every sample to its largest token count; a subset must pad the same
     // way, or its samples would not equal their rows of the full batch.

@@ -99,10 +99,9 @@ StudentParts::StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup)
              "a LoRA pair has the teacher's channels: no projections");
   }
   // The job refuses these before training (job/sequence_parallel.cpp): the parts split none of them.
-  WD_CHECK(!setup_.sequence_parallel ||
-               (!is_pair() && setup_.feature_pairs.empty() && c.in_dim == setup_.teacher_in_channels &&
-                c.out_dim == setup_.teacher_out_channels),
-           "student.sequence_parallel with a LoRA pair, student.features or channel projections");
+  WD_CHECK(!setup_.sequence_parallel || (setup_.feature_pairs.empty() && c.in_dim == setup_.teacher_in_channels &&
+                                          c.out_dim == setup_.teacher_out_channels),
+           "student.sequence_parallel with student.features or channel projections");
   if (c.in_dim != setup_.teacher_in_channels) {
     heads_->update({{"in_proj", semi_orthogonal(setup_.teacher_in_channels, c.in_dim, setup_.seed + 1).ptr()}});
   }
@@ -173,7 +172,7 @@ std::vector<WanDiT> StudentParts::models() const {
   return {model_};
 }
 
-torch::Tensor StudentParts::forward_pair(const WanInputs& in, const CheckpointPolicy& policy) {
+torch::Tensor StudentParts::forward_pair(const WanInputs& in, const CheckpointPolicy& policy, bool tokens) {
   // The router's order is WanExperts' own: {kLow, kHigh}.
   const auto routes = setup_.router(in.t);
   WD_CHECK(routes.size() == 2, "the router of a LoRA pair gave " << routes.size() << " routes, not 2");
@@ -182,7 +181,9 @@ torch::Tensor StudentParts::forward_pair(const WanInputs& in, const CheckpointPo
   experts[WanExperts::kHigh] = &model_;
   return torch::stack(routed_forward(routes, in, model_->config().patch_size,
                                      [&](std::size_t e, const WanInputs& samples) {
-                                       return student_forward(*experts[e], samples, policy, nullptr);
+                                       // Under sequence parallelism, each sample's rows of this rank's tokens.
+                                       return tokens ? student_forward_tokens(*experts[e], samples, policy).unbind(0)
+                                                     : student_forward(*experts[e], samples, policy, nullptr);
                                      }));
 }
 
@@ -243,7 +244,9 @@ MicroLosses StudentParts::micro_step(const comm::TensorDict& batch, double scale
 }
 
 torch::Tensor StudentParts::token_loss(const comm::TensorDict& batch, const CheckpointPolicy& policy) {
-  const auto rows = student_forward_tokens(compute_, inputs_of(batch), policy, nullptr, gate_);
+  const auto in = inputs_of(batch);
+  const auto rows = is_pair() ? forward_pair(in, policy, /*tokens=*/true)
+                              : student_forward_tokens(compute_, in, policy, nullptr, gate_);
   return token_distill_loss(rows, batch.at("teacher_out"), frame_weights(batch), model_->config().patch_size,
                             *setup_.sequence_parallel);
 }

@@ -145,8 +145,9 @@ class StudentParts {
   StudentParts(WanDiT model, WanDiT low, const PartsSetup& setup);
   /// Registers `dit`'s trainable parameters under `prefix` + their names.
   void add_trainable(WanDiT& dit, const std::string& prefix);
-  /// A pair's forward: each expert on its own samples, the outputs merged in batch order.
-  torch::Tensor forward_pair(const WanInputs& in, const CheckpointPolicy& policy);
+  /// A pair's forward: each expert on its own samples, the outputs merged in batch order (with
+  /// `tokens`, under sequence parallelism: each sample's head rows of this rank's tokens).
+  torch::Tensor forward_pair(const WanInputs& in, const CheckpointPolicy& policy, bool tokens = false);
   /// The DiT's inputs of a batch (its device checked), under the parts' sequence parallelism.
   WanInputs inputs_of(const comm::TensorDict& batch);
   /// Student forward with hidden states captured after the blocks named by feature pairs.

@@ -1,7 +1,7 @@
 // student.sequence_parallel as `train` runs it: groups of 2 and 4 student ranks that share each
 // sample, each holding its tokens through every block, train as one rank does over the same
 // batches (velocity, trajectory with roll-outs, dmd with its GAN and regression terms,
-// checkpointed blocks, bf16-mixed, a LoRA student, sharded gradients, i2v and ti2v teachers, a
+// checkpointed blocks, bf16-mixed, a LoRA student and a LoRA pair, sharded gradients, i2v and ti2v teachers, a
 // token count the group does not divide); a checkpoint written by groups of 2 resumes on 1 and 4;
 // what is not built is refused by name.
 #include <gtest/gtest.h>
@@ -84,7 +84,7 @@ TEST(SequenceParallel, TrajectoryRolloutsCheckpointedBlocksAndMixedPrecisionTrai
                             20, {2}, 5e-4);
 }
 
-TEST(SequenceParallel, ALoraStudentAndShardedGradientsTrainAlike) {
+TEST(SequenceParallel, ALoraStudentALoraPairAndShardedGradientsTrainAlike) {
   // An fp32 teacher: a LoRA student computes in its base's dtype (the builtin teacher's bf16 would
   // add bf16's noise, as above).
   fs::create_directories(root());
@@ -94,6 +94,17 @@ TEST(SequenceParallel, ALoraStudentAndShardedGradientsTrainAlike) {
   ASSERT_EQ(init.code, 0) << init.output;
   expect_groups_train_alike("lora",
                             " --teacher.checkpoint " + teacher +
+                                " --student.lora_rank 4 --student.lora_alpha 8 --train.objective guided --train.lr 2e-3"
+                                " --train.steps 12",
+                            12, {2}, 1e-5);
+  // A LoRA pair over an fp32 two-expert teacher: each rank of a group routes the group's samples
+  // to the same experts, each expert's forward splitting their tokens.
+  const auto pair = (root() / "fp32-a14b").string();
+  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --dtype fp32 "
+                                       "--seed 3 --output " + pair + " 2>&1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  expect_groups_train_alike("lora-pair",
+                            " --teacher.checkpoint " + pair +
                                 " --student.lora_rank 4 --student.lora_alpha 8 --train.objective guided --train.lr 2e-3"
                                 " --train.steps 12",
                             12, {2}, 1e-5);
