@@ -29,17 +29,17 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
     const auto student = cfg.student.lora_rank > 0 ? teacher : cfg.student.model_config(teacher);
     not_built(student.in_dim == teacher.in_dim && student.out_dim == teacher.out_dim,
               "a student whose channels differ from the teacher's (student.in_dim/out_dim: channel projections)");
-    p.check(student.num_heads % n == 0, sp + " must divide the student's num_heads (" +
-                                            std::to_string(student.num_heads) +
-                                            "); sizes that work: " + sequence_parallel_sizes(student.num_heads));
+    const auto heads_split = [&](std::int64_t heads, const std::string& whose, const std::string& or_else) {
+      p.check(heads % n == 0, sp + " must divide " + whose + " num_heads (" + std::to_string(heads) +
+                                  "); sizes that work: " + sequence_parallel_sizes(heads) + or_else);
+    };
+    heads_split(student.num_heads, "the student's", "");
     if (cfg.objective().traits().real_score) {
       // The critic splits its tokens as the generator does: a LoRA critic has the teacher's heads.
       const auto critic = objective::critic_lora(cfg.keys(), teacher.num_layers).rank > 0
                               ? teacher
                               : objective::critic_model_config(cfg.keys(), teacher);
-      p.check(critic.num_heads % n == 0, sp + " must divide the dmd critic's num_heads (" +
-                                             std::to_string(critic.num_heads) + "); sizes that work: " +
-                                             sequence_parallel_sizes(critic.num_heads) + " (or set critic.num_heads)");
+      heads_split(critic.num_heads, "the dmd critic's", " (or set critic.num_heads)");
     }
   }
   const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;

@@ -346,8 +346,7 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
       comm::keep_until_exit(mine);
       throw;
     }
-    if (rank == 0 && n == 1) out[name] = all;
-    if (rank == 0 && n > 1) {
+    if (rank == 0) {  // [groups, n, rows, ...]: each group's first rank's rows (all of them when n is 1)
       std::vector<std::int64_t> grouped{size / n, n, mine.size(0)};
       grouped.insert(grouped.end(), sizes.begin() + 1, sizes.end());
       out[name] = all.view(grouped).select(1, 0).flatten(0, 1).contiguous();

@@ -282,8 +282,7 @@ torch::Tensor StudentParts::pool_tokens(const torch::Tensor& hidden, const torch
   // This rank's real rows (its run of the padded sequence, less the padding), summed, then the
   // group's sums added (gather_tokens: its backward hands each rank the group's gradients of
   // its own sum, as one rank's mean would): the mean over every token of the sample.
-  const auto& p = model_->config().patch_size;
-  const auto S = x_t.size(2) / p[0] * (x_t.size(3) / p[1]) * (x_t.size(4) / p[2]);
+  const auto S = latent_tokens(x_t, model_->config().patch_size);
   const auto span = group->span(S);
   WD_CHECK(hidden.size(1) == span.local(), "the hidden states of rank " << group->rank() << " hold " << hidden.size(1)
                                                                         << " tokens, its span " << span.local());

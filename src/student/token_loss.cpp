@@ -5,6 +5,10 @@
 
 namespace wd::student {
 
+std::int64_t latent_tokens(const torch::Tensor& latent, const std::array<std::int64_t, 3>& p) {
+  return latent.size(2) / p[0] * (latent.size(3) / p[1]) * (latent.size(4) / p[2]);
+}
+
 torch::Tensor latent_token_rows(const torch::Tensor& latent, const std::array<std::int64_t, 3>& p,
                                 std::int64_t begin, std::int64_t end) {
   WD_CHECK(latent.dim() == 5, "token rows need a latent [B,C,F,H,W], got " << latent.sizes());
@@ -28,7 +32,7 @@ torch::Tensor token_distill_loss(const torch::Tensor& rows, const torch::Tensor&
                                  const torch::Tensor& weights, const std::array<std::int64_t, 3>& patch,
                                  const TokenHeadExchange& group) {
   const auto n = static_cast<std::int64_t>(group.size());
-  const auto L = teacher_out.size(2) / patch[0] * (teacher_out.size(3) / patch[1]) * (teacher_out.size(4) / patch[2]);
+  const auto L = latent_tokens(teacher_out, patch);
   const auto span = group.span(L);  // WanDiT's: L padded to a multiple of N, N equal runs
   const auto local = span.local();
   WD_CHECK(rows.size(0) == teacher_out.size(0) && rows.size(1) == local,

@@ -11,6 +11,9 @@
 
 namespace wd::student {
 
+/// The tokens of a sample of `latent` [B,C,F,H,W] under `patch`: F/pt·H/ph·W/pw.
+std::int64_t latent_tokens(const torch::Tensor& latent, const std::array<std::int64_t, 3>& patch);
+
 /// Token rows [begin, end) of each sample of `latent` [B,C,F,H,W], as the DiT's head orders its
 /// output: tokens f-major, then h, then w; features (pt, ph, pw, C). Rows at or past the
 /// sample's F/pt·H/ph·W/pw tokens (the sequence-parallel padding) are zero. [B, end−begin, pt·ph·pw·C].

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "launch_util.hpp"
 
@@ -86,28 +87,21 @@ TEST(SequenceParallel, TrajectoryRolloutsCheckpointedBlocksAndMixedPrecisionTrai
 
 TEST(SequenceParallel, ALoraStudentALoraPairAndShardedGradientsTrainAlike) {
   // An fp32 teacher: a LoRA student computes in its base's dtype (the builtin teacher's bf16 would
-  // add bf16's noise, as above).
+  // add bf16's noise, as above). A LoRA pair over an fp32 two-expert teacher: each rank of a group
+  // routes the group's samples to the same experts, each expert's forward splitting their tokens.
   fs::create_directories(root());
-  const auto teacher = (root() / "fp32-teacher").string();
-  const auto init = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --dtype fp32 --seed 4 --output " +
-                                       teacher + " 2>&1");
-  ASSERT_EQ(init.code, 0) << init.output;
-  expect_groups_train_alike("lora",
-                            " --teacher.checkpoint " + teacher +
-                                " --student.lora_rank 4 --student.lora_alpha 8 --train.objective guided --train.lr 2e-3"
-                                " --train.steps 12",
-                            12, {2}, 1e-5);
-  // A LoRA pair over an fp32 two-expert teacher: each rank of a group routes the group's samples
-  // to the same experts, each expert's forward splitting their tokens.
-  const auto pair = (root() / "fp32-a14b").string();
-  const auto made = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --experts 2 --dtype fp32 "
-                                       "--seed 3 --output " + pair + " 2>&1");
-  ASSERT_EQ(made.code, 0) << made.output;
-  expect_groups_train_alike("lora-pair",
-                            " --teacher.checkpoint " + pair +
-                                " --student.lora_rank 4 --student.lora_alpha 8 --train.objective guided --train.lr 2e-3"
-                                " --train.steps 12",
-                            12, {2}, 1e-5);
+  const std::pair<std::string, std::string> teachers[] = {{"lora", "--seed 4"}, {"lora-pair", "--experts 2 --seed 3"}};
+  for (const auto& [name, flags] : teachers) {
+    const auto teacher = (root() / (name + "-fp32-teacher")).string();
+    const auto init = test::run_captured(std::string(WD_CLI) + " init-teacher --preset tiny --dtype fp32 " + flags +
+                                         " --output " + teacher + " 2>&1");
+    ASSERT_EQ(init.code, 0) << init.output;
+    expect_groups_train_alike(name,
+                              " --teacher.checkpoint " + teacher +
+                                  " --student.lora_rank 4 --student.lora_alpha 8 --train.objective guided --train.lr 2e-3"
+                                  " --train.steps 12",
+                              12, {2}, 1e-5);
+  }
   // ZeRO-2 over every student rank: 4 ranks in 2 groups against 2 ranks.
   expect_groups_train_alike("gradients", " --student.shard gradients --comm.bucket_mb 0.1 --train.steps 12", 12, {2},
                             1e-5, 2);
