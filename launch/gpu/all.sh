@@ -34,7 +34,10 @@
 # i2v teacher, I2V-A14B's layout: y in every teacher, generator and critic forward),
 # sequence_parallel (1 teacher + one group of 2 students sharing the GPU, student.sequence_parallel 2:
 # the all-to-all over MPI; compare its losses with train's), sequence_parallel_nccl (the same on
-# two GPUs or more, the all-to-all over NCCL; "needs 2 GPUs" and skipped where fewer are visible)
+# two GPUs or more, the all-to-all over NCCL; "needs 2 GPUs" and skipped where fewer are visible),
+# shard_optimizer_nccl and shard_gradients_nccl (train2 with student.shard on two GPUs or more: the
+# students on distinct GPUs, ZeRO's reduce-scatter and all-gather over NCCL; compare the loss with
+# shard_optimizer's and shard_gradients'; "needs 2 GPUs" and skipped where fewer are visible)
 # and ctest (the whole suite; many tests assume a CPU-only host).
 #
 # Environment:
@@ -72,7 +75,7 @@ repo=$PWD
 t_start=$SECONDS
 
 all_steps="smi nccl_init nccl train train_mpi oom train_stream train_ckpt train_bf16 colocated forward stream checkpointing ctest_gpu"
-known_steps="$all_steps profile train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v sequence_parallel sequence_parallel_nccl ctest"
+known_steps="$all_steps profile train2 lora lora_dmd shard_none_bf16 shard_optimizer shard_gradients shard_gradients_bf16 trajectory dmd dmd_colocated trajectory_i2v dmd_i2v sequence_parallel sequence_parallel_nccl shard_optimizer_nccl shard_gradients_nccl ctest"
 steps=${STEPS:-$all_steps}
 budget=${GPU_BUDGET_S:-560}
 min_step=${MIN_STEP_S:-20}
@@ -394,7 +397,8 @@ targets_for() {
     nccl_init) echo test_nccl_mpi ;;
     nccl) echo nccl_bandwidth ;;
     train | train_mpi | oom | train_stream | train_ckpt | train_bf16 | colocated | train2 | trajectory | dmd | \
-      dmd_colocated | trajectory_i2v | dmd_i2v | sequence_parallel | sequence_parallel_nccl) echo wan-distill ;;
+      dmd_colocated | trajectory_i2v | dmd_i2v | sequence_parallel | sequence_parallel_nccl | shard_optimizer_nccl | \
+      shard_gradients_nccl) echo wan-distill ;;
     forward) echo bench_forward ;;
     stream) echo bench_stream ;;
     profile) echo bench_forward bench_stream ;;
@@ -593,6 +597,19 @@ for s in $steps; do
         train_step sequence_parallel_nccl 3 150 "1 teacher + a group of 2 students on $gpu_count GPUs: all-to-all over NCCL" \
           --student.device cuda --teacher.placement gpu --student.sequence_parallel 2 --comm.backend auto \
           --train.steps "$train_steps"
+      fi
+      ;;
+    shard_optimizer_nccl | shard_gradients_nccl)
+      mode=${s#shard_}
+      mode=${mode%_nccl}
+      if ((gpu_count < 2)); then
+        skip "$s" "skipped" "needs 2 GPUs ($gpu_count visible): NCCL refuses two ranks of one communicator on one GPU"
+      else
+        # comm.backend auto: the two students on distinct GPUs, so ZeRO's reduce-scatter and
+        # all-gather (and the optimizer mode's all-reduce) go over NCCL.
+        train_step "$s" 3 150 "1 teacher + 2 students on $gpu_count GPUs, student.shard $mode over NCCL" \
+          --student.device cuda --teacher.placement gpu --student.shard "$mode" --comm.backend auto \
+          --memory.report_every 100 --train.steps "$train_steps"
       fi
       ;;
     dmd_colocated)

@@ -327,6 +327,26 @@ void NcclComm::all_reduce_sum(float* data, std::size_t count, cudaStream_t strea
            __FILE__, __LINE__);
 }
 
+void NcclComm::reduce_sum(const float* send, float* recv, std::size_t count, int root, cudaStream_t stream) {
+  WD_CHECK(!failed_, "ncclReduce to rank " << root << " on rank " << world_rank_ << ": the communicator was aborted");
+  note_stream(stream);
+  enqueued(ncclReduce(send, recv, count, ncclFloat32, ncclSum, root, comm_, stream), "ncclReduce", __FILE__,
+           __LINE__);
+}
+
+void NcclComm::reduce_scatter_sum(const float* send, float* recv, std::size_t count, cudaStream_t stream) {
+  WD_CHECK(!failed_, "ncclReduceScatter on rank " << world_rank_ << ": the communicator was aborted");
+  note_stream(stream);
+  enqueued(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, stream), "ncclReduceScatter",
+           __FILE__, __LINE__);
+}
+
+void NcclComm::all_gather(const float* send, float* recv, std::size_t count, cudaStream_t stream) {
+  WD_CHECK(!failed_, "ncclAllGather on rank " << world_rank_ << ": the communicator was aborted");
+  note_stream(stream);
+  enqueued(ncclAllGather(send, recv, count, ncclFloat32, comm_, stream), "ncclAllGather", __FILE__, __LINE__);
+}
+
 void NcclComm::abort() noexcept {
   // Aborting inside an open group is undefined: end it first (NCCL drops a group whose
   // operations failed to enqueue; the abort stops whatever it launched).

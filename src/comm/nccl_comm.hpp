@@ -145,6 +145,14 @@ class NcclComm {
   void broadcast(const void* send, void* recv, std::size_t bytes, int root, cudaStream_t stream);
   /// In-place sum of `count` floats over all ranks.
   void all_reduce_sum(float* data, std::size_t count, cudaStream_t stream);
+  /// ncclReduce: the sum of every rank's `count` floats at `send` into `root`'s `recv` (ignored
+  /// on the other ranks).
+  void reduce_sum(const float* send, float* recv, std::size_t count, int root, cudaStream_t stream);
+  /// ncclReduceScatter: rank r receives the sum's floats [r·count, (r+1)·count) in `recv`.
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t count, cudaStream_t stream);
+  /// ncclAllGather: rank r's `count` floats land at recv + r·count on every rank (in place when
+  /// `send` is that part of `recv`).
+  void all_gather(const float* send, float* recv, std::size_t count, cudaStream_t stream);
 
   /// Waits until `event` completed, with deadline; see the class comment.
   void wait(cudaEvent_t event, const WaitInfo& info, std::chrono::duration<double> timeout);

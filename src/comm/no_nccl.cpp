@@ -4,6 +4,7 @@
 
 #include "comm/backend_choice.hpp"
 #include "comm/nccl_gradient_reducer.hpp"
+#include "comm/shard_collectives.hpp"
 #include "comm/token_head_exchange_factory.hpp"
 #include "comm/transport_factory.hpp"
 #include "core/errors.hpp"
@@ -41,6 +42,11 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(MPI_Comm, std::vecto
 std::unique_ptr<TokenHeadExchange> make_nccl_token_head_exchange(MPI_Comm, const c10::Device& device, double,
                                                                  int world_rank, HealthChannel*) {
   no_nccl(world_rank, "the NCCL sequence-parallel all-to-all", device);
+}
+
+std::shared_ptr<ShardCollectives> make_nccl_shard_collectives(MPI_Comm, const c10::Device& device, double,
+                                                              int world_rank, HealthChannel*) {
+  no_nccl(world_rank, "the NCCL reduce-scatter and all-gather of student.shard", device);
 }
 
 }  // namespace wd::comm

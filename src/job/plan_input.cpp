@@ -189,6 +189,7 @@ plan::PlanInput make_plan_input(const RunConfig& cfg, const PlanContext& ctx) {
   in.shard_gradients = cfg.student.shard == ShardMode::kGradients || in.shard_parameters;
   in.shard_optimizer = cfg.student.shard == ShardMode::kOptimizer || in.shard_gradients;
   in.bucket_bytes = cfg.comm.bucket_bytes();
+  in.shard_on_device = !ctx.cpu_job && cfg.comm.backend != CommBackend::kMpi;
   const auto& policy = cfg.student.checkpointing;
   for (std::int64_t b = 0; b < sc.num_layers; ++b) in.checkpointed_blocks += policy.applies(b) ? 1 : 0;
   // Channel projections (when the student's channels differ) and feature heads, fp32.

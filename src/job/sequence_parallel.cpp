@@ -4,6 +4,7 @@
 
 #include "comm/mpi_check.hpp"
 #include "comm/token_head_exchange_factory.hpp"
+#include "core/sequence_groups.hpp"
 #include "job/plan_input.hpp"
 #include "job/startup.hpp"
 #include "job/student_side.hpp"
@@ -43,7 +44,7 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
     }
   }
   const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;
-  p.check(per_replica % n == 0,
+  p.check(SequenceGroups{static_cast<int>(n)}.divides(per_replica),
           sp + " must divide the student ranks of each teacher replica: " + std::to_string(layout.student_ranks) +
               " student rank(s) over " + std::to_string(layout.replicas) + " replica(s) is " +
               std::to_string(per_replica) + " each; a group shares its replica's samples");
@@ -74,11 +75,12 @@ std::unique_ptr<SequenceGroup> open_sequence_group(const TrainJob& job, const c1
   WD_CHECK_MPI(MPI_Comm_rank(job.groups->students(), &index));
   auto group = std::make_unique<SequenceGroup>();
   // Consecutive student indices: a replica's slots are consecutive, and N divides their count.
-  WD_CHECK_MPI(MPI_Comm_split(job.groups->students(), static_cast<int>(index / n), index, &group->comm));
+  const SequenceGroups groups{static_cast<int>(n)};
+  WD_CHECK_MPI(MPI_Comm_split(job.groups->students(), groups.group_of(index), index, &group->comm));
   if (index == 0) {
     spdlog::info("sequence parallelism: {} group(s) of {} student ranks, each rank holding 1/{} of every sample's "
                  "tokens",
-                 job.layout.student_ranks / n, n, n);
+                 groups.groups_in(job.layout.student_ranks), n, n);
   }
   group->exchange = comm::make_token_head_exchange(group->comm, device, job.cfg.comm.backend, job.cfg.comm.timeout_s,
                                                    job.world_rank(), &services.health);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/sequence_groups.hpp"
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
 #include "objective/dmd.hpp"
@@ -108,7 +109,7 @@ void make_dmd_trainer(DmdSide& side, const TrainJob& job, student::StudentParts&
                           *side.score,
                           // A sequence-parallel group's ranks draw as one student: the group's index.
                           student::DmdSpec::from(cfg.student_train(), cfg.dmd, job.plan.latent,
-                                                 group_rank / static_cast<int>(sequence_parallel)),
+                                                 SequenceGroups{static_cast<int>(sequence_parallel)}.group_of(group_rank)),
                           service_schedule(cfg, job.plan),
                           side.train,
                           cfg.dmd,

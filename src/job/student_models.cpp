@@ -5,6 +5,7 @@
 #include <map>
 
 #include "comm/mpi_check.hpp"
+#include "comm/shard_collectives.hpp"
 #include "job/parts_setup.hpp"
 #include "job/student_side.hpp"
 #include "model/wan_lora.hpp"
@@ -165,6 +166,12 @@ Training make_training(const TrainJob& job, student::StudentParts& parts, const 
   WD_CHECK_AS(ConfigError, !weights || device.is_cpu(),
               "student.shard parameters runs on host students (MPI all-gathers from the backward); this student "
               "trains on " << device << ": set student.device cpu, or student.shard gradients");
+  // ZeRO's reduce-scatter and all-gather: NCCL where the gradient all-reduce would be (GPU students
+  // of distinct GPUs), MPI otherwise; parameters' gathers run on the host (MPI).
+  const auto collectives = [&] {
+    return comm::make_shard_collectives(job.groups->students(), device, cfg.comm.backend, cfg.comm.timeout_s,
+                                        job.world_rank(), &services.health);
+  };
   if ((mode == student::ShardMode::kGradients || weights) && students > 1) {
     r.shard = weights ? std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
                                                                   cfg.comm.bucket_bytes(), cfg.comm.timeout_s,
@@ -173,13 +180,13 @@ Training make_training(const TrainJob& job, student::StudentParts& parts, const 
                       : std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
                                                                   cfg.comm.bucket_bytes(), cfg.comm.timeout_s,
                                                                   job.world_rank(), &services.health,
-                                                                  parts.grad_sources());
+                                                                  parts.grad_sources(), collectives());
     parts.set_gate(r.shard->gate());
     r.reducer = std::make_unique<student::ShardReducer>(*r.shard, &services.health);
     if (job.world_rank() == job.layout.student_world_ranks().front()) {
-      spdlog::info("gradient reduce-scatter: mpi over {} students in {} buckets, started from the backward's "
+      spdlog::info("gradient reduce-scatter: {} over {} students in {} buckets, started from the backward's "
                    "gradient hooks ({})",
-                   students, r.shard->scatter()->bucket_count(), what);
+                   r.shard->backend(), students, r.shard->scatter()->bucket_count(), what);
     }
     log_shard(job, *r.shard, r.shard->slice_size() * students, what);
   } else {
@@ -189,7 +196,7 @@ Training make_training(const TrainJob& job, student::StudentParts& parts, const 
     if (mode != student::ShardMode::kNone && r.reducer->whole_buffer().defined()) {
       r.shard = std::make_unique<student::OptimizerShard>(job.groups->students(), parts.trainable(),
                                                           r.reducer->whole_buffer(), cfg.comm.timeout_s,
-                                                          job.world_rank(), &services.health);
+                                                          job.world_rank(), &services.health, collectives());
       log_shard(job, *r.shard, r.reducer->whole_buffer().numel(), what);
     } else if (mode != student::ShardMode::kNone && job.world_rank() == job.layout.student_world_ranks().front()) {
       spdlog::info("student.shard {}: one student, nothing to split ({}'s optimizer stays whole)", name_of(cfg.student.shard),

@@ -6,12 +6,16 @@
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "core/sequence_groups.hpp"
 
 namespace wd::plan {
 
 namespace {
 
 using u64 = std::uint64_t;
+
+/// The sequence-parallel group size (1: none).
+int sequence_size(const PlanInput& in) { return static_cast<int>(std::max<std::int64_t>(1, in.sequence_parallel)); }
 
 constexpr u64 kF32 = 4;  // fp32: norms, modulation, softmax and residual stream
 constexpr u64 kRopeTable = 8;  // RoPE's cos and sin tables: 2 fp32 values per head channel and token
@@ -322,10 +326,10 @@ void plan_student_weights(const PlanInput& in, const Shape& s, u64 W, u64 half_c
   }
   // The averaged slice, and in the backward the grads of the buckets not yet complete (two
   // buckets; bf16-mixed: their bf16 grads too). A device student's hooks pack each bucket to the
-  // host and send after the backward: the host holds every bucket once, with the all-gather's
-  // pinned copy beside it.
+  // host and send after the backward (MPI): the host holds every bucket once, with the
+  // all-gather's pinned copy beside it; over NCCL the buckets go from the device in the backward.
   const u64 in_flight = std::min<u64>(2 * in.bucket_bytes, W) * (in.student_bf16_mixed ? 3 : 2) / 2;
-  if (s.cuda) {
+  if (s.cuda && !in.shard_on_device) {
     St.push_back(item(kGradients, slice + in_flight, W,
                       "fp32 slice of 1/" + std::to_string(N) + " + two buckets in the backward; host: packed buckets"));
   } else {
@@ -356,19 +360,21 @@ void plan_student(const PlanInput& in, const Shape& s, PlacementPlan& out) {
   std::string optimizer_note = sharded ? "AdamW exp_avg + exp_avg_sq of 1/" + std::to_string(N) + " of the parameters"
                                        : "AdamW exp_avg + exp_avg_sq";
   optimizer_note += in.student_ema ? " + the weight average (fp32)" : " (fp32)";
-  // A device student's slices are all-gathered through a pinned host copy of the whole buffer.
-  if (sharded && s.cuda) {
+  // A device student's slices are all-gathered through a pinned host copy of the whole buffer
+  // (MPI; NCCL gathers on the device).
+  if (sharded && s.cuda && !in.shard_on_device) {
     St.push_back(item(kOptimizerState, optimizer, W, optimizer_note + "; pinned host buffer for the all-gather"));
   } else {
     place(kOptimizerState, optimizer, optimizer_note);
   }
-  // A host student with sharded gradients all-gathers through a buffer of the whole model after
-  // the step, when the activations are gone: the larger of the two is the peak's.
+  // A host student with sharded gradients (or a device one over NCCL) all-gathers through a buffer
+  // of the whole model after the step, when the activations are gone: the larger of the two is
+  // the peak's.
   const bool scattered = sharded && in.shard_gradients;
   const u64 block = kF32 * n(in.student.block_params);
   const u64 root = W - std::min(W, block * n(in.student.num_layers) * n(in.student.experts));
   const u64 step_buffer = s.gathered ? root : W;  // parameters: only the rest is gathered after the step
-  if (scattered && !s.cuda && step_buffer > s_act) {
+  if (scattered && (!s.cuda || in.shard_on_device) && step_buffer > s_act) {
     place(kStudentActivations, step_buffer,
           "the all-gather's step buffer (larger than the activations, not held with them)");
   } else {
@@ -442,7 +448,7 @@ std::optional<Placement> first_fitting(const PlanInput& in, const std::vector<Pl
     const auto& pp = placements[static_cast<std::size_t>(
         std::find(all_placements().begin(), all_placements().end(), p) - all_placements().begin())];
     const int replicas = p == Placement::kShard ? 1 : std::max(1, in.teacher_ranks);
-    const bool groups_divide = in.sequence_parallel <= 1 || (in.student_ranks / replicas) % in.sequence_parallel == 0;
+    const bool groups_divide = SequenceGroups{sequence_size(in)}.divides(in.student_ranks / replicas);
     if (pp.applicable && pp.fits && groups_divide) return p;
   }
   return std::nullopt;
@@ -491,7 +497,7 @@ Plan make_plan(const PlanInput& in) {
     plan.reason = "no placement fits: lower train.batch_size, set student.checkpointing = all, "
                   "use student.precision = bf16-mixed, or add ranks";
     const int replicas = std::max(1, in.teacher_ranks);
-    if (in.sequence_parallel > 1 && (in.student_ranks / replicas) % in.sequence_parallel != 0) {
+    if (!SequenceGroups{sequence_size(in)}.divides(in.student_ranks / replicas)) {
       plan.reason += "; student.sequence_parallel " + std::to_string(in.sequence_parallel) + " does not divide the " +
                      std::to_string(in.student_ranks / replicas) + " students of each of the " +
                      std::to_string(replicas) + " teacher replicas";

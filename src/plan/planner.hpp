@@ -55,6 +55,10 @@ struct PlanInput {
   /// slice too; the blocks are gathered one at a time for each use, the rest (embeddings, head,
   /// distillation heads, a dmd critic's) stays whole.
   bool shard_parameters = false;
+  /// GPU students' student.shard collectives over NCCL (comm.backend auto or nccl: each student
+  /// on a GPU of its own): the packed buckets and the all-gather's buffer on the device, no host
+  /// copy. False: over MPI, through host memory.
+  bool shard_on_device = false;
   std::uint64_t bucket_bytes = 25ULL << 20;  ///< comm.bucket_mb: a gradient bucket
   std::int64_t checkpointed_blocks = 0;    ///< student blocks recomputed in the backward
   std::int64_t student_extra_params = 0;   ///< channel projections and feature heads (fp32)

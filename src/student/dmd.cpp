@@ -9,6 +9,7 @@
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_runtime.hpp"
 #include "core/errors.hpp"
+#include "core/sequence_groups.hpp"
 #include "data/flow_sampler.hpp"
 #include "data/splitmix64.hpp"
 #include "model/image_condition.hpp"
@@ -347,7 +348,7 @@ TensorMap DmdTrainer::gather_pending(std::int64_t steps_done) const {
       throw;
     }
     if (rank == 0) {  // [groups, n, rows, ...]: each group's first rank's rows (all of them when n is 1)
-      std::vector<std::int64_t> grouped{size / n, n, mine.size(0)};
+      std::vector<std::int64_t> grouped{SequenceGroups{n}.groups_in(size), n, mine.size(0)};
       grouped.insert(grouped.end(), sizes.begin() + 1, sizes.end());
       out[name] = all.view(grouped).select(1, 0).flatten(0, 1).contiguous();
     }
@@ -380,7 +381,8 @@ void DmdTrainer::restore(const std::string& dir) {
   MPI_Comm_size(p_.students, &students);
   MPI_Comm_rank(p_.students, &index);
   // Rows by data-parallel group: a sequence-parallel group's ranks each take its rows.
-  const int size = students / p_.sequence_parallel, rank = index / p_.sequence_parallel;
+  const SequenceGroups groups{p_.sequence_parallel};
+  const int size = groups.groups_in(students), rank = groups.group_of(index);
   pending_.clear();
   for (const auto& info : file.tensors()) {
     WD_CHECK_DATA(!info.shape.empty() && info.shape[0] % size == 0, path, info.name,

@@ -22,8 +22,9 @@ const auto kHostFloat = torch::TensorOptions().dtype(torch::kFloat);
 GradientScatter::GradientScatter(MPI_Comm students, std::vector<torch::Tensor> params, Layout layout,
                                  std::uint64_t bucket_bytes, torch::Tensor slice, std::chrono::duration<double> timeout,
                                  int world_rank, std::vector<int> peers, comm::HealthChannel* health,
-                                 std::vector<torch::Tensor> sources)
+                                 std::vector<torch::Tensor> sources, std::shared_ptr<comm::ShardCollectives> collectives)
     : comm_(students),
+      collectives_(collectives ? std::move(collectives) : comm::make_mpi_shard_collectives(students, world_rank, health)),
       params_(std::move(params)),
       sources_(sources.empty() ? params_ : std::move(sources)),
       layout_(std::move(layout)),
@@ -108,6 +109,8 @@ void GradientScatter::on_ready(std::size_t param) {
   if (std::this_thread::get_id() == main_thread_) {
     post(bucket_of_[param], std::move(packed));
     progress();
+  } else if (collectives_->posts_from_any_thread()) {
+    post(bucket_of_[param], std::move(packed));  // NCCL: started from the engine's thread and stream
   } else {
     staged_.emplace_back(bucket_of_[param], std::move(packed));
   }
@@ -115,7 +118,7 @@ void GradientScatter::on_ready(std::size_t param) {
 
 torch::Tensor GradientScatter::pack(Bucket& bucket) {
   torch::NoGradGuard no_grad;
-  auto send = torch::empty({bucket.end - bucket.begin}, kHostFloat);
+  auto send = torch::empty({bucket.end - bucket.begin}, kHostFloat.device(collectives_->buffer_device()));
   for (const auto i : bucket.params) {
     // bf16-mixed: folded as StudentParts::backward folds, once per send (the uses of one backward
     // summed in bf16 first, as without sharding).
@@ -137,11 +140,11 @@ void GradientScatter::post(std::size_t b, torch::Tensor send) {
   Bucket& bucket = buckets_[b];
   InFlight f;
   f.send = std::move(send);
-  f.recv = torch::empty({std::max(1, bucket.counts[layout_.group_rank])}, kHostFloat);
+  f.recv = torch::empty({std::max(1, bucket.counts[layout_.group_rank])},
+                        kHostFloat.device(collectives_->buffer_device()))
+               .narrow(0, 0, bucket.counts[layout_.group_rank]);
   f.at = bucket.at;
-  WD_CHECK_MPI(MPI_Ireduce_scatter(f.send.data_ptr<float>(), f.recv.data_ptr<float>(), bucket.counts.data(), MPI_FLOAT,
-                                   MPI_SUM, comm_, &f.request));
-  f.recv = f.recv.narrow(0, 0, bucket.counts[layout_.group_rank]);
+  f.pending = collectives_->reduce_scatter(f.send, f.recv, bucket.counts);
   flight_.push_back(std::move(f));
 }
 
@@ -152,22 +155,12 @@ void GradientScatter::collect(InFlight& f) {
 }
 
 void GradientScatter::progress() {
-  std::vector<MPI_Request> requests;
-  for (const auto& f : flight_) requests.push_back(f.request);
-  if (requests.empty()) return;
-  std::vector<int> done(requests.size());
-  int count = 0;
-  WD_CHECK_MPI(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, done.data(),
-                            MPI_STATUSES_IGNORE));
-  if (count == MPI_UNDEFINED || count == 0) return;
-  std::vector<char> finished(flight_.size(), 0);
-  for (int k = 0; k < count; ++k) finished[static_cast<std::size_t>(done[k])] = 1;
   std::vector<InFlight> left;
-  for (std::size_t k = 0; k < flight_.size(); ++k) {
-    if (finished[k]) {
-      collect(flight_[k]);
+  for (auto& f : flight_) {
+    if (f.pending->done()) {
+      collect(f);
     } else {
-      left.push_back(std::move(flight_[k]));
+      left.push_back(std::move(f));
     }
   }
   flight_ = std::move(left);
@@ -218,16 +211,15 @@ void GradientScatter::reduce(std::int64_t step, const std::function<void()>& pos
     post(b, pack(buckets_[b]));
   }
   std::uint64_t bytes = 0;
-  std::vector<MPI_Request> requests;
+  std::vector<comm::ShardCollectives::Pending*> in_flight;
   for (const auto& f : flight_) {
-    requests.push_back(f.request);
+    in_flight.push_back(f.pending.get());
     bytes += static_cast<std::uint64_t>(f.send.nbytes());
   }
   const auto start = Clock::now();
   try {
     if (posted) posted();
-    comm::wait_all_with_deadline(requests, comm::WaitInfo{"reduce-scatter grads", step, bytes, peers_}, timeout_,
-                                 world_rank_, health_);
+    collectives_->wait_all(in_flight, comm::WaitInfo{"reduce-scatter grads", step, bytes, peers_}, timeout_);
   } catch (...) {
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
     // Abandoned, not finished: MPI may still read and write these buffers.

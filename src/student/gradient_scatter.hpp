@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "comm/health_channel.hpp"
+#include "comm/shard_collectives.hpp"
 #include "core/torch_compat.hpp"
 #include "student/slice_layout.hpp"
 
@@ -22,13 +24,15 @@ namespace wd::student {
 /// size N; group rank r owns [r·S, (r+1)·S) (OptimizerShard's layout). Consecutive parameters
 /// form buckets of at most bucket_bytes. Between begin_step() and reduce(), a hook on every
 /// parameter's gradient accumulator counts the parameters of its bucket; once each has received
-/// its gradient, the bucket's grads are packed into a host buffer, dropped (.grad undefined) and
-/// reduce-scattered (MPI_Ireduce_scatter: rank r receives the part of the bucket in its slice),
-/// overlapping the rest of the backward. Gradients arriving after their bucket left (a parameter
-/// used twice, micro-batches) start the bucket again; reduce() sends what is left the same way on
-/// every rank and adds each rank's parts into `slice` (the averaged gradients of its slice).
-/// Device parameters: the packing (a copy to the host) happens in the hook, which runs on the
-/// engine's device thread; the MPI calls wait for reduce() on the calling thread (MPI is funneled).
+/// its gradient, the bucket's grads are packed into a buffer where the collectives work (the host
+/// for MPI, the GPU for NCCL), dropped (.grad undefined) and reduce-scattered (rank r receives the
+/// part of the bucket in its slice), overlapping the rest of the backward. Gradients arriving
+/// after their bucket left (a parameter used twice, micro-batches) start the bucket again;
+/// reduce() sends what is left the same way on every rank and adds each rank's parts into
+/// `slice` (the averaged gradients of its slice). Device parameters: the packing happens in the
+/// hook, which runs on the engine's device thread; NCCL starts the bucket's reduce-scatter there,
+/// while MPI's calls wait for reduce() on the calling thread (MPI is funneled). The small
+/// agreements (which buckets are left) are MPI's on either backend.
 class GradientScatter {
  public:
   using Layout = SliceLayout;
@@ -37,10 +41,11 @@ class GradientScatter {
   /// averaged gradients; `peers` are the other students' world ranks (for timeout messages).
   /// `sources[i]` is the tensor the backward gives parameter i's gradient to (bf16-mixed: its
   /// bf16 compute copy, whose grad the send folds into the fp32 .grad and drops); empty: the
-  /// parameters themselves.
+  /// parameters themselves. `collectives`: the reduce-scatter's backend (null: MPI over `students`).
   GradientScatter(MPI_Comm students, std::vector<torch::Tensor> params, Layout layout, std::uint64_t bucket_bytes,
                   torch::Tensor slice, std::chrono::duration<double> timeout, int world_rank, std::vector<int> peers,
-                  comm::HealthChannel* health, std::vector<torch::Tensor> sources = {});
+                  comm::HealthChannel* health, std::vector<torch::Tensor> sources = {},
+                  std::shared_ptr<comm::ShardCollectives> collectives = nullptr);
   /// Buffers of sends still in flight (an abandoned step) stay until the process exits.
   ~GradientScatter();
   GradientScatter(const GradientScatter&) = delete;
@@ -70,7 +75,7 @@ class GradientScatter {
     int sends = 0;                    ///< this step
   };
   struct InFlight {
-    MPI_Request request = MPI_REQUEST_NULL;
+    std::unique_ptr<comm::ShardCollectives::Pending> pending;
     torch::Tensor send, recv;
     std::int64_t at = 0;
   };
@@ -78,15 +83,18 @@ class GradientScatter {
   void on_ready(std::size_t param);
   /// bf16-mixed: the compute copy's grad added into the master's .grad, then dropped (pack()).
   void fold(std::size_t param);
-  /// Packs the bucket's grads into a host buffer (zeros for a missing one) and drops them.
+  /// Packs the bucket's grads into a buffer on the collectives' device (zeros for a missing one)
+  /// and drops them.
   torch::Tensor pack(Bucket& bucket);
   void post(std::size_t b, torch::Tensor send);
-  /// Adds what finished into the slice and frees its buffers (MPI_Testsome: also MPI's progress).
+  /// Adds what finished into the slice and frees its buffers (testing MPI's requests is also
+  /// MPI's progress).
   void progress();
   void collect(InFlight& f);
   std::vector<int> agree(std::int64_t step);
 
   MPI_Comm comm_;
+  std::shared_ptr<comm::ShardCollectives> collectives_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> sources_;
   std::vector<std::int64_t> numels_;  ///< each parameter's elements (held or not)

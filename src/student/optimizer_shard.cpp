@@ -13,8 +13,10 @@
 namespace wd::student {
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole,
-                               double timeout_s, int world_rank, comm::HealthChannel* health)
+                               double timeout_s, int world_rank, comm::HealthChannel* health,
+                               std::shared_ptr<comm::ShardCollectives> collectives)
     : comm_(students),
+      collectives_(std::move(collectives)),
       params_(std::move(params)),
       whole_(std::move(whole)),
       timeout_(timeout_s),
@@ -33,15 +35,20 @@ OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> par
     offset += params_[i].numel();
   }
   lay_out(whole_.numel());
-  if (!whole_.is_cpu()) {
+  if (!whole_.is_cpu() && collectives_->buffer_device().is_cpu()) {
     host_ = torch::empty({whole_.numel()}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
   }
 }
 
 OptimizerShard::OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes,
                                double timeout_s, int world_rank, comm::HealthChannel* health,
-                               std::vector<torch::Tensor> sources)
-    : comm_(students), params_(std::move(params)), timeout_(timeout_s), world_rank_(world_rank), health_(health) {
+                               std::vector<torch::Tensor> sources, std::shared_ptr<comm::ShardCollectives> collectives)
+    : comm_(students),
+      collectives_(std::move(collectives)),
+      params_(std::move(params)),
+      timeout_(timeout_s),
+      world_rank_(world_rank),
+      health_(health) {
   scatter_gradients(bucket_bytes, std::move(sources), nullptr);
 }
 
@@ -71,17 +78,17 @@ void OptimizerShard::scatter_gradients(std::uint64_t bucket_bytes, std::vector<t
   grad_slice_ = torch::zeros({padded / group_size_}, params_.front().options().requires_grad(false));
   if (blocks) owned_ = torch::zeros({padded / group_size_}, torch::kFloat);
   lay_out(padded);
-  if (!params_.front().is_cpu()) {
+  if (!params_.front().is_cpu() && collectives_->buffer_device().is_cpu()) {
     host_ = torch::empty({padded}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
   }
   // parameters: the hooks go on while every parameter is whole, so their accumulators keep the
   // full shapes; the gate lets go of the blocks after.
   const SliceLayout layout{offsets_, begin_, slice_, group_size_, group_rank_};
   scatter_ = std::make_unique<GradientScatter>(comm_, params_, layout, bucket_bytes, grad_slice_, timeout_, world_rank_,
-                                               peers_, health_, std::move(sources));
+                                               peers_, health_, std::move(sources), collectives_);
   if (!blocks) return;
   gate_ = std::make_unique<ParameterGather>(comm_, params_, layout, *blocks, owned_, timeout_, world_rank_, peers_,
-                                            health_);
+                                            health_, collectives_);
   gate_->adopt();
 }
 
@@ -89,6 +96,7 @@ void OptimizerShard::join_group() {
   WD_CHECK(comm_ != MPI_COMM_NULL, "student.shard works in the student group; rank " << world_rank_ << " is not in it");
   WD_CHECK_MPI(MPI_Comm_size(comm_, &group_size_));
   WD_CHECK_MPI(MPI_Comm_rank(comm_, &group_rank_));
+  if (!collectives_) collectives_ = comm::make_mpi_shard_collectives(comm_, world_rank_, health_);
   peers_ = comm::world_ranks_of(comm_);
   peers_.erase(std::remove(peers_.begin(), peers_.end(), world_rank_), peers_.end());
 }
@@ -179,22 +187,27 @@ void OptimizerShard::gather(std::int64_t step) {
     return;
   }
   // The flat layout to gather in: the reducer's buffer (optimizer: the grads are spent), its
-  // pinned host twin for device parameters, or a buffer of this step (gradients, host).
-  torch::Tensor flat = host_.defined() ? host_ : whole_.defined() ? whole_ : torch::empty({padded_}, torch::kFloat);
+  // pinned host twin for device parameters over MPI, or a buffer of this step (gradients) where
+  // the collectives work.
+  torch::Tensor flat = host_.defined()    ? host_
+                       : whole_.defined() ? whole_
+                                          : torch::empty({padded_}, torch::TensorOptions()
+                                                                        .dtype(torch::kFloat)
+                                                                        .device(collectives_->buffer_device()));
   flat.narrow(0, begin_, slice_).zero_();
   for (std::size_t k = 0; k < segments_.size(); ++k) {
     flat.narrow(0, segments_[k].global, segments_[k].length).copy_(views_[k]);
   }
-  MPI_Request request;
-  WD_CHECK_MPI(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, flat.data_ptr<float>(), static_cast<int>(slice_),
-                              MPI_FLOAT, comm_, &request));
-  std::vector<MPI_Request> requests{request};
+  const std::vector<int> counts(static_cast<std::size_t>(group_size_), static_cast<int>(slice_));
+  std::vector<int> displs;
+  for (int r = 0; r < group_size_; ++r) displs.push_back(r * static_cast<int>(slice_));
+  const auto pending = collectives_->all_gather(flat.narrow(0, begin_, slice_), flat, counts, displs);
   try {
     comm::run_fault_hook(fault_hook_, health_, "allgather parameters", step);
-    comm::wait_all_with_deadline(requests,
-                                 comm::WaitInfo{"allgather parameters", step,
-                                                static_cast<std::uint64_t>(flat.numel()) * sizeof(float), peers_},
-                                 timeout_, world_rank_, health_);
+    collectives_->wait_all({pending.get()},
+                           comm::WaitInfo{"allgather parameters", step,
+                                          static_cast<std::uint64_t>(flat.numel()) * sizeof(float), peers_},
+                           timeout_);
   } catch (...) {
     comm::keep_until_exit(flat);
     throw;

@@ -14,10 +14,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/gradient_reducer.hpp"
 #include "comm/health_channel.hpp"
+#include "comm/shard_collectives.hpp"
 #include "comm/wait.hpp"
 #include "memory/memory_report.hpp"
 #include "student/gradient_scatter.hpp"
@@ -53,15 +55,20 @@ class OptimizerShard {
   };
 
   /// `params` are the trainable tensors, their grads already bound to `whole` (the reducer's
-  /// buffer, padded to a multiple of the group size). Not collective.
+  /// buffer, padded to a multiple of the group size). `collectives`: the all-gather's backend
+  /// (null: MPI over `students`, through pinned host memory for device parameters). Not
+  /// collective.
   OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, torch::Tensor whole, double timeout_s,
-                 int world_rank, comm::HealthChannel* health);
+                 int world_rank, comm::HealthChannel* health,
+                 std::shared_ptr<comm::ShardCollectives> collectives = nullptr);
   /// student.shard gradients: no reducer buffer; the shard owns this rank's gradient slice, which
   /// its GradientScatter (buckets of `bucket_bytes`) fills. `params`: contiguous fp32 on one
   /// device; `sources`: where the backward puts their gradients (StudentParts::grad_sources;
-  /// empty: the parameters). Not collective.
+  /// empty: the parameters); `collectives`: the reduce-scatter's and all-gather's backend (null:
+  /// MPI). Not collective.
   OptimizerShard(MPI_Comm students, std::vector<torch::Tensor> params, std::uint64_t bucket_bytes, double timeout_s,
-                 int world_rank, comm::HealthChannel* health, std::vector<torch::Tensor> sources = {});
+                 int world_rank, comm::HealthChannel* health, std::vector<torch::Tensor> sources = {},
+                 std::shared_ptr<comm::ShardCollectives> collectives = nullptr);
   /// student.shard parameters: as gradients, and the shard owns this rank's slice of the master
   /// weights too; `blocks[i]` are the indices of DiT block i's parameters, which its
   /// ParameterGather (gate()) lets go of at once and gathers for each use (host parameters, fp32).
@@ -101,11 +108,14 @@ class OptimizerShard {
   std::int64_t parameter_count() const { return total_; }
 
   /// After the optimizer stepped the views: every rank's slice to every rank (parameters: only the
-  /// root parameters'; the blocks are gathered at their next use) (MPI all-gather
-  /// through the reducer's buffer, which the step no longer needs, or with `gradients` a buffer of
-  /// the step; staged through pinned host memory for device parameters), copied into the
-  /// parameters; the reducer's buffer (the grads) is left zeroed. Collective; waits with deadline, polling `health`.
+  /// root parameters'; the blocks are gathered at their next use) (an all-gather through the
+  /// reducer's buffer, which the step no longer needs, or with `gradients` a buffer of the step;
+  /// over MPI staged through pinned host memory for device parameters, over NCCL on the device),
+  /// copied into the parameters; the reducer's buffer (the grads) is left zeroed. Collective;
+  /// waits with deadline, polling `health`.
   void gather(std::int64_t step);
+  /// The backend of the reduce-scatter and all-gather ("mpi" or "nccl").
+  const char* backend() const { return collectives_->backend(); }
   /// Testing aid (--inject-fault ...:allgather): runs inside every gather(step), once this rank's
   /// part of the all-gather is posted and before it waits.
   void set_fault_hook(comm::FaultHook hook) { fault_hook_ = std::move(hook); }
@@ -124,9 +134,10 @@ class OptimizerShard {
   void lay_out(std::int64_t padded);
 
   MPI_Comm comm_;
+  std::shared_ptr<comm::ShardCollectives> collectives_;
   std::vector<torch::Tensor> params_;
   torch::Tensor whole_;
-  torch::Tensor host_;  ///< pinned twin of whole_ when it is on a device
+  torch::Tensor host_;  ///< pinned twin of whole_ when it is on a device and the collectives work on the host
   std::vector<std::int64_t> offsets_;  ///< each parameter's first element in the flat layout
   std::vector<Segment> segments_;
   std::vector<torch::Tensor> views_;
@@ -184,7 +195,9 @@ class ShardReducer final : public comm::GradientReducer {
   }
   std::size_t bucket_count() const override { return shard_.scatter()->bucket_count(); }
   double wait_seconds() const override { return shard_.scatter()->wait_seconds(); }
-  const char* backend() const override { return "mpi reduce-scatter"; }
+  const char* backend() const override {
+    return std::string_view(shard_.backend()) == "nccl" ? "nccl reduce-scatter" : "mpi reduce-scatter";
+  }
 
  private:
   OptimizerShard& shard_;

@@ -15,8 +15,9 @@ namespace wd::student {
 ParameterGather::ParameterGather(MPI_Comm comm, std::vector<torch::Tensor> params, Layout layout,
                                  const std::vector<std::vector<std::size_t>>& blocks, torch::Tensor owned,
                                  std::chrono::duration<double> timeout, int world_rank, std::vector<int> peers,
-                                 comm::HealthChannel* health)
+                                 comm::HealthChannel* health, std::shared_ptr<comm::ShardCollectives> collectives)
     : comm_(comm),
+      collectives_(collectives ? std::move(collectives) : comm::make_mpi_shard_collectives(comm, world_rank, health)),
       params_(std::move(params)),
       layout_(std::move(layout)),
       owned_(std::move(owned)),
@@ -28,6 +29,8 @@ ParameterGather::ParameterGather(MPI_Comm comm, std::vector<torch::Tensor> param
            "parameter gather: " << layout_.offsets.size() << " offsets for " << params_.size() << " parameters");
   WD_CHECK(owned_.is_cpu() && owned_.scalar_type() == torch::kFloat && owned_.numel() == layout_.slice_size,
            "parameter gather: the owned slice must be " << layout_.slice_size << " fp32 elements on the host");
+  WD_CHECK(collectives_->buffer_device().is_cpu(),
+           "student.shard parameters gathers on the host; its collectives work on " << collectives_->buffer_device());
   std::vector<char> in_block(params_.size(), 0);
   for (const auto& p : params_) {
     WD_CHECK(p.is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous(),
@@ -92,14 +95,10 @@ torch::Tensor ParameterGather::gather(const Unit& unit, const char* op) {
   // One contiguous piece is sent from the slice itself; several (a root around the blocks) packed.
   auto send = pieces.size() == 1 ? pieces.front() : pieces.empty() ? torch::empty({0}) : torch::cat(pieces);
   auto recv = torch::empty({unit.total}, torch::kFloat);
-  MPI_Request request;
-  WD_CHECK_MPI(MPI_Iallgatherv(send.data_ptr<float>(), static_cast<int>(send.numel()), MPI_FLOAT,
-                               recv.data_ptr<float>(), unit.counts.data(), unit.displs.data(), MPI_FLOAT, comm_,
-                               &request));
+  const auto pending = collectives_->all_gather(send, recv, unit.counts, unit.displs);
   try {
-    comm::wait_with_deadline(request,
-                             {op, step_, static_cast<std::uint64_t>(unit.total) * sizeof(float), peers_},
-                             timeout_, world_rank_, health_);
+    collectives_->wait_all({pending.get()},
+                           {op, step_, static_cast<std::uint64_t>(unit.total) * sizeof(float), peers_}, timeout_);
   } catch (...) {
     comm::keep_until_exit(send);
     comm::keep_until_exit(recv);

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "comm/health_channel.hpp"
+#include "comm/shard_collectives.hpp"
 #include "student/checkpointing.hpp"
 #include "student/slice_layout.hpp"
 
@@ -21,7 +23,8 @@ namespace wd::student {
 /// [r·S, (r+1)·S) (OptimizerShard's layout). `owned` holds this rank's slice: the master weights
 /// the optimizer steps. Each DiT block is a unit; every other parameter (embeddings, head, the
 /// distillation heads) is the root unit, held whole always and refreshed after each step.
-/// Gathering a unit is one MPI all-gatherv: rank r sends the unit's elements inside its slice,
+/// Gathering a unit is one all-gather (MPI_Iallgatherv through comm::ShardCollectives): rank r
+/// sends the unit's elements inside its slice,
 /// and because slices are consecutive ranges the received parts, in rank order, are the unit's
 /// elements in flat order; each parameter then becomes a view of that one buffer, and letting go
 /// points it at an empty tensor (the module keeps its parameter objects, the autograd graph its
@@ -35,7 +38,7 @@ class ParameterGather final : public BlockGate {
   ParameterGather(MPI_Comm comm, std::vector<torch::Tensor> params, Layout layout,
                   const std::vector<std::vector<std::size_t>>& blocks, torch::Tensor owned,
                   std::chrono::duration<double> timeout, int world_rank, std::vector<int> peers,
-                  comm::HealthChannel* health);
+                  comm::HealthChannel* health, std::shared_ptr<comm::ShardCollectives> collectives = nullptr);
   ~ParameterGather() override;
   ParameterGather(const ParameterGather&) = delete;
   ParameterGather& operator=(const ParameterGather&) = delete;
@@ -78,6 +81,7 @@ class ParameterGather final : public BlockGate {
   void release(Unit& unit);
 
   MPI_Comm comm_;
+  std::shared_ptr<comm::ShardCollectives> collectives_;  ///< host buffers (MPI)
   std::vector<torch::Tensor> params_;
   std::vector<std::vector<std::int64_t>> shapes_;
   Layout layout_;

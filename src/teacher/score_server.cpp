@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/sequence_groups.hpp"
 
 namespace wd::teacher {
 
@@ -21,7 +22,7 @@ void ScoreServer::answer(std::int64_t cycle, std::int64_t step) {
   std::vector<std::int64_t> rows;
   for (std::size_t slot = 0; slot < service_.requests.size(); ++slot) {
     const auto& m = service_.requests[slot]->recv(cycle);
-    if (slot % static_cast<std::size_t>(sequence_parallel_) != 0) continue;
+    if (!SequenceGroups{sequence_parallel_}.leads(static_cast<std::int64_t>(slot))) continue;
     for (const auto& [name, tensor] : m.tensors) parts[name].push_back(tensor);
     rows.push_back(m.at("x_t").size(0));
   }

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/errors.hpp"
+#include "core/sequence_groups.hpp"
 
 namespace wd::teacher {
 
@@ -48,8 +49,9 @@ void process(TeacherJob& job, std::int64_t step, StageBatch batch, bool poison) 
   const auto b = job.plan.batch_per_student;
   const int slots = job.broadcast ? 1 : job.students_per_replica;
   std::vector<comm::TensorDict> messages;
+  const SequenceGroups groups{job.sequence_parallel};
   for (int s = 0; s < slots; ++s) {
-    const auto group = s / job.sequence_parallel;  // a sequence-parallel group's ranks share its samples
+    const auto group = groups.group_of(s);  // a sequence-parallel group's ranks share its samples
     messages.push_back(student_message(batch, group * b, (group + 1) * b));
   }
   if (job.broadcast) {

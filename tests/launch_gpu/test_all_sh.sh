@@ -400,6 +400,12 @@ expect "$sum" sequence_parallel '^ok$'
 expect "$sum" sequence_parallel_nccl '^skipped$'
 expect_text "$sum" 'needs 2 GPUs \(1 visible\)' "why sequence_parallel_nccl was skipped"
 expect_text "$sum" 'student.sequence_parallel 2 --comm.backend mpi' "sequence_parallel's command"
+# --- 4c'. ZeRO over NCCL needs the students on two GPUs: skipped with its reason on one.
+all_sh seven_b STEPS="shard_optimizer_nccl shard_gradients_nccl"
+sum=$tmp/seven_b/summary.md
+expect "$sum" shard_optimizer_nccl '^skipped$'
+expect "$sum" shard_gradients_nccl '^skipped$'
+expect_text "$sum" 'shard_gradients_nccl \| skipped .*needs 2 GPUs \(1 visible\)' "why shard_gradients_nccl was skipped"
 # --- 4d. The profile step (issue 46): kernels, blocks and streaming at real dims in one file.
 all_sh eight STEPS="profile"
 sum=$tmp/eight/summary.md

@@ -13,6 +13,7 @@
 #include "comm/mpi_runtime.hpp"
 #include "comm/nccl_comm.hpp"
 #include "comm/process_groups.hpp"
+#include "comm/shard_collectives.hpp"
 #include "comm/transport_factory.hpp"
 #include "mpi_test_util.hpp"
 
@@ -285,6 +286,56 @@ TEST_F(NcclGpu, TransportStreamsStepsInOrder) {
       }
     }
   }
+}
+
+/// ZeRO's collectives over NCCL against their MPI twin on the same values: a reduce-scatter of
+/// even parts (ncclReduceScatter) and of uneven ones with an empty part (one ncclReduce a part),
+/// an all-gather of even parts in place (ncclAllGather) and of uneven ones (one ncclBroadcast a
+/// part). The sums are of small integers, so both backends give the same floats exactly.
+TEST_F(NcclGpu, ShardCollectivesMatchTheirMpiTwin) {
+  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL transport (CPU LibTorch)";
+  need_gpu_per_rank();
+  if (IsSkipped()) return;  // GTEST_SKIP in a helper leaves only the helper
+  const int n = world_size(), rank = world_rank();
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  auto nccl = make_nccl_shard_collectives(MPI_COMM_WORLD, device, 60, rank, nullptr);
+  auto mpi = make_mpi_shard_collectives(MPI_COMM_WORLD, rank, nullptr);
+  ASSERT_STREQ(nccl->backend(), "nccl");
+  ASSERT_EQ(nccl->buffer_device(), device);
+  const WaitInfo info{"shard collectives test", 0, 0, {}};
+  const auto wait = [&](ShardCollectives& c, std::unique_ptr<ShardCollectives::Pending> p) {
+    c.wait_all({p.get()}, info, std::chrono::seconds(60));
+    EXPECT_TRUE(p->done());
+  };
+  const auto run_both = [&](const std::vector<int>& counts) {
+    SCOPED_TRACE(::testing::PrintToString(counts));
+    int total = 0;
+    for (const int c : counts) total += c;
+    const auto send = torch::arange(total, torch::kFloat) * static_cast<double>(rank + 1);
+    const auto mine = counts[static_cast<std::size_t>(rank)];
+    auto host = torch::full({std::max(1, mine)}, -1.0f).narrow(0, 0, mine);
+    wait(*mpi, mpi->reduce_scatter(send, host, counts));
+    auto dev = torch::full({std::max(1, mine)}, -1.0f, device).narrow(0, 0, mine);
+    const auto dev_send = send.to(device);
+    wait(*nccl, nccl->reduce_scatter(dev_send, dev, counts));
+    EXPECT_TRUE(torch::equal(dev.cpu(), host)) << "reduce-scatter";
+    std::vector<int> displs;
+    for (std::size_t r = 0, at = 0; r < counts.size(); at += static_cast<std::size_t>(counts[r]), ++r) {
+      displs.push_back(static_cast<int>(at));
+    }
+    const auto part = torch::arange(mine, torch::kFloat) + 1000.0 * rank;
+    auto gathered_host = torch::full({total}, -1.0f);
+    wait(*mpi, mpi->all_gather(part, gathered_host, counts, displs));
+    auto gathered_dev = torch::full({total}, -1.0f, device);
+    gathered_dev.narrow(0, displs[static_cast<std::size_t>(rank)], mine).copy_(part);  // in place
+    wait(*nccl, nccl->all_gather(gathered_dev.narrow(0, displs[static_cast<std::size_t>(rank)], mine), gathered_dev,
+                                 counts, displs));
+    EXPECT_TRUE(torch::equal(gathered_dev.cpu(), gathered_host)) << "all-gather";
+  };
+  run_both(std::vector<int>(static_cast<std::size_t>(n), 1000));
+  std::vector<int> uneven;
+  for (int r = 0; r < n; ++r) uneven.push_back(r == 0 ? 0 : 700 + 13 * r);
+  run_both(uneven);
 }
 
 }  // namespace

@@ -145,6 +145,20 @@ TEST(Planner, ShardedGradientsKeepASliceAndTwoBuckets) {
   EXPECT_EQ(gpu.at(kGradients).device, 4 * 43u + 200u);
   EXPECT_EQ(gpu.at(kGradients).host, 1200u);
   EXPECT_EQ(gpu.at(kOptimizerState).host, 1200u);
+  // Over NCCL (students on GPUs of their own): no host copy; the buckets leave from the device,
+  // and the all-gather's buffer of the whole model is the device's after the step (when it is
+  // larger than the activations: here the activations are).
+  in.shard_on_device = true;
+  const auto nccl = placement(make_plan(in), Placement::kGpu).student;
+  EXPECT_EQ(nccl.at(kGradients).device, 4 * 43u + 200u);
+  EXPECT_EQ(nccl.at(kGradients).host, 0u);
+  EXPECT_EQ(nccl.at(kOptimizerState).host, 0u);
+  EXPECT_EQ(nccl.at(kStudentActivations).device, gpu.at(kStudentActivations).device);
+  in.student_extra_params = 1'000'000;  // W of 4 MB, more than the activations: the step buffer
+  EXPECT_EQ(placement(make_plan(in), Placement::kGpu).student.at(kStudentActivations).device,
+            4u * (1'000'000u + 250u));
+  in.student_extra_params = 50;
+  in.shard_on_device = false;
   // One student: nothing to split.
   in.student_ranks = 1;
   EXPECT_EQ(placement(make_plan(in), Placement::kGpu).student.at(kGradients).device, 1200u);
