@@ -160,8 +160,9 @@ TEST(Cache, ADmdStudentWithItsRegressionTermFromTheCacheTrainsBitForBitAsTheOnli
   auto r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + kDmd + " --output " +
                                                    cache.string());
   ASSERT_EQ(r.code, 0) << r.output;
-  r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kDmd + " --teacher.ranks 1 --data.teacher_cache " +
-                                cache.string());
+  const auto from_cache = " --teacher.ranks 1 --data.teacher_cache " + cache.string();
+  r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kDmd + from_cache +
+                                " --checkpoint.every 3 --checkpoint.keep 0");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("each reading its stream of the teacher's batches from the cache; the real score answered by "
                           "1 teacher rank(s), which send no batches"),
@@ -182,6 +183,12 @@ TEST(Cache, ADmdStudentWithItsRegressionTermFromTheCacheTrainsBitForBitAsTheOnli
     ASSERT_FALSE(file_bytes(online / file).empty()) << file;
     EXPECT_EQ(file_bytes(cached / file), file_bytes(online / file)) << file;
   }
+  // Resumed mid-cycle (the pending request's inputs in the checkpoint), it reads on from step 3.
+  const auto resumed = root() / "dmd-cached-resumed";
+  const auto res = test::launch_train(2, "--run-dir " + resumed.string() + assets() + kDmd + from_cache + " --resume " +
+                                             (cached / "checkpoints" / "step-00000003").string());
+  ASSERT_EQ(res.code, 0) << res.output;
+  test::expect_resumed_exactly(cached, resumed, 10, 3);
   // Colocated: each student's own teacher answers its real score, the batches from the cache.
   const auto colocated = root() / "dmd-colocated", colocated_cached = root() / "dmd-colocated-cached";
   r = test::launch_train(1, "--run-dir " + colocated.string() + assets() + kDmd + " --teacher.placement colocated");
