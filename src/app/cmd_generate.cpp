@@ -11,14 +11,16 @@ int run_generate(const std::vector<std::string>& args) {
   job.train.cfg.bind(table);
   table.bind("output", job.output, "the cache's folder (created; a rerun with the same keys completes a killed one)")
       .bind("students", job.students,
-            "student ranks of the train that reads the cache (teacher.ranks 0): one stream of batches each")
+            "student ranks of the train that reads the cache (teacher.ranks 0; dmd: beside its teacher ranks): "
+            "one stream of batches each")
       .bind("shard-positions", job.shard_positions,
             "batches per shard (a multiple of student.steps keeps each trajectory round in one shard)");
   if (parse_options(args, table).help) {
     print_help("mpirun -np N wan-distill generate --output DIR [--config FILE] [--students S] [--section.key value ...]",
                "Runs the teacher side of train.objective for train's keys and writes, into DIR, the batches the S\n"
                "student ranks of `train --data.teacher_cache DIR --teacher.ranks 0` with the same keys read: over\n"
-               "train.steps, batch for batch what the teacher's stream would send. Every rank holds a whole\n"
+               "train.steps, batch for batch what the teacher's stream would send (dmd: its regression term's\n"
+               "trajectories; its teacher ranks answer the real score alone). Every rank holds a whole\n"
                "teacher and writes every N-th shard; a killed run resumes (docs/teacher-cache.md).",
                table);
     return kExitOk;

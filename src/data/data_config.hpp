@@ -41,7 +41,8 @@ struct DataConfig {
               "(an i2v teacher needs them)")
         .bind("data.teacher_cache", teacher_cache,
               "a teacher cache written by `wan-distill generate --output DIR` with the same keys: every rank a "
-              "student (teacher.ranks 0) reading the batches the teacher would have sent; empty = the teacher's "
+              "student (teacher.ranks 0) reading the batches the teacher would have sent (dmd with its regression "
+              "term: teacher ranks, or colocated teachers, answer the real score alone); empty = the teacher's "
               "stream (docs/teacher-cache.md)")
         .bind("data.teacher_cache_end", teacher_cache_end,
               "past the last training batch of data.teacher_cache: cycle (read the cache again from the start, "

@@ -98,8 +98,8 @@ void check_teacher_cache(const TrainJob& job) {
                                     << "data.teacher_cache_end is stop: set train.steps <= "
                                     << l.positions / job.plan.micro_batches << ", generate a cache of "
                                     << job.plan.train_steps << " steps, or set data.teacher_cache_end cycle");
-  const int stream = job.layout.replica_of(job.world_rank());
-  teacher::verify_stream(dir, index, stream);
+  // A student reads stream `student_index`; a teacher rank beside the cache (dmd's real score) none.
+  if (job.topo.role == Role::kStudent) teacher::verify_stream(dir, index, job.layout.student_index(job.world_rank()));
   if (job.world_rank() != 0) return;
   spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}; every shard's "
                "checksum verified",

@@ -49,12 +49,15 @@ struct RunConfig {
   /// Whether the job has a teacher (not for an objective trained on the data alone).
   bool has_teacher() const { return objective().traits().needs_teacher; }
   /// Whether every rank is a student computing its own targets: a colocated teacher, none, or a
-  /// teacher cache (data.teacher_cache) read by every rank.
+  /// teacher cache (data.teacher_cache) read by every rank with no live teacher.
   bool students_only() const {
-    return teacher.placement == TeacherPlacement::kColocated || !has_teacher() || from_cache();
+    return teacher.placement == TeacherPlacement::kColocated || !has_teacher() || cache_only();
   }
   /// Whether the students read the teacher's batches from a cache (data.teacher_cache).
   bool from_cache() const { return !data.teacher_cache.empty(); }
+  /// Whether the students read their batches from a cache and no rank runs the teacher (every
+  /// objective but one with a real score: dmd's teacher answers it live, beside the cache).
+  bool cache_only() const { return from_cache() && !objective().traits().real_score; }
   /// Every objective's checks (objective::check), and what student.shard parameters excludes.
   void check_objective(ConfigProblems& p) const;
   /// The [train] section as the student loop uses it (ObjectiveSpec::loop_train).

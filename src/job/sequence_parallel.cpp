@@ -20,7 +20,7 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
   const auto not_built = [&](bool ok, const std::string& what) {
     p.check(ok, sp + " with " + what + " is not built yet (docs/sequence-parallel.md)");
   };
-  not_built(!layout.colocated(), cfg.from_cache() ? "data.teacher_cache (every rank a student, reading its own stream)"
+  not_built(!layout.colocated() && !cfg.from_cache(), cfg.from_cache() ? "data.teacher_cache (every student reading its own stream)"
                                  : experts        ? "teacher.placement colocated (each student computing its own targets)"
                                                   : "train.objective " + cfg.train.objective + " (no teacher rank)");
   not_built(cfg.comm.mode != CommMode::kBroadcast, "comm.mode broadcast");

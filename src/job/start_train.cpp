@@ -135,7 +135,14 @@ void settle_roles(TrainJob& job, const comm::MpiRuntime& mpi, const std::vector<
   }
   const auto places = log_rank_placement(job.topo, gpu, cfg.comm.timeout_s);
   const auto& layout = job.layout;
-  if (mpi.rank() == 0 && cfg.from_cache()) {
+  if (mpi.rank() == 0 && cfg.from_cache() && !cfg.cache_only()) {
+    spdlog::info("train: data.teacher_cache {}: {} student rank(s), each reading its stream of the teacher's batches "
+                 "from the cache; the real score answered by {}, run dir {}",
+                 cfg.data.teacher_cache, layout.student_ranks,
+                 layout.colocated() ? "each student's colocated teacher"
+                                    : std::to_string(layout.teacher_ranks) + " teacher rank(s), which send no batches",
+                 cfg.run_dir);
+  } else if (mpi.rank() == 0 && cfg.from_cache()) {
     spdlog::info("train: data.teacher_cache {}: {} student rank(s), each reading its stream of the teacher's batches "
                  "from the cache, no teacher ranks, run dir {}",
                  cfg.data.teacher_cache, layout.student_ranks, cfg.run_dir);
@@ -180,7 +187,8 @@ DataShape check_inputs(TrainJob& job, int rank) {
     check_sequence_parallel(cfg, job.experts ? &*job.experts : nullptr, job.layout);
     // A student.device this rank cannot use stops the job here, before anything is loaded.
     if (job.topo.role == Role::kStudent) static_cast<void>(rank_device(cfg, job.placement, Role::kStudent, job.topo.local_rank));
-    if (job.topo.role == Role::kTeacher || job.layout.colocated()) {
+    // The cache's students read the data set too: its fingerprint is in the cache's identity.
+    if (job.topo.role == Role::kTeacher || job.layout.colocated() || cfg.from_cache()) {
       job.info = check_data(cfg, job.model);
       check_sequence_tokens(cfg, job.model, job.info->latent_shape);
     }
@@ -194,7 +202,7 @@ DataShape check_inputs(TrainJob& job, int rank) {
 /// teacher, or a colocated student: where the teacher computes).
 std::int64_t agreed_micro_batch(const TrainJob& job) {
   const auto& cfg = job.cfg;
-  if (!job.experts || cfg.from_cache()) return 0;  // no teacher forward on this job
+  if (!job.experts || cfg.cache_only()) return 0;  // no teacher forward on this job
   if (const auto n = cfg.teacher.micro_batch_samples()) return *n;
   return decided_by<std::int64_t>(0, "choosing the teacher micro-batch (teacher.micro_batch auto)", cfg, [&] {
     const auto role = job.layout.colocated() ? Role::kStudent : Role::kTeacher;

@@ -216,7 +216,7 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
   // is all there is to record.
   const bool teacherless = !cfg.has_teacher();
   c10::Device device(torch::kCPU);
-  if (teacherless || cfg.teacher.placement == TeacherPlacement::kColocated || cfg.from_cache()) {
+  if (teacherless || cfg.teacher.placement == TeacherPlacement::kColocated || cfg.cache_only()) {
     device = student::student_device(cfg.student.device, 0);
     choice.placement = device.is_cuda() ? plan::Placement::kGpu : plan::Placement::kCpu;
   } else {
@@ -232,7 +232,7 @@ PlacementChoice choose_placement(const RunConfig& cfg, int world) {
     spdlog::info("train.objective {}: no teacher; the students train on the data alone", cfg.train.objective);
     return choice;
   }
-  if (cfg.from_cache()) return choice;  // no teacher forward: the batches are the cache's
+  if (cfg.cache_only()) return choice;  // no teacher forward: the batches are the cache's
   // teacher.dtype auto keeps each tensor as stored (fp32 islands included): no one dtype to
   // measure, so the matmuls follow the weights.
   const auto weights = teacher_dtype(cfg);

@@ -66,8 +66,9 @@ RoleResult run_student_rank(TrainJob& job, RoleServices& services) {
   auto stream = open_stream(job, device, services);
   DmdSide dmd;
   const bool real_score = job.plan.score_requests;
-  if (real_score && stream.link) open_service(dmd, job, device, services);
-  if (real_score && stream.own) dmd.score = local_score(*stream.own_stage());
+  // The real score: the replica's teacher rank (beside a link, or a cache), or this rank's own teacher.
+  if (real_score && !layout.colocated()) open_service(dmd, job, device, services);
+  if (real_score && layout.colocated()) dmd.score = local_score(*stream.own_stage());
   const auto sequence = open_sequence_group(job, device, services);  // outlives the parts, which use its exchange
   auto parts = make_student_parts(job, device, stream.own_stage(), sequence ? sequence->exchange.get() : nullptr);
   if (parts.model()->lora().rank > 0) {

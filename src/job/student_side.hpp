@@ -30,8 +30,8 @@ std::uint64_t init_seed(const RunConfig& cfg, bool critic, std::optional<std::si
 
 struct OwnStream;
 
-/// Where a student's batches come from: its teacher rank's link, or the batches it makes itself
-/// (its own teacher, colocated; or the data alone, flow).
+/// Where a student's batches come from: its teacher rank's link, the batches it makes itself
+/// (its own teacher, colocated; or the data alone, flow), or its stream of a teacher cache.
 struct StudentStream {
   std::unique_ptr<OwnStream> own;
   std::unique_ptr<comm::Receiver> link;

@@ -52,9 +52,10 @@ class LocalScore final : public student::RealScore {
 
 /// A rank that makes its own batches (teacher.placement colocated, or an objective without a
 /// teacher) or reads them (data.teacher_cache): its own teacher when the objective has one and
-/// there is no cache (all blocks on the student's device, teacher.compute and micro_batch as on a
-/// teacher rank), its share of the data, and the source: the objective's, which makes the
-/// messages a teacher rank would have sent it, or the cache's stream of this rank, which holds them.
+/// this rank computes with it, the batches (no cache) or the real score (dmd, colocated) (all
+/// blocks on the student's device, teacher.compute and micro_batch as on a teacher rank), its
+/// share of the data, and the source: the objective's, which makes the messages a teacher rank
+/// would have sent it, or the cache's stream of this student, which holds them.
 struct OwnStream {
   std::optional<teacher::TeacherStage> stage;
   LocalData data;
@@ -62,20 +63,28 @@ struct OwnStream {
   teacher::LocalReceiver transport;
 
   OwnStream(const TrainJob& job, const c10::Device& device, RankMemory& memory)
-      : stage(job.experts && !job.cfg.from_cache()
+      : stage(own_teacher(job)
                   ? std::optional<teacher::TeacherStage>(load_teacher_stage(job, load_for(job, device), memory))
                   : std::nullopt),
         data(job),
         source(make_source(job, stage ? &*stage : nullptr, data)),
         transport(job.cfg.from_cache() ? "teacher cache" : stage ? "colocated teacher" : "local targets", *source,
-                  job.plan, device, stage.has_value()) {}
+                  job.plan, device, stage.has_value() && !job.cfg.from_cache()) {}
+
+  /// Whether this rank holds a teacher: colocated (no teacher rank) with a teacher that makes its
+  /// batches (no cache) or answers its real score.
+  static bool own_teacher(const TrainJob& job) {
+    const auto& cfg = job.cfg;
+    return job.experts && job.layout.colocated() && (!cfg.from_cache() || cfg.objective().traits().real_score);
+  }
 
   static std::unique_ptr<teacher::TargetSource> make_source(const TrainJob& job, teacher::TeacherStage* stage,
                                                             LocalData& data) {
     const int replica = job.layout.replica_of(job.world_rank());
     const auto& dir = job.cfg.data.teacher_cache;
-    if (!dir.empty()) {
-      return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir), replica,
+    if (!dir.empty()) {  // the cache's stream s: student s's (beside a teacher rank, not its replica's)
+      return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir),
+                                                    job.layout.student_index(job.world_rank()),
                                                     job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle);
     }
     return job.cfg.objective().source(
@@ -105,7 +114,7 @@ StudentStream open_stream(const TrainJob& job, const c10::Device& device, RoleSe
   const auto& cfg = job.cfg;
   const auto& plan = job.plan;
   StudentStream s;
-  if (job.layout.colocated()) {  // teacher.placement colocated, or no teacher
+  if (job.layout.colocated() || cfg.from_cache()) {  // teacher.placement colocated, no teacher, or a cache
     s.own = std::make_unique<OwnStream>(job, device, services.memory);
     s.transport = &s.own->transport;
   } else {

@@ -64,8 +64,9 @@ std::uint64_t service_bytes(const comm::StreamPlan& plan, const comm::CommConfig
          static_cast<std::uint64_t>(students);
 }
 
-/// The last stage's links to its students: the batch stream and, for dmd, the real-score channel
-/// (made right after it; the students make theirs in the same order in run_student_rank).
+/// The last stage's links to its students: the batch stream (none when they read a cache) and,
+/// for dmd, the real-score channel (made right after it; the students make theirs in the same
+/// order in run_student_rank).
 std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> open_student_links(
     const TrainJob& job, const c10::Device& device, RoleServices& services) {
   const auto& cfg = job.cfg;
@@ -73,11 +74,13 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
   if (job.groups->link() == MPI_COMM_NULL) return out;
   const int rank = job.world_rank();
   const auto students = job.layout.students_per_replica();
-  out.first = comm::make_sender(comm::link_end(*job.groups, rank, cfg.comm), job.plan.message_spec(), cfg.comm, 0,
-                                job.plan.end_step(), device, &services.health);
-  services.memory.transport_bytes = job.plan.message_spec().bytes() *
-                                    static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
-                                    static_cast<std::uint64_t>(students);
+  if (!cfg.from_cache()) {
+    out.first = comm::make_sender(comm::link_end(*job.groups, rank, cfg.comm), job.plan.message_spec(), cfg.comm, 0,
+                                  job.plan.end_step(), device, &services.health);
+    services.memory.transport_bytes = job.plan.message_spec().bytes() *
+                                      static_cast<std::uint64_t>(cfg.comm.prefetch_depth) *
+                                      static_cast<std::uint64_t>(students);
+  }
   if (!job.plan.score_requests) return out;
   out.second = comm::teacher_service(*job.groups, rank, job.plan, service_schedule(cfg, job.plan), cfg.comm, device,
                                      &services.health);
@@ -138,8 +141,8 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
   data::SampleSchedule schedule(job.train_samples, job.per_replica, layout.replicas, cfg.train.seed);
   data::FlowMatchingNoiser noiser(cfg.noise, cfg.train.seed, job.student_range());
   data::FlowMatchingNoiser eval_noiser(cfg.noise, cfg.train.seed ^ 0xE7A1ULL, job.student_range());
-  std::unique_ptr<teacher::TargetSource> source;  // the first stage's: the objective's batches
-  if (stage == 0) {
+  std::unique_ptr<teacher::TargetSource> source;  // the first stage's batches; beside a cache none
+  if (stage == 0 && !cfg.from_cache()) {
     source = cfg.objective().source(cfg.keys(), {{reader.emplace(*job.info), schedule, noiser, eval_noiser,
                                                   layout.replica_of(rank), layout.replicas, job.per_replica,
                                                   job.train_samples},

@@ -53,6 +53,15 @@ class Dmd final : public ObjectiveSpec {
   /// With a regression term the stream carries the teacher's trajectories; without, the data alone.
   bool trajectory_stream(const Keys& k) const override { return k.dmd.regression_weight > 0; }
   bool train_targets(const Keys& k) const override { return trajectory_stream(k); }
+  /// A cache holds the regression term's trajectories; the real score asks a live teacher.
+  std::string uncached(const Keys& k) const override {
+    if (train_targets(k)) return "";
+    return " and train.dmd_regression_weight" + config_value(k.dmd.regression_weight) +
+           ": without the regression term its training batches carry the data alone and its real score needs a "
+           "live teacher, so a cache saves no teacher forward of training; set train.dmd_regression_weight > 0 (the cache "
+           "holds the regression term's trajectories, a teacher rank answers the real score), or train without "
+           "data.teacher_cache";
+  }
   /// One request of a sample every train.critic_ratio steps (a generator update).
   double requests(const Keys& k) const override { return 1.0 / ratio(k); }
   /// The generator's k jumps (1 from data) every step and its update every R-th (k + 2 forwards:

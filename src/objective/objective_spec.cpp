@@ -78,6 +78,10 @@ std::unique_ptr<teacher::TargetSource> ObjectiveSpec::source(const Keys& k, cons
                                 s.replica, s.replicas, s.per_replica, s.train_samples, k.train.seed});
 }
 
+std::string ObjectiveSpec::uncached(const Keys&) const {
+  return traits_.needs_teacher ? "" : ": it trains on the data alone, there is no teacher to cache";
+}
+
 void ObjectiveSpec::log_teacher(const Keys& k, const data::TimestepRange& range, bool) const {
   if (!trajectory_stream(k)) return;
   const auto spec = trajectory_spec(k, range);
@@ -214,9 +218,20 @@ void bind(OptionTable& t, std::string& field) {
 
 namespace {
 
-/// data.teacher_cache: no teacher rank, and what a cache can stand for (check_cacheable).
+/// data.teacher_cache: what a cache can stand for (check_cacheable), and no teacher rank, unless
+/// the students ask a live teacher for their real score (dmd): then one answers it, a teacher rank
+/// or each student's colocated teacher.
 void check_cached(const Keys& k, ConfigProblems& p) {
   check_cacheable(k, p);
+  const auto& active = find(k.train.objective);
+  if (active.traits().real_score) {
+    p.check(k.teacher.ranks >= 1 || k.teacher.placement == TeacherPlacement::kColocated,
+            "data.teacher_cache with train.objective " + active.name() + ": the cache holds the training batches, "
+            "the real score needs a live teacher answering the students' own samples: set teacher.ranks >= 1 (ranks "
+            "that answer the real score alone) or teacher.placement colocated, not teacher.ranks " +
+                std::to_string(k.teacher.ranks));
+    return;
+  }
   p.check(k.teacher.ranks == 0, "data.teacher_cache: the students read the teacher's batches from the cache, with no "
                                 "teacher rank: set teacher.ranks 0, not " + std::to_string(k.teacher.ranks));
   p.check(k.teacher.placement != TeacherPlacement::kColocated,
@@ -228,9 +243,8 @@ void check_cached(const Keys& k, ConfigProblems& p) {
 void check_cacheable(const Keys& k, ConfigProblems& p) {
   const auto& active = find(k.train.objective);
   const auto cached = "a teacher cache (data.teacher_cache, generate) with train.objective " + active.name();
-  p.check(active.traits().needs_teacher, cached + ": it trains on the data alone, there is no teacher to cache");
-  p.check(!active.traits().real_score,
-          cached + ": its real score needs a live teacher answering the students' own samples");
+  const auto why = active.uncached(k);
+  p.check(why.empty(), cached + why);
   p.check(k.student.features.empty(),
           cached + " and student.features(" + k.student.features + "): the cache holds no teacher features yet");
 }

@@ -47,7 +47,8 @@ struct Keys {
   const student::StudentConfig& student;
   const student::TrainConfig& train;
   const student::DmdConfig& dmd;
-  /// data.teacher_cache is set: the teacher's batches come from a cache, with no teacher rank.
+  /// data.teacher_cache is set: the teacher's batches come from a cache (a live teacher, where
+  /// the objective asks one, answers its real score alone).
   bool teacher_cache = false;
 };
 
@@ -118,6 +119,9 @@ class ObjectiveSpec {
   virtual bool train_targets(const Keys& k) const { return true; }
   /// Whether the batches carry start states (x_start: a roll-out's noise).
   virtual bool start_states(const Keys& k) const { return false; }
+  /// Why a teacher cache cannot hold its batches with these keys (text after "a teacher cache
+  /// (...) with train.objective NAME"); empty: it can. By default: none without a teacher.
+  virtual std::string uncached(const Keys& k) const;
   /// Real-score requests (in samples) per trained sample.
   virtual double requests(const Keys& k) const { return 0.0; }
   /// Student forwards per trained sample beyond a training step's forward and backward (3);
@@ -188,11 +192,12 @@ void add(std::unique_ptr<ObjectiveSpec> spec);
 void bind(OptionTable& t, std::string& field);
 /// Every objective's checks: the active one's check(), the others' check_unused(), and what
 /// each trait asks of the teacher keys (teacher.ranks against needs_teacher; with
-/// Keys::teacher_cache, teacher.ranks 0 and check_cacheable).
+/// Keys::teacher_cache, check_cacheable and the teacher ranks: none, or for a real score a live
+/// teacher, teacher.ranks >= 1 or teacher.placement colocated).
 void check(const Keys& k, ConfigProblems& p);
-/// Whether a teacher cache can stand for the teacher of `k` (generate, data.teacher_cache): not
-/// for an objective without a teacher (flow), nor one whose students ask a live teacher (dmd's
-/// real score), nor with student.features (not stored yet).
+/// Whether a teacher cache can hold the batches of `k` (generate, data.teacher_cache): not where
+/// the spec's uncached() says why (no teacher: flow; no teacher target in the training batches:
+/// dmd without its regression term), nor with student.features (not stored yet).
 void check_cacheable(const Keys& k, ConfigProblems& p);
 
 }  // namespace wd::objective

@@ -96,23 +96,27 @@ comm::MessageSpec stage_message_spec(const comm::StreamPlan& plan, std::int64_t 
 }
 
 TeacherStats run_teacher(TeacherJob& job) {
-  WD_CHECK(job.stage.first() == (job.source != nullptr),
+  // Beside a teacher cache the students read their batches: no stream, the real score alone.
+  const bool streams = job.source || job.from_previous;
+  WD_CHECK(streams || (job.server && !job.transport && !job.to_next),
+           "a teacher rank that streams no batches answers the real score alone");
+  WD_CHECK(!streams || job.stage.first() == (job.source != nullptr),
            "the first teacher stage, and it alone, makes its batches with the objective's source");
-  WD_CHECK(job.stage.first() || job.from_previous, "a later teacher stage needs the previous stage's stream");
-  WD_CHECK(!job.stage.last() || job.transport, "the last teacher stage needs the students' transport");
-  WD_CHECK(job.stage.last() || job.to_next, "a teacher stage before the last needs the next stage's stream");
+  WD_CHECK(!streams || job.stage.last() || job.to_next, "a teacher stage before the last needs the next stage's stream");
+  WD_CHECK(!streams || !job.stage.last() || job.transport, "the last teacher stage needs the students' transport");
+  comm::Sender* const out = job.stage.last() ? job.transport : job.to_next;  // null: no stream
   TeacherStats stats;
   const auto t0 = Clock::now();
   const auto per_replica = job.broadcast ? job.plan.batch_per_student
                                          : job.plan.batch_per_student * job.students_per_replica / job.sequence_parallel;
-  for (std::int64_t e = 0; e < job.plan.eval_messages; ++e) stream_step(job, e, e, true, false, stats);
+  for (std::int64_t e = 0; streams && e < job.plan.eval_messages; ++e) stream_step(job, e, e, true, false, stats);
   const auto device = job.stage.experts().front().model->parameters().front().device();
   try {
     for (std::int64_t step = job.plan.first_step; step < job.plan.train_steps; ++step) {
-      if (job.health) job.health->at(step + 1, "teacher forward");
+      if (job.health) job.health->at(step + 1, streams ? "teacher forward" : "real-score service");
       if (job.faults) job.faults->at_step(step + 1, device);
       if (job.health) job.health->check();
-      for (std::int64_t micro = 0; micro < job.plan.micro_batches; ++micro) {
+      for (std::int64_t micro = 0; streams && micro < job.plan.micro_batches; ++micro) {
         // Each micro-batch is its own transport step, so stages pipeline at that grain.
         const auto batch = step * job.plan.micro_batches + micro;  // the data stream's position
         stream_step(job, job.plan.transport_step(step, micro), batch, false,
@@ -126,7 +130,7 @@ TeacherStats run_teacher(TeacherJob& job) {
       // After the collective: a student's request of this cycle went out before its critic steps.
       if (job.server) job.server->after_stream_step(step);
     }
-    (job.stage.last() ? job.transport : job.to_next)->flush();
+    if (out) out->flush();
     if (job.server) job.server->flush();
   } catch (const comm::StopRequested& stop) {
     // The students stopped after stop.step() for a requeue; what this rank streamed beyond it
@@ -134,7 +138,7 @@ TeacherStats run_teacher(TeacherJob& job) {
     stats.stopped_after = stop.step();
   }
   stats.seconds = since(t0);
-  stats.wait_seconds = (job.stage.last() ? job.transport : job.to_next)->wait_seconds() +
+  stats.wait_seconds = (out ? out->wait_seconds() : 0.0) +
                        (job.from_previous ? job.from_previous->wait_seconds() : 0.0) +
                        (job.server ? job.server->wait_seconds() : 0.0);
   if (job.server) {

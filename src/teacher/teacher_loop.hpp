@@ -19,11 +19,13 @@ namespace wd::teacher {
 /// Everything one teacher rank needs; owned by the caller. The first stage makes each batch with
 /// `source` (the objective's: data and forward, trajectories); a pipeline stage (teacher.placement
 /// = shard) that is not first receives its batches from `from_previous` and runs its blocks; one
-/// that is not last sends to `to_next` instead of the students.
+/// that is not last sends to `to_next` instead of the students. Beside a teacher cache (dmd's
+/// students read their batches from it) a whole teacher has neither source nor transport and
+/// answers the real score alone (`server`), at the students' steps.
 struct TeacherJob {
   TeacherStage& stage;
-  TargetSource* source;     ///< first stage only
-  comm::Sender* transport;  ///< to the students: last stage only
+  TargetSource* source;     ///< first stage only; null beside a cache
+  comm::Sender* transport;  ///< to the students: last stage only; null beside a cache
   const comm::StreamPlan& plan;
   int students_per_replica = 1;
   bool broadcast = false;  ///< every student gets the same batch
@@ -55,7 +57,8 @@ struct TeacherStats {
   std::int64_t stopped_after = -1;
 };
 
-/// Streams the plan's eval batches, then one batch per training step.
+/// Streams the plan's eval batches, then one batch per training step (none beside a cache),
+/// answering the server's requests as their cycles fall due.
 TeacherStats run_teacher(TeacherJob& job);
 
 }  // namespace wd::teacher

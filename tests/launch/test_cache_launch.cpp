@@ -5,7 +5,9 @@
 // refused before training); other keys are refused naming each; an altered shard stops the run
 // before training naming the file and the message; 1, 2 and 4 generating ranks write the same
 // cache, which 2 student ranks train from as from 2 teacher replicas; a generate killed mid-way
-// resumes to the same cache.
+// resumes to the same cache. A dmd student with the regression term (and the GAN term) reads its
+// batches from the cache while a teacher rank, or its colocated teacher, answers its real score
+// alone, bit for bit as online; dmd without the regression term, or with no live teacher, is refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -120,6 +122,135 @@ TEST(Cache, AGuidedStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
   EXPECT_EQ(a, b);
   EXPECT_EQ(file_bytes(cached / "student" / "diffusion_pytorch_model.safetensors"),
             file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
+}
+
+// dmd with the regression term and DMD2's GAN term (cycles of 5 steps: the generator updates
+// after steps 5 and 10); the teacher in fp32.
+const std::string kDmd = " --train.objective dmd --teacher.guidance 3 --student.steps 2 --teacher.steps 4"
+                         " --teacher.shift 3 --teacher.compute fp32 --train.steps 10 --train.log_every 1"
+                         " --train.seed 5 --train.eval_samples 4 --train.dmd_regression_weight 0.5"
+                         " --critic.gan_weight 0.01 --critic.gan_block 0 --train.gan_weight 0.003";
+
+/// The lines a dmd run logs for its generator updates and held-out errors, without their times.
+std::vector<std::string> dmd_lines(const std::string& output) {
+  std::vector<std::string> out;
+  for (const std::string key : {"dmd step ", "eval at step ", "eval after training"}) {
+    for (auto at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
+      out.push_back(output.substr(at, output.find('\n', at) - at));
+    }
+  }
+  return out;
+}
+
+/// The held-out relative MSE of each evaluation in a run's metrics.
+std::vector<double> held_out(const fs::path& run) {
+  std::vector<double> out;
+  for (const auto& j : test::read_metrics(run / "metrics.jsonl")) {
+    if (j.contains("eval_step")) out.push_back(j["rel_mse"].get<double>());
+  }
+  return out;
+}
+
+TEST(Cache, ADmdStudentWithItsRegressionTermFromTheCacheTrainsBitForBitAsTheOnlineOne) {
+  // The cache holds the regression term's trajectories (dmd's batch stream); a teacher rank
+  // beside it answers the real score alone, sending no batch.
+  const auto online = root() / "dmd-online", cache = root() / "dmd-cache", cached = root() / "dmd-cached";
+  auto on = test::launch_train(2, "--run-dir " + online.string() + assets() + kDmd + " --teacher.ranks 1");
+  ASSERT_EQ(on.code, 0) << on.output;
+  auto r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + kDmd + " --output " +
+                                                   cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto from_cache = " --teacher.ranks 1 --data.teacher_cache " + cache.string();
+  r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kDmd + from_cache +
+                                " --checkpoint.every 3 --checkpoint.keep 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("each reading its stream of the teacher's batches from the cache; the real score answered by "
+                          "1 teacher rank(s), which send no batches"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("teacher real-score service: 4 samples answered"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("teacher done: 0 samples"), std::string::npos) << r.output;  // no batch streamed
+  ASSERT_EQ(test::losses(online).size(), 10u);
+  EXPECT_EQ(test::losses(cached), test::losses(online));
+  const auto lines = dmd_lines(on.output);
+  EXPECT_EQ(lines.size(), 4u) << on.output;  // two generator updates, two evaluations
+  EXPECT_EQ(dmd_lines(r.output), lines);
+  EXPECT_FALSE(held_out(online).empty());
+  EXPECT_EQ(held_out(cached), held_out(online));
+  // The weights: the saved student and the last checkpoint's critic, classifier included.
+  for (const auto* file : {"student/diffusion_pytorch_model.safetensors",
+                           "checkpoints/step-00000010/critic/trainable.safetensors"}) {
+    ASSERT_FALSE(file_bytes(online / file).empty()) << file;
+    EXPECT_EQ(file_bytes(cached / file), file_bytes(online / file)) << file;
+  }
+  // Resumed mid-cycle (the pending request's inputs in the checkpoint), it reads on from step 3.
+  const auto resumed = root() / "dmd-cached-resumed";
+  const auto res = test::launch_train(2, "--run-dir " + resumed.string() + assets() + kDmd + from_cache + " --resume " +
+                                             (cached / "checkpoints" / "step-00000003").string());
+  ASSERT_EQ(res.code, 0) << res.output;
+  test::expect_resumed_exactly(cached, resumed, 10, 3);
+  // Colocated: each student's own teacher answers its real score, the batches from the cache.
+  const auto colocated = root() / "dmd-colocated", colocated_cached = root() / "dmd-colocated-cached";
+  r = test::launch_train(1, "--run-dir " + colocated.string() + assets() + kDmd + " --teacher.placement colocated");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(1, "--run-dir " + colocated_cached.string() + assets() + kDmd +
+                                " --teacher.placement colocated --data.teacher_cache " + cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the real score answered by each student's colocated teacher"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::losses(colocated_cached), test::losses(colocated));
+  EXPECT_EQ(test::losses(colocated_cached).size(), 10u);
+  EXPECT_EQ(file_bytes(colocated_cached / "student" / "diffusion_pytorch_model.safetensors"),
+            file_bytes(colocated / "student" / "diffusion_pytorch_model.safetensors"));
+}
+
+TEST(Cache, TwoDmdStudentsFromTheCacheShareOneTeacherRankForTheirRealScore) {
+  // A cache of 2 streams: 2 students read them beside one teacher rank answering both (their
+  // requests as one batch), against 2 teacher replicas of one student each online.
+  const auto online = root() / "dmd2-online", cache = root() / "dmd2-cache", cached = root() / "dmd2-cached";
+  auto r = test::launch_train(4, "--run-dir " + online.string() + assets() + kDmd + " --teacher.ranks 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + kDmd + " --output " +
+                                              cache.string() + " --students 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(3, "--run-dir " + cached.string() + assets() + kDmd + " --teacher.ranks 1 --data.teacher_cache " +
+                                cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("teacher real-score service: 8 samples answered"), std::string::npos) << r.output;
+  // One forward of 4 samples against two of 2: the BLAS may sum in another order.
+  test::expect_close_losses(online, cached, 10);
+  // Before training the held-out error is the cache's targets against the same student: equal.
+  const auto a = held_out(online), b = held_out(cached);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b.front(), a.front());
+  EXPECT_NEAR(b.back(), a.back(), 1e-6 * a.back());
+}
+
+TEST(Cache, DmdFromTheCacheIsRefusedWithoutItsRegressionTermOrALiveTeacher) {
+  const std::string pure = " --train.objective dmd --teacher.guidance 3 --student.steps 2 --teacher.shift 3"
+                           " --teacher.compute fp32 --train.steps 10 --train.eval_samples 4";
+  const std::string why = "a teacher cache (data.teacher_cache, generate) with train.objective dmd and "
+                          "train.dmd_regression_weight(0): without the regression term its training batches carry "
+                          "the data alone and its real score needs a live teacher";
+  auto r = test::launch_command(1, "generate", "--run-dir " + (root() / "dmd-pure-gen").string() + assets() + pure +
+                                                   " --output " + (root() / "dmd-pure-cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root() / "dmd-pure-cache" / "index.json"));
+  r = test::launch_refused(2, "--run-dir " + (root() / "dmd-pure").string() + assets() + pure +
+                                  " --data.teacher_cache " + (root() / "dmd-cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+  // With the regression term but no teacher to answer the real score.
+  r = test::launch_refused(1, "--run-dir " + (root() / "dmd-no-teacher").string() + assets() + kDmd +
+                                  " --teacher.ranks 0 --data.teacher_cache " + (root() / "dmd-cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.teacher_cache with train.objective dmd: the cache holds the training batches, the real "
+                          "score needs a live teacher answering the students' own samples: set teacher.ranks >= 1"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
 }
 
 TEST(Cache, AStudentFromTheCacheResumesExactlyAndRollsOutFromItsStartStates) {

@@ -244,16 +244,37 @@ TEST(TeacherCacheKeys, ACacheStandsForTheTeacherRanksOfTheObjectivesThatStreamTa
     cfg.train.objective = objective;
     EXPECT_EQ(problems(cfg), "") << objective;
     EXPECT_TRUE(cfg.students_only()) << objective;
+    EXPECT_TRUE(cfg.cache_only()) << objective;
   }
   cfg.teacher.ranks = 1;
   EXPECT_NE(problems(cfg).find("data.teacher_cache: the students read the teacher's batches from the cache, with no "
                                "teacher rank: set teacher.ranks 0, not 1"),
             std::string::npos)
       << problems(cfg);
+  // dmd: the cache holds its regression term's batches, and a live teacher answers its real score.
   cfg.teacher.ranks = 0;
   cfg.train.objective = "dmd";
-  EXPECT_NE(problems(cfg).find("train.objective dmd: its real score needs a live teacher"), std::string::npos)
+  EXPECT_NE(problems(cfg).find("train.objective dmd and train.dmd_regression_weight(0): without the regression term "
+                               "its training batches carry the data alone"),
+            std::string::npos)
       << problems(cfg);
+  cfg.dmd.regression_weight = 0.5;
+  EXPECT_NE(problems(cfg).find("data.teacher_cache with train.objective dmd: the cache holds the training batches, the "
+                               "real score needs a live teacher answering the students' own samples: set teacher.ranks "
+                               ">= 1 (ranks that answer the real score alone) or teacher.placement colocated, not "
+                               "teacher.ranks 0"),
+            std::string::npos)
+      << problems(cfg);
+  cfg.teacher.ranks = 1;
+  EXPECT_EQ(problems(cfg), "");
+  EXPECT_FALSE(cfg.students_only());  // teacher ranks beside the students
+  EXPECT_FALSE(cfg.cache_only());
+  cfg.teacher.placement = TeacherPlacement::kColocated;
+  EXPECT_EQ(problems(cfg), "");
+  EXPECT_TRUE(cfg.students_only());  // each student's own teacher
+  cfg.teacher.placement = TeacherPlacement::kAuto;
+  cfg.dmd.regression_weight = 0;
+  cfg.teacher.ranks = 0;
   cfg.train.objective = "flow";
   EXPECT_NE(problems(cfg).find("train.objective flow: it trains on the data alone, there is no teacher to cache"),
             std::string::npos)
