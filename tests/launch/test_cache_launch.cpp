@@ -1,6 +1,6 @@
 // The teacher cache launched for real: `generate` writes what a trajectory student (k = 4) would
 // receive, and `train --data.teacher_cache` with no teacher rank trains bit for bit as the online
-// run (1 teacher + 1 student) does, losses and weights (a guided student too), resumes exactly,
+// run (1 teacher + 1 student) does, losses and weights (guided, velocity and i2v students too), resumes exactly,
 // rolls out from the cached start states, and cycles past the cache's end (or, asked to stop, is
 // refused before training); other keys are refused naming each; an altered shard stops the run
 // before training naming the file and the message; 1, 2 and 4 generating ranks write the same
@@ -104,24 +104,57 @@ TEST(Cache, AStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
   EXPECT_EQ(weights(dir), weights(root() / "online"));
 }
 
-TEST(Cache, AGuidedStudentFromTheCacheTrainsBitForBitAsTheOnlineOne) {
-  // The guided target from the data and the teacher's forward (StageTargets), through the cache.
-  const std::string guided = " --train.objective guided --teacher.guidance 4 --teacher.compute fp32 --train.steps 10"
-                             " --train.log_every 1 --train.seed 5 --train.eval_samples 4";
-  const auto online = root() / "guided-online", cache = root() / "guided-cache", cached = root() / "guided-cached";
-  auto r = test::launch_train(2, "--run-dir " + online.string() + assets() + guided);
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = test::launch_command(1, "generate", "--run-dir " + online.string() + "-gen" + assets() + guided + " --output " +
-                                              cache.string());
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = test::launch_train(1, "--run-dir " + cached.string() + assets() + guided + " --teacher.ranks 0 --data.teacher_cache " +
-                                cache.string());
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto a = test::losses(online), b = test::losses(cached);
-  ASSERT_EQ(a.size(), 10u);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(file_bytes(cached / "student" / "diffusion_pytorch_model.safetensors"),
-            file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
+/// A tiny i2v teacher (in_dim 36: 16 noisy + 4 mask + 16 image latent channels) and the data set
+/// train makes for it (each sample with its image), made once.
+std::string i2v_assets() {
+  static const std::string args = [] {
+    const auto dir = root() / "i2v-assets";
+    const auto teacher = (dir / "teacher").string();
+    const auto made = test::run_captured(std::string(WD_CLI) +
+                                         " init-teacher --preset tiny --model-type i2v --in-dim 36 --out-dim 16"
+                                         " --dtype bf16 --seed 4 --output " + teacher + " 2>&1");
+    EXPECT_EQ(made.code, 0) << made.output;
+    const auto r = test::launch_train(2, "--run-dir " + dir.string() + " --teacher.checkpoint " + teacher +
+                                             " --train.steps 1 --log.level warn");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return " --teacher.checkpoint " + teacher + " --data.path " + (dir / "cache" / "tiny-data.h5").string();
+  }();
+  return args;
+}
+
+// The guided target from the data and the teacher's forward (StageTargets), the velocity target
+// (the same source unguided), and an i2v teacher's trajectories (y stored with every message and
+// given to the student's forward), each through the cache.
+TEST(Cache, GuidedVelocityAndI2vStudentsFromTheCacheTrainBitForBitAsTheOnlineOnes) {
+  const std::string common = " --teacher.compute fp32 --train.steps 10 --train.log_every 1 --train.seed 5"
+                             " --train.eval_samples 4";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"guided", assets() + " --train.objective guided --teacher.guidance 4"},
+      {"velocity", assets() + " --train.objective velocity"},
+      {"i2v-trajectory", i2v_assets() + " --train.objective trajectory --teacher.guidance 3 --teacher.steps 4"
+                                        " --student.steps 2 --teacher.shift 3"},
+  };
+  for (const auto& [name, keys] : cases) {
+    SCOPED_TRACE(name);
+    const auto online = root() / (name + "-online"), cache = root() / (name + "-cache"),
+               cached = root() / (name + "-cached");
+    auto r = test::launch_train(2, "--run-dir " + online.string() + keys + common);
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = test::launch_command(1, "generate", "--run-dir " + online.string() + "-gen" + keys + common + " --output " +
+                                                cache.string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = test::launch_train(1, "--run-dir " + cached.string() + keys + common + " --teacher.ranks 0 --data.teacher_cache " +
+                                  cache.string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto a = test::losses(online), b = test::losses(cached);
+    ASSERT_EQ(a.size(), 10u);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(file_bytes(cached / "student" / "diffusion_pytorch_model.safetensors"),
+              file_bytes(online / "student" / "diffusion_pytorch_model.safetensors"));
+  }
+  // The i2v cache holds each message's image condition.
+  const auto index = nlohmann::json::parse(std::ifstream(root() / "i2v-trajectory-cache" / "index.json"));
+  EXPECT_NE(index.dump().find("\"y\""), std::string::npos) << index.dump().substr(0, 2000);
 }
 
 // dmd with the regression term and DMD2's GAN term (cycles of 5 steps: the generator updates
