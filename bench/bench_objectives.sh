@@ -11,7 +11,9 @@
 #        SKIP_GUIDED=1 to reuse OUT_DIR/guided-run/student, GUIDED_LR=3e-4, GUIDED_EMA=0 (train.ema_decay),
 #        GUIDED_EVERY=0 (>0: the student of every such checkpoint is sampled too), TRAJ_STEPS=1500 (0: none), SKIP_TRAJ=1 to reuse
 #        OUT_DIR/traj-run, TRAJ_EVERY=250: the student of every such checkpoint is sampled for the curve,
-#        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_SEED (train.seed: another draw of trajectories; unset: the default), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
+#        TRAJ_LR=2e-4, TRAJ_EMA=0 (train.ema_decay), TRAJ_CACHE=DIR (the teacher's trajectories generated once into DIR,
+#        reused by later runs with the same keys: TRAJ_LR, TRAJ_EMA and the student's keys may differ;
+#        the student trains from it with no teacher, docs/teacher-cache.md), TRAJ_SEED (train.seed: another draw of trajectories; unset: the default), TRAJ_ROLLOUT=0 (train.trajectory_rollout), TRAJ_BLOCKS=0,1,2,3 (the teacher's blocks the trajectory student starts from: 0,2
 #        for a half-depth one), TRAJ_LORA=0 (r > 0: a LoRA student instead, rank r and alpha r over the
 #        teacher's frozen weights; TRAJ_BLOCKS is then not used), TRAJ_EXPERTS=0 (1, with TRAJ_LORA: the
 #        teacher as a two-expert folder of two copies of itself (boundary 875), one LoRA run per expert
@@ -149,17 +151,31 @@ if ((traj_steps > 0)) && [[ ${TRAJ_EXPERTS:-0} == 1 ]]; then
     evaluate "eval/trajectory-$n" "$k" --reuse eval/teacher --student "pairs/$n"
   done
 elif ((traj_steps > 0)); then
+  # The keys that decide the teacher's batches (a cache's identity) and the student's own.
+  traj_keys=(--teacher.checkpoint "$traj_teacher" --data.path classes.h5
+    --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k"
+    --student.steps "$k" --teacher.compute fp32 --train.batch_size "$batch" --train.eval_samples "$held_out"
+    --train.steps "$traj_steps" --train.trajectory_rollout "${TRAJ_ROLLOUT:-0}" ${TRAJ_SEED:+--train.seed "$TRAJ_SEED"})
+  # TRAJ_CACHE=DIR: the two colocated teachers' trajectories generated once into DIR (kept: the
+  # next variant with the same keys reuses it), and the students train from it with no teacher.
+  traj_source=(--teacher.placement colocated)
+  if [[ -n ${TRAJ_CACHE:-} ]]; then
+    if [[ ! -f $TRAJ_CACHE/index.json ]]; then
+      start=$SECONDS
+      mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" generate --run-dir traj-generate \
+        "${traj_keys[@]}" $traj_student --runtime.threads 1 --student.device cpu --students 2 \
+        --output "$TRAJ_CACHE" > traj-generate.log 2>&1
+      echo "the teacher's trajectories generated in $((SECONDS - start)) s into $TRAJ_CACHE ($traj_steps steps of 2 students)"
+    fi
+    traj_source=(--teacher.ranks 0 --data.teacher_cache "$TRAJ_CACHE")
+  fi
   if [[ -z ${SKIP_TRAJ:-} ]]; then
     start=$SECONDS
     mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$bin" train \
-      --run-dir traj-run --teacher.checkpoint "$traj_teacher" --data.path classes.h5 \
-      --train.objective trajectory --teacher.guidance "$g" --teacher.steps "$teacher_steps" --teacher.shift "$shift_k" \
-      --student.steps "$k" --teacher.placement colocated --teacher.compute fp32 \
-      $traj_student --train.batch_size "$batch" --train.eval_samples "$held_out" \
-      --train.steps "$traj_steps" --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
-      --train.trajectory_rollout "${TRAJ_ROLLOUT:-0}" ${TRAJ_SEED:+--train.seed "$TRAJ_SEED"} \
+      --run-dir traj-run "${traj_keys[@]}" "${traj_source[@]}" $traj_student \
+      --train.lr "${TRAJ_LR:-2e-4}" --train.ema_decay "${TRAJ_EMA:-0}" --train.warmup_steps 50 --train.log_every 50 \
       --checkpoint.every "$traj_every" --checkpoint.keep 0 --runtime.threads 1 --student.device cpu > traj.log 2>&1
-    echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps)"
+    echo "trajectory student trained in $((SECONDS - start)) s ($traj_steps steps${TRAJ_CACHE:+, from $TRAJ_CACHE})"
   fi
   for ck in traj-run/checkpoints/step-*; do
     evaluate "eval/trajectory-$((10#${ck##*step-}))" "$k" --reuse eval/teacher --student "$ck/student"
