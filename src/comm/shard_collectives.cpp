@@ -34,7 +34,9 @@ void check_host_floats(const torch::Tensor& t, const char* what) {
 class MpiShardCollectives final : public ShardCollectives {
  public:
   MpiShardCollectives(MPI_Comm students, int world_rank, HealthChannel* health)
-      : comm_(students), world_rank_(world_rank), health_(health) {}
+      : comm_(students), world_rank_(world_rank), health_(health) {
+    WD_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+  }
 
   c10::Device buffer_device() const override { return c10::Device(torch::kCPU); }
   bool posts_from_any_thread() const override { return false; }
@@ -52,9 +54,7 @@ class MpiShardCollectives final : public ShardCollectives {
   std::unique_ptr<Pending> all_gather(const torch::Tensor& send, const torch::Tensor& recv,
                                       const std::vector<int>& counts, const std::vector<int>& displs) override {
     check_host_floats(recv, "all-gather");
-    int rank = 0;
-    WD_CHECK_MPI(MPI_Comm_rank(comm_, &rank));
-    const auto r = static_cast<std::size_t>(rank);
+    const auto r = static_cast<std::size_t>(rank_);
     // This rank's part already in place in `recv`: MPI_IN_PLACE (MPI forbids aliased buffers).
     const bool in_place = send.numel() == counts[r] && send.data_ptr() == recv.data_ptr<float>() + displs[r];
     if (!in_place) check_host_floats(send, "all-gather");
@@ -77,6 +77,7 @@ class MpiShardCollectives final : public ShardCollectives {
 
  private:
   MPI_Comm comm_;
+  int rank_ = 0;  ///< this rank's place in `comm_`
   int world_rank_;
   HealthChannel* health_;
 };

@@ -16,8 +16,7 @@ ParameterGather::ParameterGather(MPI_Comm comm, std::vector<torch::Tensor> param
                                  const std::vector<std::vector<std::size_t>>& blocks, torch::Tensor owned,
                                  std::chrono::duration<double> timeout, int world_rank, std::vector<int> peers,
                                  comm::HealthChannel* health, std::shared_ptr<comm::ShardCollectives> collectives)
-    : comm_(comm),
-      collectives_(collectives ? std::move(collectives) : comm::make_mpi_shard_collectives(comm, world_rank, health)),
+    : collectives_(collectives ? std::move(collectives) : comm::make_mpi_shard_collectives(comm, world_rank, health)),
       params_(std::move(params)),
       layout_(std::move(layout)),
       owned_(std::move(owned)),

@@ -80,7 +80,6 @@ class ParameterGather final : public BlockGate {
   void hold(Unit& unit);
   void release(Unit& unit);
 
-  MPI_Comm comm_;
   std::shared_ptr<comm::ShardCollectives> collectives_;  ///< host buffers (MPI)
   std::vector<torch::Tensor> params_;
   std::vector<std::vector<std::int64_t>> shapes_;
