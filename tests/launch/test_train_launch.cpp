@@ -149,7 +149,9 @@ TEST(Train, ProjectionsFeaturesMixedPrecisionAccumulationAndCheckpointingTogethe
 TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
   // launch/mpirun.sh gives mpirun a 20 s kill grace, which mpirun sleeps through twice after any
   // non-zero exit, even when every rank has left. An error all ranks agreed on before training
-  // returns within the documented 5 s (about 1 s here), with its exit code.
+  // returns with its exit code without that sleep: about 1-2 s on a quiet host, 6 s on a loaded
+  // one, against at least 40 s (twice the grace) without the launcher's early return. The bound
+  // is one grace, so a slow host cannot fail it and the sleep it guards against cannot pass it.
   const auto launcher = fs::path(kFixtures).parent_path().parent_path() / "launch" / "mpirun.sh";
   const auto run = [&](const std::string& args) {
     return test::run_captured("timeout 120 bash " + launcher.string() + " -np 3 " + WD_CLI + " train " +
@@ -159,7 +161,7 @@ TEST(Train, TheLauncherReturnsAtOnceWhenEveryRankAgreedOnAnError) {
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("train.eval_samples(6) must be a multiple of the global batch 4"), std::string::npos)
       << bad.output;
-  EXPECT_LT(bad.seconds, 5.0) << bad.output;
+  EXPECT_LT(bad.seconds, 20.0) << bad.output;
   // A job that trains returns its own code through the launcher.
   const auto good = run("--run-dir " + (run_dir() / "launcher").string() + " --train.steps 2 --log.level warn");
   EXPECT_EQ(good.code, 0) << good.output;
