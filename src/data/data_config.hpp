@@ -31,6 +31,11 @@ struct DataConfig {
   /// batches from it, with no teacher rank (teacher.ranks 0). Empty: the teacher's stream.
   std::string teacher_cache;
   CacheEnd teacher_cache_end = CacheEnd::kCycle;  ///< past the cache's end (CacheEnd)
+  /// A teacher cache this train writes as it streams (docs/teacher-cache.md): the batches its
+  /// teacher ranks (or colocated teachers) make, appended to a cache later trains read with
+  /// data.teacher_cache. Empty: none.
+  std::string teacher_cache_write;
+  std::int64_t teacher_cache_shard_positions = 64;  ///< messages per shard of teacher_cache_write
 
   void bind(OptionTable& table) {
     table.bind("data.path", path, "HDF5 data set (docs/data-format.md), or builtin:tiny")
@@ -47,12 +52,25 @@ struct DataConfig {
         .bind("data.teacher_cache_end", teacher_cache_end,
               "past the last training batch of data.teacher_cache: cycle (read the cache again from the start, "
               "with a log line) | stop (refuse, before training, a train.steps that needs more batches than the "
-              "cache holds)");
+              "cache holds)")
+        .bind("data.teacher_cache_write", teacher_cache_write,
+              "a folder where this train also writes the batches its teacher ranks (or colocated teachers) stream, "
+              "as a teacher cache that later trains of the same keys read with data.teacher_cache and no teacher "
+              "(the shards generate writes; a stopped or resumed run completes it); empty = none "
+              "(docs/teacher-cache.md)")
+        .bind("data.teacher_cache_shard_positions", teacher_cache_shard_positions,
+              "messages per shard of data.teacher_cache_write (generate's --shard-positions; a multiple of "
+              "student.steps keeps a trajectory round in one shard)");
   }
   void validate(ConfigProblems& p) const {
     p.check(!path.empty(), "data.path must not be empty");
     p.check(builtin_samples >= 2,
             "data.builtin_samples(" + std::to_string(builtin_samples) + ") must be >= 2");
+    p.check(teacher_cache_shard_positions >= 1, "data.teacher_cache_shard_positions(" +
+                                                    std::to_string(teacher_cache_shard_positions) + ") must be >= 1");
+    p.check(teacher_cache.empty() || teacher_cache_write.empty(),
+            "data.teacher_cache(" + teacher_cache + ") and data.teacher_cache_write(" + teacher_cache_write +
+                "): a train reads a cache or writes one, not both");
   }
 };
 

@@ -107,4 +107,41 @@ void check_teacher_cache(const TrainJob& job) {
                positions > l.positions ? " (past the cache's end it reads the cache again from the start)" : "");
 }
 
+teacher::CacheLayout written_cache_layout(const TrainJob& job) {
+  const auto& layout = job.layout;
+  // One replica per stream (a colocated train's, or as many teacher replicas as students) is
+  // generate's layout: generate completes or extends such a cache.
+  const int replicas = layout.colocated() || layout.replicas == layout.student_ranks ? 0 : layout.replicas;
+  return {layout.student_ranks, job.plan.batch_per_student, job.plan.eval_messages,
+          job.plan.train_steps * job.plan.micro_batches, job.cfg.data.teacher_cache_shard_positions, replicas};
+}
+
+void claim_written_cache(const TrainJob& job) {
+  const auto& cfg = job.cfg;
+  const auto& dir = cfg.data.teacher_cache_write;
+  ConfigProblems p;
+  objective::check_cacheable(cfg.keys(), p);
+  const auto not_built = [&](bool ok, const std::string& what) {
+    p.check(ok, "data.teacher_cache_write with " + what + " is not built yet");
+  };
+  not_built(job.layout.stages == 1, "teacher.stages(" + std::to_string(job.layout.stages) +
+                                        ") > 1 (a pipeline's last stage holds the batches, its first the source)");
+  not_built(cfg.student.sequence_parallel <= 1,
+            "student.sequence_parallel(" + std::to_string(cfg.student.sequence_parallel) +
+                ") (a cache's streams are student ranks; a group shares one)");
+  not_built(!job.broadcast, "comm.mode broadcast (every student gets one batch)");
+  p.throw_if_any("train keys");
+  if (job.world_rank() != 0) return;
+  const auto layout = written_cache_layout(job);
+  teacher::claim_cache_dir(dir, cache_identity(cfg, *job.experts, *job.info), layout, "this train");
+  spdlog::info("data.teacher_cache_write {}: {} stream(s) of {} held-out and {} training messages of {} sample(s), "
+               "{} shard(s), written as the teacher streams{}",
+               dir, layout.students, layout.eval_messages, layout.positions, layout.batch,
+               teacher::cache_shards(layout).size(),
+               layout.replicas > 0 ? fmt::format(" ({} teacher replica(s) deal the samples of {} streams: a cache for "
+                                                 "trains of {} student ranks, which generate cannot complete)",
+                                                 layout.replicas, layout.students, layout.students)
+                                   : std::string());
+}
+
 }  // namespace wd::job

@@ -140,6 +140,9 @@ int run_generate_job(GenerateJob& g) {
   // What no cache can stand for is refused before MPI starts (every rank alike: the same keys).
   ConfigProblems cacheable;
   objective::check_cacheable(g.train.cfg.keys(), cacheable);
+  cacheable.check(!g.train.cfg.writes_cache(),
+                  "data.teacher_cache_write(" + g.train.cfg.data.teacher_cache_write +
+                      ") is train's: generate writes its cache to --output");
   cacheable.throw_if_any("train keys");
   comm::MpiRuntime mpi(nullptr, nullptr);
   const int rank = mpi.rank();

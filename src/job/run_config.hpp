@@ -55,6 +55,8 @@ struct RunConfig {
   }
   /// Whether the students read the teacher's batches from a cache (data.teacher_cache).
   bool from_cache() const { return !data.teacher_cache.empty(); }
+  /// Whether the teacher's batches are also written into a cache (data.teacher_cache_write).
+  bool writes_cache() const { return !data.teacher_cache_write.empty(); }
   /// Whether the students read their batches from a cache and no rank runs the teacher (every
   /// objective but one with a real score: dmd's teacher answers it live, beside the cache).
   bool cache_only() const { return from_cache() && !objective().traits().real_score; }

@@ -256,6 +256,9 @@ void start_train(TrainJob& job, comm::MpiRuntime& mpi) {
   job.plan.train_steps = cfg.train.steps;
   job.train_samples = shape.samples - cfg.train.eval_samples;
   if (cfg.from_cache()) agreed("checking the teacher cache (data.teacher_cache)", cfg, [&] { check_teacher_cache(job); });
+  if (cfg.writes_cache()) {
+    agreed("claiming the teacher cache (data.teacher_cache_write)", cfg, [&] { claim_written_cache(job); });
+  }
   job.micro_batch = agreed_micro_batch(job);
   agree_on_resume_point(job);
 }

@@ -5,6 +5,7 @@
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
 #include "teacher/target_source.hpp"
+#include "teacher/cache_recorder.hpp"
 #include "teacher/teacher_cache.hpp"
 
 namespace wd::job {
@@ -87,10 +88,15 @@ struct OwnStream {
                                                     job.layout.student_index(job.world_rank()),
                                                     job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle);
     }
-    return job.cfg.objective().source(
+    auto source = job.cfg.objective().source(
         job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser, replica, job.layout.replicas,
                           job.per_replica, job.train_samples},
                          stage, job.plan, job.model.patch_size, job.student_range()});
+    if (!job.cfg.writes_cache() || !stage) return source;
+    // A colocated teacher's batches, written as this student's stream of the cache.
+    return std::make_unique<teacher::CacheRecorder>(std::move(source), job.cfg.data.teacher_cache_write,
+                                                    job.layout.student_index(job.world_rank()), 1,
+                                                    job.plan.batch_per_student);
   }
 
   static teacher::StageLoad load_for(const TrainJob& job, const c10::Device& device) {

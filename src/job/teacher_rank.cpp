@@ -12,6 +12,7 @@
 #include "comm/transport_factory.hpp"
 #include "data/noiser.hpp"
 #include "data/sample_schedule.hpp"
+#include "teacher/cache_recorder.hpp"
 #include "teacher/placement.hpp"
 #include "teacher/teacher_loop.hpp"
 #include "teacher/teacher_stage.hpp"
@@ -147,6 +148,12 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
                                                   layout.replica_of(rank), layout.replicas, job.per_replica,
                                                   job.train_samples},
                                                  &stage_model, job.plan, job.model.patch_size, job.student_range()});
+    if (cfg.writes_cache()) {  // the replica's students' streams, written as they are sent
+      const int students = layout.students_per_replica();
+      source = std::make_unique<teacher::CacheRecorder>(std::move(source), cfg.data.teacher_cache_write,
+                                                        layout.replica_of(rank) * students, students,
+                                                        job.plan.batch_per_student);
+    }
   }
   teacher::TeacherJob loop{stage_model, source.get(), transport.get(), job.plan, layout.students_per_replica(),
                            job.broadcast};

@@ -63,14 +63,19 @@ json read_json(const fs::path& path, const std::string& what) {
   }
 }
 
+/// The layout as identity.json and index.json write it; `replicas` only where a train's replicas
+/// dealt the streams (a cache of one replica per stream reads as generate's always has).
 json layout_json(const CacheLayout& l) {
-  return {{"students", l.students}, {"batch", l.batch}, {"eval_messages", l.eval_messages},
-          {"positions", l.positions}, {"shard_positions", l.shard_positions}};
+  json j{{"students", l.students}, {"batch", l.batch}, {"eval_messages", l.eval_messages},
+         {"positions", l.positions}, {"shard_positions", l.shard_positions}};
+  if (l.replicas > 0) j["replicas"] = l.replicas;
+  return j;
 }
 
 CacheLayout layout_of(const json& j) {
   return {j.at("students").get<int>(), j.at("batch").get<std::int64_t>(), j.at("eval_messages").get<std::int64_t>(),
-          j.at("positions").get<std::int64_t>(), j.at("shard_positions").get<std::int64_t>()};
+          j.at("positions").get<std::int64_t>(), j.at("shard_positions").get<std::int64_t>(),
+          j.value("replicas", 0)};
 }
 
 fs::path entry_path(const std::string& dir, const ShardId& id) { return fs::path(dir) / (id.file_name() + ".json"); }
@@ -250,37 +255,62 @@ std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ran
   return out;
 }
 
-std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch) {
-  const auto final_path = fs::path(dir) / id.file_name();
-  const auto tmp = final_path.string() + ".tmp";
+struct ShardWriter::OpenFile {
+  data::H5File file;
+  hid_t get() const { return file.get(); }
+};
+
+ShardWriter::ShardWriter(std::string dir, ShardId id)
+    : dir_(std::move(dir)), id_(id), tmp_((fs::path(dir_) / id_.file_name()).string() + ".tmp") {
   // A stale entry (a shard being redone) goes first: no index is made from it meanwhile.
   std::error_code ec;
-  fs::remove(entry_path(dir, id), ec);
-  std::vector<std::string> names;
-  {
-    const auto file = data::h5_create(tmp);
-    std::vector<std::uint64_t> hashes;
-    for (std::int64_t i = 0; i < id.count; ++i) {
-      const auto made = source.make(id.first + i, id.eval);
-      check_finite(made.out, id.first + i, "teacher's output");
-      comm::TensorDict m;
-      for (const auto& [name, t] : student_message(made, 0, batch)) m[name] = t.to(torch::kCPU).contiguous();
-      if (i == 0) {
-        create_sets(file.get(), tmp, m, id.count);
-        for (const auto& [name, t] : m) names.push_back(name);
-      }
-      for (const auto& [name, t] : m) write_row(file.get(), tmp, name, t, i);
-      hashes.push_back(message_xxh64(m));
-    }
-    write_hashes(file.get(), tmp, hashes);
+  fs::remove(entry_path(dir_, id_), ec);
+  file_ = std::make_unique<OpenFile>(OpenFile{data::h5_create(tmp_)});
+}
+
+ShardWriter::~ShardWriter() {
+  if (!file_) return;  // finished
+  file_.reset();
+  std::error_code ec;
+  fs::remove(tmp_, ec);  // a shard left unfinished is redone, never kept half written
+}
+
+void ShardWriter::add(const comm::TensorDict& message) {
+  WD_CHECK(file_ && !full(), "teacher cache: " << id_.file_name() << " holds " << id_.count << " messages");
+  comm::TensorDict m;
+  for (const auto& [name, t] : message) m[name] = t.to(torch::kCPU).contiguous();
+  const auto row = rows();
+  if (row == 0) {
+    create_sets(file_->get(), tmp_, m, id_.count);
+    for (const auto& [name, t] : m) names_.push_back(name);
   }
-  fsync_path(tmp, false);
-  WD_CHECK_SYS(::rename(tmp.c_str(), final_path.c_str()), tmp + " -> " + final_path.string());
+  for (const auto& [name, t] : m) write_row(file_->get(), tmp_, name, t, row);
+  hashes_.push_back(message_xxh64(m));
+}
+
+std::string ShardWriter::finish() {
+  WD_CHECK(file_ && full(), "teacher cache: " << id_.file_name() << " sealed with " << rows() << " of " << id_.count
+                                              << " messages");
+  write_hashes(file_->get(), tmp_, hashes_);
+  file_.reset();
+  const auto final_path = fs::path(dir_) / id_.file_name();
+  fsync_path(tmp_, false);
+  WD_CHECK_SYS(::rename(tmp_.c_str(), final_path.c_str()), tmp_ + " -> " + final_path.string());
   const auto hash = file_xxh64_hex(final_path.string());
-  write_atomically(entry_path(dir, id), json{{"file", id.file_name()}, {"student", id.student}, {"eval", id.eval},
-                                             {"first", id.first}, {"count", id.count}, {"tensors", names},
-                                             {"xxh64", hash}}.dump(2) + "\n");
+  write_atomically(entry_path(dir_, id_), json{{"file", id_.file_name()}, {"student", id_.student}, {"eval", id_.eval},
+                                               {"first", id_.first}, {"count", id_.count}, {"tensors", names_},
+                                               {"xxh64", hash}}.dump(2) + "\n");
   return hash;
+}
+
+std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch) {
+  ShardWriter writer(dir, id);
+  for (std::int64_t i = 0; i < id.count; ++i) {
+    const auto made = source.make(id.first + i, id.eval);
+    check_finite(made.out, id.first + i, "teacher's output");
+    writer.add(student_message(made, 0, batch));
+  }
+  return writer.finish();
 }
 
 bool shard_complete(const std::string& dir, const ShardId& id, bool rehash) {
@@ -297,7 +327,8 @@ bool shard_complete(const std::string& dir, const ShardId& id, bool rehash) {
   }
 }
 
-void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout) {
+void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout,
+                     const std::string& what) {
   fs::create_directories(dir);
   const auto path = fs::path(dir) / "identity.json";
   if (!fs::exists(path)) {
@@ -306,12 +337,24 @@ void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, cons
     return;
   }
   const auto j = read_json(path, "the identity of a cache begun earlier");
-  check_identity(dir, j.at("identity").get<CacheIdentity>(), identity, "this generate");
+  check_identity(dir, j.at("identity").get<CacheIdentity>(), identity, what);
   const auto was = layout_of(j.at("layout"));
   WD_CHECK_AS(ConfigError, was == layout,
-              "generate --output " << dir << " was begun with another layout: " << layout_json(was).dump()
-                                   << ", this generate asks " << layout_json(layout).dump()
-                                   << " (the same --students, --shard-positions and train keys, or another --output)");
+              "the teacher cache " << dir << " was begun with another layout: " << layout_json(was).dump() << ", "
+                                   << what << " asks " << layout_json(layout).dump()
+                                   << " (generate: the same --students and --shard-positions; a train writing it: "
+                                      "the same student ranks, teacher replicas and "
+                                      "data.teacher_cache_shard_positions; the same train keys; or another folder)");
+}
+
+std::pair<CacheIdentity, CacheLayout> claimed_cache(const std::string& dir) {
+  const auto path = fs::path(dir) / "identity.json";
+  const auto j = read_json(path, "the identity of the cache being written");
+  try {
+    return {j.at("identity").get<CacheIdentity>(), layout_of(j.at("layout"))};
+  } catch (const json::exception& e) {
+    throw DataError(path.string(), "", std::string("is not a teacher cache's identity: ") + e.what());
+  }
 }
 
 bool write_index_if_complete(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout) {

@@ -32,10 +32,15 @@ struct CacheLayout {
   std::int64_t eval_messages = 0;      ///< held-out messages per stream
   std::int64_t positions = 0;          ///< training messages per stream (train.steps · train.grad_accum)
   std::int64_t shard_positions = 64;   ///< messages per shard (the last of a stream may hold fewer)
+  /// The teacher replicas whose batches the streams are slices of: 0, one replica per stream
+  /// (generate's, a colocated train's, a train with as many teacher replicas as students); R > 0,
+  /// a train whose R replicas each served students/R consecutive streams
+  /// (data.teacher_cache_write), which deals a replica's samples otherwise.
+  int replicas = 0;
 
   bool operator==(const CacheLayout& o) const {
     return students == o.students && batch == o.batch && eval_messages == o.eval_messages &&
-           positions == o.positions && shard_positions == o.shard_positions;
+           positions == o.positions && shard_positions == o.shard_positions && replicas == o.replicas;
   }
 };
 
@@ -57,20 +62,52 @@ std::vector<ShardId> cache_shards(const CacheLayout& layout);
 /// shard i on rank i mod ranks.
 std::vector<ShardId> shards_of_rank(const CacheLayout& layout, int rank, int ranks);
 
-/// Writes shard `id` of the cache at `dir`: the messages `source` makes at its positions (each
-/// `batch` samples, the student message of student_message), with each message's xxh64, into a
-/// temporary file, fsynced and renamed into place; then its entry (the file's xxh64) the same
-/// way. A shard is either complete with its entry or redone. Returns the file's xxh64.
+/// One shard being written, a message at a time: into a temporary file (any stale entry of the
+/// shard removed first), then, at finish(), each message's xxh64 added, the file fsynced and
+/// renamed into place, and its entry (the file's xxh64) written the same way. A shard is either
+/// complete with its entry or redone: one dropped before finish() removes its temporary file.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, ShardId id);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+  /// Appends the shard's next message (a student message: its tensors on any device).
+  void add(const comm::TensorDict& message);
+  std::int64_t rows() const { return static_cast<std::int64_t>(hashes_.size()); }
+  bool full() const { return rows() == id_.count; }
+  const ShardId& id() const { return id_; }
+  /// Seals a full shard (above) and returns the file's xxh64.
+  std::string finish();
+
+ private:
+  std::string dir_;
+  ShardId id_;
+  std::string tmp_;
+  struct OpenFile;                  ///< the temporary HDF5 file; null once finished
+  std::unique_ptr<OpenFile> file_;
+  std::vector<std::string> names_;
+  std::vector<std::uint64_t> hashes_;
+};
+
+/// Writes shard `id` of the cache at `dir` with a ShardWriter: the messages `source` makes at its
+/// positions (each `batch` samples, the student message of student_message). Returns the file's
+/// xxh64.
 std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch);
 
 /// Whether shard `id` of the cache at `dir` is complete: its entry is there, and (when `rehash`)
 /// the file's xxh64 is the entry's.
 bool shard_complete(const std::string& dir, const ShardId& id, bool rehash);
 
-/// The start of a generate job at `dir`: creates it and writes its identity and layout
-/// (identity.json), or, resuming, checks them against the ones there (check_identity; a layout
-/// that differs is named too).
-void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout);
+/// The start of a generate job (or a train with data.teacher_cache_write) at `dir`: creates it and
+/// writes its identity and layout (identity.json), or, resuming, checks them against the ones
+/// there (check_identity; a layout that differs is named too). `what` names the job in the
+/// errors ("this generate", "this train").
+void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout,
+                     const std::string& what = "this generate");
+
+/// The identity and layout claim_cache_dir wrote at `dir`.
+std::pair<CacheIdentity, CacheLayout> claimed_cache(const std::string& dir);
 
 /// A complete cache: its identity, layout and shards with their files' xxh64.
 struct CacheIndex {

@@ -5,7 +5,10 @@
 // refused before training); other keys are refused naming each; an altered shard stops the run
 // before training naming the file and the message; 1, 2 and 4 generating ranks write the same
 // cache, which 2 student ranks train from as from 2 teacher replicas; a generate killed mid-way
-// resumes to the same cache. A dmd student with the regression term (and the GAN term) reads its
+// resumes to the same cache. A train that streams to its students writes the same cache as it goes
+// (data.teacher_cache_write), unchanged in its own training; one whose teacher serves 2 students
+// writes their 2 streams, which 2 student ranks train from as the writing run trained; one stopped
+// for a requeue completes the cache when it resumes. A dmd student with the regression term (and the GAN term) reads its
 // batches from the cache while a teacher rank, or its colocated teacher, answers its real score
 // alone, bit for bit as online; dmd without the regression term, or with no live teacher, is refused.
 #include <gtest/gtest.h>
@@ -437,6 +440,86 @@ TEST(Cache, AGenerateKilledMidWayResumesToTheSameCache) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_GE(test::count_of(r.output, "is complete already (a previous run's), kept"), 3) << r.output;
   EXPECT_EQ(shard_sums(killed), shard_sums(straight));
+}
+
+TEST(Cache, ATrainWritesTheCacheItStreamsAndLaterTrainsReadIt) {
+  // 1 teacher rank serving 1 student: the online run, unchanged, writes the cache generate wrote.
+  const auto writing = root() / "writing", written = root() / "written";
+  auto r = test::launch_train(2, "--run-dir " + writing.string() + assets() + kTrajectory + kSteps +
+                                     " --teacher.ranks 1 --data.teacher_cache_write " + written.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("data.teacher_cache_write: the cache " + written.string() + " is complete (index.json "
+                          "written)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::losses(writing), test::losses(root() / "online"));
+  EXPECT_EQ(shard_sums(written), shard_sums(root() / "cache"));
+  // A colocated teacher writes its student's stream: the same cache again.
+  const auto colocated = root() / "written-colocated";
+  r = test::launch_train(1, "--run-dir " + (root() / "writing-colocated").string() + assets() + kTrajectory + kSteps +
+                                " --teacher.placement colocated --data.teacher_cache_write " + colocated.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(shard_sums(colocated), shard_sums(root() / "cache"));
+  // 1 teacher rank serving 2 students deals its samples over both: the cache holds their two
+  // streams, and 2 student ranks with no teacher train from it as the writing run trained.
+  const auto dealing = root() / "writing-dealt", dealt = root() / "written-dealt";
+  r = test::launch_train(3, "--run-dir " + dealing.string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 1 --data.teacher_cache_shard_positions 4 --data.teacher_cache_write " +
+                                dealt.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 teacher replica(s) deal the samples of 2 streams"), std::string::npos) << r.output;
+  EXPECT_EQ(shard_sums(dealt).size(), 8u);  // per stream: 1 held-out + 3 training shards
+  const auto reading = root() / "reading-dealt";
+  r = test::launch_train(2, "--run-dir " + reading.string() + assets() + kTrajectory + kSteps +
+                                " --teacher.ranks 0 --data.teacher_cache " + dealt.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::losses(reading).size(), 12u);
+  EXPECT_EQ(test::losses(reading), test::losses(dealing));
+  // generate deals one replica per stream: it refuses to complete or extend such a cache.
+  r = generate(1, dealt, " --students 2 --shard-positions 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("was begun with another layout"), std::string::npos) << r.output;
+}
+
+TEST(Cache, AWritingTrainStoppedForARequeueCompletesTheCacheWhenItResumes) {
+  // Student 0 is told to stop after step 3 (SIGUSR1: a checkpoint, exit 75); the teacher has made
+  // at most prefetch_depth batches more, so the one training shard (12 messages) is unfinished
+  // and dropped. The resumed run remakes messages 0-2 before its own and completes the cache.
+  const auto run = root() / "write-requeue", cache = root() / "written-requeue";
+  const auto args = "--run-dir " + run.string() + assets() + kTrajectory + kSteps +
+                    " --teacher.ranks 1 --data.teacher_cache_write " + cache.string();
+  auto r = test::launch_train(2, args + " --inject-fault sigusr1@student:0:3");
+  ASSERT_EQ(r.code, 75) << r.output;
+  EXPECT_FALSE(fs::exists(cache / "index.json"));
+  EXPECT_FALSE(fs::exists(cache / "s00000-train-000000000.h5")) << "an unfinished shard was kept";
+  r = test::launch_train(2, args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("s00000-eval-000000000.h5 is complete already (a previous run's), kept"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("making messages 0-2 again (a run resumed inside it)"), std::string::npos) << r.output;
+  EXPECT_EQ(shard_sums(cache), shard_sums(root() / "cache"));
+  EXPECT_EQ(test::losses(run), test::losses(root() / "online"));
+}
+
+TEST(Cache, WhatAWritingTrainCannotDoIsRefusedBeforeTraining) {
+  const auto base = "--run-dir " + (root() / "write-refused").string() + assets() + kTrajectory + kSteps;
+  const auto out = " --data.teacher_cache_write " + (root() / "write-refused-cache").string();
+  auto r = test::launch_refused(3, base + out + " --teacher.ranks 1 --comm.mode broadcast");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.teacher_cache_write with comm.mode broadcast (every student gets one batch) is not "
+                          "built yet"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_refused(1, base + out + " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("a train reads a cache or writes one, not both"), std::string::npos) << r.output;
+  // A folder begun for other keys (here generate's cache) is refused, naming them.
+  r = test::launch_refused(2, base + " --teacher.ranks 1 --train.trajectory_rollout 0.5 --data.teacher_cache_write " +
+                                  (root() / "cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("was generated for other keys: train.trajectory_rollout: the cache has '"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The teacher cache's shards, index and source: what a source made reads back bit for bit, per
 // stream and past the end (cycling); the index waits for every shard; an altered or truncated
 // shard is a DataError naming the file and the message; other keys are refused naming each; a
-// shard cut short is redone. The source here is flow's targets (the data alone, no teacher): the
+// shard cut short is redone; a recorder (a train writing the cache as it streams) writes the same
+// shards, completing on resume the shard it stopped inside. The source here is flow's targets (the data alone, no teacher): the
 // cache stores whatever message a source makes.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include "data/h5_file.hpp"
 #include "data/synthetic_dataset.hpp"
 #include "job/run_config.hpp"
+#include "teacher/cache_recorder.hpp"
 #include "teacher/flow_targets.hpp"
 #include "teacher/teacher_cache.hpp"
 #include "test_util.hpp"
@@ -288,6 +290,42 @@ TEST(TeacherCacheKeys, ACacheStandsForTheTeacherRanksOfTheObjectivesThatStreamTa
   cfg.data.teacher_cache.clear();
   EXPECT_NE(problems(cfg).find("needs teacher.ranks >= 1 (or data.teacher_cache)"), std::string::npos)
       << problems(cfg);
+}
+
+TEST(TeacherCache, ARecorderWritesTheGeneratedShardsAndCompletesOnResumeTheShardItStoppedInside) {
+  Fixture generated;
+  ASSERT_TRUE(generate(generated));
+  Fixture fx;
+  const teacher::CacheIdentity identity{{"teacher.shift", "5"}};
+  teacher::claim_cache_dir(fx.cache, identity, fx.layout, "this train");
+  const auto record = [&](int student, const std::vector<std::int64_t>& positions) {
+    Stream plain(fx, student);
+    auto inner = std::make_unique<Stream>(fx, student);
+    struct Own final : teacher::TargetSource {  // the recorder owns its source
+      std::unique_ptr<Stream> s;
+      teacher::StageBatch make(std::int64_t p, bool eval) override { return s->targets.make(p, eval); }
+    };
+    auto own = std::make_unique<Own>();
+    own->s = std::move(inner);
+    teacher::CacheRecorder recorder(std::move(own), fx.cache, student, 1, fx.layout.batch);
+    expect_same_batch(recorder.make(0, true), plain.targets.make(0, true), "held-out 0");
+    for (const auto p : positions) {
+      expect_same_batch(recorder.make(p, false), plain.targets.make(p, false), "position " + std::to_string(p));
+    }
+  };
+  // Stream 0 stops after position 2, inside its second shard ([2, 4)): that shard is dropped.
+  record(0, {0, 1, 2});
+  EXPECT_TRUE(teacher::shard_complete(fx.cache, {0, false, 0, 2}, true));
+  EXPECT_FALSE(fs::exists(fs::path(fx.cache) / teacher::ShardId{0, false, 2, 2}.file_name()));
+  EXPECT_FALSE(fs::exists(fs::path(fx.cache) / (teacher::ShardId{0, false, 2, 2}.file_name() + ".tmp")));
+  // Resumed at position 3: position 2 is made again first; then the last shard, and stream 1.
+  record(0, {3, 4});
+  EXPECT_FALSE(fs::exists(fs::path(fx.cache) / "index.json"));  // stream 1 is missing
+  record(1, {0, 1, 2, 3, 4});
+  ASSERT_TRUE(fs::exists(fs::path(fx.cache) / "index.json"));
+  const auto a = teacher::read_cache_index(fx.cache), b = teacher::read_cache_index(generated.cache);
+  EXPECT_EQ(a.xxh64, b.xxh64);  // the same files, shard for shard
+  EXPECT_EQ(a.layout, b.layout);
 }
 
 }  // namespace
