@@ -80,7 +80,8 @@ teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& te
 void check_teacher_cache(const TrainJob& job) {
   const auto& dir = job.cfg.data.teacher_cache;
   const auto index = teacher::read_cache_index(dir);
-  teacher::check_identity(dir, index.identity, cache_identity(job.cfg, *job.experts, *job.info), "this train");
+  teacher::check_identity("data.teacher_cache(" + dir + ")", index.identity,
+                          cache_identity(job.cfg, *job.experts, *job.info), "this train");
   const auto& l = index.layout;
   WD_CHECK_AS(ConfigError, l.students == job.layout.student_ranks,
               "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
@@ -133,7 +134,8 @@ void claim_written_cache(const TrainJob& job) {
   p.throw_if_any("train keys");
   if (job.world_rank() != 0) return;
   const auto layout = written_cache_layout(job);
-  teacher::claim_cache_dir(dir, cache_identity(cfg, *job.experts, *job.info), layout, "this train");
+  teacher::claim_cache_dir(dir, cache_identity(cfg, *job.experts, *job.info), layout,
+                           "data.teacher_cache_write(" + dir + ")", "this train");
   spdlog::info("data.teacher_cache_write {}: {} stream(s) of {} held-out and {} training messages of {} sample(s), "
                "{} shard(s), written as the teacher streams{}",
                dir, layout.students, layout.eval_messages, layout.positions, layout.batch,

@@ -89,6 +89,15 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
   return out;
 }
 
+/// data.teacher_cache_write: the first stage's source, its batches also written as its replica's
+/// students' streams of the cache.
+std::unique_ptr<teacher::TargetSource> recorded(const TrainJob& job, std::unique_ptr<teacher::TargetSource> source) {
+  const int students = job.layout.students_per_replica();
+  return std::make_unique<teacher::CacheRecorder>(std::move(source), job.cfg.data.teacher_cache_write,
+                                                  job.layout.replica_of(job.world_rank()) * students, students,
+                                                  job.plan.batch_per_student);
+}
+
 }  // namespace
 
 RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
@@ -148,12 +157,7 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
                                                   layout.replica_of(rank), layout.replicas, job.per_replica,
                                                   job.train_samples},
                                                  &stage_model, job.plan, job.model.patch_size, job.student_range()});
-    if (cfg.writes_cache()) {  // the replica's students' streams, written as they are sent
-      const int students = layout.students_per_replica();
-      source = std::make_unique<teacher::CacheRecorder>(std::move(source), cfg.data.teacher_cache_write,
-                                                        layout.replica_of(rank) * students, students,
-                                                        job.plan.batch_per_student);
-    }
+    if (cfg.writes_cache()) source = recorded(job, std::move(source));
   }
   teacher::TeacherJob loop{stage_model, source.get(), transport.get(), job.plan, layout.students_per_replica(),
                            job.broadcast};
@@ -171,11 +175,9 @@ RoleResult run_teacher_rank(TrainJob& job, RoleServices& services) {
     server->set_sequence_parallel(static_cast<int>(std::max<std::int64_t>(1, job.cfg.student.sequence_parallel)));
   }
   const auto stats = teacher::run_teacher(loop);
-  RoleResult result;
-  result.requeue = stats.stopped_after >= 0;
-  result.summary = {0, stats.seconds, stats.busy_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
-                    static_cast<double>(stats.samples), 0};
-  return result;
+  const RankSummary summary{0, stats.seconds, stats.busy_seconds / stats.seconds, stats.wait_seconds / stats.seconds,
+                            static_cast<double>(stats.samples), 0};
+  return {summary, stats.stopped_after >= 0};
 }
 
 }  // namespace wd::job

@@ -213,7 +213,7 @@ std::string ShardId::file_name() const {
   return fmt::format("s{:05d}-{}-{:09d}.h5", student, eval ? "eval" : "train", first);
 }
 
-void check_identity(const std::string& dir, const CacheIdentity& cache, const CacheIdentity& run,
+void check_identity(const std::string& name, const CacheIdentity& cache, const CacheIdentity& run,
                     const std::string& what) {
   std::string problems;
   auto add = [&](const std::string& key, const std::string& a, const std::string& b) {
@@ -231,7 +231,7 @@ void check_identity(const std::string& dir, const CacheIdentity& cache, const Ca
     if (cache.count(key) == 0) add(key, "none", "has '" + value + "'");
   }
   if (!problems.empty()) {
-    throw ConfigError("data.teacher_cache(" + dir + ") was generated for other keys: " + problems);
+    throw ConfigError(name + " was generated for other keys: " + problems);
   }
 }
 
@@ -328,7 +328,7 @@ bool shard_complete(const std::string& dir, const ShardId& id, bool rehash) {
 }
 
 void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout,
-                     const std::string& what) {
+                     const std::string& name, const std::string& what) {
   fs::create_directories(dir);
   const auto path = fs::path(dir) / "identity.json";
   if (!fs::exists(path)) {
@@ -337,7 +337,8 @@ void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, cons
     return;
   }
   const auto j = read_json(path, "the identity of a cache begun earlier");
-  check_identity(dir, j.at("identity").get<CacheIdentity>(), identity, what);
+  check_identity(name.empty() ? "generate --output " + dir : name, j.at("identity").get<CacheIdentity>(), identity,
+                 what);
   const auto was = layout_of(j.at("layout"));
   WD_CHECK_AS(ConfigError, was == layout,
               "the teacher cache " << dir << " was begun with another layout: " << layout_json(was).dump() << ", "

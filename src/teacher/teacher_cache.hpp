@@ -19,9 +19,10 @@ namespace wd::teacher {
 /// fingerprint). A cache is read only by a run whose identity is the same.
 using CacheIdentity = std::map<std::string, std::string>;
 
-/// Throws ConfigError naming every key whose value differs between the cache at `dir` (`cache`)
-/// and this run (`run`), or that one of them lacks; `what` says what the run is ("this train").
-void check_identity(const std::string& dir, const CacheIdentity& cache, const CacheIdentity& run,
+/// Throws ConfigError naming every key whose value differs between the cache `name` (as the run
+/// names it: "data.teacher_cache(DIR)") with identity `cache` and this run (`run`), or that one of
+/// them lacks; `what` says what the run is ("this train").
+void check_identity(const std::string& name, const CacheIdentity& cache, const CacheIdentity& run,
                     const std::string& what);
 
 /// How the streams of a cache are laid out: one stream per student rank of the train that reads
@@ -101,10 +102,10 @@ bool shard_complete(const std::string& dir, const ShardId& id, bool rehash);
 
 /// The start of a generate job (or a train with data.teacher_cache_write) at `dir`: creates it and
 /// writes its identity and layout (identity.json), or, resuming, checks them against the ones
-/// there (check_identity; a layout that differs is named too). `what` names the job in the
-/// errors ("this generate", "this train").
+/// there (check_identity; a layout that differs is named too). `name` is the folder as the job
+/// names it, `what` the job, in the errors (generate's: "generate --output DIR", "this generate").
 void claim_cache_dir(const std::string& dir, const CacheIdentity& identity, const CacheLayout& layout,
-                     const std::string& what = "this generate");
+                     const std::string& name = "", const std::string& what = "this generate");
 
 /// The identity and layout claim_cache_dir wrote at `dir`.
 std::pair<CacheIdentity, CacheLayout> claimed_cache(const std::string& dir);

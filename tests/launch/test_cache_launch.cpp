@@ -517,7 +517,9 @@ TEST(Cache, WhatAWritingTrainCannotDoIsRefusedBeforeTraining) {
   r = test::launch_refused(2, base + " --teacher.ranks 1 --train.trajectory_rollout 0.5 --data.teacher_cache_write " +
                                   (root() / "cache").string());
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("was generated for other keys: train.trajectory_rollout: the cache has '"), std::string::npos)
+  EXPECT_NE(r.output.find("data.teacher_cache_write(" + (root() / "cache").string() + ") was generated for other keys: "
+                          "train.trajectory_rollout: the cache has '"),
+            std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << "it trained: " << r.output;
 }

@@ -186,9 +186,9 @@ TEST(TeacherCache, ATruncatedShardIsADataErrorNamingTheFileAndItsMessages) {
 TEST(TeacherCache, OtherKeysAreRefusedNamingEachKey) {
   const teacher::CacheIdentity cache{{"teacher.shift", "5"}, {"teacher", "xxh64 aa"}, {"train.seed", "0"}};
   const teacher::CacheIdentity run{{"teacher.shift", "3"}, {"teacher", "xxh64 aa"}, {"student.steps", "4"}};
-  teacher::check_identity("c", cache, cache, "this train");  // the same keys pass
+  teacher::check_identity("data.teacher_cache(c)", cache, cache, "this train");  // the same keys pass
   try {
-    teacher::check_identity("c", cache, run, "this train");
+    teacher::check_identity("data.teacher_cache(c)", cache, run, "this train");
     FAIL() << "other keys passed";
   } catch (const ConfigError& e) {
     const std::string what = e.what();
@@ -297,7 +297,7 @@ TEST(TeacherCache, ARecorderWritesTheGeneratedShardsAndCompletesOnResumeTheShard
   ASSERT_TRUE(generate(generated));
   Fixture fx;
   const teacher::CacheIdentity identity{{"teacher.shift", "5"}};
-  teacher::claim_cache_dir(fx.cache, identity, fx.layout, "this train");
+  teacher::claim_cache_dir(fx.cache, identity, fx.layout, "data.teacher_cache_write(" + fx.cache + ")", "this train");
   const auto record = [&](int student, const std::vector<std::int64_t>& positions) {
     Stream plain(fx, student);
     auto inner = std::make_unique<Stream>(fx, student);
