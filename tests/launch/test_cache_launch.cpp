@@ -190,12 +190,16 @@ std::vector<double> held_out(const fs::path& run) {
 TEST(Cache, ADmdStudentWithItsRegressionTermFromTheCacheTrainsBitForBitAsTheOnlineOne) {
   // The cache holds the regression term's trajectories (dmd's batch stream); a teacher rank
   // beside it answers the real score alone, sending no batch.
+  // The online run writes its batch stream too (data.teacher_cache_write): generate's cache again.
   const auto online = root() / "dmd-online", cache = root() / "dmd-cache", cached = root() / "dmd-cached";
-  auto on = test::launch_train(2, "--run-dir " + online.string() + assets() + kDmd + " --teacher.ranks 1");
+  const auto written = root() / "dmd-written";
+  auto on = test::launch_train(2, "--run-dir " + online.string() + assets() + kDmd +
+                                      " --teacher.ranks 1 --data.teacher_cache_write " + written.string());
   ASSERT_EQ(on.code, 0) << on.output;
   auto r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + kDmd + " --output " +
                                                    cache.string());
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(shard_sums(written), shard_sums(cache));
   const auto from_cache = " --teacher.ranks 1 --data.teacher_cache " + cache.string();
   r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kDmd + from_cache +
                                 " --checkpoint.every 3 --checkpoint.keep 0");
