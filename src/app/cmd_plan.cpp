@@ -416,13 +416,30 @@ int run_plan(const std::vector<std::string>& args) {
   const auto plan = plan::make_plan(in);
   const auto speed = planned_speed(cfg, o, in, t, lat, world);
   const auto layouts = speed ? plan::predict_layouts(*speed) : std::vector<plan::LayoutSpeed>{};
+  // data.teacher_cache_write: the cache the teacher ranks write as they stream (no memory beyond
+  // the message being written; its size on disk).
+  std::optional<GenerateCount> written;
+  if (cfg.writes_cache() && cfg.train.eval_samples % (cfg.train.batch_size * layout.student_ranks) == 0) {
+    written = count_generate({layout.student_ranks, cfg.train.batch_size,
+                              cfg.train.eval_samples / (cfg.train.batch_size * layout.student_ranks),
+                              cfg.train.steps * cfg.train.grad_accum, cfg.data.teacher_cache_shard_positions},
+                             1, in.message_bytes);
+  }
   if (o.json) {
     auto j = plan_json(plan);
     j["speed"] = speed ? speed_json(*speed, layouts) : nlohmann::json();
+    if (written) j["teacher_cache_write"] = {{"messages", written->messages}, {"cache_bytes", written->bytes}};
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
   print_plan(cfg, o, t, in, plan, speed, layouts, layout, lat);
+  if (written) {
+    std::cout << "data.teacher_cache_write: " << written->messages << " messages x "
+              << format_bytes(static_cast<double>(in.message_bytes)) << " = "
+              << format_bytes(static_cast<double>(written->bytes))
+              << " on disk, written by the teacher ranks between their forwards (the shards' HDF5 headers and "
+                 "checksums add a few KiB each)\n";
+  }
   return kExitOk;
 }
 

@@ -269,6 +269,14 @@ TEST(Cli, PlanGeneratePrintsItsRanksTheCachesSizeAndItsTime) {
   EXPECT_EQ(j["generate"]["cache_bytes"].get<std::int64_t>(), 26 * j["generate"]["message_bytes"].get<std::int64_t>());
   EXPECT_GT(j["generate"]["seconds"].get<double>(), 0);
   EXPECT_EQ(j["recommended"], "cpu");
+  // A train writing the same cache as it streams (data.teacher_cache_write): 2 student ranks
+  // beside 1 teacher, the same 26 messages on disk.
+  r = run("plan --cpu --np 3 --train.objective trajectory --teacher.guidance 3 --teacher.steps 8 --student.steps 4 "
+          "--train.steps 12 --train.batch_size 2 --train.eval_samples 4 --data.teacher_cache_write c --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto w = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(w["teacher_cache_write"]["messages"], 26);
+  EXPECT_EQ(w["teacher_cache_write"]["cache_bytes"], j["generate"]["cache_bytes"]);
   r = run("plan --cpu --students 2");  // generate's option without --generate
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("are generate's: plan them with --generate"), std::string::npos) << r.output;
