@@ -416,14 +416,13 @@ int run_plan(const std::vector<std::string>& args) {
   const auto plan = plan::make_plan(in);
   const auto speed = planned_speed(cfg, o, in, t, lat, world);
   const auto layouts = speed ? plan::predict_layouts(*speed) : std::vector<plan::LayoutSpeed>{};
-  // data.teacher_cache_write: the cache the teacher ranks write as they stream (no memory beyond
-  // the message being written; its size on disk).
+  // data.teacher_cache_write: the cache the teacher ranks write as they stream, generate's layout
+  // for these students (no memory beyond the message being written; its size on disk). A held-out
+  // set the global batch does not divide, which train refuses, gets no line (cache_layout throws).
   std::optional<GenerateCount> written;
   if (cfg.writes_cache() && cfg.train.eval_samples % (cfg.train.batch_size * layout.student_ranks) == 0) {
-    written = count_generate({layout.student_ranks, cfg.train.batch_size,
-                              cfg.train.eval_samples / (cfg.train.batch_size * layout.student_ranks),
-                              cfg.train.steps * cfg.train.grad_accum, cfg.data.teacher_cache_shard_positions},
-                             1, in.message_bytes);
+    written = count_generate(job::cache_layout(cfg, layout.student_ranks, cfg.data.teacher_cache_shard_positions), 1,
+                             in.message_bytes);
   }
   if (o.json) {
     auto j = plan_json(plan);

@@ -6,6 +6,7 @@
 #include "core/checksum.hpp"
 #include "data/dataset_reader.hpp"
 #include "job/cache_identity.hpp"
+#include "job/generate.hpp"
 
 namespace wd::job {
 
@@ -108,14 +109,21 @@ void check_teacher_cache(const TrainJob& job) {
                positions > l.positions ? " (past the cache's end it reads the cache again from the start)" : "");
 }
 
+namespace {
+
+/// The layout of the cache a train writes: generate's for its student ranks and
+/// data.teacher_cache_shard_positions (cache_layout), with `replicas` set where teacher replicas
+/// serve several students each (CacheLayout::replicas). One replica per stream (a colocated
+/// train's, or as many teacher replicas as students) is generate's own: generate completes or
+/// extends such a cache.
 teacher::CacheLayout written_cache_layout(const TrainJob& job) {
   const auto& layout = job.layout;
-  // One replica per stream (a colocated train's, or as many teacher replicas as students) is
-  // generate's layout: generate completes or extends such a cache.
-  const int replicas = layout.colocated() || layout.replicas == layout.student_ranks ? 0 : layout.replicas;
-  return {layout.student_ranks, job.plan.batch_per_student, job.plan.eval_messages,
-          job.plan.train_steps * job.plan.micro_batches, job.cfg.data.teacher_cache_shard_positions, replicas};
+  auto l = cache_layout(job.cfg, layout.student_ranks, job.cfg.data.teacher_cache_shard_positions);
+  l.replicas = layout.colocated() || layout.replicas == layout.student_ranks ? 0 : layout.replicas;
+  return l;
 }
+
+}  // namespace
 
 void claim_written_cache(const TrainJob& job) {
   const auto& cfg = job.cfg;

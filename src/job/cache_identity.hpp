@@ -19,11 +19,6 @@ teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& te
 /// rank's stream verified (teacher::verify_stream), and rank 0 logs what it covers.
 void check_teacher_cache(const TrainJob& job);
 
-/// The layout of the cache a train writes (data.teacher_cache_write): one stream per student
-/// rank, its batches and held-out messages, data.teacher_cache_shard_positions; `replicas` set
-/// where teacher replicas serve several students each (CacheLayout::replicas).
-teacher::CacheLayout written_cache_layout(const TrainJob& job);
-
 /// data.teacher_cache_write, before training: what is not built yet (and what no cache stands
 /// for) refused naming the keys on every rank, then world rank 0 claims the folder
 /// (teacher::claim_cache_dir: a new cache, or one begun by an earlier run of the same keys and
