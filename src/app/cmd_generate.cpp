@@ -14,14 +14,21 @@ int run_generate(const std::vector<std::string>& args) {
             "student ranks of the train that reads the cache (teacher.ranks 0; dmd: beside its teacher ranks): "
             "one stream of batches each")
       .bind("shard-positions", job.shard_positions,
-            "batches per shard (a multiple of student.steps keeps each trajectory round in one shard)");
+            "batches per shard (a multiple of student.steps keeps each trajectory round in one shard); with "
+            "--keep, trajectory rounds per shard")
+      .bind("keep", job.keep,
+            "trajectory objectives: store whole teacher trajectories instead of the batches, all (every one of "
+            "teacher.steps + 1 states) or K (the states at every teacher.steps/K-th step): students of any "
+            "student.steps dividing K read the one cache; unset: the batches of this student.steps");
   if (parse_options(args, table).help) {
-    print_help("mpirun -np N wan-distill generate --output DIR [--config FILE] [--students S] [--section.key value ...]",
+    print_help("mpirun -np N wan-distill generate --output DIR [--config FILE] [--students S] [--keep all|K] "
+               "[--section.key value ...]",
                "Runs the teacher side of train.objective for train's keys and writes, into DIR, the batches the S\n"
                "student ranks of `train --data.teacher_cache DIR --teacher.ranks 0` with the same keys read: over\n"
                "train.steps, batch for batch what the teacher's stream would send (dmd: its regression term's\n"
                "trajectories; its teacher ranks answer the real score alone). Every rank holds a whole\n"
-               "teacher and writes every N-th shard; a killed run resumes (docs/teacher-cache.md).",
+               "teacher and writes every N-th shard; a killed run resumes (docs/teacher-cache.md). With --keep,\n"
+               "the trajectories themselves, which students of other student.steps deal into their own batches.",
                table);
     return kExitOk;
   }

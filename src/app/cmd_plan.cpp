@@ -20,15 +20,18 @@
 #include "core/logging.hpp"
 #include "core/torch_compat.hpp"
 #include "data/dataset_info.hpp"
+#include "data/noiser.hpp"
 #include "model/image_condition.hpp"
 #include "model/safetensors.hpp"
 #include "model/wan_checkpoint.hpp"
 #include "model/wan_experts.hpp"
+#include "objective/objective_spec.hpp"
 #include "plan/planner.hpp"
 #include "plan/speed.hpp"
 #include "student/checkpointing.hpp"
 #include "teacher/compute_dtype.hpp"
 #include "teacher/placement.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::app {
 
@@ -103,6 +106,7 @@ struct PlanOptions {
   bool cpu = false, json = false, generate = false;
   int students = 1;                   ///< --students (with --generate), generate's
   std::int64_t shard_positions = 64;  ///< --shard-positions (with --generate), generate's
+  std::string keep;                   ///< --keep (with --generate), generate's
   double teacher_gflops = 0, student_gflops = 0;
   int cores = -1;
   Calibrate calibrate = Calibrate::kAuto;
@@ -119,6 +123,7 @@ struct PlanOptions {
               "writing the cache (no student rank), the cache's size on disk and its time")
         .bind("students", students, "with --generate: generate's --students (streams of the cache)")
         .bind("shard-positions", shard_positions, "with --generate: generate's --shard-positions")
+        .bind("keep", keep, "with --generate: generate's --keep (all or K: whole trajectories, K + 1 states each)")
         .bind("cpu", cpu, "a CPU job (the CPU build): every rank on one host, teacher.placement cpu")
         .bind("latent", latent, "C,F,H,W of a latent when data.path does not exist yet "
                                 "(default for builtin:tiny: in_dim,3,16,16)")
@@ -145,9 +150,9 @@ struct PlanOptions {
     p.check(gpus_per_node >= 1, "gpus-per-node(" + std::to_string(gpus_per_node) + ") must be >= 1");
     p.check(np >= 0, "np(" + std::to_string(np) + ") must be >= 0");
     p.check(experts >= 0, "experts(" + std::to_string(experts) + ") must be >= 0");
-    p.check(generate || (students == 1 && shard_positions == 64),
-            "students(" + std::to_string(students) + ") and shard-positions(" + std::to_string(shard_positions) +
-                ") are generate's: plan them with --generate");
+    p.check(generate || (students == 1 && shard_positions == 64 && keep.empty()),
+            "students(" + std::to_string(students) + "), shard-positions(" + std::to_string(shard_positions) +
+                ") and keep(" + keep + ") are generate's: plan them with --generate");
     p.throw_if_any("plan");
   }
 };
@@ -310,25 +315,45 @@ void print_generate_plan(const job::RunConfig& cfg, const PlanOptions& o, const 
                          const plan::PlanInput& in, const plan::Plan& plan, const GenerateCount& c,
                          const std::optional<plan::SpeedInput>& speed) {
   const auto& l = c.layout;
+  const std::string rows = l.keep > 0 ? "trajectory rounds" : "messages";
   std::cout << teacher_line(cfg, t, in) << "generate: " << c.ranks << " rank(s)" << (o.cpu ? " on one host (CPU job)" : "")
             << ", each a whole teacher, no student; " << l.students << " stream(s) of " << l.eval_messages
-            << " held-out and " << l.positions << " training messages of " << l.batch << " sample(s), "
+            << " held-out and " << l.positions << " training " << rows << " of " << l.batch << " sample(s), "
             << teacher::cache_shards(l).size() << " shard(s) of up to " << l.shard_positions << "\n\n"
             << plan::format_plan(in, plan) << "\n"
-            << "cache on disk: " << c.messages << " messages x " << format_bytes(static_cast<double>(in.message_bytes))
-            << " = " << format_bytes(static_cast<double>(c.bytes)) << " (each message's tensors; the shards' HDF5 "
-            << "headers and checksums add a few KiB each)\n";
+            << "cache on disk: " << c.messages << " " << rows << " x " << format_bytes(static_cast<double>(in.message_bytes))
+            << " = " << format_bytes(static_cast<double>(c.bytes))
+            << (l.keep > 0 ? " (each round's " + std::to_string(l.keep + 1) + " states of " + std::to_string(l.batch) +
+                                 " trajectories, fp32"
+                           : std::string(" (each message's tensors"))
+            << "; the shards' HDF5 headers and checksums add a few KiB each)\n";
   if (!speed) {
     std::cout << "time: not predicted; give --teacher-gflops and --student-gflops, run plan on a machine with a GPU "
                  "like the job's, or plan a CPU job with --cpu\n";
     return;
   }
-  std::cout << fmt::format("time: {:.0f} s, the busiest rank's {} messages of {} sample(s) at {:.3f} s/sample "
+  std::cout << fmt::format("time: {:.0f} s, the busiest rank's {} {} of {} sample(s) at {:.3f} s/sample "
                            "({:g} teacher forward(s) per sample{})\n",
-                           plan::generate_seconds(*speed, c.busiest), c.busiest, l.batch,
+                           plan::generate_seconds(*speed, c.busiest), c.busiest, rows, l.batch,
                            plan::teacher_seconds_per_sample(*speed), speed->teacher_forwards,
                            speed->cores > 0 ? fmt::format(", {} rank(s) sharing {} cores", c.ranks, speed->cores)
                                             : std::string(", a device each"));
+}
+
+/// The batches a trajectory round of these keys deals (generate --keep's rounds): student.steps,
+/// or, with student.expert, the intervals starting on its side of the teacher's boundary
+/// (teacher.boundary, else the model type's; the folder's own, which plan does not read, may
+/// differ).
+std::int64_t trained_per_round(const job::RunConfig& cfg, const PlannedTeacher& t, std::int64_t keep) {
+  if (keep == 0) return 1;
+  data::TimestepRange range;
+  const auto boundary = cfg.teacher.boundary > 0 ? cfg.teacher.boundary
+                                                 : default_expert_boundary(t.config.model_type).value_or(0.0);
+  if (!cfg.student.expert.empty() && boundary > 0) {
+    range.side = cfg.student.expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
+    range.boundary_timestep = boundary * 1000.0;
+  }
+  return static_cast<std::int64_t>(objective::trajectory_spec(cfg.keys(), range).trained().size());
 }
 
 /// plan --generate: `generate`'s ranks with these keys (each a whole teacher as a colocated one
@@ -337,9 +362,10 @@ int plan_generate(job::RunConfig cfg, const PlanOptions& o) {
   ConfigProblems cacheable;
   objective::check_cacheable(cfg.keys(), cacheable);
   cacheable.throw_if_any("train keys");
-  const auto layout = job::cache_layout(cfg, o.students, o.shard_positions);
+  const auto keep = job::keep_intervals(cfg, o.keep);
   init_logging(Topology::single_process(), cfg.log.level);
   const auto t = planned_teacher(cfg, o);
+  const auto layout = job::cache_layout(cfg, o.students, o.shard_positions, keep, trained_per_round(cfg, t, keep));
   ConfigProblems with_teacher;
   job::validate_with_teacher(cfg, t.config, 1, with_teacher);
   with_teacher.throw_if_any("plan");
@@ -351,12 +377,19 @@ int plan_generate(job::RunConfig cfg, const PlanOptions& o) {
   in.teacher_ranks = ranks;
   in.student_ranks = 0;
   in.eval_messages = layout.eval_messages;
+  if (keep > 0) {  // a round: its trajectories' K + 1 states in fp32, written as one row
+    in.message_bytes = (keep + 1) * layout.batch * lat[0] * lat[1] * lat[2] * lat[3] * 4;
+  }
   const auto plan = plan::make_generate_plan(in);
   const auto count = count_generate(layout, ranks, in.message_bytes);
-  const auto speed = planned_speed(cfg, o, in, t, lat, ranks);
+  auto speed = planned_speed(cfg, o, in, t, lat, ranks);
+  // A round's trajectories run the whole teacher.steps each (guided: two forwards a step).
+  if (speed && keep > 0) {
+    speed->teacher_forwards = static_cast<double>(cfg.teacher.steps) * (cfg.objective().guided(cfg.keys()) ? 2 : 1);
+  }
   if (o.json) {
     auto j = plan_json(plan);
-    j["generate"] = {{"ranks", ranks}, {"streams", layout.students}, {"messages", count.messages},
+    j["generate"] = {{"ranks", ranks}, {"streams", layout.students}, {"messages", count.messages}, {"keep", keep},
                      {"message_bytes", in.message_bytes}, {"cache_bytes", count.bytes},
                      {"busiest_rank_messages", count.busiest},
                      {"seconds", speed ? nlohmann::json(plan::generate_seconds(*speed, count.busiest)) : nlohmann::json()}};
@@ -380,7 +413,7 @@ int run_plan(const std::vector<std::string>& args) {
   if (parse_options(args, table).help) {
     print_help("wan-distill plan [--config FILE] [--gpu-memory 180GiB] [--host-memory 2TiB] "
                "[--gpus-per-node 8] [--np N] [--cpu] [--latent C,F,H,W] [--preset NAME] [--json] "
-               "[--generate [--students S] [--shard-positions P]]",
+               "[--generate [--students S] [--shard-positions P] [--keep all|K]]",
                "Prints each rank's predicted memory (teacher weights, streaming buffers, activations,\n"
                "transport buffers, student weights, gradients, optimizer state, framework overhead)\n"
                "for every teacher placement (gpu, cpu, stream, shard), which fit the budgets, and\n"

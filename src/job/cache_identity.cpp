@@ -7,6 +7,8 @@
 #include "data/dataset_reader.hpp"
 #include "job/cache_identity.hpp"
 #include "job/generate.hpp"
+#include "objective/objective_spec.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::job {
 
@@ -17,6 +19,11 @@ const char* const kIdentityKeys[] = {
     "train.objective", "teacher.guidance", "teacher.steps", "teacher.shift", "teacher.solver", "teacher.dtype",
     "teacher.compute", "teacher.boundary", "student.steps", "student.expert", "train.seed", "train.batch_size",
     "train.grad_accum", "train.eval_samples", "train.trajectory_rollout", "data.ignore_condition"};
+
+/// Of those, the keys that decide how a round's trajectories are dealt into batches, not the
+/// trajectories: a cache of whole trajectories (generate --keep) serves every value of them.
+const char* const kDealingKeys[] = {"student.steps", "student.expert", "train.grad_accum",
+                                    "train.trajectory_rollout"};
 
 /// Every key of `cfg` with its value as the config writes it ("teacher.shift" -> "5").
 std::map<std::string, std::string> config_values(RunConfig cfg) {
@@ -64,10 +71,14 @@ std::string data_fingerprint(const data::DatasetInfo& info) {
 
 }  // namespace
 
-teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data) {
+teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data,
+                                      std::int64_t keep) {
   const auto values = config_values(cfg);
   teacher::CacheIdentity id;
   for (const auto* key : kIdentityKeys) id[key] = values.at(key);
+  if (keep > 0) {
+    for (const auto* dealt : kDealingKeys) id.erase(dealt);
+  }
   for (const auto& [key, value] : values) {
     if (key.rfind("noise.", 0) == 0) id[key] = value;
   }
@@ -78,16 +89,43 @@ teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& te
   return id;
 }
 
-void check_teacher_cache(const TrainJob& job) {
+namespace {
+
+/// A cache of whole trajectories (generate --keep) against the train that deals them: its
+/// student.steps must divide the cache's K, its held-out messages fit the held-out rounds, and
+/// with data.teacher_cache_end stop its training rounds cover train.steps. Returns the training
+/// batches the cache covers for this train.
+std::int64_t check_trajectory_cache(const TrainJob& job, const teacher::CacheLayout& l) {
   const auto& dir = job.cfg.data.teacher_cache;
-  const auto index = teacher::read_cache_index(dir);
-  teacher::check_identity("data.teacher_cache(" + dir + ")", index.identity,
-                          cache_identity(job.cfg, *job.experts, *job.info), "this train");
-  const auto& l = index.layout;
-  WD_CHECK_AS(ConfigError, l.students == job.layout.student_ranks,
-              "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
-                                    << "has " << job.layout.student_ranks << " (run it on " << l.students
-                                    << " ranks, or generate with --students " << job.layout.student_ranks << ")");
+  const auto k = job.cfg.student.steps;
+  WD_CHECK_AS(ConfigError, l.keep % k == 0,
+              "data.teacher_cache(" << dir << ") holds trajectories at " << l.keep + 1 << " points (generate --keep "
+                                    << l.keep << "); student.steps(" << k << ") must divide " << l.keep
+                                    << " (its σ must be points of them)");
+  const auto m = static_cast<std::int64_t>(
+      objective::trajectory_spec(job.cfg.keys(), job.student_range()).trained().size());
+  const auto eval_rounds = (job.plan.eval_messages + m - 1) / m;
+  WD_CHECK_AS(ConfigError, l.batch == job.plan.batch_per_student && eval_rounds <= l.eval_messages,
+              "data.teacher_cache(" << dir << ") holds " << l.eval_messages << " held-out round(s) of " << l.batch
+                                    << " trajectories per student; this train needs " << eval_rounds << " of "
+                                    << job.plan.batch_per_student);
+  const auto positions = job.plan.train_steps * job.plan.micro_batches;
+  WD_CHECK_AS(ConfigError, job.cfg.data.teacher_cache_end != data::CacheEnd::kStop || positions <= l.positions * m,
+              "data.teacher_cache(" << dir << ") holds " << l.positions << " trajectory rounds per student, "
+                                    << l.positions * m << " training batches of this train's " << m
+                                    << " interval(s) a round; it needs " << positions << " (train.steps("
+                                    << job.plan.train_steps << ") x train.grad_accum(" << job.plan.micro_batches
+                                    << ")) and data.teacher_cache_end is stop: set train.steps <= "
+                                    << l.positions * m / job.plan.micro_batches
+                                    << ", generate a longer cache, or set data.teacher_cache_end cycle");
+  return l.positions * m;
+}
+
+/// A cache of messages against the train that reads them: its held-out messages and batch are the
+/// train's, and with data.teacher_cache_end stop its training messages cover train.steps.
+/// Returns the training batches it holds.
+std::int64_t check_message_cache(const TrainJob& job, const teacher::CacheLayout& l) {
+  const auto& dir = job.cfg.data.teacher_cache;
   WD_CHECK_AS(ConfigError, l.eval_messages == job.plan.eval_messages && l.batch == job.plan.batch_per_student,
               "data.teacher_cache(" << dir << ") holds " << l.eval_messages << " held-out message(s) of " << l.batch
                                     << " sample(s) per student; this train needs " << job.plan.eval_messages << " of "
@@ -100,13 +138,33 @@ void check_teacher_cache(const TrainJob& job) {
                                     << "data.teacher_cache_end is stop: set train.steps <= "
                                     << l.positions / job.plan.micro_batches << ", generate a cache of "
                                     << job.plan.train_steps << " steps, or set data.teacher_cache_end cycle");
+  return l.positions;
+}
+
+}  // namespace
+
+void check_teacher_cache(const TrainJob& job) {
+  const auto& dir = job.cfg.data.teacher_cache;
+  const auto index = teacher::read_cache_index(dir);
+  const auto& l = index.layout;
+  teacher::check_identity("data.teacher_cache(" + dir + ")", index.identity,
+                          cache_identity(job.cfg, *job.experts, *job.info, l.keep), "this train");
+  WD_CHECK_AS(ConfigError, l.students == job.layout.student_ranks,
+              "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
+                                    << "has " << job.layout.student_ranks << " (run it on " << l.students
+                                    << " ranks, or generate with --students " << job.layout.student_ranks << ")");
+  const auto covered = l.keep > 0 ? check_trajectory_cache(job, l) : check_message_cache(job, l);
+  const auto positions = job.plan.train_steps * job.plan.micro_batches;
   // A student reads stream `student_index`; a teacher rank beside the cache (dmd's real score) none.
   if (job.topo.role == Role::kStudent) teacher::verify_stream(dir, index, job.layout.student_index(job.world_rank()));
   if (job.world_rank() != 0) return;
-  spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}; every shard's "
+  spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}{}; every shard's "
                "checksum verified",
-               dir, l.positions, positions,
-               positions > l.positions ? " (past the cache's end it reads the cache again from the start)" : "");
+               dir, covered, positions,
+               l.keep > 0 ? fmt::format(" (dealt from {} rounds of whole trajectories, {} states each)", l.positions,
+                                        l.keep + 1)
+                          : std::string(),
+               positions > covered ? " (past the cache's end it reads the cache again from the start)" : "");
 }
 
 namespace {

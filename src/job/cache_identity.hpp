@@ -11,8 +11,11 @@ namespace wd::job {
 /// The identity of the stream of `cfg`'s job with `teacher` and `data` (teacher::CacheIdentity):
 /// the keys that decide its batches as the config writes them, the teacher's files' xxh64,
 /// teacher.negative's, and the data set's fingerprint (its size and shapes and the xxh64 of its
-/// first and last samples as read).
-teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data);
+/// first and last samples as read). A cache of whole trajectories (`keep` K > 0, generate --keep)
+/// leaves out what only deals them into batches (student.steps, student.expert,
+/// train.grad_accum, train.trajectory_rollout): its layout's K says which student.steps read it.
+teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data,
+                                      std::int64_t keep = 0);
 
 /// data.teacher_cache on this rank, before training: the index read, its identity and layout
 /// against `job`'s (one stream per student rank, train.batch_size, the held-out messages), this

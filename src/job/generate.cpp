@@ -16,6 +16,7 @@
 #include "job/cache_identity.hpp"
 #include "job/plan_input.hpp"
 #include "job/startup.hpp"
+#include "objective/objective_spec.hpp"
 
 namespace wd::job {
 
@@ -39,13 +40,16 @@ void generate_keys(RunConfig& cfg) {
   cfg.checkpoint.resume.clear();
 }
 
-/// The cache's layout, once the data set's size is known: a training sample must remain.
-teacher::CacheLayout checked_layout(const GenerateJob& g) {
+/// The cache's layout, once the data set's size is known: a training sample must remain. A cache
+/// of trajectories (--keep) holds the rounds of the trained intervals of these keys (student.expert
+/// may cut them).
+teacher::CacheLayout checked_layout(const GenerateJob& g, std::int64_t keep) {
   const auto& cfg = g.train.cfg;
   WD_CHECK_AS(ConfigError, g.train.train_samples >= 1,
               "train.eval_samples(" << cfg.train.eval_samples << ") leaves no training sample in data.path("
                                     << cfg.data.path << ")");
-  return cache_layout(cfg, g.students, g.shard_positions);
+  const auto per_round = keep > 0 ? objective::trajectory_spec(cfg.keys(), g.train.student_range()).trained().size() : 1;
+  return cache_layout(cfg, g.students, g.shard_positions, keep, static_cast<std::int64_t>(per_round));
 }
 
 /// This rank's whole teacher, where a colocated student of this job would compute.
@@ -83,18 +87,20 @@ void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int ran
       spdlog::info("generate: {} is complete already (a previous run's), kept", id.file_name());
       continue;
     }
-    auto source = cfg.objective().source(
-        cfg.keys(), {{reader, schedule, noiser, eval_noiser, id.student, layout.students, layout.batch,
-                      job.train_samples},
-                     &stage, job.plan, job.model.patch_size, job.student_range()});
+    const teacher::SourceParts parts{
+        {reader, schedule, noiser, eval_noiser, id.student, layout.students, layout.batch, job.train_samples},
+        &stage, job.plan, job.model.patch_size, job.student_range()};
     const auto t = Clock::now();
-    const auto hash = teacher::write_shard(g.output, id, *source, layout.batch);
+    const auto hash = layout.keep > 0
+                          ? teacher::write_trajectory_shard(g.output, id, *objective::trajectory_rounds(cfg.keys(), parts),
+                                                            layout.keep)
+                          : teacher::write_shard(g.output, id, *cfg.objective().source(cfg.keys(), parts), layout.batch);
     written += id.count;
     const auto seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    spdlog::info("generate: shard {}/{} of this rank, {} ({} messages, xxh64 {}) in {:.1f} s; {}/{} messages, "
-                 "ETA {:.0f} s",
-                 n + 1, mine.size(), id.file_name(), id.count,  hash,
-                 std::chrono::duration<double>(Clock::now() - t).count(), done, total,
+    const char* rows = layout.keep > 0 ? "trajectory rounds" : "messages";
+    spdlog::info("generate: shard {}/{} of this rank, {} ({} {}, xxh64 {}) in {:.1f} s; {}/{} {}, ETA {:.0f} s",
+                 n + 1, mine.size(), id.file_name(), id.count, rows, hash,
+                 std::chrono::duration<double>(Clock::now() - t).count(), done, total, rows,
                  seconds / static_cast<double>(written) * static_cast<double>(total - done));
   }
 }
@@ -123,7 +129,33 @@ int startup_failure(int rank) {
 
 }  // namespace
 
-teacher::CacheLayout cache_layout(const RunConfig& cfg, int students, std::int64_t shard_positions) {
+std::int64_t keep_intervals(const RunConfig& cfg, const std::string& keep) {
+  if (keep.empty()) return 0;
+  const auto& objective = cfg.objective();
+  WD_CHECK_AS(ConfigError, objective.trajectory_stream(cfg.keys()),
+              "generate --keep(" << keep << ") stores whole teacher trajectories; train.objective " << objective.name()
+                                 << " samples none (leave --keep out: the cache holds its batches)");
+  const auto N = cfg.teacher.steps, k = cfg.student.steps;
+  std::int64_t K = 0;
+  if (keep == "all") {
+    K = N;
+  } else {
+    try {
+      std::size_t used = 0;
+      K = std::stoll(keep, &used);
+      if (used != keep.size()) K = 0;
+    } catch (const std::exception&) {
+      K = 0;
+    }
+  }
+  WD_CHECK_AS(ConfigError, K >= 1 && N % K == 0 && k >= 1 && K % k == 0,
+              "generate --keep(" << keep << ") must be all or a number of intervals K that divides teacher.steps(" << N
+                                 << ") and that student.steps(" << k << ") divides (K + 1 states a trajectory)");
+  return K;
+}
+
+teacher::CacheLayout cache_layout(const RunConfig& cfg, int students, std::int64_t shard_positions, std::int64_t keep,
+                                  std::int64_t per_round) {
   ConfigProblems p;
   p.check(students >= 1, "generate --students(" + std::to_string(students) + ") must be >= 1");
   p.check(shard_positions >= 1, "generate --shard-positions(" + std::to_string(shard_positions) + ") must be >= 1");
@@ -131,9 +163,11 @@ teacher::CacheLayout cache_layout(const RunConfig& cfg, int students, std::int64
   p.check(cfg.train.eval_samples % global == 0,
           "train.eval_samples(" + std::to_string(cfg.train.eval_samples) + ") must be a multiple of train.batch_size(" +
               std::to_string(cfg.train.batch_size) + ") x --students(" + std::to_string(students) + ")");
+  p.check(per_round >= 1, "cache layout: " + std::to_string(per_round) + " batches a trajectory round");
   p.throw_if_any("cache layout");
-  return {students, cfg.train.batch_size, cfg.train.eval_samples / global, cfg.train.steps * cfg.train.grad_accum,
-          shard_positions};
+  const auto eval = cfg.train.eval_samples / global, positions = cfg.train.steps * cfg.train.grad_accum;
+  if (keep == 0) return {students, cfg.train.batch_size, eval, positions, shard_positions};
+  return {students, cfg.train.batch_size, eval, (positions + per_round - 1) / per_round, shard_positions, 0, keep};
 }
 
 int run_generate_job(GenerateJob& g) {
@@ -144,6 +178,7 @@ int run_generate_job(GenerateJob& g) {
                   "data.teacher_cache_write(" + g.train.cfg.data.teacher_cache_write +
                       ") is train's: generate writes its cache to --output");
   cacheable.throw_if_any("train keys");
+  const auto keep = keep_intervals(g.train.cfg, g.keep);
   comm::MpiRuntime mpi(nullptr, nullptr);
   const int rank = mpi.rank();
   comm::install_signal_handlers();
@@ -157,17 +192,22 @@ int run_generate_job(GenerateJob& g) {
     start_train(job, mpi);
     job.cfg.train.eval_samples = train_cfg.train.eval_samples;
     job.train_samples -= train_cfg.train.eval_samples;
-    layout = checked_layout(g);
+    layout = checked_layout(g, keep);
     job.plan.eval_messages = layout.eval_messages;
     agreed("claiming the cache folder", job.cfg, [&] {
-      identity = cache_identity(train_cfg, *job.experts, *job.info);
+      identity = cache_identity(train_cfg, *job.experts, *job.info, keep);
       if (rank == 0) teacher::claim_cache_dir(g.output, identity, layout);
     });
     if (rank == 0) {
-      spdlog::info("generate: {} stream(s) of {} held-out and {} training messages of {} sample(s), {} shard(s) over "
-                   "{} rank(s), into {}",
-                   layout.students, layout.eval_messages, layout.positions, layout.batch,
-                   teacher::cache_shards(layout).size(), mpi.size(), g.output);
+      spdlog::info("generate: {} stream(s) of {} held-out and {} training {} of {} sample(s), {} shard(s) over "
+                   "{} rank(s), into {}{}",
+                   layout.students, layout.eval_messages, layout.positions,
+                   keep > 0 ? "trajectory rounds" : "messages", layout.batch, teacher::cache_shards(layout).size(),
+                   mpi.size(), g.output,
+                   keep > 0 ? fmt::format(" (--keep {}: each trajectory's {} states, one every {} of its {} teacher "
+                                          "steps, for students of any student.steps dividing {})",
+                                          keep, keep + 1, job.cfg.teacher.steps / keep, job.cfg.teacher.steps, keep)
+                            : std::string());
     }
   } catch (...) {
     return startup_failure(rank);

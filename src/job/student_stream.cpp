@@ -4,6 +4,7 @@
 #include "comm/transport_factory.hpp"
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
+#include "objective/objective_spec.hpp"
 #include "teacher/target_source.hpp"
 #include "teacher/cache_recorder.hpp"
 #include "teacher/teacher_cache.hpp"
@@ -60,6 +61,10 @@ class LocalScore final : public student::RealScore {
 struct OwnStream {
   std::optional<teacher::TeacherStage> stage;
   LocalData data;
+  /// A cache of whole trajectories (generate --keep): this student's stream of them, and the
+  /// sample schedule of the generate that wrote it (one replica per stream).
+  std::unique_ptr<teacher::CachedTrajectories> stored;
+  std::optional<data::SampleSchedule> stored_schedule;
   std::unique_ptr<teacher::TargetSource> source;
   teacher::LocalReceiver transport;
 
@@ -68,7 +73,7 @@ struct OwnStream {
                   ? std::optional<teacher::TeacherStage>(load_teacher_stage(job, load_for(job, device), memory))
                   : std::nullopt),
         data(job),
-        source(make_source(job, stage ? &*stage : nullptr, data)),
+        source(make_source(job, stage ? &*stage : nullptr, data, stored, stored_schedule)),
         transport(job.cfg.from_cache() ? "teacher cache" : stage ? "colocated teacher" : "local targets", *source,
                   job.plan, device, stage.has_value() && !job.cfg.from_cache()) {}
 
@@ -80,13 +85,26 @@ struct OwnStream {
   }
 
   static std::unique_ptr<teacher::TargetSource> make_source(const TrainJob& job, teacher::TeacherStage* stage,
-                                                            LocalData& data) {
+                                                            LocalData& data,
+                                                            std::unique_ptr<teacher::CachedTrajectories>& stored,
+                                                            std::optional<data::SampleSchedule>& stored_schedule) {
     const int replica = job.layout.replica_of(job.world_rank());
     const auto& dir = job.cfg.data.teacher_cache;
     if (!dir.empty()) {  // the cache's stream s: student s's (beside a teacher rank, not its replica's)
-      return std::make_unique<teacher::CacheSource>(dir, teacher::read_cache_index(dir),
-                                                    job.layout.student_index(job.world_rank()),
-                                                    job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle);
+      const int s = job.layout.student_index(job.world_rank());
+      const bool cycle = job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle;
+      auto index = teacher::read_cache_index(dir);
+      if (index.layout.keep == 0) return std::make_unique<teacher::CacheSource>(dir, std::move(index), s, cycle);
+      // Whole trajectories: this student deals them into its batches as generate's replica s would.
+      const auto& l = index.layout;
+      stored_schedule.emplace(job.train_samples, l.batch, l.students, job.cfg.train.seed);
+      const int students = l.students;
+      const auto batch = l.batch;
+      stored = std::make_unique<teacher::CachedTrajectories>(dir, std::move(index), s, cycle);
+      return objective::trajectory_rounds(
+          job.cfg.keys(), {{data.reader, *stored_schedule, data.noiser, data.eval_noiser, s, students, batch,
+                            job.train_samples},
+                           nullptr, job.plan, job.model.patch_size, job.student_range(), stored.get()});
     }
     auto source = job.cfg.objective().source(
         job.cfg.keys(), {{data.reader, data.schedule, data.noiser, data.eval_noiser, replica, job.layout.replicas,

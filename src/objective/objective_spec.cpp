@@ -70,12 +70,11 @@ student::TrainConfig ObjectiveSpec::loop_train(const Keys& k) const {
 }
 
 std::unique_ptr<teacher::TargetSource> ObjectiveSpec::source(const Keys& k, const teacher::SourceParts& parts) const {
+  WD_CHECK(trajectory_stream(k) || !parts.stored,
+           "train.objective " << name_ << ": stored trajectories stand for a trajectory stream's teacher");
+  if (trajectory_stream(k)) return trajectory_rounds(k, parts);
   WD_CHECK(parts.stage, "train.objective " << name_ << ": its batches need a teacher stage on this rank");
-  if (!trajectory_stream(k)) return std::make_unique<teacher::StageTargets>(parts.samples, *parts.stage, parts.plan);
-  const auto& s = parts.samples;
-  return std::make_unique<teacher::TrajectoryRounds>(
-      teacher::TrajectorySource{*parts.stage, s.reader, s.schedule, parts.plan, trajectory_spec(k, parts.range),
-                                s.replica, s.replicas, s.per_replica, s.train_samples, k.train.seed});
+  return std::make_unique<teacher::StageTargets>(parts.samples, *parts.stage, parts.plan);
 }
 
 std::string ObjectiveSpec::uncached(const Keys&) const {
@@ -170,6 +169,16 @@ void ObjectiveSpec::shape_stream(const Keys& k, comm::StreamPlan& plan) const {
 void ObjectiveSpec::shape_plan(const Keys& k, plan::PlanInput& in) const {
   in.teacher_forwards = guided(k) ? 2 : 1;  // [cond; neg] as one batch
   in.whole_teacher = !traits_.whole_teacher.empty();
+}
+
+std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const Keys& k, const teacher::SourceParts& parts) {
+  WD_CHECK(parts.stage || parts.stored,
+           "train.objective " << k.train.objective << ": its trajectories need a teacher stage on this rank");
+  const auto& s = parts.samples;
+  return std::make_unique<teacher::TrajectoryRounds>(
+      teacher::TrajectorySource{parts.stage, s.reader, s.schedule, parts.plan, trajectory_spec(k, parts.range),
+                                s.replica, s.replicas, s.per_replica, s.train_samples, k.train.seed, parts.stored,
+                                parts.patch});
 }
 
 teacher::TrajectorySpec trajectory_spec(const Keys& k) {

@@ -37,6 +37,7 @@ struct TrajectorySpec;
 struct SourceParts;
 class TargetSource;
 class TeacherStage;
+class TrajectoryRounds;
 }  // namespace wd::teacher
 
 namespace wd::objective {
@@ -177,6 +178,10 @@ teacher::TrajectorySpec trajectory_spec(const Keys& k);
 /// The same, with the intervals cut to those starting in `range` (student.expert's side; every
 /// interval when the range is all of t).
 teacher::TrajectorySpec trajectory_spec(const Keys& k, const data::TimestepRange& range);
+
+/// The trajectory rounds of a trajectory stream (trajectory_stream()): parts' stage samples
+/// them, or parts.stored holds them (a teacher cache of trajectories); what source() makes for it.
+std::unique_ptr<teacher::TrajectoryRounds> trajectory_rounds(const Keys& k, const teacher::SourceParts& parts);
 
 /// The spec named `name`; a ConfigError naming train.objective and every name of the table
 /// otherwise.

@@ -19,6 +19,8 @@
 
 namespace wd::teacher {
 
+class StoredTrajectories;  // teacher/trajectory.hpp
+
 /// The samples of one stream position, read and noised (SampleStream::read).
 struct NoisedSamples {
   data::CleanBatch clean;  ///< as the data set holds them: latents, context, lengths, indices
@@ -91,6 +93,9 @@ struct SourceParts {
   std::array<std::int64_t, 3> patch{1, 2, 2};  ///< the model's patch (per-token timesteps)
   /// The student's timesteps (student.expert's side): a trajectory's intervals that start in it.
   data::TimestepRange range;
+  /// A trajectory stream's stored trajectories (a teacher cache of them), read instead of sampled;
+  /// null: the stage samples them.
+  StoredTrajectories* stored = nullptr;
 };
 
 /// The data and the stage's forward (velocity, guided, dmd): the samples noised, then this

@@ -69,13 +69,14 @@ json layout_json(const CacheLayout& l) {
   json j{{"students", l.students}, {"batch", l.batch}, {"eval_messages", l.eval_messages},
          {"positions", l.positions}, {"shard_positions", l.shard_positions}};
   if (l.replicas > 0) j["replicas"] = l.replicas;
+  if (l.keep > 0) j["keep"] = l.keep;
   return j;
 }
 
 CacheLayout layout_of(const json& j) {
   return {j.at("students").get<int>(), j.at("batch").get<std::int64_t>(), j.at("eval_messages").get<std::int64_t>(),
           j.at("positions").get<std::int64_t>(), j.at("shard_positions").get<std::int64_t>(),
-          j.value("replicas", 0)};
+          j.value("replicas", 0), j.value("keep", std::int64_t{0})};
 }
 
 fs::path entry_path(const std::string& dir, const ShardId& id) { return fs::path(dir) / (id.file_name() + ".json"); }
@@ -192,19 +193,21 @@ void write_hashes(hid_t file, const std::string& path, const std::vector<std::ui
   WD_CHECK_H5(H5Dwrite(set.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data()), path, kHashes);
 }
 
-/// "training message 70 of stream 0": a message of a shard as the errors name it.
-std::string message_name(const ShardId& id, std::int64_t row) {
-  return std::string(id.eval ? "held-out" : "training") + " message " + std::to_string(id.first + row) +
-         " of stream " + std::to_string(id.student);
+/// "training message 70 of stream 0" (a cache of trajectories: "training round 70 of stream 0"):
+/// a row of a shard as the errors name it.
+std::string message_name(const ShardId& id, std::int64_t row, bool rounds = false) {
+  return std::string(id.eval ? "held-out" : "training") + (rounds ? " round " : " message ") +
+         std::to_string(id.first + row) + " of stream " + std::to_string(id.student);
 }
 
-/// The shard of `index` holding stream `student`'s message `position` (training or held-out).
+/// The shard of `index` holding stream `student`'s row `position` (training or held-out).
 std::size_t shard_of(const CacheIndex& index, int student, bool eval, std::int64_t position) {
   for (std::size_t i = 0; i < index.shards.size(); ++i) {
     const auto& s = index.shards[i];
     if (s.student == student && s.eval == eval && position >= s.first && position < s.first + s.count) return i;
   }
-  throw Error("teacher cache: no shard holds " + message_name({student, eval, position, 1}, 0));
+  throw Error("teacher cache: no shard holds " +
+              message_name({student, eval, position, 1}, 0, index.layout.keep > 0));
 }
 
 }  // namespace
@@ -313,6 +316,13 @@ std::string write_shard(const std::string& dir, const ShardId& id, TargetSource&
   return writer.finish();
 }
 
+std::string write_trajectory_shard(const std::string& dir, const ShardId& id, TrajectoryRounds& rounds,
+                                   std::int64_t keep) {
+  ShardWriter writer(dir, id);
+  for (std::int64_t i = 0; i < id.count; ++i) writer.add({{"states", rounds.whole_round(id.first + i, id.eval, keep)}});
+  return writer.finish();
+}
+
 bool shard_complete(const std::string& dir, const ShardId& id, bool rehash) {
   std::error_code ec;
   const auto entry = entry_path(dir, id);
@@ -396,6 +406,7 @@ CacheIndex read_cache_index(const std::string& dir) {
 }
 
 void verify_stream(const std::string& dir, const CacheIndex& index, int student) {
+  const bool rounds = index.layout.keep > 0;
   for (std::size_t i = 0; i < index.shards.size(); ++i) {
     const auto& id = index.shards[i];
     if (id.student != student) continue;
@@ -409,50 +420,56 @@ void verify_stream(const std::string& dir, const CacheIndex& index, int student)
         if (message_xxh64(m) != hashes[static_cast<std::size_t>(row)]) bad = row;
       }
     } catch (const DataError& e) {
-      throw DataError(path, e.item(), std::string(e.what()) + " [the shard of " + message_name(id, 0) + " to " +
+      throw DataError(path, e.item(), std::string(e.what()) + " [the shard of " + message_name(id, 0, rounds) + " to " +
                                           std::to_string(id.first + id.count - 1) + " is truncated or corrupt; delete "
                                           "it and its .json entry and rerun generate to redo it]");
     }
-    WD_CHECK_DATA(bad < 0, path, "", message_name(id, bad) << " (sample " << bad << " of this shard) does not match "
+    WD_CHECK_DATA(bad < 0, path, "", message_name(id, bad, rounds) << " (sample " << bad << " of this shard) does not match "
                   "its checksum: the shard was altered; delete it and its .json entry and rerun generate to redo it");
     const auto found = file_xxh64_hex(path);
     WD_CHECK_DATA(found == index.xxh64[i], path, "",
                   "checksum mismatch: the index has xxh64 " << index.xxh64[i] << ", the file " << found
-                  << " (messages " << id.first << " to " << id.first + id.count - 1 << " of stream " << student << ")");
+                  << (rounds ? " (rounds " : " (messages ") << id.first << " to " << id.first + id.count - 1 << " of stream " << student << ")");
   }
 }
 
-struct CacheSource::OpenShard {
+struct StreamRows::OpenShard {
   std::string path;
   data::H5File file;
 };
 
-CacheSource::CacheSource(std::string dir, CacheIndex index, int student, bool cycle)
+StreamRows::StreamRows(std::string dir, CacheIndex index, int student, bool cycle)
     : dir_(std::move(dir)), index_(std::move(index)), student_(student), cycle_(cycle) {}
 
-CacheSource::~CacheSource() = default;
+StreamRows::~StreamRows() = default;
 
-StageBatch CacheSource::make(std::int64_t position, bool eval) {
+comm::TensorDict StreamRows::read(std::int64_t position, bool eval) {
   const auto& l = index_.layout;
+  const char* rows = l.keep > 0 ? "trajectory rounds" : "training batches";
   if (!eval && position >= l.positions) {
-    WD_CHECK(cycle_, "teacher cache " << dir_ << ": training batch " << position << " is past the cache's "
-                                      << l.positions << " and data.teacher_cache_end is stop");
+    WD_CHECK(cycle_, "teacher cache " << dir_ << ": training " << (l.keep > 0 ? "round " : "batch ") << position
+                                      << " is past the cache's " << l.positions << " and data.teacher_cache_end is stop");
     if (!cycling_logged_) {
-      spdlog::info("data.teacher_cache: the cache holds {} training batches per student; from batch {} on the run "
-                   "reads them again from the start (cycling)",
-                   l.positions, position);
+      spdlog::info("data.teacher_cache: the cache holds {} {} per student; from {} {} on the run reads them again "
+                   "from the start (cycling)",
+                   l.positions, rows, l.keep > 0 ? "round" : "batch", position);
       cycling_logged_ = true;
     }
     position %= l.positions;
   }
   WD_CHECK(!eval || position < l.eval_messages,
-           "teacher cache " << dir_ << ": held-out message " << position << " of " << l.eval_messages);
+           "teacher cache " << dir_ << ": held-out " << (l.keep > 0 ? "round " : "message ") << position << " of "
+                            << l.eval_messages);
   const auto& id = index_.shards[shard_of(index_, student_, eval, position)];
   const auto path = (fs::path(dir_) / id.file_name()).string();
   if (!open_ || open_->path != path) {  // consecutive positions read one shard: it stays open
     open_ = std::make_unique<OpenShard>(OpenShard{path, data::h5_open_read_only(path)});
   }
-  const auto m = read_message(open_->file.get(), path, index_.tensors, position - id.first);
+  return read_message(open_->file.get(), path, index_.tensors, position - id.first);
+}
+
+StageBatch CacheSource::make(std::int64_t position, bool eval) {
+  const auto m = rows_.read(position, eval);
   auto b = StageBatch::inputs_of(m);
   b.out = m.at("teacher_out");
   if (m.count("x_start")) b.start = m.at("x_start");

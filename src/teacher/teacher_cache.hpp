@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "teacher/target_source.hpp"
+#include "teacher/trajectory.hpp"
 
 namespace wd::teacher {
 
@@ -38,10 +39,16 @@ struct CacheLayout {
   /// a train whose R replicas each served students/R consecutive streams
   /// (data.teacher_cache_write), which deals a replica's samples otherwise.
   int replicas = 0;
+  /// 0: the streams hold messages (the batches themselves). K > 0 (`generate --keep`): they hold
+  /// trajectory rounds, each the round's B whole trajectories at K + 1 points of the teacher's σ
+  /// grid (StoredTrajectories), which students of any student.steps dividing K deal into their
+  /// own batches; eval_messages, positions and shard_positions then count rounds.
+  std::int64_t keep = 0;
 
   bool operator==(const CacheLayout& o) const {
     return students == o.students && batch == o.batch && eval_messages == o.eval_messages &&
-           positions == o.positions && shard_positions == o.shard_positions && replicas == o.replicas;
+           positions == o.positions && shard_positions == o.shard_positions && replicas == o.replicas &&
+           keep == o.keep;
   }
 };
 
@@ -96,6 +103,12 @@ class ShardWriter {
 /// xxh64.
 std::string write_shard(const std::string& dir, const ShardId& id, TargetSource& source, std::int64_t batch);
 
+/// Writes shard `id` of a cache of trajectories (CacheLayout::keep `keep`) at `dir` with a
+/// ShardWriter: the rounds `rounds` samples at its positions, each a message {"states":
+/// whole_round(...)}. Returns the file's xxh64.
+std::string write_trajectory_shard(const std::string& dir, const ShardId& id, TrajectoryRounds& rounds,
+                                   std::int64_t keep);
+
 /// Whether shard `id` of the cache at `dir` is complete: its entry is there, and (when `rehash`)
 /// the file's xxh64 is the entry's.
 bool shard_complete(const std::string& dir, const ShardId& id, bool rehash);
@@ -133,16 +146,17 @@ CacheIndex read_cache_index(const std::string& dir);
 /// before training.
 void verify_stream(const std::string& dir, const CacheIndex& index, int student);
 
-/// The batches of one stream of a cache (the student's replica): message `position` of the
-/// training (or held-out) messages, read from its shard. Training positions past the cache's end
-/// read it again from the start (position mod positions), with one log line when that begins,
-/// or, when not `cycle` (data.teacher_cache_end stop, which the train refused before training
-/// for a train.steps past the end), are an error.
-class CacheSource final : public TargetSource {
+/// One stream of a cache, row by row (a message, or a trajectory round): row `position` of the
+/// training (or held-out) rows, read from its shard, which stays open for the next. Training
+/// positions past the cache's end read it again from the start (position mod positions), with
+/// one log line when that begins, or, when not `cycle` (data.teacher_cache_end stop, which the
+/// train refused before training for a train.steps past the end), are an error.
+class StreamRows {
  public:
-  CacheSource(std::string dir, CacheIndex index, int student, bool cycle);
-  ~CacheSource() override;
-  StageBatch make(std::int64_t position, bool eval) override;
+  StreamRows(std::string dir, CacheIndex index, int student, bool cycle);
+  ~StreamRows();
+  comm::TensorDict read(std::int64_t position, bool eval);
+  const CacheIndex& index() const { return index_; }
 
  private:
   std::string dir_;
@@ -150,8 +164,32 @@ class CacheSource final : public TargetSource {
   int student_;
   bool cycle_;
   bool cycling_logged_ = false;
-  struct OpenShard;                  ///< the shard read last, kept open for the next message
+  struct OpenShard;                  ///< the shard read last, kept open for the next row
   std::unique_ptr<OpenShard> open_;
+};
+
+/// The batches of one stream of a cache of messages (the student's replica): message `position`.
+class CacheSource final : public TargetSource {
+ public:
+  CacheSource(std::string dir, CacheIndex index, int student, bool cycle)
+      : rows_(std::move(dir), std::move(index), student, cycle) {}
+  StageBatch make(std::int64_t position, bool eval) override;
+
+ private:
+  StreamRows rows_;
+};
+
+/// The trajectories of one stream of a cache of trajectories (CacheLayout::keep > 0): round
+/// `round`'s states, which a TrajectoryRounds of the stream's replica deals into its batches.
+class CachedTrajectories final : public StoredTrajectories {
+ public:
+  CachedTrajectories(std::string dir, CacheIndex index, int student, bool cycle)
+      : rows_(std::move(dir), std::move(index), student, cycle) {}
+  std::int64_t intervals() const override { return rows_.index().layout.keep; }
+  torch::Tensor round(std::int64_t round, bool eval) override { return rows_.read(round, eval).at("states"); }
+
+ private:
+  StreamRows rows_;
 };
 
 }  // namespace wd::teacher

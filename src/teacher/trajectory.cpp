@@ -70,9 +70,19 @@ TrajectoryRounds::TrajectoryRounds(TrajectorySource source) : src_(source) {
   ConfigProblems p;
   src_.spec.validate(p);
   p.throw_if_any("trajectory objective");
-  WD_CHECK(src_.stage.first() && src_.stage.last(),
-           "train.objective trajectory samples with the whole teacher on one rank; this stage holds blocks "
-               << src_.stage.blocks().begin << "-" << src_.stage.blocks().end - 1);
+  if (src_.stored) {
+    const auto K = src_.stored->intervals();
+    WD_CHECK_AS(ConfigError, K >= 1 && K % src_.spec.student_steps == 0 && src_.spec.teacher_steps % K == 0,
+                "stored trajectories of " << K << " intervals serve students whose student.steps divides " << K
+                                          << " (teacher.steps " << src_.spec.teacher_steps << "), not student.steps "
+                                          << src_.spec.student_steps);
+    WD_CHECK(src_.plan.feature_blocks.empty(), "stored trajectories hold no teacher features");
+  } else {
+    WD_CHECK(src_.stage, "trajectory rounds with neither a teacher stage nor stored trajectories");
+    WD_CHECK(src_.stage->first() && src_.stage->last(),
+             "train.objective trajectory samples with the whole teacher on one rank; this stage holds blocks "
+                 << src_.stage->blocks().begin << "-" << src_.stage->blocks().end - 1);
+  }
   WD_CHECK(src_.per_replica >= 1, "trajectory rounds of " << src_.per_replica << " trajectories");
   teacher_sigmas_ = src_.spec.teacher_sigmas();
   student_sigmas_ = src_.spec.student_sigmas();
@@ -90,7 +100,7 @@ torch::Tensor TrajectoryRounds::timesteps(double sigma, std::int64_t batch) cons
 }
 
 const std::array<std::int64_t, 3>& TrajectoryRounds::patch() const {
-  return src_.stage.experts().front().model->config().patch_size;
+  return src_.stage ? src_.stage->experts().front().model->config().patch_size : src_.patch;
 }
 
 ConditionedInput TrajectoryRounds::conditioned(ImageCondition kind, const torch::Tensor& image, const torch::Tensor& x,
@@ -116,34 +126,38 @@ std::pair<std::int64_t, std::int64_t> TrajectoryRounds::pair_at(std::int64_t rou
   return {pair / m, intervals_[static_cast<std::size_t>(pair % m)]};
 }
 
-void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto B = src_.per_replica;
-  const auto last = intervals_.back() + 1;  // the teacher samples as far as the last trained interval's end
+TrajectoryRounds::Round TrajectoryRounds::read_round(std::int64_t round, bool eval) const {
   auto clean = src_.reader.read(
-      replica_indices(src_.schedule, src_.replica, src_.replicas, B, src_.train_samples, round, eval));
+      replica_indices(src_.schedule, src_.replica, src_.replicas, src_.per_replica, src_.train_samples, round, eval));
   Round r;
   r.eval = eval;
   r.index = round;
   r.context = clean.context;
   r.context_lens = clean.context_lens;
   r.condition = clean.condition_kind;
+  // Stored states are read to the host, and the round's image beside them.
+  const auto device = src_.stage && !src_.stored ? src_.stage->experts().front().model->parameters().front().device()
+                                                 : c10::Device(torch::kCPU);
+  if (clean.condition.defined()) r.image = clean.condition.to(device);
+  return r;
+}
+
+std::vector<torch::Tensor> TrajectoryRounds::sample_states(Round& r, std::int64_t steps, std::int64_t every,
+                                                           bool features) const {
   const auto& l = src_.plan.latent;
-  const auto device = src_.stage.experts().front().model->parameters().front().device();
+  const auto device = src_.stage->experts().front().model->parameters().front().device();
   std::vector<torch::Tensor> noise;
-  for (std::int64_t b = 0; b < B; ++b) {
+  for (std::int64_t b = 0; b < src_.per_replica; ++b) {
     // One generator per trajectory: its noise does not depend on the batch's size or order.
-    auto gen = at::detail::createCPUGenerator(data::hash_keys(round_key(src_.seed, kNoiseStream, eval, round, src_.replica),
-                                                              static_cast<std::uint64_t>(b)));
+    auto gen = at::detail::createCPUGenerator(
+        data::hash_keys(round_key(src_.seed, kNoiseStream, r.eval, r.index, src_.replica), static_cast<std::uint64_t>(b)));
     noise.push_back(torch::randn({l[0], l[1], l[2], l[3]}, gen, torch::TensorOptions().dtype(torch::kFloat)));
   }
-  if (clean.condition.defined()) r.image = clean.condition.to(device);
   // ti2v: the trajectories start from noise whose first frame is the image.
   torch::Tensor x = keep_condition(r.condition, r.image, torch::stack(noise).to(device));
-  r.states.push_back(x);
+  std::vector<torch::Tensor> states{x};
   data::FlowSampler sampler(src_.spec.solver, teacher_sigmas_);
-  const auto stride = src_.spec.stride();
-  for (std::int64_t j = 0; j < last * stride; ++j) {
+  for (std::int64_t j = 0; j < steps; ++j) {
     StageBatch step;
     const auto in = conditioned(r.condition, r.image, x, sampler.sigma(j));
     step.x_t = in.x_t;
@@ -151,20 +165,46 @@ void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
     step.y = in.y;
     step.context = r.context;
     step.context_lens = r.context_lens;
-    src_.stage.run(step);
+    src_.stage->run(step);
     if (!torch::isfinite(step.out).all().item<bool>()) {
       throw NumericalError("the teacher's velocity at step " + std::to_string(j) + " of trajectory round " +
-                           std::to_string(round) + (eval ? " (held out)" : "") + " has NaN/Inf values");
+                           std::to_string(r.index) + (r.eval ? " (held out)" : "") + " has NaN/Inf values");
     }
-    if (j % stride == 0) r.features.push_back(std::move(step.features));
+    if (features && j % every == 0) r.features.push_back(std::move(step.features));
     x = keep_condition(r.condition, r.image, sampler.step(j, x, step.out).to(torch::kFloat));
-    if ((j + 1) % stride == 0) r.states.push_back(x);
+    if ((j + 1) % every == 0) states.push_back(x);
+  }
+  return states;
+}
+
+void TrajectoryRounds::sample_round(std::int64_t round, bool eval) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto last = intervals_.back() + 1;  // the teacher samples as far as the last trained interval's end
+  Round r = read_round(round, eval);
+  if (src_.stored) {
+    // The stored states at the student's σ: every (K / k)-th of the K + 1 stored.
+    const auto all = src_.stored->round(round, eval);
+    const auto every = src_.stored->intervals() / src_.spec.student_steps;
+    for (std::int64_t i = 0; i <= last; ++i) r.states.push_back(all[i * every]);
+  } else {
+    r.states = sample_states(r, last * src_.spec.stride(), src_.spec.stride(), true);
   }
   WD_CHECK(static_cast<std::int64_t>(r.states.size()) == last + 1,
            "trajectory round kept " << r.states.size() << " states for " << last << " intervals");
   r.order = deal(round, eval);
   round_ = std::move(r);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+torch::Tensor TrajectoryRounds::whole_round(std::int64_t round, bool eval, std::int64_t keep) {
+  WD_CHECK(src_.stage, "trajectory rounds: whole trajectories are sampled by a teacher stage");
+  WD_CHECK_AS(ConfigError, keep >= 1 && src_.spec.teacher_steps % keep == 0,
+              "generate --keep(" << keep << ") must divide teacher.steps(" << src_.spec.teacher_steps << ")");
+  const auto t0 = std::chrono::steady_clock::now();
+  Round r = read_round(round, eval);
+  const auto states = sample_states(r, src_.spec.teacher_steps, src_.spec.teacher_steps / keep, false);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return torch::stack(states).to(torch::kCPU);
 }
 
 StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
@@ -193,6 +233,7 @@ StageBatch TrajectoryRounds::make(std::int64_t position, bool eval) {
     const auto in = conditioned(round_.condition, image, from.unsqueeze(0), s0);
     t.push_back(in.t[0]);
     if (in.y.defined()) y.push_back(in.y[0]);
+    if (round_.features.empty()) continue;  // stored trajectories: no features
     for (const auto& [block, h] : round_.features[static_cast<std::size_t>(i)]) features[block].push_back(h[b]);
   }
   StageBatch out;

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -49,9 +50,24 @@ struct TrajectorySpec {
   std::int64_t stride() const { return teacher_steps / student_steps; }
 };
 
+/// Whole trajectories stored once (a teacher cache of trajectories, `generate --keep`,
+/// teacher_cache.hpp) that TrajectoryRounds reads a round's states from instead of sampling them:
+/// each trajectory's state at every (teacher.steps / intervals())-th teacher step, from its noise on.
+class StoredTrajectories {
+ public:
+  virtual ~StoredTrajectories() = default;
+  /// K, the intervals stored: K + 1 states a trajectory.
+  virtual std::int64_t intervals() const = 0;
+  /// The states of round `round` of this replica's trajectories (held out when `eval`), the
+  /// round's B trajectories along the second dimension: [K + 1, B, C, F, H, W], on the host.
+  virtual torch::Tensor round(std::int64_t round, bool eval) = 0;
+};
+
 /// What the trajectories are computed from; owned by the caller.
 struct TrajectorySource {
-  TeacherStage& stage;  ///< the whole teacher (guidance set on it when the target is guided)
+  /// The whole teacher (guidance set on it when the target is guided); null where `stored` holds
+  /// the trajectories.
+  TeacherStage* stage = nullptr;
   data::DatasetReader& reader;
   const data::SampleSchedule& schedule;  ///< batch_per_replica = `per_replica`
   const comm::StreamPlan& plan;
@@ -61,6 +77,10 @@ struct TrajectorySource {
   std::int64_t per_replica = 1;     ///< trajectories of a round = samples of one batch
   std::int64_t train_samples = 0;   ///< held-out contexts follow these in the file
   std::uint64_t seed = 0;           ///< train.seed: the noises and the order of the pairs
+  /// Where the rounds' states are read instead of sampled (null: the stage samples them). Its
+  /// K must be a multiple of spec.student_steps, and teacher_steps of K.
+  StoredTrajectories* stored = nullptr;
+  std::array<std::int64_t, 3> patch{1, 2, 2};  ///< the DiT's patch where there is no stage
 };
 
 /// The batches of one replica's trajectory stream. Positions are grouped in rounds of m (the m
@@ -73,7 +93,8 @@ struct TrajectorySource {
 /// gets the same batches.
 class TrajectoryRounds final : public TargetSource {
  public:
-  /// The stage must be the whole teacher (one rank holds every block).
+  /// The stage must be the whole teacher (one rank holds every block), or `stored` hold the
+  /// trajectories (then no teacher features are made).
   explicit TrajectoryRounds(TrajectorySource source);
   /// The batch of training stream position `position` (eval = false) or of held-out message
   /// `position` (eval = true): x_t = the teacher's state at σ_i, t = 1000·σ_i ([B] or, per-token
@@ -82,6 +103,11 @@ class TrajectoryRounds final : public TargetSource {
   /// the data set, the trajectories are conditioned: i2v batches carry y, ti2v states keep the
   /// image as their first frame, at t = 0 (condition_input).
   StageBatch make(std::int64_t position, bool eval) override;
+  /// Round `round`'s B trajectories sampled by the stage to their end (all teacher.steps), kept
+  /// as a StoredTrajectories stores them: the noise, then the state after every
+  /// (teacher.steps / `keep`)-th step, [keep + 1, B, C, F, H, W] on the host. A TrajectoryRounds
+  /// reading them back makes the batches this one makes (the same states, contexts and deal).
+  torch::Tensor whole_round(std::int64_t round, bool eval, std::int64_t keep);
   /// Seconds spent sampling trajectories.
   double sampling_seconds() const { return seconds_; }
   /// Round `round`'s deal: place j -> pair b·m + n (trajectory b, trained interval n); places
@@ -105,6 +131,12 @@ class TrajectoryRounds final : public TargetSource {
     ImageCondition condition = ImageCondition::kNone;
     std::vector<std::int64_t> order;  ///< the deal: place j -> pair b·m + n
   };
+  /// Round `round`'s contexts and image condition read (no states yet).
+  Round read_round(std::int64_t round, bool eval) const;
+  /// The stage's trajectories of `r` from their seeded noise for `steps` teacher steps: the noise,
+  /// then the state after every `every`-th step (the features at each kept state's (x_i, σ_i)
+  /// into r.features when `features`).
+  std::vector<torch::Tensor> sample_states(Round& r, std::int64_t steps, std::int64_t every, bool features) const;
   void sample_round(std::int64_t round, bool eval);
   torch::Tensor timesteps(double sigma, std::int64_t batch) const;
   /// The teacher's (or the student's) input at state `x` at σ of trajectories that `image`

@@ -5,7 +5,8 @@
 // refused before training); other keys are refused naming each; an altered shard stops the run
 // before training naming the file and the message; 1, 2 and 4 generating ranks write the same
 // cache, which 2 student ranks train from as from 2 teacher replicas; a generate killed mid-way
-// resumes to the same cache. A train that streams to its students writes the same cache as it goes
+// resumes to the same cache. A cache of whole trajectories (generate --keep) trains students of
+// other student.steps bit for bit as their online runs. A train that streams to its students writes the same cache as it goes
 // (data.teacher_cache_write), unchanged in its own training; one whose teacher serves 2 students
 // writes their 2 streams, which 2 student ranks train from as the writing run trained; one stopped
 // for a requeue completes the cache when it resumes. A dmd student with the regression term (and the GAN term) reads its
@@ -416,6 +417,93 @@ TEST(Cache, OneTwoAndFourGeneratingRanksWriteTheSameCache) {
                                   " --teacher.ranks 0 --data.teacher_cache " + one.string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("holds the streams of 2 student rank(s); this train has 1"), std::string::npos) << r.output;
+}
+
+/// kTrajectory's keys for a student of `k` steps.
+std::string trajectory_of(int k) {
+  auto keys = kTrajectory;
+  const std::string four = "--student.steps 4";
+  return keys.replace(keys.find(four), four.size(), "--student.steps " + std::to_string(k));
+}
+
+// A cache of whole trajectories (generate --keep all: each 8-step trajectory's 9 states) serves
+// students of every student.steps dividing 8: the k = 4 student of the online run and a k = 2
+// student, each bit for bit as its own online run (losses, held-out errors, weights), whatever
+// number of ranks wrote it; --keep values that serve no student, or an objective without
+// trajectories, are refused, and a student whose σ are not points of the stored ones.
+TEST(Cache, ACacheOfWholeTrajectoriesTrainsStudentsOfEveryStudentStepsBitForBit) {
+  const auto cache = root() / "keep-all", on_two = root() / "keep-all-on-2";
+  // 6 training rounds: 24 batches of k = 4, 12 of k = 2 (12 steps each).
+  const std::string keep = " --train.steps 24 --keep all --shard-positions 4";
+  auto r = test::launch_command(1, "generate", "--run-dir " + cache.string() + "-run" + assets() + kTrajectory + keep +
+                                                   " --output " + cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("generate: 1 stream(s) of 2 held-out and 6 training trajectory rounds of 2 sample(s), 3 "
+                          "shard(s)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(--keep 8: each trajectory's 9 states, one every 1 of its 8 teacher steps, for students of "
+                          "any student.steps dividing 8)"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_command(2, "generate", "--run-dir " + on_two.string() + "-run" + assets() + kTrajectory + keep +
+                                              " --output " + on_two.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(shard_sums(on_two), shard_sums(cache));
+  const auto index = nlohmann::json::parse(std::ifstream(cache / "index.json"));
+  EXPECT_EQ(index["layout"]["keep"], 8) << index.dump().substr(0, 2000);
+  EXPECT_EQ(index["identity"].count("student.steps"), 0u) << index.dump().substr(0, 2000);
+  const auto weights = [](const fs::path& run) { return file_bytes(run / "student" / "diffusion_pytorch_model.safetensors"); };
+  for (const int k : {4, 2}) {
+    SCOPED_TRACE("student.steps " + std::to_string(k));
+    const auto online = k == 4 ? root() / "online" : root() / "keep-online-2";
+    const auto cached = root() / ("keep-cached-" + std::to_string(k));
+    if (k != 4) {
+      r = test::launch_train(2, "--run-dir " + online.string() + assets() + trajectory_of(k) + kSteps +
+                                    " --teacher.ranks 1");
+      ASSERT_EQ(r.code, 0) << r.output;
+    }
+    r = test::launch_train(1, "--run-dir " + cached.string() + assets() + trajectory_of(k) + kSteps +
+                                  " --teacher.ranks 0 --data.teacher_cache " + cache.string() +
+                                  " --data.teacher_cache_end stop");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("(dealt from 6 rounds of whole trajectories, 9 states each)"), std::string::npos)
+        << r.output;
+    ASSERT_EQ(test::losses(online).size(), 12u);
+    EXPECT_EQ(test::losses(cached), test::losses(online));
+    EXPECT_FALSE(held_out(online).empty());
+    EXPECT_EQ(held_out(cached), held_out(online));
+    ASSERT_FALSE(weights(online).empty());
+    EXPECT_EQ(weights(cached), weights(online));
+  }
+  // Refused before any teacher runs: --keep 3 (8 steps do not split into 3), --keep with velocity.
+  r = test::launch_command(1, "generate", "--run-dir " + (root() / "keep-3").string() + assets() + kTrajectory +
+                                              " --train.steps 2 --keep 3 --output " +
+                                              (root() / "keep-3-cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("generate --keep(3) must be all or a number of intervals K that divides teacher.steps(8) "
+                          "and that student.steps(4) divides"),
+            std::string::npos)
+      << r.output;
+  r = test::launch_command(1, "generate", "--run-dir " + (root() / "keep-velocity").string() + assets() +
+                                              " --train.objective velocity --train.steps 2 --keep all --output " +
+                                              (root() / "keep-velocity-cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("generate --keep(all) stores whole teacher trajectories; train.objective velocity samples "
+                          "none"),
+            std::string::npos)
+      << r.output;
+  // 2 stored intervals (a cache for students of 2 and 1 steps): a student of 4 is refused.
+  const auto two = root() / "keep-2";
+  r = test::launch_command(1, "generate", "--run-dir " + two.string() + "-run" + assets() + trajectory_of(2) +
+                                              " --train.steps 1 --keep 2 --output " + two.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_refused(1, "--run-dir " + (root() / "keep-2-refused").string() + assets() + kTrajectory +
+                                  " --train.steps 1 --teacher.ranks 0 --data.teacher_cache " + two.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds trajectories at 3 points (generate --keep 2); student.steps(4) must divide 2"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Cache, AGenerateKilledMidWayResumesToTheSameCache) {

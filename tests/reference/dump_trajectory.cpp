@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const std::string solver : {"unipc", "euler"}) {
     const teacher::TrajectorySpec s{parse_choice<Solver>("solver", solver), kTeacherSteps, kK, 3.0};
-    teacher::TrajectoryRounds rounds({stage, reader, schedule, plan, s, 0, 1, kB, 4, 3});
+    teacher::TrajectoryRounds rounds({&stage, reader, schedule, plan, s, 0, 1, kB, 4, 3});
     std::vector<torch::Tensor> x, t, v, y;
     std::vector<std::int64_t> traj, interval;
     for (std::int64_t slot = 0; slot < kK; ++slot) {

@@ -277,6 +277,28 @@ TEST(Cli, PlanGeneratePrintsItsRanksTheCachesSizeAndItsTime) {
   const auto w = nlohmann::json::parse(r.output.substr(r.output.find('{')));
   EXPECT_EQ(w["teacher_cache_write"]["messages"], 26);
   EXPECT_EQ(w["teacher_cache_write"]["cache_bytes"], j["generate"]["cache_bytes"]);
+  // --keep all: rounds of whole trajectories, 1 held-out and 12 / 4 = 3 training ones a stream
+  // (one shard each), every 8-step trajectory's 9 states in fp32, 8 · 2 forwards a trajectory.
+  r = run(keys + " --keep all");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* p : {"2 stream(s) of 1 held-out and 3 training trajectory rounds of 2 sample(s), 4 shard(s) of up "
+                        "to 4", "cache on disk: 8 trajectory rounds x ", "(each round's 9 states of 2 trajectories, fp32",
+                        "the busiest rank's 6 trajectory rounds of 2 sample(s)", "(16 teacher forward(s) per sample"}) {
+    EXPECT_NE(r.output.find(p), std::string::npos) << p << "\n" << r.output;
+  }
+  r = run(keys + " --keep all --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto k = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(k["generate"]["keep"], 8);
+  EXPECT_EQ(k["generate"]["messages"], 8);
+  const auto round_bytes = k["generate"]["message_bytes"].get<std::int64_t>();
+  EXPECT_EQ(round_bytes % (9 * 2 * 4), 0);
+  EXPECT_EQ(k["generate"]["cache_bytes"].get<std::int64_t>(), 8 * round_bytes);
+  r = run(keys + " --keep 3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("generate --keep(3) must be all or a number of intervals K that divides teacher.steps(8)"),
+            std::string::npos)
+      << r.output;
   r = run("plan --cpu --students 2");  // generate's option without --generate
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("are generate's: plan them with --generate"), std::string::npos) << r.output;

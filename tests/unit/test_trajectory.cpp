@@ -150,7 +150,7 @@ TEST(Trajectory, JumpsChainIntoTheGuidedTeachersOwnSampledPath) {
   const data::SampleSchedule schedule(kTrain, 3, 1, 9);
   const std::int64_t B = 3, k = 4;
   const auto s = spec(8, k);
-  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  TrajectoryRounds rounds({&stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
   const auto pairs = round_pairs(rounds, B, k);
   ASSERT_EQ(pairs.size(), static_cast<std::size_t>(B * k));  // every pair once
   const auto sigmas = s.student_sigmas();
@@ -184,11 +184,11 @@ TEST(Trajectory, BatchesMixIntervalsAndTrajectoriesAndDependOnTheirPositionOnly)
   data::DatasetReader reader(f.info);
   const data::SampleSchedule schedule(kTrain, 4, 1, 9);
   const std::int64_t B = 4, k = 2;
-  TrajectoryRounds sequential({stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
+  TrajectoryRounds sequential({&stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
   std::vector<StageBatch> seen;
   for (std::int64_t pos = 0; pos < 6; ++pos) seen.push_back(sequential.make(pos, false));
   // A resumed run starts mid-round: its own object recomputes the round.
-  TrajectoryRounds resumed({stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
+  TrajectoryRounds resumed({&stage, reader, schedule, f.plan, spec(4, k, Solver::kEuler), 0, 1, B, kTrain, 9});
   for (std::int64_t pos : {5, 3}) {
     const auto b = resumed.make(pos, false);
     EXPECT_TRUE(torch::equal(b.x_t, seen[static_cast<std::size_t>(pos)].x_t)) << "position " << pos;
@@ -214,7 +214,7 @@ TEST(Trajectory, HeldOutRoundsUseTheHeldOutContexts) {
   data::DatasetReader reader(f.info);
   const data::SampleSchedule schedule(kTrain, 2, 1, 9);
   const std::int64_t B = 2, k = 2;
-  TrajectoryRounds rounds({stage, reader, schedule, f.plan, spec(2, k, Solver::kEuler), 0, 1, B, kTrain, 9});
+  TrajectoryRounds rounds({&stage, reader, schedule, f.plan, spec(2, k, Solver::kEuler), 0, 1, B, kTrain, 9});
   const auto pairs = round_pairs(rounds, B, k, true);
   const auto held_out = reader.read(eval_indices(0, 0, B, 1, kTrain));
   for (std::int64_t b = 0; b < B; ++b) {
@@ -236,12 +236,12 @@ TEST(Trajectory, AnExpertsStudentGetsTheIntervalsStartingInItsRangeCutFromTheSam
   EXPECT_EQ(s.intervals_in({}), (std::vector<std::int64_t>{0, 1, 2, 3}));
   EXPECT_THROW(static_cast<void>(s.intervals_in({data::TimestepRange::kHigh, 999.9})), ConfigError);
 
-  TrajectoryRounds all({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  TrajectoryRounds all({&stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
   const auto every = round_pairs(all, B, k);
   for (const auto& range : {high, low}) {
     auto cut = s;
     cut.intervals = s.intervals_in(range);
-    TrajectoryRounds rounds({stage, reader, schedule, f.plan, cut, 0, 1, B, kTrain, 9});
+    TrajectoryRounds rounds({&stage, reader, schedule, f.plan, cut, 0, 1, B, kTrain, 9});
     const auto m = static_cast<std::int64_t>(cut.intervals.size());
     const auto pairs = round_pairs(rounds, B, m);
     EXPECT_EQ(static_cast<std::int64_t>(pairs.size()), B * m);  // every (trajectory, trained interval) once
@@ -265,7 +265,7 @@ TEST(Trajectory, TwoExpertTeacherRoutesEveryForwardByItsOwnTAcrossTheBoundary) {
   const data::SampleSchedule schedule(kTrain, 2, 1, 9);
   const std::int64_t B = 2, k = 2;
   const auto s = spec(4, k, Solver::kEuler, 1.0);  // t = 999, 749.25, 499.5, 249.75: two forwards on each side
-  TrajectoryRounds rounds({moe, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  TrajectoryRounds rounds({&moe, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
   const auto pairs = round_pairs(rounds, B, k);
   const auto contexts = reader.read(schedule.indices(0, 0));
   const auto sigmas = s.teacher_sigmas();
@@ -350,7 +350,7 @@ TEST(Trajectory, AnI2vTeachersTrajectoriesTakeEachSamplesImageAtEveryForward) {
   const data::SampleSchedule schedule(kTrain, 2, 1, 9);
   const std::int64_t B = 2, k = 2;
   const auto s = spec(4, k);
-  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  TrajectoryRounds rounds({&stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
   const auto pairs = round_pairs(rounds, B, k);
   const auto ys = round_ys(rounds, B, k);
   const auto clean = reader.read(schedule.indices(0, 0));
@@ -385,7 +385,7 @@ TEST(Trajectory, ATi2vTeachersTrajectoriesKeepTheImageAsTheirCleanFirstFrame) {
   const data::SampleSchedule schedule(kTrain, 2, 1, 9);
   const std::int64_t B = 2, k = 2;
   const auto s = spec(4, k);
-  TrajectoryRounds rounds({stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
+  TrajectoryRounds rounds({&stage, reader, schedule, f.plan, s, 0, 1, B, kTrain, 9});
   const auto pairs = round_pairs(rounds, B, k);
   const auto clean = reader.read(schedule.indices(0, 0));
   ASSERT_TRUE(clean.condition.defined());
@@ -402,6 +402,73 @@ TEST(Trajectory, ATi2vTeachersTrajectoriesKeepTheImageAsTheirCleanFirstFrame) {
           << at;
     }
     EXPECT_GT((pairs.at({b, 0}).x - pairs.at({b, 1}).x).abs().max().item<float>(), 0.01);  // the rest moves
+  }
+}
+
+/// Whole rounds as a cache of trajectories stores them (generate --keep), kept in memory: the
+/// rounds `from` samples to their end, K + 1 states each.
+class Kept final : public StoredTrajectories {
+ public:
+  Kept(TrajectoryRounds& from, std::int64_t keep) : from_(from), keep_(keep) {}
+  std::int64_t intervals() const override { return keep_; }
+  torch::Tensor round(std::int64_t r, bool eval) override { return from_.whole_round(r, eval, keep_); }
+
+ private:
+  TrajectoryRounds& from_;
+  std::int64_t keep_;
+};
+
+void expect_same_batches(TrajectoryRounds& a, TrajectoryRounds& b, std::int64_t positions, bool eval) {
+  for (std::int64_t pos = 0; pos < positions; ++pos) {
+    const auto x = a.make(pos, eval), y = b.make(pos, eval);
+    const auto at = std::string(eval ? "held-out " : "") + "position " + std::to_string(pos);
+    EXPECT_TRUE(torch::equal(x.x_t, y.x_t)) << at;
+    EXPECT_TRUE(torch::equal(x.out, y.out)) << at;
+    EXPECT_TRUE(torch::equal(x.t, y.t)) << at;
+    EXPECT_TRUE(torch::equal(x.context, y.context)) << at;
+    EXPECT_TRUE(torch::equal(x.context_lens, y.context_lens)) << at;
+    ASSERT_EQ(x.start.defined(), y.start.defined()) << at;
+    if (x.start.defined()) EXPECT_TRUE(torch::equal(x.start, y.start)) << at;
+  }
+}
+
+TEST(Trajectory, StoredWholeTrajectoriesDealTheBatchesOfEveryStudentStepsBitForBit) {
+  Fixture f;
+  f.plan.start_states = true;  // a roll-out student's x_start rides along
+  auto stage = f.stage();
+  stage.set_guidance(2.5);
+  data::DatasetReader reader(f.info);
+  const data::SampleSchedule schedule(kTrain, 3, 1, 9);
+  const std::int64_t B = 3;
+  // One sampler of whole trajectories (8 steps, all 9 states kept) stands for the cache.
+  TrajectoryRounds sampler({&stage, reader, schedule, f.plan, spec(8, 4), 0, 1, B, kTrain, 9});
+  Kept all(sampler, 8);
+  for (const std::int64_t k : {4, 2, 8}) {
+    SCOPED_TRACE("student.steps " + std::to_string(k));
+    TrajectoryRounds online({&stage, reader, schedule, f.plan, spec(8, k), 0, 1, B, kTrain, 9});
+    // No teacher: the stored states, dealt as online.
+    TrajectoryRounds stored({nullptr, reader, schedule, f.plan, spec(8, k), 0, 1, B, kTrain, 9, &all, {1, 2, 2}});
+    expect_same_batches(online, stored, 2 * k + 1, false);
+    expect_same_batches(online, stored, 2, true);
+  }
+  // student.expert's cut (the first two of four intervals): the same.
+  auto cut = spec(8, 4);
+  cut.intervals = {0, 1};
+  TrajectoryRounds online({&stage, reader, schedule, f.plan, cut, 0, 1, B, kTrain, 9});
+  TrajectoryRounds stored({nullptr, reader, schedule, f.plan, cut, 0, 1, B, kTrain, 9, &all, {1, 2, 2}});
+  expect_same_batches(online, stored, 5, false);
+  // Four intervals stored (5 states) serve students of 4, 2 and 1 steps, not 8.
+  Kept four(sampler, 4);
+  TrajectoryRounds two({nullptr, reader, schedule, f.plan, spec(8, 2), 0, 1, B, kTrain, 9, &four, {1, 2, 2}});
+  TrajectoryRounds two_online({&stage, reader, schedule, f.plan, spec(8, 2), 0, 1, B, kTrain, 9});
+  expect_same_batches(two_online, two, 3, false);
+  try {
+    TrajectoryRounds eight({nullptr, reader, schedule, f.plan, spec(8, 8), 0, 1, B, kTrain, 9, &four, {1, 2, 2}});
+    FAIL() << "a student of 8 steps was dealt from 4 stored intervals";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "stored trajectories of 4 intervals serve students whose student.steps "
+                                         "divides 4 (teacher.steps 8), not student.steps 8"))
+        << e.what();
   }
 }
 
