@@ -3,9 +3,17 @@
 # rank per GPU (srun --mpi=pmix, or mpirun), forwards SIGUSR1 to the ranks so they checkpoint
 # and stop together, and requeues the job when they exit with the requeue code (75); the next
 # run continues with --resume auto. Reads the variables the templates set (see slurm/*.sbatch).
+# COMMAND=generate (slurm/generate.sbatch) runs `generate --output OUTPUT` instead: no teacher
+# ranks or layout (every rank a whole teacher); on SIGUSR1 each rank stops between two shards,
+# and the requeued run completes the cache, keeping the complete shards.
 set -uo pipefail
 
-: "${TEACHER_RANKS:?} ${RUN_DIR:?} ${WD_BIN:?} ${LAUNCHER:?}"
+COMMAND=${COMMAND:-train}
+case $COMMAND in
+  train) : "${TEACHER_RANKS:?} ${RUN_DIR:?} ${WD_BIN:?} ${LAUNCHER:?}" ;;
+  generate) : "${OUTPUT:?generate needs OUTPUT, the cache folder} ${RUN_DIR:?} ${WD_BIN:?} ${LAUNCHER:?}" ;;
+  *) echo "COMMAND must be train or generate, not '$COMMAND'" >&2; exit 2 ;;
+esac
 readonly requeue_code=75
 
 nodes=${SLURM_JOB_NUM_NODES:?not inside a SLURM job (submit with sbatch)}
@@ -31,16 +39,21 @@ fi
 say "run $run on $SLURM_JOB_NODELIST: $nodes node(s) x $per_node rank(s), launcher $LAUNCHER, logs in $log_dir"
 config_args=()
 if [[ -n $CONFIG ]]; then config_args=(--config "$CONFIG"); fi
-# The layout the ranks will have; an invalid one (students not divisible by teacher replicas)
-# ends the job here, before any rank starts.
-"$WD_BIN" layout "${config_args[@]}" --teacher.ranks "$TEACHER_RANKS" --nodes "$nodes" \
-  --gpus-per-node "$per_node" --node-names "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)" ||
-  exit 2
-
-# Every run resumes from the newest good checkpoint (a first run starts fresh).
-# shellcheck disable=SC2206  # EXTRA_ARGS is a list of flags
-train=("$WD_BIN" train "${config_args[@]}" --teacher.ranks "$TEACHER_RANKS" --run-dir "$RUN_DIR"
-       --resume auto ${EXTRA_ARGS:-})
+if [[ $COMMAND == train ]]; then
+  # The layout the ranks will have; an invalid one (students not divisible by teacher replicas)
+  # ends the job here, before any rank starts.
+  "$WD_BIN" layout "${config_args[@]}" --teacher.ranks "$TEACHER_RANKS" --nodes "$nodes" \
+    --gpus-per-node "$per_node" --node-names "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)" ||
+    exit 2
+  # Every run resumes from the newest good checkpoint (a first run starts fresh).
+  # shellcheck disable=SC2206  # EXTRA_ARGS is a list of flags
+  cmd=("$WD_BIN" train "${config_args[@]}" --teacher.ranks "$TEACHER_RANKS" --run-dir "$RUN_DIR"
+         --resume auto ${EXTRA_ARGS:-})
+else
+  # Every run completes the cache: the shards a run before it completed are kept.
+  # shellcheck disable=SC2206  # EXTRA_ARGS is a list of flags
+  cmd=("$WD_BIN" generate "${config_args[@]}" --run-dir "$RUN_DIR" --output "$OUTPUT" ${EXTRA_ARGS:-})
+fi
 
 started=$log_dir/started
 touch "$started"
@@ -51,7 +64,7 @@ case $LAUNCHER in
     # --kill-on-bad-exit: when a rank exits non-zero the others are stopped, after it has
     # printed the diagnosis (every rank runs the failure protocol before exiting).
     srun --mpi=pmix --kill-on-bad-exit=1 --distribution=block:block --ntasks-per-node="$per_node" \
-      --output="$log_dir/rank-%t.log" --error="$log_dir/rank-%t.log" "${train[@]}" &
+      --output="$log_dir/rank-%t.log" --error="$log_dir/rank-%t.log" "${cmd[@]}" &
     ;;
   mpirun)
     # Under SLURM, mpirun learns the allocation from it and starts its daemons with srun.
@@ -62,7 +75,7 @@ case $LAUNCHER in
     flags=(--map-by "ppr:$per_node:node" --rank-by slot --bind-to none
            --mca odls_base_sigkill_timeout "${WD_KILL_GRACE:-30}" --output-filename "$log_dir:nocopy")
     if [[ $(id -u) -eq 0 ]]; then flags+=(--allow-run-as-root); fi
-    mpirun "${flags[@]}" "${train[@]}" &
+    mpirun "${flags[@]}" "${cmd[@]}" &
     ;;
   *)
     say "LAUNCHER must be srun or mpirun, not '$LAUNCHER'"
@@ -92,10 +105,14 @@ trap '' USR1
 
 case $rc in
   0)
-    say "completed; student in $RUN_DIR/student"
+    if [[ $COMMAND == train ]]; then say "completed; student in $RUN_DIR/student"; else say "completed; cache in $OUTPUT"; fi
     ;;
   "$requeue_code")
-    say "ranks stopped with a checkpoint (exit $rc); requeueing, the next run resumes from it"
+    if [[ $COMMAND == train ]]; then
+      say "ranks stopped with a checkpoint (exit $rc); requeueing, the next run resumes from it"
+    else
+      say "ranks stopped between shards (exit $rc); requeueing, the next run completes the cache"
+    fi
     # The job goes back to the queue (same id, SLURM_RESTART_COUNT + 1); this shell is ended
     # by SLURM shortly after.
     if scontrol requeue "$SLURM_JOB_ID"; then
@@ -106,7 +123,7 @@ case $rc in
     fi
     ;;
   *)
-    say "training stopped with exit code $rc (docs/failures.md)"
+    say "$([[ $COMMAND == train ]] && echo training || echo generate) stopped with exit code $rc (docs/failures.md)"
     if [[ -f $RUN_DIR/diagnosis.txt && $RUN_DIR/diagnosis.txt -nt $started ]]; then
       cat "$RUN_DIR/diagnosis.txt"
     fi

@@ -64,8 +64,9 @@ teacher::TeacherStage load_generating_teacher(const TrainJob& job, RankMemory& m
 }
 
 /// Writes the shards of `layout` that fall to this rank (shard i: rank i mod world) and are not
-/// complete yet, logging each with the rank's progress and its ETA.
-void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int rank, int world) {
+/// complete yet, logging each with the rank's progress and its ETA. Returns false when SIGUSR1
+/// (SLURM's warning before the time limit) stopped it between two shards, with shards left.
+bool write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int rank, int world) {
   auto& job = g.train;
   const auto& cfg = job.cfg;
   RankMemory memory;
@@ -82,6 +83,12 @@ void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int ran
     // SIGTERM/SIGINT stop the job between shards (a SIGKILL inside one leaves it to be redone).
     if (const int signal = comm::stop_signal()) throw comm::Interrupted(signal);
     const auto& id = mine[n];
+    if (comm::requeue_signalled()) {
+      spdlog::info("generate: SIGUSR1: stopped before shard {}/{} of this rank, {}/{} {} written; what is complete "
+                   "stays, and a rerun with the same keys and --output completes the cache",
+                   n + 1, mine.size(), done, total, layout.keep > 0 ? "trajectory rounds" : "messages");
+      return false;
+    }
     done += id.count;
     if (teacher::shard_complete(g.output, id, true)) {
       spdlog::info("generate: {} is complete already (a previous run's), kept", id.file_name());
@@ -103,6 +110,7 @@ void write_my_shards(GenerateJob& g, const teacher::CacheLayout& layout, int ran
                  std::chrono::duration<double>(Clock::now() - t).count(), done, total, rows,
                  seconds / static_cast<double>(written) * static_cast<double>(total - done));
   }
+  return true;
 }
 
 /// Before generating: every rank agrees (all go on, or all stop with one error).
@@ -213,7 +221,12 @@ int run_generate_job(GenerateJob& g) {
     return startup_failure(rank);
   }
   try {
-    write_my_shards(g, layout, rank, mpi.size());
+    if (!write_my_shards(g, layout, rank, mpi.size())) {
+      // Each rank stops on its own (no collective: another may be inside a shard, or done);
+      // the launcher ends the rest, whose unfinished shard is redone by the rerun.
+      spdlog::info("exiting with code {} (requeue: rerun generate to complete the cache)", kExitRequeue);
+      mpi.exit_without_finalize(kExitRequeue);
+    }
     // The rank that finds every shard's entry in writes the index (two that do write the same one).
     if (teacher::write_index_if_complete(g.output, identity, layout)) {
       spdlog::info("generate: the cache {} is complete (index.json written)", g.output);
