@@ -353,7 +353,7 @@ std::int64_t trained_per_round(const job::RunConfig& cfg, const PlannedTeacher& 
     range.side = cfg.student.expert == "high" ? data::TimestepRange::kHigh : data::TimestepRange::kLow;
     range.boundary_timestep = boundary * 1000.0;
   }
-  return static_cast<std::int64_t>(objective::trajectory_spec(cfg.keys(), range).trained().size());
+  return objective::batches_per_round(cfg.keys(), range);
 }
 
 /// plan --generate: `generate`'s ranks with these keys (each a whole teacher as a colocated one

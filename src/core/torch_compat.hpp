@@ -48,14 +48,22 @@ constexpr bool kHasFusedAttention = WD_TORCH_HAS_SDPA;
 inline const char* torch_version() { return TORCH_VERSION; }
 
 /// The plain formula, available in every build so tests can compare it with `attention`.
+/// Half inputs on the host go through both products as fp32 on their half values (products of
+/// two half numbers are exact in fp32), the probabilities rounded to v's dtype first: what a half
+/// matmul with fp32 accumulation computes, as the fused kernels do. LibTorch 1.13's own bf16
+/// batched matmul on the host accumulates in bf16 where oneDNN does not serve it (a CPU without
+/// AVX-512): probabilities times values over 512 keys came out 5.8e-2 off relative, against
+/// 2.5e-3 with fp32 accumulation (LibTorch 1.13 with its oneDNN turned off, 2026-12-02).
 inline torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v,
                                          const std::optional<torch::Tensor>& key_mask = std::nullopt) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = at::matmul(q, k.transpose(-2, -1)).to(torch::kFloat).mul_(scale);
+  const bool widen = q.is_cpu() && (q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf);
+  const auto wide = [&](const torch::Tensor& t) { return widen ? t.to(torch::kFloat) : t; };
+  auto scores = at::matmul(wide(q), wide(k).transpose(-2, -1)).to(torch::kFloat).mul_(scale);
   if (key_mask) scores.masked_fill_(key_mask->logical_not(), -std::numeric_limits<float>::infinity());
   auto probs = at::softmax(scores, -1).to(v.scalar_type());
-  return at::matmul(probs, v);
+  return at::matmul(wide(probs), wide(v)).to(v.scalar_type());
 }
 
 /// softmax(q·kᵀ/√d)·v over [B, heads, S, d] tensors. `key_mask`, when given, is a boolean

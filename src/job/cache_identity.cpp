@@ -102,8 +102,7 @@ std::int64_t check_trajectory_cache(const TrainJob& job, const teacher::CacheLay
               "data.teacher_cache(" << dir << ") holds trajectories at " << l.keep + 1 << " points (generate --keep "
                                     << l.keep << "); student.steps(" << k << ") must divide " << l.keep
                                     << " (its σ must be points of them)");
-  const auto m = static_cast<std::int64_t>(
-      objective::trajectory_spec(job.cfg.keys(), job.student_range()).trained().size());
+  const auto m = objective::batches_per_round(job.cfg.keys(), job.student_range());
   const auto eval_rounds = (job.plan.eval_messages + m - 1) / m;
   WD_CHECK_AS(ConfigError, l.batch == job.plan.batch_per_student && eval_rounds <= l.eval_messages,
               "data.teacher_cache(" << dir << ") holds " << l.eval_messages << " held-out round(s) of " << l.batch

@@ -220,9 +220,12 @@ std::optional<plan::SpeedInput> speed_input(const RunConfig& cfg, const plan::Pl
   s.stream = planned_stream(cfg, in, device);
   if (teacher_gflops > 0 && student_gflops > 0) return s;
   if (!device) return std::nullopt;
-  // What a rank of the job gets: the host's cores shared out over the ranks (train's rule); a
-  // GPU rank keeps its process's threads.
-  const int threads = host ? std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world)) : torch::get_num_threads();
+  // What a rank of the job gets: runtime.threads where set, else the host's cores shared out over
+  // the ranks (train's rule, set_threads); a GPU rank keeps its process's threads. Timed with more
+  // threads than the job's ranks run, a forward on a loaded 2-core host came out 3-40x slower than
+  // the job's own (plan --generate predicted 384-8622 s for a 377 s generate at runtime.threads 1).
+  const int shared = std::max(1, (s.cores > 0 ? s.cores : hw) / std::max(1, world));
+  const int threads = !host ? torch::get_num_threads() : cfg.runtime.threads > 0 ? cfg.runtime.threads : shared;
   const ScopedIntraOpThreads pools(threads);  // rates and timings as one rank of the job sees them
   compat::set_current_device(*device);        // time on that device, not on GPU 0 by default
   const auto compute = teacher::choose_compute(cfg.teacher.compute, weights, *device);

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -48,8 +49,8 @@ teacher::CacheLayout checked_layout(const GenerateJob& g, std::int64_t keep) {
   WD_CHECK_AS(ConfigError, g.train.train_samples >= 1,
               "train.eval_samples(" << cfg.train.eval_samples << ") leaves no training sample in data.path("
                                     << cfg.data.path << ")");
-  const auto per_round = keep > 0 ? objective::trajectory_spec(cfg.keys(), g.train.student_range()).trained().size() : 1;
-  return cache_layout(cfg, g.students, g.shard_positions, keep, static_cast<std::int64_t>(per_round));
+  const auto per_round = keep > 0 ? objective::batches_per_round(cfg.keys(), g.train.student_range()) : 1;
+  return cache_layout(cfg, g.students, g.shard_positions, keep, per_round);
 }
 
 /// This rank's whole teacher, where a colocated student of this job would compute.
@@ -144,17 +145,11 @@ std::int64_t keep_intervals(const RunConfig& cfg, const std::string& keep) {
               "generate --keep(" << keep << ") stores whole teacher trajectories; train.objective " << objective.name()
                                  << " samples none (leave --keep out: the cache holds its batches)");
   const auto N = cfg.teacher.steps, k = cfg.student.steps;
-  std::int64_t K = 0;
+  std::int64_t K = 0;  // stays 0 unless the whole of `keep` is a number
   if (keep == "all") {
     K = N;
-  } else {
-    try {
-      std::size_t used = 0;
-      K = std::stoll(keep, &used);
-      if (used != keep.size()) K = 0;
-    } catch (const std::exception&) {
-      K = 0;
-    }
+  } else if (const auto* end = keep.data() + keep.size(); std::from_chars(keep.data(), end, K).ptr != end) {
+    K = 0;
   }
   WD_CHECK_AS(ConfigError, K >= 1 && N % K == 0 && k >= 1 && K % k == 0,
               "generate --keep(" << keep << ") must be all or a number of intervals K that divides teacher.steps(" << N

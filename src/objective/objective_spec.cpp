@@ -191,6 +191,10 @@ teacher::TrajectorySpec trajectory_spec(const Keys& k, const data::TimestepRange
   return spec;
 }
 
+std::int64_t batches_per_round(const Keys& k, const data::TimestepRange& range) {
+  return static_cast<std::int64_t>(trajectory_spec(k, range).trained().size());
+}
+
 const ObjectiveSpec& find(const std::string& name) {
   for (const auto& s : table()) {
     if (s->name() == name) return *s;

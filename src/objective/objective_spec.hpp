@@ -178,6 +178,9 @@ teacher::TrajectorySpec trajectory_spec(const Keys& k);
 /// The same, with the intervals cut to those starting in `range` (student.expert's side; every
 /// interval when the range is all of t).
 teacher::TrajectorySpec trajectory_spec(const Keys& k, const data::TimestepRange& range);
+/// The batches one trajectory round deals (a round of a --keep cache): the trained intervals of
+/// trajectory_spec(k, range), student.steps or, cut to `range`, those on student.expert's side.
+std::int64_t batches_per_round(const Keys& k, const data::TimestepRange& range);
 
 /// The trajectory rounds of a trajectory stream (trajectory_stream()): parts' stage samples
 /// them, or parts.stored holds them (a teacher cache of trajectories); what source() makes for it.

@@ -66,9 +66,14 @@ inline std::string option_value(const std::string& args, const std::string& key)
 /// with the host: runtime.threads 0 shares the node's cores out over its ranks (the summation
 /// order, hence the golden curve, follows the core count); student.device and teacher.placement
 /// `auto` pick a visible GPU; a stream or shard teacher computes on cuda:<local rank> whenever
-/// one exists; teacher.compute auto times a bf16 against an fp32 matmul at start-up (bf16 won
-/// here, 610 against 136 GFLOP/s, but two runs of one test under CI load chose apart once):
-/// `weights` is auto's answer on this host and on a GPU, without the timing. A key that `args`
+/// one exists; teacher.compute auto times a bf16 against an fp32 matmul at start-up and could
+/// choose apart between two runs under CI load. `fp32` is pinned: the bf16 matmul's speed is the
+/// CPU's (LibTorch 1.13 here, one thread: ~570 GFLOP/s with AMX, ~15 under kPinnedKernels'
+/// oneDNN cap, ~1-2 without oneDNN, the path 1.13 takes on a CPU without AVX-512; fp32 ~50-110),
+/// so a bf16 teacher made every launched job crawl on an AVX2-only host (stop 57's CI ran past
+/// its time there), while fp32 matmuls under the pinned kernels take one code path on any x86-64
+/// CPU.
+/// A test of the bf16 teacher sets `--teacher.compute weights` itself. A key that `args`
 /// sets keeps the test's value (boost refuses a key given twice),
 /// and teacher.device is left alone where the test asks for a GPU (teacher.placement gpu,
 /// student.device cuda[:N]): there it would put that GPU's teacher on the host. A --config file
@@ -81,7 +86,7 @@ inline std::string pinned_options(const std::string& args) {
   pin("runtime.threads", "1");
   pin("student.device", "cpu");
   pin("teacher.placement", "cpu");
-  pin("teacher.compute", "weights");
+  pin("teacher.compute", "fp32");
   const bool asks_for_a_gpu = option_value(args, "teacher.placement") == "gpu" ||
                               option_value(args, "student.device").rfind("cuda", 0) == 0;
   if (!asks_for_a_gpu) pin("teacher.device", "cpu");

@@ -26,6 +26,19 @@ const std::string kFixtures = WD_FIXTURES;
 // Debian's 1.13, MKL in the pip wheels), so the curves agree across versions only to ~1e-4.
 const std::string kCurve = kFixtures + "/loss-curves/tiny-3rank-20steps-torch" + compat::torch_version() + ".json";
 
+/// This host's CPU as /proc/cpuinfo names it, and whether it has AVX-512 and AMX (what moves a
+/// bf16 matmul's code path; the golden curve's fp32 teacher should not care).
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU", flags;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0 && model == "unknown CPU") model = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + line + " ";
+  }
+  const auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  return model + (has("avx512f") ? ", AVX-512" : ", no AVX-512") + (has("amx_bf16") ? ", AMX" : "");
+}
+
 /// Runs `wan-distill train` on `ranks` ranks (mpirun's --timeout bounds a hang).
 test::LaunchResult train(int ranks, const std::string& args) { return test::launch_train(ranks, args); }
 
@@ -48,26 +61,31 @@ TEST(Train, TinyRunReproducesTheGoldenLossCurveAndSavesTheStudent) {
   const auto dir = run_dir() / "golden";
   const auto r = train(3, "--run-dir " + dir.string() +
                               " --data.path builtin:tiny --train.steps 20 --train.log_every 1 --train.seed 7"
-                              // the curve's teacher computes in bf16, as recorded
-                              " --teacher.compute weights");
+                              // the curve's teacher computes in fp32 (pinned_options): the same
+                              // bits on every x86-64 CPU, where bf16 takes each CPU's own path
+                              " --teacher.compute fp32");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto losses = test::losses(dir);
   const auto [before, after] = eval_before_after(dir);
   ASSERT_EQ(losses.size(), 20u);
   EXPECT_LT(after, before) << "held-out relative MSE did not fall";
   if (std::getenv("WD_RECORD_LOSS_CURVE")) {
-    std::ofstream(kCurve) << nlohmann::json{{"command", "train --train.steps 20 --train.seed 7 (3 ranks)"},
+    std::ofstream(kCurve) << nlohmann::json{{"command", "train --train.steps 20 --train.seed 7 --teacher.compute fp32 (3 ranks)"},
                                             {"torch", compat::torch_version()},
                                             {"kernels", test::kPinnedKernels},
+                                            {"cpu", cpu_description()},
                                             {"losses", losses}}.dump(2) << "\n";
   }
   ASSERT_TRUE(fs::exists(kCurve)) << "no golden loss curve for LibTorch " << compat::torch_version() << ": record "
                                   << kCurve << " with WD_RECORD_LOSS_CURVE=1 (docs/training.md)";
-  const auto golden = nlohmann::json::parse(std::ifstream(kCurve))["losses"].get<std::vector<double>>();
+  const auto file = nlohmann::json::parse(std::ifstream(kCurve));
+  const auto golden = file["losses"].get<std::vector<double>>();
   ASSERT_EQ(golden.size(), losses.size());
+  const std::string where = "recorded on " + file.value("cpu", std::string("(not recorded)")) + ", run on " +
+                            cpu_description() + " (docs/training.md#determinism-and-the-golden-loss-curve)";
   for (std::size_t i = 0; i < losses.size(); ++i) {
     // Same build, one thread per rank: identical up to the printed precision. See docs/training.md.
-    EXPECT_NEAR(losses[i], golden[i], 1e-6 * std::max(1.0, std::abs(golden[i]))) << "step " << i + 1;
+    EXPECT_NEAR(losses[i], golden[i], 1e-6 * std::max(1.0, std::abs(golden[i]))) << "step " << i + 1 << "; " << where;
   }
   // The saved student is a Wan checkpoint the other tools accept.
   auto ck = WanCheckpoint::open((dir / "student").string());

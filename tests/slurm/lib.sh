@@ -101,6 +101,29 @@ wait_for() {
   done
 }
 
+# usr1_once JOBID TIMEOUT WHAT COMMAND...: once the job runs and COMMAND succeeds (wait_for),
+# sends its batch shell SIGUSR1 (what --signal=B:USR1@T delivers before the time limit).
+usr1_once() {
+  local job=$1 timeout=$2 what=$3
+  shift 3
+  wait_state "$job" 60 RUNNING
+  wait_for "$timeout" "$what" "$@"
+  scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch failed"
+}
+
+# requeued_once JOBID TIMEOUT: waits for the job to end; fails the test unless it COMPLETED after
+# exactly one requeue, its batch shell having forwarded SIGUSR1 to the ranks.
+requeued_once() {
+  local job=$1 timeout=$2
+  wait_state "$job" "$timeout" COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY
+  local state
+  state=$(job_field "$job" JobState)
+  [[ $state == COMPLETED ]] || fail "job $job ended $state (exit $(job_field "$job" ExitCode))"
+  [[ $(job_field "$job" Restarts) == 1 ]] || fail "Restarts=$(job_field "$job" Restarts), expected 1"
+  grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$CLUSTER_DIR/jobs/$job.out" ||
+    fail "the batch shell did not forward SIGUSR1"
+}
+
 # rank_log RUN_DIR JOB RUN RANK LAUNCHER: the log file of one rank of one run (the templates'
 # layout: srun --output per rank, or Open MPI's --output-filename tree, where spdlog's lines
 # are in stderr).

@@ -16,18 +16,12 @@ cache=$CLUSTER_DIR/cache
 keys="--train.objective trajectory --teacher.guidance 3 --teacher.steps 40 --student.steps 4"
 job=$(OUTPUT=$cache EXTRA_ARGS="$keys --train.steps 200 --shard-positions 4" submit slurm/generate.sbatch "$run" \
       --ntasks-per-node=3 --gpus-per-node=3) || fail "sbatch failed"
-wait_state "$job" 60 RUNNING
 # Signal once 3 shards are in, well before the 51 could be.
-wait_for 120 "3 complete shards" bash -c "(( \$(ls '$cache'/*.h5.json 2>/dev/null | wc -l) >= 3 ))"
-scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch failed"
+usr1_once "$job" 120 "3 complete shards" bash -c "(( \$(ls '$cache'/*.h5.json 2>/dev/null | wc -l) >= 3 ))"
 echo "slurm.$TEST_NAME: sent SIGUSR1 with $(ls "$cache"/*.h5.json | wc -l) shard(s) complete"
 
-wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY
-state=$(job_field "$job" JobState)
-[[ $state == COMPLETED ]] || fail "job $job ended $state (exit $(job_field "$job" ExitCode))"
-[[ $(job_field "$job" Restarts) == 1 ]] || fail "Restarts=$(job_field "$job" Restarts), expected 1"
+requeued_once "$job" 300
 out=$CLUSTER_DIR/jobs/$job.out
-grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$out" || fail "the batch shell did not forward SIGUSR1"
 grep -q "ranks stopped between shards (exit 75); requeueing" "$out" || fail "the first run did not end with 75"
 grep -q "completed; cache in $cache" "$out" || fail "the second run did not complete the cache"
 stopped=0

@@ -15,21 +15,14 @@ export WD_KILL_GRACE=5
 run=$CLUSTER_DIR/run
 job=$(LAUNCHER=$launcher EXTRA_ARGS="--train.steps $steps --train.log_every 1" submit slurm/train-1node.sbatch "$run" \
       --ntasks-per-node=3 --gpus-per-node=3) || fail "sbatch failed"
-wait_state "$job" 60 RUNNING
 metrics=$run/metrics.jsonl
 # Signal once training is under way (20 steps logged), well before it could finish.
-wait_for 90 "20 logged steps" bash -c "[[ \$(grep -c '\"loss\"' '$metrics' 2>/dev/null) -ge 20 ]]"
-scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch failed"
+usr1_once "$job" 90 "20 logged steps" bash -c "[[ \$(grep -c '\"loss\"' '$metrics' 2>/dev/null) -ge 20 ]]"
 echo "slurm.$TEST_NAME: sent SIGUSR1 after step $(logged_steps "$metrics" | tail -1)"
 
 # The requeued job waits cred_expire (10 s in the test cluster) before it starts again.
-wait_state "$job" 240 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY
-state=$(job_field "$job" JobState)
-[[ $state == COMPLETED ]] || fail "job $job ended $state (exit $(job_field "$job" ExitCode))"
-[[ $(job_field "$job" Restarts) == 1 ]] || fail "Restarts=$(job_field "$job" Restarts), expected 1"
-
+requeued_once "$job" 240
 out=$CLUSTER_DIR/jobs/$job.out
-grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$out" || fail "the batch shell did not forward SIGUSR1"
 grep -q "exit 75); requeueing" "$out" || fail "the first run did not end with the requeue code 75"
 first_log=$(rank_log "$run" "$job" 0 1 "$launcher")   # student 0 writes the checkpoints
 second_log=$(rank_log "$run" "$job" 1 0 "$launcher")
