@@ -332,10 +332,12 @@ void print_generate_plan(const job::RunConfig& cfg, const PlanOptions& o, const 
                  "like the job's, or plan a CPU job with --cpu\n";
     return;
   }
+  // The rate the total is made of: the fastest timed forward size, with the per-message overhead.
+  const double seconds = plan::generate_seconds(*speed, c.busiest);
+  const double samples = static_cast<double>(std::max<std::int64_t>(1, c.busiest * l.batch));
   std::cout << fmt::format("time: {:.0f} s, the busiest rank's {} {} of {} sample(s) at {:.3f} s/sample "
                            "({:g} teacher forward(s) per sample{})\n",
-                           plan::generate_seconds(*speed, c.busiest), c.busiest, rows, l.batch,
-                           plan::teacher_seconds_per_sample(*speed), speed->teacher_forwards,
+                           seconds, c.busiest, rows, l.batch, seconds / samples, speed->teacher_forwards,
                            speed->cores > 0 ? fmt::format(", {} rank(s) sharing {} cores", c.ranks, speed->cores)
                                             : std::string(", a device each"));
 }
