@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/checksum.hpp"
+#include "core/sequence_groups.hpp"
 #include "data/dataset_reader.hpp"
 #include "job/cache_identity.hpp"
 #include "job/generate.hpp"
@@ -142,20 +143,34 @@ std::int64_t check_message_cache(const TrainJob& job, const teacher::CacheLayout
 
 }  // namespace
 
+int cache_streams(const TrainJob& job) {
+  return SequenceGroups{static_cast<int>(job.cfg.student.sequence_parallel)}.groups_in(job.layout.student_ranks);
+}
+
+int cache_stream_of(const TrainJob& job, int rank) {
+  return SequenceGroups{static_cast<int>(job.cfg.student.sequence_parallel)}.group_of(job.layout.student_index(rank));
+}
+
 void check_teacher_cache(const TrainJob& job) {
   const auto& dir = job.cfg.data.teacher_cache;
   const auto index = teacher::read_cache_index(dir);
   const auto& l = index.layout;
   teacher::check_identity("data.teacher_cache(" + dir + ")", index.identity,
                           cache_identity(job.cfg, *job.experts, *job.info, l.keep), "this train");
-  WD_CHECK_AS(ConfigError, l.students == job.layout.student_ranks,
+  const auto sp = job.cfg.student.sequence_parallel;
+  const auto streams = cache_streams(job);
+  WD_CHECK_AS(ConfigError, l.students == streams,
               "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
-                                    << "has " << job.layout.student_ranks << " (run it on " << l.students
-                                    << " ranks, or generate with --students " << job.layout.student_ranks << ")");
+                                    << "has " << streams
+                                    << (sp > 1 ? " sequence-parallel group(s) of " + std::to_string(sp) +
+                                                     " ranks, a stream each"
+                                               : std::string(""))
+                                    << " (run it on " << l.students * sp << " ranks, or generate with --students "
+                                    << streams << ")");
   const auto covered = l.keep > 0 ? check_trajectory_cache(job, l) : check_message_cache(job, l);
   const auto positions = job.plan.train_steps * job.plan.micro_batches;
   // A student reads stream `student_index`; a teacher rank beside the cache (dmd's real score) none.
-  if (job.topo.role == Role::kStudent) teacher::verify_stream(dir, index, job.layout.student_index(job.world_rank()));
+  if (job.topo.role == Role::kStudent) teacher::verify_stream(dir, index, cache_stream_of(job, job.world_rank()));
   if (job.world_rank() != 0) return;
   spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}{}; every shard's "
                "checksum verified",
@@ -175,8 +190,9 @@ namespace {
 /// extends such a cache.
 teacher::CacheLayout written_cache_layout(const TrainJob& job) {
   const auto& layout = job.layout;
-  auto l = cache_layout(job.cfg, layout.student_ranks, job.cfg.data.teacher_cache_shard_positions);
-  l.replicas = layout.colocated() || layout.replicas == layout.student_ranks ? 0 : layout.replicas;
+  const int streams = cache_streams(job);
+  auto l = cache_layout(job.cfg, streams, job.cfg.data.teacher_cache_shard_positions);
+  l.replicas = layout.colocated() || layout.replicas == streams ? 0 : layout.replicas;
   return l;
 }
 
@@ -192,9 +208,6 @@ void claim_written_cache(const TrainJob& job) {
   };
   not_built(job.layout.stages == 1, "teacher.stages(" + std::to_string(job.layout.stages) +
                                         ") > 1 (a pipeline's last stage holds the batches, its first the source)");
-  not_built(cfg.student.sequence_parallel <= 1,
-            "student.sequence_parallel(" + std::to_string(cfg.student.sequence_parallel) +
-                ") (a cache's streams are student ranks; a group shares one)");
   not_built(!job.broadcast, "comm.mode broadcast (every student gets one batch)");
   p.throw_if_any("train keys");
   if (job.world_rank() != 0) return;

@@ -17,8 +17,15 @@ namespace wd::job {
 teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& teacher, const data::DatasetInfo& data,
                                       std::int64_t keep = 0);
 
+/// The streams of the teacher cache this train reads or writes: one per student rank, or, under
+/// student.sequence_parallel N, one per group of N (a group shares its samples: the teacher sends
+/// each of its ranks the group's message, so its ranks read one stream).
+int cache_streams(const TrainJob& job);
+/// The stream that student world rank `rank` reads (its group's, consecutive student indices).
+int cache_stream_of(const TrainJob& job, int rank);
+
 /// data.teacher_cache on this rank, before training: the index read, its identity and layout
-/// against `job`'s (one stream per student rank, train.batch_size, the held-out messages), this
+/// against `job`'s (cache_streams(job) streams, train.batch_size, the held-out messages), this
 /// rank's stream verified (teacher::verify_stream), and rank 0 logs what it covers.
 void check_teacher_cache(const TrainJob& job);
 

@@ -20,9 +20,10 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
   const auto not_built = [&](bool ok, const std::string& what) {
     p.check(ok, sp + " with " + what + " is not built yet (docs/sequence-parallel.md)");
   };
-  not_built(!layout.colocated() && !cfg.from_cache(), cfg.from_cache() ? "data.teacher_cache (every student reading its own stream)"
-                                 : experts        ? "teacher.placement colocated (each student computing its own targets)"
-                                                  : "train.objective " + cfg.train.objective + " (no teacher rank)");
+  // A group reads one stream of a teacher cache (cache_stream_of), as it shares one online.
+  not_built(!layout.colocated() || cfg.from_cache(),
+            experts ? "teacher.placement colocated (each student computing its own targets)"
+                    : "train.objective " + cfg.train.objective + " (no teacher rank)");
   not_built(cfg.comm.mode != CommMode::kBroadcast, "comm.mode broadcast");
   not_built(cfg.student.feature_pairs().empty(), "student.features");
   if (experts) {
@@ -43,11 +44,16 @@ void check_sequence_parallel(const RunConfig& cfg, const WanExperts* experts, co
       heads_split(critic.num_heads, "the dmd critic's", " (or set critic.num_heads)");
     }
   }
-  const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;
-  p.check(SequenceGroups{static_cast<int>(n)}.divides(per_replica),
-          sp + " must divide the student ranks of each teacher replica: " + std::to_string(layout.student_ranks) +
-              " student rank(s) over " + std::to_string(layout.replicas) + " replica(s) is " +
-              std::to_string(per_replica) + " each; a group shares its replica's samples");
+  if (layout.colocated()) {  // no teacher rank (a teacher cache): groups of the student world
+    p.check(SequenceGroups{static_cast<int>(n)}.divides(layout.student_ranks),
+            sp + " must divide the " + std::to_string(layout.student_ranks) + " student rank(s)");
+  } else {
+    const auto per_replica = layout.replicas > 0 ? layout.student_ranks / layout.replicas : layout.student_ranks;
+    p.check(SequenceGroups{static_cast<int>(n)}.divides(per_replica),
+            sp + " must divide the student ranks of each teacher replica: " + std::to_string(layout.student_ranks) +
+                " student rank(s) over " + std::to_string(layout.replicas) + " replica(s) is " +
+                std::to_string(per_replica) + " each; a group shares its replica's samples");
+  }
   p.throw_if_any("train config");
 }
 

@@ -79,6 +79,14 @@ T decided_by(int root, const std::string& stage, const RunConfig& cfg, F&& decid
 }
 
 
+/// Who reads a teacher cache's streams, after "N student rank(s)": "" (each its own), or the
+/// sequence-parallel groups that each read one.
+std::string cache_readers(const RunConfig& cfg, const comm::Layout& layout) {
+  const auto n = cfg.student.sequence_parallel;
+  if (n <= 1) return "";
+  return fmt::format(" in {} sequence-parallel group(s) of {}", layout.student_ranks / n, n);
+}
+
 /// Intra-op threads by role: runtime.teacher_threads / student_threads, else runtime.threads,
 /// else this node's cores shared out over its ranks. Every rank logs what it got and why.
 void set_threads(const RunConfig& cfg, const Topology& topo) {
@@ -136,16 +144,16 @@ void settle_roles(TrainJob& job, const comm::MpiRuntime& mpi, const std::vector<
   const auto places = log_rank_placement(job.topo, gpu, cfg.comm.timeout_s);
   const auto& layout = job.layout;
   if (mpi.rank() == 0 && cfg.from_cache() && !cfg.cache_only()) {
-    spdlog::info("train: data.teacher_cache {}: {} student rank(s), each reading its stream of the teacher's batches "
+    spdlog::info("train: data.teacher_cache {}: {} student rank(s){}, each reading its stream of the teacher's batches "
                  "from the cache; the real score answered by {}, run dir {}",
-                 cfg.data.teacher_cache, layout.student_ranks,
+                 cfg.data.teacher_cache, layout.student_ranks, cache_readers(cfg, layout),
                  layout.colocated() ? "each student's colocated teacher"
                                     : std::to_string(layout.teacher_ranks) + " teacher rank(s), which send no batches",
                  cfg.run_dir);
   } else if (mpi.rank() == 0 && cfg.from_cache()) {
-    spdlog::info("train: data.teacher_cache {}: {} student rank(s), each reading its stream of the teacher's batches "
+    spdlog::info("train: data.teacher_cache {}: {} student rank(s){}, each reading its stream of the teacher's batches "
                  "from the cache, no teacher ranks, run dir {}",
-                 cfg.data.teacher_cache, layout.student_ranks, cfg.run_dir);
+                 cfg.data.teacher_cache, layout.student_ranks, cache_readers(cfg, layout), cfg.run_dir);
   } else if (mpi.rank() == 0 && !cfg.has_teacher()) {
     spdlog::info("train: train.objective {}: {} student rank(s), each computing its own targets from its share of "
                  "the data, no teacher, run dir {}",

@@ -280,7 +280,12 @@ std::int64_t per_replica_batch(const RunConfig& cfg, const comm::Layout& layout)
 }
 
 std::int64_t global_batch(const RunConfig& cfg, const comm::Layout& layout) {
-  return per_replica_batch(cfg, layout) * layout.replicas;
+  if (cfg.comm.mode == CommMode::kBroadcast) return cfg.train.batch_size * layout.replicas;
+  // One batch per sequence-parallel group of the student world: a replica's groups, or, where
+  // every student is its own replica (teacher.ranks 0, reading a teacher cache), groups that span
+  // replicas.
+  return cfg.train.batch_size *
+         std::max<std::int64_t>(1, layout.student_ranks / std::max<std::int64_t>(1, cfg.student.sequence_parallel));
 }
 
 void check_job(const RunConfig& cfg, const WanConfig& teacher, const comm::Layout& layout) {

@@ -2,6 +2,7 @@
 // with the objective's source (a colocated teacher, or flow's targets), and a colocated
 // teacher's real score (dmd).
 #include "comm/transport_factory.hpp"
+#include "job/cache_identity.hpp"
 #include "job/plan_input.hpp"
 #include "job/student_side.hpp"
 #include "objective/objective_spec.hpp"
@@ -90,8 +91,8 @@ struct OwnStream {
                                                             std::optional<data::SampleSchedule>& stored_schedule) {
     const int replica = job.layout.replica_of(job.world_rank());
     const auto& dir = job.cfg.data.teacher_cache;
-    if (!dir.empty()) {  // the cache's stream s: student s's (beside a teacher rank, not its replica's)
-      const int s = job.layout.student_index(job.world_rank());
+    if (!dir.empty()) {  // the cache's stream s: student s's, or its sequence-parallel group's
+      const int s = cache_stream_of(job, job.world_rank());
       const bool cycle = job.cfg.data.teacher_cache_end == data::CacheEnd::kCycle;
       auto index = teacher::read_cache_index(dir);
       if (index.layout.keep == 0) return std::make_unique<teacher::CacheSource>(dir, std::move(index), s, cycle);

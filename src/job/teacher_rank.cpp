@@ -7,6 +7,7 @@
 
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
+#include "core/sequence_groups.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/score_channel.hpp"
 #include "comm/transport_factory.hpp"
@@ -92,9 +93,11 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
 /// data.teacher_cache_write: the first stage's source, its batches also written as its replica's
 /// students' streams of the cache.
 std::unique_ptr<teacher::TargetSource> recorded(const TrainJob& job, std::unique_ptr<teacher::TargetSource> source) {
-  const int students = job.layout.students_per_replica();
+  // One stream per student, or per sequence-parallel group: slot j's message is group j's.
+  const int streams = SequenceGroups{static_cast<int>(job.cfg.student.sequence_parallel)}.groups_in(
+      job.layout.students_per_replica());
   return std::make_unique<teacher::CacheRecorder>(std::move(source), job.cfg.data.teacher_cache_write,
-                                                  job.layout.replica_of(job.world_rank()) * students, students,
+                                                  job.layout.replica_of(job.world_rank()) * streams, streams,
                                                   job.plan.batch_per_student);
 }
 

@@ -12,6 +12,7 @@
 // for a requeue completes the cache when it resumes. A dmd student with the regression term (and the GAN term) reads its
 // batches from the cache while a teacher rank, or its colocated teacher, answers its real score
 // alone, bit for bit as online; dmd without the regression term, or with no live teacher, is refused.
+// A sequence-parallel group writes and reads one stream, bit for bit as online.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -591,6 +592,43 @@ TEST(Cache, AWritingTrainStoppedForARequeueCompletesTheCacheWhenItResumes) {
   EXPECT_NE(r.output.find("making messages 0-2 again (a run resumed inside it)"), std::string::npos) << r.output;
   EXPECT_EQ(shard_sums(cache), shard_sums(root() / "cache"));
   EXPECT_EQ(test::losses(run), test::losses(root() / "online"));
+}
+
+// student.sequence_parallel 2: a group of 2 student ranks shares its samples, so it writes and
+// reads one stream. The online run (1 teacher rank, one group) writes the cache generate wrote
+// for 1 student; 2 student ranks with no teacher read generate's cache as one group and train bit
+// for bit as the online group did (losses, held-out errors, weights). A cache of 1 stream is
+// refused by 2 groups, naming the ranks that read it.
+TEST(Cache, ASequenceParallelGroupWritesAndReadsOneStreamBitForBit) {
+  const auto online = root() / "sp-online", written = root() / "sp-written", cached = root() / "sp-cached";
+  const std::string sp = " --student.sequence_parallel 2";
+  auto r = test::launch_train(3, "--run-dir " + online.string() + assets() + kTrajectory + kSteps + sp +
+                                     " --teacher.ranks 1 --data.teacher_cache_write " + written.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("data.teacher_cache_write " + written.string() + ": 1 stream(s) of 2 held-out and 12"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(shard_sums(written), shard_sums(root() / "cache"));
+  r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kTrajectory + kSteps + sp +
+                                " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 student rank(s) in 1 sequence-parallel group(s) of 2, each reading its stream"),
+            std::string::npos)
+      << r.output;
+  ASSERT_EQ(test::losses(online).size(), 12u);
+  EXPECT_EQ(test::losses(cached), test::losses(online));
+  EXPECT_FALSE(held_out(online).empty());
+  EXPECT_EQ(held_out(cached), held_out(online));
+  const auto weights = [](const fs::path& run) { return file_bytes(run / "student" / "diffusion_pytorch_model.safetensors"); };
+  ASSERT_FALSE(weights(online).empty());
+  EXPECT_EQ(weights(cached), weights(online));
+  r = test::launch_refused(4, "--run-dir " + (root() / "sp-refused").string() + assets() + kTrajectory + kSteps + sp +
+                                  " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds the streams of 1 student rank(s); this train has 2 sequence-parallel group(s) of 2 "
+                          "ranks, a stream each (run it on 2 ranks, or generate with --students 2)"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Cache, WhatAWritingTrainCannotDoIsRefusedBeforeTraining) {
