@@ -12,7 +12,7 @@ int run_generate(const std::vector<std::string>& args) {
   table.bind("output", job.output, "the cache's folder (created; a rerun with the same keys completes a killed one)")
       .bind("students", job.students,
             "student ranks of the train that reads the cache (teacher.ranks 0; dmd: beside its teacher ranks): "
-            "one stream of batches each")
+            "one stream of batches each; under student.sequence_parallel N, its groups (ranks / N), a stream each")
       .bind("shard-positions", job.shard_positions,
             "batches per shard (a multiple of student.steps keeps each trajectory round in one shard); with "
             "--keep, trajectory rounds per shard")

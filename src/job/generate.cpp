@@ -39,6 +39,9 @@ void generate_keys(RunConfig& cfg) {
   cfg.teacher.stages = 0;
   cfg.teacher.shard_map.clear();
   cfg.checkpoint.resume.clear();
+  // How a group splits its tokens decides nothing the teacher makes: a group reads one stream,
+  // so a train of G groups reads a cache of --students G (cache_streams).
+  cfg.student.sequence_parallel = 1;
 }
 
 /// The cache's layout, once the data set's size is known: a training sample must remain. A cache

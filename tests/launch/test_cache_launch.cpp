@@ -596,7 +596,7 @@ TEST(Cache, AWritingTrainStoppedForARequeueCompletesTheCacheWhenItResumes) {
 
 // student.sequence_parallel 2: a group of 2 student ranks shares its samples, so it writes and
 // reads one stream. The online run (1 teacher rank, one group) writes the cache generate wrote
-// for 1 student; 2 student ranks with no teacher read generate's cache as one group and train bit
+// for 1 student (and writes given the group's keys); 2 student ranks with no teacher read generate's cache as one group and train bit
 // for bit as the online group did (losses, held-out errors, weights). A cache of 1 stream is
 // refused by 2 groups, naming the ranks that read it.
 TEST(Cache, ASequenceParallelGroupWritesAndReadsOneStreamBitForBit) {
@@ -609,6 +609,10 @@ TEST(Cache, ASequenceParallelGroupWritesAndReadsOneStreamBitForBit) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(shard_sums(written), shard_sums(root() / "cache"));
+  // generate given the group's keys writes it too: the split decides nothing the teacher makes.
+  r = generate(1, root() / "sp-generated", sp);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(shard_sums(root() / "sp-generated"), shard_sums(root() / "cache"));
   r = test::launch_train(2, "--run-dir " + cached.string() + assets() + kTrajectory + kSteps + sp +
                                 " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
   ASSERT_EQ(r.code, 0) << r.output;
