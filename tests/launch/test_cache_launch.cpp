@@ -597,8 +597,9 @@ TEST(Cache, AWritingTrainStoppedForARequeueCompletesTheCacheWhenItResumes) {
 // student.sequence_parallel 2: a group of 2 student ranks shares its samples, so it writes and
 // reads one stream. The online run (1 teacher rank, one group) writes the cache generate wrote
 // for 1 student (and writes given the group's keys); 2 student ranks with no teacher read generate's cache as one group and train bit
-// for bit as the online group did (losses, held-out errors, weights). A cache of 1 stream is
-// refused by 2 groups, naming the ranks that read it.
+// for bit as the online group did (losses, held-out errors, weights), and a dmd group with its
+// regression term from the cache beside a teacher rank answering its real score does too. A
+// cache of 1 stream is refused by 2 groups, naming the ranks that read it.
 TEST(Cache, ASequenceParallelGroupWritesAndReadsOneStreamBitForBit) {
   const auto online = root() / "sp-online", written = root() / "sp-written", cached = root() / "sp-cached";
   const std::string sp = " --student.sequence_parallel 2";
@@ -626,6 +627,18 @@ TEST(Cache, ASequenceParallelGroupWritesAndReadsOneStreamBitForBit) {
   const auto weights = [](const fs::path& run) { return file_bytes(run / "student" / "diffusion_pytorch_model.safetensors"); };
   ASSERT_FALSE(weights(online).empty());
   EXPECT_EQ(weights(cached), weights(online));
+  // dmd: the group's regression batches from the cache, its real score from a teacher rank.
+  const auto dmd_online = root() / "sp-dmd-online", dmd_cached = root() / "sp-dmd-cached";
+  const auto dmd_cache = root() / "sp-dmd-written";
+  r = test::launch_train(3, "--run-dir " + dmd_online.string() + assets() + kDmd + sp +
+                                " --teacher.ranks 1 --data.teacher_cache_write " + dmd_cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::launch_train(3, "--run-dir " + dmd_cached.string() + assets() + kDmd + sp +
+                                " --teacher.ranks 1 --data.teacher_cache " + dmd_cache.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(test::losses(dmd_online).size(), 10u);
+  EXPECT_EQ(test::losses(dmd_cached), test::losses(dmd_online));
+  EXPECT_EQ(weights(dmd_cached), weights(dmd_online));
   r = test::launch_refused(4, "--run-dir " + (root() / "sp-refused").string() + assets() + kTrajectory + kSteps + sp +
                                   " --teacher.ranks 0 --data.teacher_cache " + (root() / "cache").string());
   EXPECT_EQ(r.code, 2) << r.output;
