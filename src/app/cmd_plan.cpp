@@ -18,6 +18,7 @@
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
+#include "core/sequence_groups.hpp"
 #include "core/torch_compat.hpp"
 #include "data/dataset_info.hpp"
 #include "data/noiser.hpp"
@@ -454,9 +455,11 @@ int run_plan(const std::vector<std::string>& args) {
   // data.teacher_cache_write: the cache the teacher ranks write as they stream, generate's layout
   // for these students (no memory beyond the message being written; its size on disk). A held-out
   // set the global batch does not divide, which train refuses, gets no line (cache_layout throws).
+  // One stream per student rank, or per sequence-parallel group (job::cache_streams).
   std::optional<GenerateCount> written;
-  if (cfg.writes_cache() && cfg.train.eval_samples % (cfg.train.batch_size * layout.student_ranks) == 0) {
-    written = count_generate(job::cache_layout(cfg, layout.student_ranks, cfg.data.teacher_cache_shard_positions), 1,
+  const int streams = SequenceGroups{static_cast<int>(cfg.student.sequence_parallel)}.groups_in(layout.student_ranks);
+  if (cfg.writes_cache() && streams >= 1 && cfg.train.eval_samples % (cfg.train.batch_size * streams) == 0) {
+    written = count_generate(job::cache_layout(cfg, streams, cfg.data.teacher_cache_shard_positions), 1,
                              in.message_bytes);
   }
   if (o.json) {

@@ -277,6 +277,12 @@ TEST(Cli, PlanGeneratePrintsItsRanksTheCachesSizeAndItsTime) {
   const auto w = nlohmann::json::parse(r.output.substr(r.output.find('{')));
   EXPECT_EQ(w["teacher_cache_write"]["messages"], 26);
   EXPECT_EQ(w["teacher_cache_write"]["cache_bytes"], j["generate"]["cache_bytes"]);
+  // The 2 students as one sequence-parallel group write one stream: 2 held-out and 12 messages.
+  r = run("plan --cpu --np 3 --train.objective trajectory --teacher.guidance 3 --teacher.steps 8 --student.steps 4 "
+          "--train.steps 12 --train.batch_size 2 --train.eval_samples 4 --data.teacher_cache_write c "
+          "--student.sequence_parallel 2 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output.substr(r.output.find('{')))["teacher_cache_write"]["messages"], 14);
   // --keep all: rounds of whole trajectories, 1 held-out and 12 / 4 = 3 training ones a stream
   // (one shard each), every 8-step trajectory's 9 states in fp32, 8 · 2 forwards a trajectory.
   r = run(keys + " --keep all");
