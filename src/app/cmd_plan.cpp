@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "job/cache_identity.hpp"
 #include "job/calibrate.hpp"
 #include "job/generate.hpp"
 #include "job/plan_input.hpp"
@@ -18,7 +19,6 @@
 #include "comm/process_groups.hpp"
 #include "comm/stream_plan.hpp"
 #include "core/logging.hpp"
-#include "core/sequence_groups.hpp"
 #include "core/torch_compat.hpp"
 #include "data/dataset_info.hpp"
 #include "data/noiser.hpp"
@@ -455,9 +455,8 @@ int run_plan(const std::vector<std::string>& args) {
   // data.teacher_cache_write: the cache the teacher ranks write as they stream, generate's layout
   // for these students (no memory beyond the message being written; its size on disk). A held-out
   // set the global batch does not divide, which train refuses, gets no line (cache_layout throws).
-  // One stream per student rank, or per sequence-parallel group (job::cache_streams).
   std::optional<GenerateCount> written;
-  const int streams = SequenceGroups{static_cast<int>(cfg.student.sequence_parallel)}.groups_in(layout.student_ranks);
+  const int streams = job::cache_streams(cfg, layout);  // a student's, or a sequence-parallel group's each
   if (cfg.writes_cache() && streams >= 1 && cfg.train.eval_samples % (cfg.train.batch_size * streams) == 0) {
     written = count_generate(job::cache_layout(cfg, streams, cfg.data.teacher_cache_shard_positions), 1,
                              in.message_bytes);

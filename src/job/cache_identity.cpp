@@ -143,8 +143,8 @@ std::int64_t check_message_cache(const TrainJob& job, const teacher::CacheLayout
 
 }  // namespace
 
-int cache_streams(const TrainJob& job) {
-  return SequenceGroups{static_cast<int>(job.cfg.student.sequence_parallel)}.groups_in(job.layout.student_ranks);
+int cache_streams(const RunConfig& cfg, const comm::Layout& layout) {
+  return SequenceGroups{static_cast<int>(cfg.student.sequence_parallel)}.groups_in(layout.student_ranks);
 }
 
 int cache_stream_of(const TrainJob& job, int rank) {
@@ -158,7 +158,7 @@ void check_teacher_cache(const TrainJob& job) {
   teacher::check_identity("data.teacher_cache(" + dir + ")", index.identity,
                           cache_identity(job.cfg, *job.experts, *job.info, l.keep), "this train");
   const auto sp = job.cfg.student.sequence_parallel;
-  const auto streams = cache_streams(job);
+  const auto streams = cache_streams(job.cfg, job.layout);
   WD_CHECK_AS(ConfigError, l.students == streams,
               "data.teacher_cache(" << dir << ") holds the streams of " << l.students << " student rank(s); this train "
                                     << "has " << streams
@@ -169,7 +169,7 @@ void check_teacher_cache(const TrainJob& job) {
                                     << streams << ")");
   const auto covered = l.keep > 0 ? check_trajectory_cache(job, l) : check_message_cache(job, l);
   const auto positions = job.plan.train_steps * job.plan.micro_batches;
-  // A student reads stream `student_index`; a teacher rank beside the cache (dmd's real score) none.
+  // A student reads its stream (cache_stream_of); a teacher rank beside the cache (dmd's real score) none.
   if (job.topo.role == Role::kStudent) teacher::verify_stream(dir, index, cache_stream_of(job, job.world_rank()));
   if (job.world_rank() != 0) return;
   spdlog::info("data.teacher_cache {}: {} training batches per student for {} this run reads{}{}; every shard's "
@@ -190,7 +190,7 @@ namespace {
 /// extends such a cache.
 teacher::CacheLayout written_cache_layout(const TrainJob& job) {
   const auto& layout = job.layout;
-  const int streams = cache_streams(job);
+  const int streams = cache_streams(job.cfg, job.layout);
   auto l = cache_layout(job.cfg, streams, job.cfg.data.teacher_cache_shard_positions);
   l.replicas = layout.colocated() || layout.replicas == streams ? 0 : layout.replicas;
   return l;

@@ -20,7 +20,7 @@ teacher::CacheIdentity cache_identity(const RunConfig& cfg, const WanExperts& te
 /// The streams of the teacher cache this train reads or writes: one per student rank, or, under
 /// student.sequence_parallel N, one per group of N (a group shares its samples: the teacher sends
 /// each of its ranks the group's message, so its ranks read one stream).
-int cache_streams(const TrainJob& job);
+int cache_streams(const RunConfig& cfg, const comm::Layout& layout);
 /// The stream that student world rank `rank` reads (its group's, consecutive student indices).
 int cache_stream_of(const TrainJob& job, int rank);
 

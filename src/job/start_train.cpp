@@ -84,7 +84,7 @@ T decided_by(int root, const std::string& stage, const RunConfig& cfg, F&& decid
 std::string cache_readers(const RunConfig& cfg, const comm::Layout& layout) {
   const auto n = cfg.student.sequence_parallel;
   if (n <= 1) return "";
-  return fmt::format(" in {} sequence-parallel group(s) of {}", layout.student_ranks / n, n);
+  return fmt::format(" in {} sequence-parallel group(s) of {}", cache_streams(cfg, layout), n);
 }
 
 /// Intra-op threads by role: runtime.teacher_threads / student_threads, else runtime.threads,

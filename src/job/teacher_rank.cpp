@@ -5,9 +5,9 @@
 
 #include <optional>
 
+#include "job/cache_identity.hpp"
 #include "job/plan_input.hpp"
 #include "job/train_job.hpp"
-#include "core/sequence_groups.hpp"
 #include "core/torch_compat.hpp"
 #include "comm/score_channel.hpp"
 #include "comm/transport_factory.hpp"
@@ -93,9 +93,9 @@ std::pair<std::unique_ptr<comm::Sender>, std::optional<comm::TeacherService>> op
 /// data.teacher_cache_write: the first stage's source, its batches also written as its replica's
 /// students' streams of the cache.
 std::unique_ptr<teacher::TargetSource> recorded(const TrainJob& job, std::unique_ptr<teacher::TargetSource> source) {
-  // One stream per student, or per sequence-parallel group: slot j's message is group j's.
-  const int streams = SequenceGroups{static_cast<int>(job.cfg.student.sequence_parallel)}.groups_in(
-      job.layout.students_per_replica());
+  // The replica's share of the cache's streams (a student's, or a sequence-parallel group's each):
+  // slot j's message is stream j's.
+  const int streams = cache_streams(job.cfg, job.layout) / job.layout.replicas;
   return std::make_unique<teacher::CacheRecorder>(std::move(source), job.cfg.data.teacher_cache_write,
                                                   job.layout.replica_of(job.world_rank()) * streams, streams,
                                                   job.plan.batch_per_student);
